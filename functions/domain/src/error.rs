@@ -1,0 +1,113 @@
+//! Errors of the domain. Business refusals are variants a caller can match on; failures
+//! of the world outside (a store, a queue) keep their source error intact.
+
+use std::error::Error as StdError;
+
+/// Boxed source of an infrastructure failure. Adapters put the SDK error here as it is,
+/// so logs keep its kind, request id and chain.
+pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
+
+/// One invalid field of the input.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field} {problem}")]
+pub struct ValidationError {
+    pub field: &'static str,
+    pub problem: String,
+}
+
+impl ValidationError {
+    pub fn new(field: &'static str, problem: impl Into<String>) -> Self {
+        Self {
+            field,
+            problem: problem.into(),
+        }
+    }
+}
+
+/// A failure of a port's backing service.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The operation may succeed if tried again later: throttling, a timeout, a
+    /// network fault, or contention that outlasted the adapter's own retries.
+    #[error("{operation} failed transiently")]
+    Transient {
+        operation: &'static str,
+        #[source]
+        source: BoxError,
+    },
+    /// Trying again will not help: bad configuration, missing permissions, or data
+    /// in the store that breaks the domain's invariants.
+    #[error("{operation} failed")]
+    Permanent {
+        operation: &'static str,
+        #[source]
+        source: BoxError,
+    },
+}
+
+impl StoreError {
+    pub fn transient(operation: &'static str, source: impl Into<BoxError>) -> Self {
+        Self::Transient {
+            operation,
+            source: source.into(),
+        }
+    }
+
+    pub fn permanent(operation: &'static str, source: impl Into<BoxError>) -> Self {
+        Self::Permanent {
+            operation,
+            source: source.into(),
+        }
+    }
+
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Self::Transient { .. })
+    }
+}
+
+/// Everything a use case can answer besides success.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error(transparent)]
+    Invalid(#[from] ValidationError),
+    #[error("sale not found")]
+    SaleNotFound,
+    #[error("a sale with this id already exists")]
+    SaleExists,
+    #[error("the sale has not started yet")]
+    NotStarted,
+    #[error("the sale has ended")]
+    Ended,
+    #[error("sold out")]
+    SoldOut,
+    #[error("the per-user limit for this sale is reached")]
+    LimitReached,
+    #[error("the grab token is invalid for this user and sale")]
+    InvalidToken,
+    #[error("order not found")]
+    OrderNotFound,
+    #[error("the order has expired")]
+    OrderExpired,
+    #[error("the order was cancelled")]
+    OrderCancelled,
+    #[error("the order is already paid")]
+    OrderPaid,
+    #[error("administrator rights are required")]
+    Forbidden,
+    /// The release fired before the order's expiry; the scheduler should try again.
+    #[error("the order does not expire until later")]
+    NotYetDue,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl AppError {
+    /// Whether an event source should deliver the same event again.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::Store(err) => err.is_retryable(),
+            Self::NotYetDue => true,
+            _ => false,
+        }
+    }
+}

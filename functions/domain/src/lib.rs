@@ -1,0 +1,20 @@
+//! The flash-sale domain: sales, grabs, orders and releases, with no knowledge of AWS.
+//!
+//! The rules live here; storage, queues and schedules are reached only through the
+//! small traits in [`ports`], so every rule can be tested with the in-memory fakes in
+//! [`testing`] and served in production by the DynamoDB/SQS/Scheduler adapters.
+
+pub mod error;
+pub mod gate;
+pub mod ids;
+pub mod order;
+pub mod ports;
+pub mod sale;
+pub mod service;
+pub mod testing;
+pub mod token;
+
+pub use error::{AppError, StoreError, ValidationError};
+pub use ids::{OrderId, SaleId, UserId};
+pub use order::{Order, OrderStatus, ReleaseReason, Reservation};
+pub use sale::{Sale, SaleDraft, SalePhase, SaleStats, SaleView};

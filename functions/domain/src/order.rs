@@ -1,0 +1,169 @@
+//! Orders and their state machine.
+//!
+//! ```text
+//!   grab ──► reserved ──consumer──► pending_payment ──pay──► paid
+//!               │  └──────────────pay─────────────────────────▲
+//!               ├──cancel / timeout──► cancelled / expired
+//!   pending_payment ──cancel / timeout──► cancelled / expired
+//! ```
+//! `paid`, `cancelled` and `expired` are final. Stock leaves the shard at the grab and
+//! comes back exactly once, on the move to `cancelled` or `expired`.
+
+use std::fmt;
+use std::str::FromStr;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{OrderId, SaleId, UserId};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OrderStatus {
+    Reserved,
+    PendingPayment,
+    Paid,
+    Cancelled,
+    Expired,
+}
+
+impl OrderStatus {
+    pub const ALL: [Self; 5] = [
+        Self::Reserved,
+        Self::PendingPayment,
+        Self::Paid,
+        Self::Cancelled,
+        Self::Expired,
+    ];
+
+    /// Statuses from which the order can still be paid, cancelled or expire: the stock
+    /// is held for the buyer but not sold.
+    pub const OPEN: [Self; 2] = [Self::Reserved, Self::PendingPayment];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Reserved => "reserved",
+            Self::PendingPayment => "pending_payment",
+            Self::Paid => "paid",
+            Self::Cancelled => "cancelled",
+            Self::Expired => "expired",
+        }
+    }
+
+    pub fn is_open(self) -> bool {
+        Self::OPEN.contains(&self)
+    }
+
+    /// Whether the state machine allows `self → next`. Stores enforce the same edges
+    /// with conditional writes; this is their specification.
+    pub fn can_become(self, next: Self) -> bool {
+        match (self, next) {
+            (Self::Reserved, Self::PendingPayment) => true,
+            (from, Self::Paid | Self::Cancelled | Self::Expired) => from.is_open(),
+            _ => false,
+        }
+    }
+}
+
+impl fmt::Display for OrderStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown order status {0:?}")]
+pub struct UnknownStatus(pub String);
+
+impl FromStr for OrderStatus {
+    type Err = UnknownStatus;
+    fn from_str(raw: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|status| status.as_str() == raw)
+            .ok_or_else(|| UnknownStatus(raw.to_owned()))
+    }
+}
+
+/// Why held stock goes back to the shard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReleaseReason {
+    /// The owner cancelled.
+    Cancelled,
+    /// The payment window closed.
+    Expired,
+}
+
+impl ReleaseReason {
+    pub fn final_status(self) -> OrderStatus {
+        match self {
+            Self::Cancelled => OrderStatus::Cancelled,
+            Self::Expired => OrderStatus::Expired,
+        }
+    }
+}
+
+/// A unit of stock held for one buyer. It is what the grab commits, what the orders
+/// queue carries and what the release schedule hands back, so every step can act on it
+/// without reading anything first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reservation {
+    pub order_id: OrderId,
+    pub sale_id: SaleId,
+    pub user_id: UserId,
+    pub shard: u16,
+    pub created_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+}
+
+/// An order as its owner sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Order {
+    pub order_id: OrderId,
+    pub sale_id: SaleId,
+    #[serde(skip_serializing)]
+    pub user_id: UserId,
+    pub status: OrderStatus,
+    pub expires_at: DateTime<Utc>,
+}
+
+impl Order {
+    pub fn from_reservation(reservation: &Reservation, status: OrderStatus) -> Self {
+        Self {
+            order_id: reservation.order_id.clone(),
+            sale_id: reservation.sale_id.clone(),
+            user_id: reservation.user_id.clone(),
+            status,
+            expires_at: reservation.expires_at,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_open_orders_can_settle() {
+        use OrderStatus::*;
+        for from in OrderStatus::ALL {
+            for to in [Paid, Cancelled, Expired] {
+                assert_eq!(from.can_become(to), from.is_open(), "{from} -> {to}");
+            }
+        }
+        assert!(Reserved.can_become(PendingPayment));
+        assert!(!PendingPayment.can_become(Reserved));
+        assert!(!Paid.can_become(PendingPayment));
+    }
+
+    #[test]
+    fn status_names_round_trip() {
+        for status in OrderStatus::ALL {
+            assert_eq!(status.as_str().parse::<OrderStatus>().unwrap(), status);
+            let json = serde_json::to_string(&status).unwrap();
+            assert_eq!(json, format!("\"{}\"", status.as_str()));
+        }
+        assert!("shipped".parse::<OrderStatus>().is_err());
+    }
+}

@@ -1,0 +1,168 @@
+//! The ports: one small trait per capability the use cases need from the outside world.
+//!
+//! Every method documents its contract: what is atomic, what is idempotent, and what a
+//! caller may assume after an error. Errors are [`StoreError`]: `Transient` may be
+//! retried by the caller, `Permanent` may not. Business refusals are return values.
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+
+use crate::error::StoreError;
+use crate::ids::{OrderId, SaleId, UserId};
+use crate::order::{Order, OrderStatus, ReleaseReason, Reservation};
+use crate::sale::{Sale, StockCounts};
+
+/// The time. A port so tests can stand still or jump.
+pub trait Clock: Send + Sync {
+    fn now(&self) -> DateTime<Utc>;
+}
+
+/// The wall clock.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> DateTime<Utc> {
+        Utc::now()
+    }
+}
+
+/// Sales and their definitions.
+#[async_trait]
+pub trait SaleCatalog: Send + Sync {
+    /// Creates the sale and all its stock shards (each holding
+    /// [`Sale::shard_stock`]) in one atomic write: either all exist afterwards or none.
+    /// Returns `Ok(false)`, writing nothing, when a sale with this id exists. Not
+    /// idempotent by design: a retried create answers `false`.
+    async fn create_sale(&self, sale: &Sale) -> Result<bool, StoreError>;
+
+    /// The sale, or `None`. Sales are immutable, so any copy is current.
+    async fn find_sale(&self, sale_id: &SaleId) -> Result<Option<Sale>, StoreError>;
+}
+
+/// Why a reservation was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReserveRefusal {
+    /// This shard has no stock left; others may.
+    ShardEmpty,
+    /// The user already holds or bought `per_user_limit` units of this sale.
+    LimitReached,
+}
+
+/// What happened to a hold that was asked to end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settlement {
+    /// This call made the change.
+    Applied,
+    /// The order had already reached this final status; nothing changed.
+    AlreadySettled(OrderStatus),
+    /// The hold does not exist (never reserved, or the reservation is unknown).
+    Unknown,
+}
+
+/// Stock shards and the per-user holds on them. This is the hot path.
+#[async_trait]
+pub trait StockLedger: Send + Sync {
+    /// Atomically takes one unit from `shard` and records `reservation` as a
+    /// `reserved` hold on the user's item, or does neither.
+    ///
+    /// The shard must have stock (`available > 0`) and the user must hold fewer than
+    /// `sale.per_user_limit` open or paid units. Write contention is retried inside the
+    /// adapter with jitter; a `Transient` error after that means nothing was written.
+    /// Not idempotent: each successful call reserves one more unit, so callers retry
+    /// only on errors, never on success.
+    async fn reserve(
+        &self,
+        sale: &Sale,
+        shard: u16,
+        reservation: &Reservation,
+    ) -> Result<Result<(), ReserveRefusal>, StoreError>;
+
+    /// Units left in each shard, index = shard. A read: it writes nothing, so the
+    /// sold-out gate can ask it as often as it needs to.
+    async fn availability(&self, sale: &Sale) -> Result<Vec<u64>, StoreError>;
+
+    /// Ends an open hold and gives its unit back to its shard, in one transaction that
+    /// also records the order as `reason.final_status()`. Only an open hold
+    /// (`reserved`/`pending_payment`) can be released, so the stock comes back at most
+    /// once: a repeated or late call answers `AlreadySettled` and changes nothing.
+    async fn release(
+        &self,
+        reservation: &Reservation,
+        reason: ReleaseReason,
+        now: DateTime<Utc>,
+    ) -> Result<Settlement, StoreError>;
+}
+
+/// What `OrderBook::open` found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpenOutcome {
+    /// The order is (now or already) `pending_payment` and needs its release schedule.
+    AwaitingPayment,
+    /// The order already reached a final status before the consumer got to it.
+    AlreadySettled(OrderStatus),
+    /// No hold matches the reservation.
+    Unknown,
+}
+
+/// What `OrderBook::pay` found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PayOutcome {
+    /// Paid by this call or an earlier one.
+    Paid,
+    /// The order was cancelled or expired first.
+    Settled(OrderStatus),
+    /// The hold is still open but its payment window has closed.
+    WindowClosed,
+    Unknown,
+}
+
+/// Orders: the durable record of each reservation's fate.
+#[async_trait]
+pub trait OrderBook: Send + Sync {
+    /// Creates the order item as `pending_payment` and moves the hold there, atomically.
+    /// Idempotent: a redelivered reservation finds the order and answers the same.
+    async fn open(&self, reservation: &Reservation) -> Result<OpenOutcome, StoreError>;
+
+    /// Marks an open order paid if its window is still open at `now`, atomically with
+    /// its hold. Idempotent: paying a paid order answers `Paid` again.
+    async fn pay(
+        &self,
+        reservation: &Reservation,
+        now: DateTime<Utc>,
+    ) -> Result<PayOutcome, StoreError>;
+
+    /// The user's order and the reservation behind it, read consistently. Another
+    /// user's order is `None`, exactly like a missing one.
+    async fn find(
+        &self,
+        order_id: &OrderId,
+        user: &UserId,
+    ) -> Result<Option<(Order, Reservation)>, StoreError>;
+
+    /// Counts every unit of the sale by where it is, for reconciliation. A read of
+    /// every hold and order of the sale, so for admins, not for the hot path.
+    async fn count(&self, sale: &Sale) -> Result<StockCounts, StoreError>;
+}
+
+/// The orders queue between the grab and the order consumer.
+#[async_trait]
+pub trait OrderQueue: Send + Sync {
+    /// Sends the reservation for the consumer. Deduplicated by order id, so a retried
+    /// send does not produce a second message (within the queue's dedup window).
+    /// At-least-once delivery: the consumer must be idempotent.
+    async fn enqueue(&self, reservation: &Reservation) -> Result<(), StoreError>;
+}
+
+/// Timers that release unpaid orders.
+#[async_trait]
+pub trait ReleaseScheduler: Send + Sync {
+    /// Arranges for the release function to receive `reservation` once, at
+    /// `reservation.expires_at`. Idempotent by order id: if the timer exists already,
+    /// this succeeds without creating a second.
+    async fn schedule_release(&self, reservation: &Reservation) -> Result<(), StoreError>;
+
+    /// Removes the timer if it is still there. A missing timer is success. Best effort
+    /// by design: a timer that fires anyway finds the order settled and does nothing.
+    async fn cancel_release(&self, order_id: &OrderId) -> Result<(), StoreError>;
+}

@@ -1,0 +1,229 @@
+//! A sale: its stock, its window, its per-user limit and how its stock is sharded.
+
+use chrono::{DateTime, Duration, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::error::ValidationError;
+use crate::ids::{SaleId, UserId};
+
+pub const MAX_STOCK: u32 = 1_000_000;
+pub const MAX_SHARDS: u16 = 64;
+pub const MAX_PER_USER_LIMIT: u32 = 100;
+pub const MAX_PAYMENT_TIMEOUT_SECS: u32 = 86_400;
+pub const DEFAULT_PAYMENT_TIMEOUT_SECS: u32 = 900;
+const MAX_NAME_LEN: usize = 200;
+/// A grab token may be fetched this long before the start, so clients whose clocks
+/// are slightly off can still be first at the start instant, but never earlier.
+pub const TOKEN_LEAD: Duration = Duration::seconds(1);
+
+/// A sale as an administrator asks for it, before validation.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SaleDraft {
+    pub sale_id: Option<String>,
+    pub name: String,
+    pub stock: i64,
+    pub starts_at: DateTime<Utc>,
+    pub ends_at: DateTime<Utc>,
+    pub per_user_limit: Option<i64>,
+    pub payment_timeout_secs: Option<i64>,
+    pub shards: Option<i64>,
+}
+
+/// A validated sale. Immutable once created, which is what lets every grab cache it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sale {
+    pub sale_id: SaleId,
+    pub name: String,
+    pub stock_total: u32,
+    pub starts_at: DateTime<Utc>,
+    pub ends_at: DateTime<Utc>,
+    pub per_user_limit: u32,
+    pub payment_timeout_secs: u32,
+    pub shards: u16,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SalePhase {
+    Upcoming,
+    Active,
+    Ended,
+}
+
+/// Shards chosen when the administrator does not say: about ten items a shard, so a
+/// sale of 100 spreads its write heat over ten partitions, capped so the stats and the
+/// sold-out probe stay cheap.
+pub fn default_shards(stock: u32) -> u16 {
+    let wanted = stock.div_ceil(10).clamp(1, 16);
+    u16::try_from(wanted).unwrap_or(16)
+}
+
+fn in_range(field: &'static str, value: i64, min: i64, max: i64) -> Result<u32, ValidationError> {
+    if (min..=max).contains(&value) {
+        u32::try_from(value).map_err(|_| ValidationError::new(field, "is out of range"))
+    } else {
+        Err(ValidationError::new(
+            field,
+            format!("must be between {min} and {max}"),
+        ))
+    }
+}
+
+impl Sale {
+    pub fn from_draft(draft: SaleDraft) -> Result<Self, ValidationError> {
+        let sale_id = match draft.sale_id {
+            Some(raw) => SaleId::parse(raw)?,
+            None => SaleId::generate(),
+        };
+        let name = draft.name.trim().to_owned();
+        if name.is_empty() || name.chars().count() > MAX_NAME_LEN {
+            return Err(ValidationError::new(
+                "name",
+                format!("must be 1 to {MAX_NAME_LEN} characters"),
+            ));
+        }
+        let stock_total = in_range("stock", draft.stock, 1, i64::from(MAX_STOCK))?;
+        if draft.ends_at <= draft.starts_at {
+            return Err(ValidationError::new("ends_at", "must be after starts_at"));
+        }
+        let per_user_limit = in_range(
+            "per_user_limit",
+            draft.per_user_limit.unwrap_or(1),
+            1,
+            i64::from(MAX_PER_USER_LIMIT),
+        )?;
+        let payment_timeout_secs = in_range(
+            "payment_timeout_secs",
+            draft
+                .payment_timeout_secs
+                .unwrap_or(i64::from(DEFAULT_PAYMENT_TIMEOUT_SECS)),
+            1,
+            i64::from(MAX_PAYMENT_TIMEOUT_SECS),
+        )?;
+        let shards = match draft.shards {
+            None => default_shards(stock_total),
+            Some(requested) => {
+                let max = i64::from(MAX_SHARDS).min(i64::from(stock_total));
+                let shards = in_range("shards", requested, 1, max)?;
+                u16::try_from(shards).map_err(|_| ValidationError::new("shards", "is too large"))?
+            }
+        };
+        Ok(Self {
+            sale_id,
+            name,
+            stock_total,
+            starts_at: draft.starts_at,
+            ends_at: draft.ends_at,
+            per_user_limit,
+            payment_timeout_secs,
+            shards,
+        })
+    }
+
+    pub fn phase(&self, now: DateTime<Utc>) -> SalePhase {
+        if now >= self.ends_at {
+            SalePhase::Ended
+        } else if now < self.starts_at {
+            SalePhase::Upcoming
+        } else {
+            SalePhase::Active
+        }
+    }
+
+    /// The stock of each shard: the total spread as evenly as it divides.
+    pub fn shard_stock(&self, shard: u16) -> u32 {
+        let shards = u32::from(self.shards);
+        let base = self.stock_total / shards;
+        base + u32::from(u32::from(shard) < self.stock_total % shards)
+    }
+
+    /// The order in which a user tries the shards: their own first, so load spreads,
+    /// then every other one, so no stock is stranded while buyers remain.
+    pub fn shard_order(&self, user: &UserId) -> impl Iterator<Item = u16> + use<> {
+        let shards = self.shards;
+        let first = self.bucket_of(user);
+        (0..shards).map(move |offset| (first + offset) % shards)
+    }
+
+    /// The user's home shard, also the stats bucket their items are indexed under.
+    pub fn bucket_of(&self, user: &UserId) -> u16 {
+        u16::try_from(user.stable_hash() % u64::from(self.shards)).unwrap_or(0)
+    }
+
+    /// When a reservation made now must be paid by: whole seconds, because Scheduler's
+    /// `at()` expressions have second precision and must not fire before the expiry.
+    pub fn payment_deadline(&self, now: DateTime<Utc>) -> DateTime<Utc> {
+        let deadline = now + Duration::seconds(i64::from(self.payment_timeout_secs));
+        let whole = deadline.timestamp();
+        let round_up = i64::from(deadline.timestamp_subsec_nanos() > 0);
+        DateTime::from_timestamp(whole + round_up, 0).unwrap_or(deadline)
+    }
+}
+
+/// Counts of a sale's stock by where it is. Sold stock is `paid`; held stock is
+/// `reserved` or `pending_payment`; `cancelled` and `expired` are orders whose stock came
+/// back and are counted for reporting only.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StockCounts {
+    pub available: u64,
+    pub reserved: u64,
+    pub pending_payment: u64,
+    pub paid: u64,
+    pub cancelled: u64,
+    pub expired: u64,
+}
+
+/// The reconciliation the admin sees: every unit is available, held or sold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SaleStats {
+    pub stock_total: u64,
+    #[serde(flatten)]
+    pub counts: StockCounts,
+    pub consistent: bool,
+}
+
+impl SaleStats {
+    pub fn reconcile(stock_total: u32, counts: StockCounts) -> Self {
+        let accounted = counts.available + counts.reserved + counts.pending_payment + counts.paid;
+        Self {
+            stock_total: u64::from(stock_total),
+            counts,
+            consistent: accounted == u64::from(stock_total),
+        }
+    }
+}
+
+/// What the public sale page shows.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SaleView {
+    pub sale_id: SaleId,
+    pub name: String,
+    pub status: &'static str,
+    pub starts_at: DateTime<Utc>,
+    pub ends_at: DateTime<Utc>,
+    pub server_time: DateTime<Utc>,
+    pub stock_total: u32,
+    pub stock_available: u64,
+}
+
+impl SaleView {
+    pub fn new(sale: &Sale, stock_available: u64, now: DateTime<Utc>) -> Self {
+        let status = match sale.phase(now) {
+            SalePhase::Ended => "ended",
+            _ if stock_available == 0 => "sold_out",
+            SalePhase::Upcoming => "upcoming",
+            SalePhase::Active => "active",
+        };
+        Self {
+            sale_id: sale.sale_id.clone(),
+            name: sale.name.clone(),
+            status,
+            starts_at: sale.starts_at,
+            ends_at: sale.ends_at,
+            server_time: now,
+            stock_total: sale.stock_total,
+            stock_available,
+        }
+    }
+}

@@ -1,0 +1,339 @@
+//! The use cases. Each service holds only the ports it needs, so each function builds
+//! only the clients it uses.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use async_trait::async_trait;
+use chrono::{DateTime, Duration, Utc};
+use serde::Serialize;
+
+use crate::error::{AppError, StoreError};
+use crate::gate::SoldOutGate;
+use crate::ids::{OrderId, SaleId, UserId};
+use crate::order::{Order, OrderStatus, ReleaseReason, Reservation};
+use crate::ports::{
+    Clock, OpenOutcome, OrderBook, OrderQueue, PayOutcome, ReleaseScheduler, ReserveRefusal,
+    SaleCatalog, Settlement, StockLedger,
+};
+use crate::sale::{Sale, SaleDraft, SalePhase, SaleStats, SaleView, TOKEN_LEAD};
+use crate::token::GrabTokenSigner;
+
+/// How long a grab path stays valid. Short, so a leaked path is soon useless, and a
+/// client that needs another simply asks again.
+pub const GRAB_PATH_LIFETIME: Duration = Duration::minutes(5);
+
+/// Sale administration and the public sale page.
+pub struct SaleService {
+    pub catalog: Arc<dyn SaleCatalog>,
+    pub ledger: Arc<dyn StockLedger>,
+    pub orders: Arc<dyn OrderBook>,
+    pub clock: Arc<dyn Clock>,
+}
+
+impl SaleService {
+    pub async fn create(&self, draft: SaleDraft) -> Result<Sale, AppError> {
+        let sale = Sale::from_draft(draft)?;
+        if self.catalog.create_sale(&sale).await? {
+            Ok(sale)
+        } else {
+            Err(AppError::SaleExists)
+        }
+    }
+
+    async fn sale(&self, sale_id: &SaleId) -> Result<Sale, AppError> {
+        self.catalog
+            .find_sale(sale_id)
+            .await?
+            .ok_or(AppError::SaleNotFound)
+    }
+
+    pub async fn view(&self, sale_id: &SaleId) -> Result<SaleView, AppError> {
+        let sale = self.sale(sale_id).await?;
+        let available = self.ledger.availability(&sale).await?.iter().sum();
+        Ok(SaleView::new(&sale, available, self.clock.now()))
+    }
+
+    pub async fn stats(&self, sale_id: &SaleId) -> Result<SaleStats, AppError> {
+        let sale = self.sale(sale_id).await?;
+        let counts = self.orders.count(&sale).await?;
+        Ok(SaleStats::reconcile(sale.stock_total, counts))
+    }
+}
+
+/// The grab path that the token endpoint hands out.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GrabPass {
+    pub grab_path: String,
+    pub expires_at: DateTime<Utc>,
+}
+
+/// The hot path: hand out grab paths, and turn a grab into a reservation.
+pub struct GrabService {
+    pub catalog: Arc<dyn SaleCatalog>,
+    pub ledger: Arc<dyn StockLedger>,
+    pub queue: Arc<dyn OrderQueue>,
+    pub clock: Arc<dyn Clock>,
+    pub signer: GrabTokenSigner,
+    pub gate: SoldOutGate,
+}
+
+impl GrabService {
+    async fn sale(&self, sale_id: &SaleId) -> Result<Sale, AppError> {
+        self.catalog
+            .find_sale(sale_id)
+            .await?
+            .ok_or(AppError::SaleNotFound)
+    }
+
+    /// A grab path for this user, only once the sale is (about to be) active.
+    pub async fn issue_pass(&self, sale_id: &SaleId, user: &UserId) -> Result<GrabPass, AppError> {
+        let sale = self.sale(sale_id).await?;
+        let now = self.clock.now();
+        match sale.phase(now + TOKEN_LEAD) {
+            SalePhase::Upcoming => return Err(AppError::NotStarted),
+            SalePhase::Ended if sale.phase(now) == SalePhase::Ended => return Err(AppError::Ended),
+            _ => {}
+        }
+        let expires_at = sale.ends_at.min(now + GRAB_PATH_LIFETIME);
+        let token = self.signer.issue(sale_id, user, expires_at);
+        Ok(GrabPass {
+            grab_path: format!("/sales/{sale_id}/grab/{token}"),
+            expires_at,
+        })
+    }
+
+    /// Reserves one unit for `user`, or says why not. At most one transaction per shard
+    /// tried; none at all once the gate knows the sale is sold out.
+    pub async fn grab(
+        &self,
+        sale_id: &SaleId,
+        token: &str,
+        user: &UserId,
+    ) -> Result<Reservation, AppError> {
+        let sale = self.sale(sale_id).await?;
+        let now = self.clock.now();
+        match sale.phase(now) {
+            SalePhase::Upcoming => return Err(AppError::NotStarted),
+            SalePhase::Ended => return Err(AppError::Ended),
+            SalePhase::Active => {}
+        }
+        if !self.signer.verify(token, sale_id, user, now) {
+            return Err(AppError::InvalidToken);
+        }
+        let shards = self
+            .gate
+            .shards_to_try(sale_id, sale.shards, sale.shard_order(user), now);
+        let order_id = OrderId::new(sale_id.clone());
+        for shard in shards {
+            let reservation = Reservation {
+                order_id: order_id.clone(),
+                sale_id: sale_id.clone(),
+                user_id: user.clone(),
+                shard,
+                created_at: now,
+                expires_at: sale.payment_deadline(now),
+            };
+            match self.ledger.reserve(&sale, shard, &reservation).await? {
+                Ok(()) => {
+                    self.gate.mark_stocked(sale_id, sale.shards, shard);
+                    self.hand_over(&reservation).await?;
+                    return Ok(reservation);
+                }
+                Err(ReserveRefusal::ShardEmpty) => {
+                    self.gate.mark_empty(sale_id, sale.shards, shard, now);
+                }
+                Err(ReserveRefusal::LimitReached) => return Err(AppError::LimitReached),
+            }
+        }
+        Err(AppError::SoldOut)
+    }
+
+    /// Sends a committed reservation to the order consumer. If that fails, the unit is
+    /// given back at once rather than stranded with no order and no timer; the buyer
+    /// sees an error and can grab again.
+    async fn hand_over(&self, reservation: &Reservation) -> Result<(), AppError> {
+        let Err(send_error) = self.queue.enqueue(reservation).await else {
+            return Ok(());
+        };
+        tracing::error!(order_id = %reservation.order_id, error = &send_error as &dyn std::error::Error, "enqueue failed; releasing the reservation");
+        if let Err(release_error) = self
+            .ledger
+            .release(reservation, ReleaseReason::Cancelled, self.clock.now())
+            .await
+        {
+            tracing::error!(
+                order_id = %reservation.order_id,
+                error = &release_error as &dyn std::error::Error,
+                "compensating release failed; the hold needs reconciliation"
+            );
+        }
+        Err(send_error.into())
+    }
+}
+
+/// Orders after the grab: the consumer, the owner's pay and cancel, and the timeout.
+pub struct OrderService {
+    pub orders: Arc<dyn OrderBook>,
+    pub ledger: Arc<dyn StockLedger>,
+    pub scheduler: Arc<dyn ReleaseScheduler>,
+    pub clock: Arc<dyn Clock>,
+}
+
+impl OrderService {
+    async fn owned(&self, order_id: &OrderId, user: &UserId) -> Result<(Order, Reservation), AppError> {
+        self.orders
+            .find(order_id, user)
+            .await?
+            .ok_or(AppError::OrderNotFound)
+    }
+
+    pub async fn get(&self, order_id: &OrderId, user: &UserId) -> Result<Order, AppError> {
+        Ok(self.owned(order_id, user).await?.0)
+    }
+
+    /// The consumer's step: the order awaits payment and its release timer is set.
+    /// Safe to repeat for the same reservation.
+    pub async fn open(&self, reservation: &Reservation) -> Result<OpenOutcome, AppError> {
+        let outcome = self.orders.open(reservation).await?;
+        match outcome {
+            OpenOutcome::AwaitingPayment => self.scheduler.schedule_release(reservation).await?,
+            OpenOutcome::AlreadySettled(_) => {}
+            OpenOutcome::Unknown => return Err(AppError::OrderNotFound),
+        }
+        Ok(outcome)
+    }
+
+    pub async fn pay(&self, order_id: &OrderId, user: &UserId) -> Result<Order, AppError> {
+        let (order, reservation) = self.owned(order_id, user).await?;
+        match self.orders.pay(&reservation, self.clock.now()).await? {
+            PayOutcome::Paid => {
+                self.forget_timer(order_id).await;
+                Ok(Order {
+                    status: OrderStatus::Paid,
+                    ..order
+                })
+            }
+            PayOutcome::WindowClosed => {
+                // The timer may lag; the buyer must not wait on it to learn the outcome,
+                // and the unit should be grabbable again now.
+                self.ledger
+                    .release(&reservation, ReleaseReason::Expired, self.clock.now())
+                    .await?;
+                Err(AppError::OrderExpired)
+            }
+            PayOutcome::Settled(status) => Err(settled_error(status)),
+            PayOutcome::Unknown => Err(AppError::OrderNotFound),
+        }
+    }
+
+    pub async fn cancel(&self, order_id: &OrderId, user: &UserId) -> Result<Order, AppError> {
+        let (order, reservation) = self.owned(order_id, user).await?;
+        let now = self.clock.now();
+        let reason = if now >= reservation.expires_at {
+            ReleaseReason::Expired
+        } else {
+            ReleaseReason::Cancelled
+        };
+        let final_status = match self.ledger.release(&reservation, reason, now).await? {
+            Settlement::Applied => reason.final_status(),
+            Settlement::AlreadySettled(status) => status,
+            Settlement::Unknown => return Err(AppError::OrderNotFound),
+        };
+        match final_status {
+            OrderStatus::Cancelled => {
+                self.forget_timer(order_id).await;
+                Ok(Order {
+                    status: OrderStatus::Cancelled,
+                    ..order
+                })
+            }
+            other => Err(settled_error(other)),
+        }
+    }
+
+    async fn forget_timer(&self, order_id: &OrderId) {
+        if let Err(error) = self.scheduler.cancel_release(order_id).await {
+            // Harmless: the timer will fire, find the order settled, and do nothing.
+            tracing::warn!(%order_id, error = &error as &dyn std::error::Error, "could not delete the release timer");
+        }
+    }
+}
+
+/// The release function's use case: the payment window closed, give the unit back.
+pub struct ExpiryService {
+    pub ledger: Arc<dyn StockLedger>,
+    pub clock: Arc<dyn Clock>,
+}
+
+impl ExpiryService {
+    /// The release function's step, fired by the order's timer. Safe to repeat.
+    pub async fn expire(&self, reservation: &Reservation) -> Result<Settlement, AppError> {
+        if self.clock.now() < reservation.expires_at {
+            return Err(AppError::NotYetDue);
+        }
+        Ok(self
+            .ledger
+            .release(reservation, ReleaseReason::Expired, self.clock.now())
+            .await?)
+    }
+
+}
+
+fn settled_error(status: OrderStatus) -> AppError {
+    match status {
+        OrderStatus::Paid => AppError::OrderPaid,
+        OrderStatus::Cancelled => AppError::OrderCancelled,
+        _ => AppError::OrderExpired,
+    }
+}
+
+/// A [`SaleCatalog`] that remembers the sales it has found. Sales never change after
+/// creation, so the grab path reads each sale from the store once per process.
+pub struct CachedCatalog<C> {
+    inner: C,
+    capacity: usize,
+    sales: RwLock<HashMap<SaleId, Sale>>,
+}
+
+impl<C> CachedCatalog<C> {
+    pub fn new(inner: C, capacity: usize) -> Self {
+        Self {
+            inner,
+            capacity,
+            sales: RwLock::new(HashMap::new()),
+        }
+    }
+}
+
+#[async_trait]
+impl<C: SaleCatalog> SaleCatalog for CachedCatalog<C> {
+    async fn create_sale(&self, sale: &Sale) -> Result<bool, StoreError> {
+        self.inner.create_sale(sale).await
+    }
+
+    async fn find_sale(&self, sale_id: &SaleId) -> Result<Option<Sale>, StoreError> {
+        let cached = self
+            .sales
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(sale_id)
+            .cloned();
+        if cached.is_some() {
+            return Ok(cached);
+        }
+        // Misses are not cached: a sale may be created after someone first asks for it.
+        let found = self.inner.find_sale(sale_id).await?;
+        if let Some(sale) = &found {
+            let mut sales = self
+                .sales
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if sales.len() >= self.capacity {
+                sales.clear();
+            }
+            sales.insert(sale_id.clone(), sale.clone());
+        }
+        Ok(found)
+    }
+}

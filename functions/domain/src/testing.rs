@@ -1,0 +1,314 @@
+//! In-memory fakes of every port, faithful to the contracts in [`crate::ports`], for
+//! domain tests and for handler tests that do not need the real services.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use async_trait::async_trait;
+use chrono::{DateTime, Duration, Utc};
+
+use crate::error::StoreError;
+use crate::ids::{OrderId, SaleId, UserId};
+use crate::order::{Order, OrderStatus, ReleaseReason, Reservation};
+use crate::ports::{
+    Clock, OpenOutcome, OrderBook, OrderQueue, PayOutcome, ReleaseScheduler, ReserveRefusal,
+    SaleCatalog, Settlement, StockLedger,
+};
+use crate::sale::{Sale, StockCounts};
+
+fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A clock that moves only when told.
+#[derive(Debug)]
+pub struct ManualClock(Mutex<DateTime<Utc>>);
+
+impl ManualClock {
+    pub fn new(now: DateTime<Utc>) -> Self {
+        Self(Mutex::new(now))
+    }
+
+    pub fn advance(&self, by: Duration) {
+        *locked(&self.0) += by;
+    }
+
+    pub fn set(&self, now: DateTime<Utc>) {
+        *locked(&self.0) = now;
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> DateTime<Utc> {
+        *locked(&self.0)
+    }
+}
+
+#[derive(Debug, Default)]
+struct State {
+    sales: HashMap<SaleId, Sale>,
+    shards: HashMap<(SaleId, u16), u64>,
+    /// Units each user holds or bought, per sale: what the per-user limit counts.
+    active: HashMap<(SaleId, UserId), u32>,
+    /// The open or paid holds, by order.
+    holds: HashMap<OrderId, (Reservation, OrderStatus)>,
+    /// Order items: created by the consumer, pay or release.
+    orders: HashMap<OrderId, (Reservation, OrderStatus)>,
+}
+
+/// Sales, stock and orders in one mutex: every operation is trivially atomic.
+#[derive(Debug, Default)]
+pub struct InMemoryStore {
+    state: Mutex<State>,
+    /// Counts `reserve` calls, so tests can prove that the gate spared the store.
+    pub reserve_calls: AtomicUsize,
+}
+
+impl InMemoryStore {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn shard_available(&self, sale_id: &SaleId, shard: u16) -> u64 {
+        locked(&self.state)
+            .shards
+            .get(&(sale_id.clone(), shard))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    pub fn order_count(&self) -> usize {
+        locked(&self.state).orders.len()
+    }
+}
+
+#[async_trait]
+impl SaleCatalog for InMemoryStore {
+    async fn create_sale(&self, sale: &Sale) -> Result<bool, StoreError> {
+        let mut state = locked(&self.state);
+        if state.sales.contains_key(&sale.sale_id) {
+            return Ok(false);
+        }
+        for shard in 0..sale.shards {
+            state
+                .shards
+                .insert((sale.sale_id.clone(), shard), u64::from(sale.shard_stock(shard)));
+        }
+        state.sales.insert(sale.sale_id.clone(), sale.clone());
+        Ok(true)
+    }
+
+    async fn find_sale(&self, sale_id: &SaleId) -> Result<Option<Sale>, StoreError> {
+        Ok(locked(&self.state).sales.get(sale_id).cloned())
+    }
+}
+
+#[async_trait]
+impl StockLedger for InMemoryStore {
+    async fn reserve(
+        &self,
+        sale: &Sale,
+        shard: u16,
+        reservation: &Reservation,
+    ) -> Result<Result<(), ReserveRefusal>, StoreError> {
+        self.reserve_calls.fetch_add(1, Ordering::SeqCst);
+        let mut state = locked(&self.state);
+        let shard_key = (sale.sale_id.clone(), shard);
+        let user_key = (sale.sale_id.clone(), reservation.user_id.clone());
+        if state.shards.get(&shard_key).copied().unwrap_or(0) == 0 {
+            return Ok(Err(ReserveRefusal::ShardEmpty));
+        }
+        if state.active.get(&user_key).copied().unwrap_or(0) >= sale.per_user_limit {
+            return Ok(Err(ReserveRefusal::LimitReached));
+        }
+        *state.shards.entry(shard_key).or_default() -= 1;
+        *state.active.entry(user_key).or_default() += 1;
+        state.holds.insert(
+            reservation.order_id.clone(),
+            (reservation.clone(), OrderStatus::Reserved),
+        );
+        Ok(Ok(()))
+    }
+
+    async fn availability(&self, sale: &Sale) -> Result<Vec<u64>, StoreError> {
+        Ok((0..sale.shards)
+            .map(|shard| self.shard_available(&sale.sale_id, shard))
+            .collect())
+    }
+
+    async fn release(
+        &self,
+        reservation: &Reservation,
+        reason: ReleaseReason,
+        _now: DateTime<Utc>,
+    ) -> Result<Settlement, StoreError> {
+        let mut state = locked(&self.state);
+        let id = &reservation.order_id;
+        match state.holds.get(id).map(|(_, status)| *status) {
+            Some(status) if status.is_open() => {
+                let (held, _) = state.holds.remove(id).expect("present");
+                *state
+                    .active
+                    .entry((held.sale_id.clone(), held.user_id.clone()))
+                    .or_default() -= 1;
+                *state
+                    .shards
+                    .entry((held.sale_id.clone(), held.shard))
+                    .or_default() += 1;
+                state
+                    .orders
+                    .insert(id.clone(), (held, reason.final_status()));
+                Ok(Settlement::Applied)
+            }
+            Some(status) => Ok(Settlement::AlreadySettled(status)),
+            None => Ok(state
+                .orders
+                .get(id)
+                .map_or(Settlement::Unknown, |(_, status)| {
+                    Settlement::AlreadySettled(*status)
+                })),
+        }
+    }
+}
+
+#[async_trait]
+impl OrderBook for InMemoryStore {
+    async fn open(&self, reservation: &Reservation) -> Result<OpenOutcome, StoreError> {
+        let mut state = locked(&self.state);
+        let id = &reservation.order_id;
+        if let Some((_, status)) = state.orders.get(id) {
+            return Ok(match status {
+                OrderStatus::PendingPayment => OpenOutcome::AwaitingPayment,
+                settled => OpenOutcome::AlreadySettled(*settled),
+            });
+        }
+        match state.holds.get_mut(id) {
+            Some((held, status)) if *status == OrderStatus::Reserved => {
+                *status = OrderStatus::PendingPayment;
+                let held = held.clone();
+                state
+                    .orders
+                    .insert(id.clone(), (held, OrderStatus::PendingPayment));
+                Ok(OpenOutcome::AwaitingPayment)
+            }
+            _ => Ok(OpenOutcome::Unknown),
+        }
+    }
+
+    async fn pay(
+        &self,
+        reservation: &Reservation,
+        now: DateTime<Utc>,
+    ) -> Result<PayOutcome, StoreError> {
+        let mut state = locked(&self.state);
+        let id = &reservation.order_id;
+        match state.holds.get_mut(id) {
+            Some((_, OrderStatus::Paid)) => Ok(PayOutcome::Paid),
+            Some((held, status)) if status.is_open() => {
+                if now >= held.expires_at {
+                    return Ok(PayOutcome::WindowClosed);
+                }
+                *status = OrderStatus::Paid;
+                let held = held.clone();
+                state.orders.insert(id.clone(), (held, OrderStatus::Paid));
+                Ok(PayOutcome::Paid)
+            }
+            _ => Ok(state
+                .orders
+                .get(id)
+                .map_or(PayOutcome::Unknown, |(_, status)| PayOutcome::Settled(*status))),
+        }
+    }
+
+    async fn find(
+        &self,
+        order_id: &OrderId,
+        user: &UserId,
+    ) -> Result<Option<(Order, Reservation)>, StoreError> {
+        let state = locked(&self.state);
+        let found = state.holds.get(order_id).or_else(|| state.orders.get(order_id));
+        Ok(found
+            .filter(|(held, _)| &held.user_id == user)
+            .map(|(held, status)| (Order::from_reservation(held, *status), held.clone())))
+    }
+
+    async fn count(&self, sale: &Sale) -> Result<StockCounts, StoreError> {
+        let state = locked(&self.state);
+        let mut counts = StockCounts {
+            available: (0..sale.shards)
+                .map(|shard| {
+                    state
+                        .shards
+                        .get(&(sale.sale_id.clone(), shard))
+                        .copied()
+                        .unwrap_or(0)
+                })
+                .sum(),
+            ..StockCounts::default()
+        };
+        let of_sale = |(held, _): &&(Reservation, OrderStatus)| held.sale_id == sale.sale_id;
+        for (_, status) in state.holds.values().filter(of_sale) {
+            match status {
+                OrderStatus::Reserved => counts.reserved += 1,
+                OrderStatus::PendingPayment => counts.pending_payment += 1,
+                OrderStatus::Paid => counts.paid += 1,
+                _ => {}
+            }
+        }
+        for (_, status) in state.orders.values().filter(of_sale) {
+            match status {
+                OrderStatus::Cancelled => counts.cancelled += 1,
+                OrderStatus::Expired => counts.expired += 1,
+                _ => {}
+            }
+        }
+        Ok(counts)
+    }
+}
+
+/// A queue that records what was sent, and can be told to fail.
+#[derive(Debug, Default)]
+pub struct RecordingQueue {
+    pub sent: Mutex<Vec<Reservation>>,
+    pub fail: std::sync::atomic::AtomicBool,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("the fake is set to fail")]
+pub struct InjectedFailure;
+
+#[async_trait]
+impl OrderQueue for RecordingQueue {
+    async fn enqueue(&self, reservation: &Reservation) -> Result<(), StoreError> {
+        if self.fail.load(Ordering::SeqCst) {
+            return Err(StoreError::transient("enqueue", InjectedFailure));
+        }
+        locked(&self.sent).push(reservation.clone());
+        Ok(())
+    }
+}
+
+/// Release timers by order id, as Scheduler keeps them by name.
+#[derive(Debug, Default)]
+pub struct RecordingScheduler {
+    pub timers: Mutex<HashMap<OrderId, Reservation>>,
+    pub created: AtomicUsize,
+}
+
+#[async_trait]
+impl ReleaseScheduler for RecordingScheduler {
+    async fn schedule_release(&self, reservation: &Reservation) -> Result<(), StoreError> {
+        let mut timers = locked(&self.timers);
+        if !timers.contains_key(&reservation.order_id) {
+            self.created.fetch_add(1, Ordering::SeqCst);
+            timers.insert(reservation.order_id.clone(), reservation.clone());
+        }
+        Ok(())
+    }
+
+    async fn cancel_release(&self, order_id: &OrderId) -> Result<(), StoreError> {
+        locked(&self.timers).remove(order_id);
+        Ok(())
+    }
+}
