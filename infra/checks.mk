@@ -1,0 +1,108 @@
+# Deployability checks (issue 4), included by the top-level Makefile:
+#   make check-template   cfn-lint + sam validate --lint, offline
+#   make build-lambdas    release bootstrap of every function with cargo-lambda (arm64 when
+#                         the target's std can be installed, else the host architecture)
+#   make smoke-lambdas    runs those very bootstraps under a Lambda Runtime API emulator
+#                         against DynamoDB Local + moto and checks each response
+#   make check-infra      all three
+# The template <-> code consistency tests are an ordinary workspace crate
+# (infra/template-checks), so `cargo test --workspace` runs them.
+
+TOOLS ?= .tools
+VENV ?= $(TOOLS)/venv
+PIP ?= $(VENV)/bin/pip
+
+CFN_LINT_SPEC ?= cfn-lint==1.58.0
+SAM_CLI_SPEC ?= aws-sam-cli==1.170.0
+CARGO_LAMBDA_SPEC ?= cargo-lambda==1.9.2
+ZIGLANG_SPEC ?= ziglang==0.17.1
+
+# Every function: its package and the [[bin]] its template Metadata names.
+LAMBDA_PACKAGES := flashsale-grab flashsale-api flashsale-order-consumer flashsale-release
+LAMBDA_BINS := grab api order-consumer release
+LAMBDA_DIR := target/lambda
+ARM64_TARGET := aarch64-unknown-linux-gnu
+# Where Debian's libc6-arm64-cross puts the aarch64 loader and libc, for qemu-aarch64 -L.
+ARM64_SYSROOT := /usr/aarch64-linux-gnu
+
+# sam and the SDKs need a region even offline; telemetry would try the network.
+CHECK_ENV := AWS_DEFAULT_REGION=$${AWS_DEFAULT_REGION:-us-east-1} SAM_CLI_TELEMETRY=0
+
+.PHONY: check-infra check-template build-lambdas smoke-lambdas lambda-tools template-tools
+
+check-infra: check-template build-lambdas smoke-lambdas
+
+## --- tools (installed only when missing) --------------------------------------------
+
+$(VENV)/bin/cfn-lint: | $(VENV)/bin/python
+	$(PIP) install -q '$(CFN_LINT_SPEC)'
+	test -x $@
+
+$(VENV)/bin/sam: | $(VENV)/bin/python
+	$(PIP) install -q '$(SAM_CLI_SPEC)'
+	test -x $@
+
+# cargo-lambda links with zig; the ziglang wheel provides it (`python -m ziglang`, and the
+# python-zig script), which cargo-lambda finds with the venv's bin first on PATH.
+$(VENV)/bin/cargo-lambda: | $(VENV)/bin/python
+	$(PIP) install -q '$(CARGO_LAMBDA_SPEC)' '$(ZIGLANG_SPEC)'
+	test -x $@
+
+template-tools: $(VENV)/bin/cfn-lint $(VENV)/bin/sam
+
+lambda-tools: $(VENV)/bin/cargo-lambda
+
+## --- check-template -----------------------------------------------------------------
+
+# Both run offline: cfn-lint ships its specs, and `sam validate` translates locally (no
+# managed policy is referenced by name, so it never asks IAM). --lint runs cfn-lint on the
+# template again through SAM's own integration, as `sam validate --lint` users would.
+check-template: template-tools
+	$(CHECK_ENV) $(VENV)/bin/cfn-lint --version
+	$(CHECK_ENV) $(VENV)/bin/cfn-lint template.yaml
+	$(CHECK_ENV) $(VENV)/bin/sam --version
+	$(CHECK_ENV) $(VENV)/bin/sam validate --lint --template-file template.yaml
+
+## --- build-lambdas ------------------------------------------------------------------
+
+# The template deploys arm64. Its std comes from rustup; when rustup cannot fetch it (no
+# network), the host architecture is built instead and the choice is printed and written
+# to target/lambda/ARCH, which smoke-lambdas reads.
+build-lambdas: lambda-tools
+	@host=$$(uname -m); \
+	if [ "$$host" = aarch64 ] || rustup target list --installed | grep -qx '$(ARM64_TARGET)' \
+	   || timeout 300 rustup target add '$(ARM64_TARGET)'; then \
+	  arch=arm64; flag=--arm64; \
+	else \
+	  arch=$$host; flag=--x86-64; \
+	  echo "build-lambdas: the $(ARM64_TARGET) std cannot be installed here; building for the host ($$host) instead of arm64"; \
+	fi; \
+	echo "build-lambdas: cargo lambda build --release $$flag for $(LAMBDA_BINS)"; \
+	PATH="$(abspath $(VENV))/bin:$$PATH" cargo lambda build --release --locked $$flag \
+	  $(addprefix -p ,$(LAMBDA_PACKAGES)); \
+	echo "$$arch" > $(LAMBDA_DIR)/ARCH; \
+	echo "build-lambdas: architecture built: $$arch"; \
+	for bin in $(LAMBDA_BINS); do \
+	  f=$(LAMBDA_DIR)/$$bin/bootstrap; \
+	  test -x "$$f" || { echo "build-lambdas: missing $$f"; exit 1; }; \
+	  printf '  %-16s %9d bytes  %s\n' "$$bin" "$$(stat -c %s "$$f")" "$$(file -b "$$f" | cut -d, -f1-2)"; \
+	done
+
+## --- smoke-lambdas ------------------------------------------------------------------
+
+# Runs the bootstraps that build-lambdas produced, as they are. An arm64 build on an
+# x86_64 host runs under qemu-user (apt, installed when missing), with Debian's aarch64
+# libc as the loader's root.
+smoke-lambdas: build-lambdas
+	@arch=$$(cat $(LAMBDA_DIR)/ARCH); host=$$(uname -m); runner=""; \
+	if [ "$$arch" = arm64 ] && [ "$$host" != aarch64 ]; then \
+	  if ! command -v qemu-aarch64 >/dev/null 2>&1 || [ ! -d '$(ARM64_SYSROOT)/lib' ]; then \
+	    echo "smoke-lambdas: installing qemu-user and libc6-arm64-cross to run the arm64 bootstraps"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq qemu-user libc6-arm64-cross >/dev/null; \
+	  fi; \
+	  runner="qemu-aarch64 -L $(ARM64_SYSROOT)"; \
+	fi; \
+	echo "smoke-lambdas: running the $$arch bootstraps$${runner:+ under $$runner}"; \
+	$(CHECK_ENV) cargo run --locked -q -p flashsale-runtime-emulator --bin flashsale-smoke -- \
+	  --lambda-dir $(LAMBDA_DIR) --events events --template template.yaml \
+	  $${runner:+--runner "$$runner"}
