@@ -94,15 +94,24 @@ mod tests {
         let gate = SoldOutGate::new(Duration::seconds(1));
         let sale = SaleId::parse("s").unwrap();
         let t0 = Utc::now();
-        assert_eq!(gate.shards_to_try(&sale, 3, [1, 2, 0].into_iter(), t0), [1, 2, 0]);
+        assert_eq!(
+            gate.shards_to_try(&sale, 3, [1, 2, 0].into_iter(), t0),
+            [1, 2, 0]
+        );
 
         gate.mark_empty(&sale, 3, 2, t0);
-        assert_eq!(gate.shards_to_try(&sale, 3, [1, 2, 0].into_iter(), t0), [1, 0]);
+        assert_eq!(
+            gate.shards_to_try(&sale, 3, [1, 2, 0].into_iter(), t0),
+            [1, 0]
+        );
 
         let later = t0 + Duration::milliseconds(1500);
         assert_eq!(gate.shards_to_try(&sale, 3, [2].into_iter(), later), [2]);
         // Re-armed by the grab that took it: its peers in the same instant skip it.
-        assert!(gate.shards_to_try(&sale, 3, [2].into_iter(), later).is_empty());
+        assert!(
+            gate.shards_to_try(&sale, 3, [2].into_iter(), later)
+                .is_empty()
+        );
 
         gate.mark_stocked(&sale, 3, 2);
         assert_eq!(gate.shards_to_try(&sale, 3, [2].into_iter(), later), [2]);

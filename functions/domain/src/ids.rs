@@ -113,9 +113,9 @@ impl fmt::Display for UserId {
 fn fnv1a(bytes: &[u8]) -> u64 {
     const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
     const PRIME: u64 = 0x0000_0100_0000_01b3;
-    bytes
-        .iter()
-        .fold(OFFSET, |hash, byte| (hash ^ u64::from(*byte)).wrapping_mul(PRIME))
+    bytes.iter().fold(OFFSET, |hash, byte| {
+        (hash ^ u64::from(*byte)).wrapping_mul(PRIME)
+    })
 }
 
 /// `{sale_id}.{ulid}`: unique, time-ordered, and it names its sale, so the owner's hold
@@ -192,7 +192,12 @@ mod tests {
         for bad in ["", "a b", "x#y", &"s".repeat(65)] {
             assert!(SaleId::parse(bad).is_err(), "{bad:?}");
         }
-        for bad in ["", "nodot", "sale.notaulid", "bad id.01ARZ3NDEKTSV4RRFFQ69G5FAV"] {
+        for bad in [
+            "",
+            "nodot",
+            "sale.notaulid",
+            "bad id.01ARZ3NDEKTSV4RRFFQ69G5FAV",
+        ] {
             assert!(OrderId::parse(bad).is_err(), "{bad:?}");
         }
         assert!(UserId::parse("").is_err());
@@ -203,6 +208,9 @@ mod tests {
     fn user_hash_is_stable() {
         // Pinned: shard choice must not move between releases.
         // FNV-1a 64 of "alice", computed independently.
-        assert_eq!(UserId::parse("alice").unwrap().stable_hash(), 0x508b_2abb_65a0_3907);
+        assert_eq!(
+            UserId::parse("alice").unwrap().stable_hash(),
+            0x508b_2abb_65a0_3907
+        );
     }
 }

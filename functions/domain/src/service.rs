@@ -181,7 +181,11 @@ pub struct OrderService {
 }
 
 impl OrderService {
-    async fn owned(&self, order_id: &OrderId, user: &UserId) -> Result<(Order, Reservation), AppError> {
+    async fn owned(
+        &self,
+        order_id: &OrderId,
+        user: &UserId,
+    ) -> Result<(Order, Reservation), AppError> {
         self.orders
             .find(order_id, user)
             .await?
@@ -277,7 +281,6 @@ impl ExpiryService {
             .release(reservation, ReleaseReason::Expired, self.clock.now())
             .await?)
     }
-
 }
 
 fn settled_error(status: OrderStatus) -> AppError {

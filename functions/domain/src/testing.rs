@@ -18,7 +18,9 @@ use crate::ports::{
 use crate::sale::{Sale, StockCounts};
 
 fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// A clock that moves only when told.
@@ -91,9 +93,10 @@ impl SaleCatalog for InMemoryStore {
             return Ok(false);
         }
         for shard in 0..sale.shards {
-            state
-                .shards
-                .insert((sale.sale_id.clone(), shard), u64::from(sale.shard_stock(shard)));
+            state.shards.insert(
+                (sale.sale_id.clone(), shard),
+                u64::from(sale.shard_stock(shard)),
+            );
         }
         state.sales.insert(sale.sale_id.clone(), sale.clone());
         Ok(true)
@@ -217,7 +220,9 @@ impl OrderBook for InMemoryStore {
             _ => Ok(state
                 .orders
                 .get(id)
-                .map_or(PayOutcome::Unknown, |(_, status)| PayOutcome::Settled(*status))),
+                .map_or(PayOutcome::Unknown, |(_, status)| {
+                    PayOutcome::Settled(*status)
+                })),
         }
     }
 
@@ -227,7 +232,10 @@ impl OrderBook for InMemoryStore {
         user: &UserId,
     ) -> Result<Option<(Order, Reservation)>, StoreError> {
         let state = locked(&self.state);
-        let found = state.holds.get(order_id).or_else(|| state.orders.get(order_id));
+        let found = state
+            .holds
+            .get(order_id)
+            .or_else(|| state.orders.get(order_id));
         Ok(found
             .filter(|(held, _)| &held.user_id == user)
             .map(|(held, status)| (Order::from_reservation(held, *status), held.clone())))

@@ -69,7 +69,11 @@ impl GrabTokenSigner {
         let Ok(tag) = URL_SAFE_NO_PAD.decode(tag) else {
             return false;
         };
-        expires_unix > now.timestamp() && self.mac(sale, user, expires_unix).verify_slice(&tag).is_ok()
+        expires_unix > now.timestamp()
+            && self
+                .mac(sale, user, expires_unix)
+                .verify_slice(&tag)
+                .is_ok()
     }
 }
 

@@ -1,0 +1,473 @@
+//! The sale's rules, end to end, on the in-memory fakes.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use chrono::{DateTime, Duration, TimeZone, Utc};
+use flashsale_domain::gate::SoldOutGate;
+use flashsale_domain::ports::{Clock, OpenOutcome, Settlement};
+use flashsale_domain::service::{ExpiryService, GrabService, OrderService, SaleService};
+use flashsale_domain::testing::{InMemoryStore, ManualClock, RecordingQueue, RecordingScheduler};
+use flashsale_domain::token::GrabTokenSigner;
+use flashsale_domain::{AppError, OrderStatus, SaleDraft, SaleId, UserId};
+
+const SECRET: &[u8] = b"an-hmac-key-of-at-least-32-bytes!";
+
+fn start() -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 11, 11, 0, 0, 0).unwrap()
+}
+
+struct World {
+    store: Arc<InMemoryStore>,
+    queue: Arc<RecordingQueue>,
+    scheduler: Arc<RecordingScheduler>,
+    clock: Arc<ManualClock>,
+    sales: SaleService,
+    grabs: GrabService,
+    orders: OrderService,
+    expiry: ExpiryService,
+}
+
+impl World {
+    fn new() -> Self {
+        let store = Arc::new(InMemoryStore::new());
+        let queue = Arc::new(RecordingQueue::default());
+        let scheduler = Arc::new(RecordingScheduler::default());
+        let clock = Arc::new(ManualClock::new(start() - Duration::minutes(10)));
+        let clock_port: Arc<dyn Clock> = clock.clone();
+        Self {
+            sales: SaleService {
+                catalog: store.clone(),
+                ledger: store.clone(),
+                orders: store.clone(),
+                clock: clock_port.clone(),
+            },
+            grabs: GrabService {
+                catalog: store.clone(),
+                ledger: store.clone(),
+                queue: queue.clone(),
+                clock: clock_port.clone(),
+                signer: GrabTokenSigner::new(SECRET).unwrap(),
+                gate: SoldOutGate::new(Duration::seconds(1)),
+            },
+            orders: OrderService {
+                orders: store.clone(),
+                ledger: store.clone(),
+                scheduler: scheduler.clone(),
+                clock: clock_port.clone(),
+            },
+            expiry: ExpiryService {
+                ledger: store.clone(),
+                clock: clock_port,
+            },
+            store,
+            queue,
+            scheduler,
+            clock,
+        }
+    }
+
+    async fn sale(&self, stock: i64, shards: i64, per_user_limit: i64) -> SaleId {
+        let sale = self
+            .sales
+            .create(SaleDraft {
+                sale_id: None,
+                name: "Phone".into(),
+                stock,
+                starts_at: start(),
+                ends_at: start() + Duration::hours(1),
+                per_user_limit: Some(per_user_limit),
+                payment_timeout_secs: Some(900),
+                shards: Some(shards),
+            })
+            .await
+            .unwrap();
+        sale.sale_id
+    }
+
+    async fn grab(
+        &self,
+        sale: &SaleId,
+        user: &str,
+    ) -> Result<flashsale_domain::Reservation, AppError> {
+        let user = UserId::parse(user).unwrap();
+        let pass = self.grabs.issue_pass(sale, &user).await?;
+        let token = pass.grab_path.rsplit('/').next().unwrap().to_owned();
+        self.grabs.grab(sale, &token, &user).await
+    }
+}
+
+fn user(name: &str) -> UserId {
+    UserId::parse(name).unwrap()
+}
+
+#[tokio::test]
+async fn before_the_start_no_grab_path_is_handed_out() {
+    let world = World::new();
+    let sale = world.sale(10, 1, 1).await;
+    assert!(matches!(
+        world.grabs.issue_pass(&sale, &user("u")).await,
+        Err(AppError::NotStarted)
+    ));
+    // One second of lead is allowed, for clients whose clocks run slightly behind.
+    world.clock.set(start() - Duration::milliseconds(900));
+    assert!(world.grabs.issue_pass(&sale, &user("u")).await.is_ok());
+}
+
+#[tokio::test]
+async fn a_grab_before_the_start_is_not_started_even_with_a_valid_token() {
+    let world = World::new();
+    let sale = world.sale(10, 1, 1).await;
+    world.clock.set(start() - Duration::milliseconds(500));
+    let pass = world.grabs.issue_pass(&sale, &user("u")).await.unwrap();
+    let token = pass.grab_path.rsplit('/').next().unwrap();
+    assert!(matches!(
+        world.grabs.grab(&sale, token, &user("u")).await,
+        Err(AppError::NotStarted)
+    ));
+}
+
+#[tokio::test]
+async fn after_the_end_token_and_grab_say_ended() {
+    let world = World::new();
+    let sale = world.sale(10, 1, 1).await;
+    world.clock.set(start() + Duration::hours(2));
+    assert!(matches!(world.grab(&sale, "u").await, Err(AppError::Ended)));
+}
+
+#[tokio::test]
+async fn another_users_token_is_invalid() {
+    let world = World::new();
+    let sale = world.sale(10, 1, 1).await;
+    world.clock.set(start());
+    let pass = world.grabs.issue_pass(&sale, &user("alice")).await.unwrap();
+    let token = pass.grab_path.rsplit('/').next().unwrap();
+    assert!(matches!(
+        world.grabs.grab(&sale, token, &user("mallory")).await,
+        Err(AppError::InvalidToken)
+    ));
+    assert_eq!(world.store.reserve_calls.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn when_stock_is_gone_grab_returns_sold_out() {
+    let world = World::new();
+    let sale = world.sale(3, 1, 1).await;
+    world.clock.set(start());
+    for buyer in ["a", "b", "c"] {
+        world.grab(&sale, buyer).await.unwrap();
+    }
+    assert!(matches!(
+        world.grab(&sale, "d").await,
+        Err(AppError::SoldOut)
+    ));
+    assert_eq!(world.queue.sent.lock().unwrap().len(), 3);
+}
+
+#[tokio::test]
+async fn after_sell_out_rejections_cost_no_store_write() {
+    let world = World::new();
+    let sale = world.sale(2, 2, 1).await;
+    world.clock.set(start());
+    world.grab(&sale, "a").await.unwrap();
+    world.grab(&sale, "b").await.unwrap();
+    // The first loser learns each shard is empty, at most one write per shard.
+    assert!(matches!(
+        world.grab(&sale, "c").await,
+        Err(AppError::SoldOut)
+    ));
+    let writes = world.store.reserve_calls.load(Ordering::SeqCst);
+    for late in 0..100 {
+        assert!(matches!(
+            world.grab(&sale, &format!("late-{late}")).await,
+            Err(AppError::SoldOut)
+        ));
+    }
+    assert_eq!(world.store.reserve_calls.load(Ordering::SeqCst), writes);
+}
+
+#[tokio::test]
+async fn released_stock_is_grabbable_again_once_the_gate_rechecks() {
+    let world = World::new();
+    let sale = world.sale(1, 1, 1).await;
+    world.clock.set(start());
+    let reservation = world.grab(&sale, "a").await.unwrap();
+    assert!(matches!(
+        world.grab(&sale, "b").await,
+        Err(AppError::SoldOut)
+    ));
+
+    world
+        .orders
+        .cancel(&reservation.order_id, &user("a"))
+        .await
+        .unwrap();
+    world.clock.advance(Duration::seconds(2));
+    world.grab(&sale, "b").await.unwrap();
+}
+
+#[tokio::test]
+async fn a_user_cannot_exceed_the_per_user_limit() {
+    let world = World::new();
+    let sale = world.sale(10, 2, 2).await;
+    world.clock.set(start());
+    world.grab(&sale, "a").await.unwrap();
+    world.grab(&sale, "a").await.unwrap();
+    assert!(matches!(
+        world.grab(&sale, "a").await,
+        Err(AppError::LimitReached)
+    ));
+}
+
+#[tokio::test]
+async fn when_the_home_shard_is_empty_the_grab_takes_stock_from_another() {
+    let world = World::new();
+    // Four shards of one unit each: four buyers must all succeed whatever their hash.
+    let sale = world.sale(4, 4, 1).await;
+    world.clock.set(start());
+    for buyer in ["a", "b", "c", "d"] {
+        world.grab(&sale, buyer).await.unwrap();
+    }
+    let stats = world.sales.stats(&sale).await.unwrap();
+    assert_eq!(stats.counts.available, 0);
+    assert_eq!(stats.counts.reserved, 4);
+    assert!(stats.consistent);
+}
+
+#[tokio::test]
+async fn a_failed_enqueue_gives_the_unit_back() {
+    let world = World::new();
+    let sale = world.sale(1, 1, 1).await;
+    world.clock.set(start());
+    world.queue.fail.store(true, Ordering::SeqCst);
+    let error = world.grab(&sale, "a").await.unwrap_err();
+    assert!(error.is_retryable(), "{error:?}");
+    assert_eq!(world.store.shard_available(&sale, 0), 1);
+    world.queue.fail.store(false, Ordering::SeqCst);
+    world.grab(&sale, "a").await.unwrap();
+}
+
+#[tokio::test]
+async fn the_consumer_opens_an_order_once_however_often_it_is_delivered() {
+    let world = World::new();
+    let sale = world.sale(5, 1, 1).await;
+    world.clock.set(start());
+    let reservation = world.grab(&sale, "a").await.unwrap();
+    for _ in 0..3 {
+        assert_eq!(
+            world.orders.open(&reservation).await.unwrap(),
+            OpenOutcome::AwaitingPayment
+        );
+    }
+    assert_eq!(world.store.order_count(), 1);
+    assert_eq!(world.scheduler.created.load(Ordering::SeqCst), 1);
+    let order = world
+        .orders
+        .get(&reservation.order_id, &user("a"))
+        .await
+        .unwrap();
+    assert_eq!(order.status, OrderStatus::PendingPayment);
+}
+
+#[tokio::test]
+async fn paying_settles_the_order_and_forgets_its_timer() {
+    let world = World::new();
+    let sale = world.sale(5, 1, 1).await;
+    world.clock.set(start());
+    let reservation = world.grab(&sale, "a").await.unwrap();
+    world.orders.open(&reservation).await.unwrap();
+    let paid = world
+        .orders
+        .pay(&reservation.order_id, &user("a"))
+        .await
+        .unwrap();
+    assert_eq!(paid.status, OrderStatus::Paid);
+    // Paying twice is fine; the timer is gone; a late timer changes nothing.
+    world
+        .orders
+        .pay(&reservation.order_id, &user("a"))
+        .await
+        .unwrap();
+    assert!(world.scheduler.timers.lock().unwrap().is_empty());
+    world.clock.advance(Duration::hours(1));
+    assert_eq!(
+        world.expiry.expire(&reservation).await.unwrap(),
+        Settlement::AlreadySettled(OrderStatus::Paid)
+    );
+    let stats = world.sales.stats(&sale).await.unwrap();
+    assert_eq!((stats.counts.paid, stats.counts.available), (1, 4));
+    assert!(stats.consistent);
+}
+
+#[tokio::test]
+async fn an_unpaid_order_expires_and_its_stock_comes_back_once() {
+    let world = World::new();
+    let sale = world.sale(1, 1, 1).await;
+    world.clock.set(start());
+    let reservation = world.grab(&sale, "a").await.unwrap();
+    world.orders.open(&reservation).await.unwrap();
+
+    assert!(matches!(
+        world.expiry.expire(&reservation).await,
+        Err(AppError::NotYetDue)
+    ));
+    world.clock.set(reservation.expires_at);
+    assert_eq!(
+        world.expiry.expire(&reservation).await.unwrap(),
+        Settlement::Applied
+    );
+    assert_eq!(
+        world.expiry.expire(&reservation).await.unwrap(),
+        Settlement::AlreadySettled(OrderStatus::Expired)
+    );
+    assert_eq!(world.store.shard_available(&sale, 0), 1);
+    assert!(matches!(
+        world.orders.pay(&reservation.order_id, &user("a")).await,
+        Err(AppError::OrderExpired)
+    ));
+    // The buyer may try again, as the limit counts only held and bought units.
+    world.clock.advance(Duration::seconds(2));
+    world.grab(&sale, "a").await.unwrap();
+}
+
+#[tokio::test]
+async fn paying_after_the_window_closed_expires_the_order_at_once() {
+    let world = World::new();
+    let sale = world.sale(1, 1, 1).await;
+    world.clock.set(start());
+    let reservation = world.grab(&sale, "a").await.unwrap();
+    world.orders.open(&reservation).await.unwrap();
+    world
+        .clock
+        .set(reservation.expires_at + Duration::seconds(1));
+    assert!(matches!(
+        world.orders.pay(&reservation.order_id, &user("a")).await,
+        Err(AppError::OrderExpired)
+    ));
+    assert_eq!(world.store.shard_available(&sale, 0), 1);
+}
+
+#[tokio::test]
+async fn cancelling_returns_stock_at_once_and_is_idempotent() {
+    let world = World::new();
+    let sale = world.sale(1, 1, 1).await;
+    world.clock.set(start());
+    let reservation = world.grab(&sale, "a").await.unwrap();
+    // Before the consumer ran: the reservation alone is enough to cancel.
+    let cancelled = world
+        .orders
+        .cancel(&reservation.order_id, &user("a"))
+        .await
+        .unwrap();
+    assert_eq!(cancelled.status, OrderStatus::Cancelled);
+    world
+        .orders
+        .cancel(&reservation.order_id, &user("a"))
+        .await
+        .unwrap();
+    assert_eq!(world.store.shard_available(&sale, 0), 1);
+    // The consumer arriving late opens nothing and sets no timer.
+    assert_eq!(
+        world.orders.open(&reservation).await.unwrap(),
+        OpenOutcome::AlreadySettled(OrderStatus::Cancelled)
+    );
+    assert_eq!(world.scheduler.created.load(Ordering::SeqCst), 0);
+    let stats = world.sales.stats(&sale).await.unwrap();
+    assert_eq!((stats.counts.cancelled, stats.counts.available), (1, 1));
+    assert!(stats.consistent);
+}
+
+#[tokio::test]
+async fn a_paid_order_cannot_be_cancelled() {
+    let world = World::new();
+    let sale = world.sale(1, 1, 1).await;
+    world.clock.set(start());
+    let reservation = world.grab(&sale, "a").await.unwrap();
+    world
+        .orders
+        .pay(&reservation.order_id, &user("a"))
+        .await
+        .unwrap();
+    assert!(matches!(
+        world.orders.cancel(&reservation.order_id, &user("a")).await,
+        Err(AppError::OrderPaid)
+    ));
+    assert_eq!(world.store.shard_available(&sale, 0), 0);
+}
+
+#[tokio::test]
+async fn another_users_order_is_not_found() {
+    let world = World::new();
+    let sale = world.sale(1, 1, 1).await;
+    world.clock.set(start());
+    let reservation = world.grab(&sale, "a").await.unwrap();
+    for attempt in [
+        world
+            .orders
+            .get(&reservation.order_id, &user("b"))
+            .await
+            .map(|_| ()),
+        world
+            .orders
+            .pay(&reservation.order_id, &user("b"))
+            .await
+            .map(|_| ()),
+        world
+            .orders
+            .cancel(&reservation.order_id, &user("b"))
+            .await
+            .map(|_| ()),
+    ] {
+        assert!(matches!(attempt, Err(AppError::OrderNotFound)));
+    }
+    assert_eq!(world.store.shard_available(&sale, 0), 0);
+}
+
+#[tokio::test]
+async fn creating_a_sale_twice_is_a_conflict_and_invalid_drafts_write_nothing() {
+    let world = World::new();
+    let draft = |stock, ends_offset_hours| SaleDraft {
+        sale_id: Some("fixed".into()),
+        name: "Phone".into(),
+        stock,
+        starts_at: start(),
+        ends_at: start() + Duration::hours(ends_offset_hours),
+        per_user_limit: None,
+        payment_timeout_secs: None,
+        shards: None,
+    };
+    for (stock, hours) in [(0, 1), (-5, 1), (1_000_001, 1), (10, 0), (10, -1)] {
+        assert!(matches!(
+            world.sales.create(draft(stock, hours)).await,
+            Err(AppError::Invalid(_))
+        ));
+    }
+    let sale_id = SaleId::parse("fixed").unwrap();
+    assert!(matches!(
+        world.sales.view(&sale_id).await,
+        Err(AppError::SaleNotFound)
+    ));
+    let created = world.sales.create(draft(100, 1)).await.unwrap();
+    assert_eq!(
+        (created.per_user_limit, created.payment_timeout_secs),
+        (1, 900)
+    );
+    assert!(matches!(
+        world.sales.create(draft(100, 1)).await,
+        Err(AppError::SaleExists)
+    ));
+}
+
+#[tokio::test]
+async fn the_sale_page_shows_the_phase_and_sold_out() {
+    let world = World::new();
+    let sale = world.sale(1, 1, 1).await;
+    assert_eq!(world.sales.view(&sale).await.unwrap().status, "upcoming");
+    world.clock.set(start());
+    assert_eq!(world.sales.view(&sale).await.unwrap().status, "active");
+    world.grab(&sale, "a").await.unwrap();
+    let view = world.sales.view(&sale).await.unwrap();
+    assert_eq!((view.status, view.stock_available), ("sold_out", 0));
+    world.clock.set(start() + Duration::hours(1));
+    assert_eq!(world.sales.view(&sale).await.unwrap().status, "ended");
+}
