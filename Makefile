@@ -23,6 +23,9 @@ export CARGO_TERM_COLOR ?= never
 
 .PHONY: help tools java run test lint unit clean-tools
 
+# Deployability checks of template.yaml and the real bootstraps (issue 4).
+include infra/checks.mk
+
 help:
 	@echo "make run    - install the emulators if missing, provision template.yaml locally, serve the API on 127.0.0.1:$(API_PORT)"
 	@echo "make test   - install what the tests need, then lint, test and check everything"
@@ -61,7 +64,7 @@ run: tools
 	  --stack-name $(STACK_NAME) --api-port $(API_PORT) \
 	  --dynamodb-port $(DYNAMODB_PORT) --moto-port $(MOTO_PORT)
 
-test: tools lint unit
+test: tools lint unit check-infra
 
 lint:
 	cargo fmt --all -- --check
