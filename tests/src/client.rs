@@ -1,0 +1,202 @@
+//! A thin client of the HTTP API: every call answers status and JSON body, so tests can
+//! assert on both, including the error contract.
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+
+/// A response: its status and its JSON body (`Value::Null` when the body is empty).
+#[derive(Debug, Clone)]
+pub struct ApiResponse {
+    pub status: StatusCode,
+    pub body: Value,
+    pub cache_control: Option<String>,
+}
+
+impl ApiResponse {
+    /// The error code of an error response, e.g. `"sold_out"`.
+    pub fn error_code(&self) -> Option<&str> {
+        self.body.get("error").and_then(Value::as_str)
+    }
+
+    pub fn str_field(&self, field: &str) -> Option<&str> {
+        self.body.get(field).and_then(Value::as_str)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("request to {path} failed")]
+    Http {
+        path: String,
+        #[source]
+        source: reqwest::Error,
+    },
+    #[error("{path} answered {status} with a body that is not JSON: {body:?}")]
+    NotJson {
+        path: String,
+        status: StatusCode,
+        body: String,
+    },
+    #[error("{path} answered {status}: {body}")]
+    Unexpected {
+        path: String,
+        status: StatusCode,
+        body: Value,
+    },
+}
+
+#[derive(Debug, Clone)]
+pub struct ApiClient {
+    base_url: String,
+    http: reqwest::Client,
+}
+
+impl ApiClient {
+    pub fn new(base_url: impl Into<String>) -> Self {
+        let http = reqwest::Client::builder()
+            .pool_max_idle_per_host(4096)
+            .build()
+            .expect("a client with default TLS settings builds");
+        Self {
+            base_url: base_url.into().trim_end_matches('/').to_owned(),
+            http,
+        }
+    }
+
+    pub fn base_url(&self) -> &str {
+        &self.base_url
+    }
+
+    /// Sends a request with an optional bearer token and a raw body.
+    pub async fn send_raw(
+        &self,
+        method: Method,
+        path: &str,
+        token: Option<&str>,
+        body: Option<Vec<u8>>,
+    ) -> Result<ApiResponse, ClientError> {
+        let mut request = self
+            .http
+            .request(method, format!("{}{path}", self.base_url));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        if let Some(body) = body {
+            request = request
+                .header("content-type", "application/json")
+                .body(body);
+        }
+        let http_error = |source| ClientError::Http {
+            path: path.to_owned(),
+            source,
+        };
+        let response = request.send().await.map_err(http_error)?;
+        let status = response.status();
+        let cache_control = response
+            .headers()
+            .get("cache-control")
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_owned);
+        let bytes = response.bytes().await.map_err(http_error)?;
+        let body = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).map_err(|_| ClientError::NotJson {
+                path: path.to_owned(),
+                status,
+                body: String::from_utf8_lossy(&bytes).into_owned(),
+            })?
+        };
+        Ok(ApiResponse {
+            status,
+            body,
+            cache_control,
+        })
+    }
+
+    pub async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        token: Option<&str>,
+        body: Option<&Value>,
+    ) -> Result<ApiResponse, ClientError> {
+        let body = body.map(|value| serde_json::to_vec(value).expect("JSON values serialize"));
+        self.send_raw(method, path, token, body).await
+    }
+
+    /// A token from the local stack's stand-in identity provider.
+    pub async fn local_token(&self, user_id: &str, admin: bool) -> Result<String, ClientError> {
+        let body = json!({ "user_id": user_id, "admin": admin });
+        let response = self
+            .send(Method::POST, "/local/token", None, Some(&body))
+            .await?;
+        expect_status(&response, StatusCode::OK, "/local/token")?;
+        Ok(response
+            .str_field("token")
+            .expect("the token endpoint answers a token")
+            .to_owned())
+    }
+
+    pub async fn create_sale(&self, admin: &str, sale: &Value) -> Result<ApiResponse, ClientError> {
+        self.send(Method::POST, "/admin/sales", Some(admin), Some(sale))
+            .await
+    }
+
+    pub async fn sale(&self, sale_id: &str) -> Result<ApiResponse, ClientError> {
+        self.send(Method::GET, &format!("/sales/{sale_id}"), None, None)
+            .await
+    }
+
+    pub async fn stats(&self, admin: &str, sale_id: &str) -> Result<ApiResponse, ClientError> {
+        let path = format!("/admin/sales/{sale_id}/stats");
+        self.send(Method::GET, &path, Some(admin), None).await
+    }
+
+    pub async fn grab_pass(&self, user: &str, sale_id: &str) -> Result<ApiResponse, ClientError> {
+        let path = format!("/sales/{sale_id}/token");
+        self.send(Method::POST, &path, Some(user), None).await
+    }
+
+    /// Fetches a grab path and grabs through it, as a buyer's page does.
+    pub async fn grab(&self, user: &str, sale_id: &str) -> Result<ApiResponse, ClientError> {
+        let pass = self.grab_pass(user, sale_id).await?;
+        let Some(grab_path) = pass.str_field("grab_path") else {
+            return Ok(pass);
+        };
+        let grab_path = grab_path.to_owned();
+        self.send(Method::POST, &grab_path, Some(user), None).await
+    }
+
+    pub async fn order(&self, user: &str, order_id: &str) -> Result<ApiResponse, ClientError> {
+        let path = format!("/orders/{order_id}");
+        self.send(Method::GET, &path, Some(user), None).await
+    }
+
+    pub async fn pay(&self, user: &str, order_id: &str) -> Result<ApiResponse, ClientError> {
+        let path = format!("/orders/{order_id}/pay");
+        self.send(Method::POST, &path, Some(user), None).await
+    }
+
+    pub async fn cancel(&self, user: &str, order_id: &str) -> Result<ApiResponse, ClientError> {
+        let path = format!("/orders/{order_id}/cancel");
+        self.send(Method::POST, &path, Some(user), None).await
+    }
+}
+
+/// Fails with the whole response when the status is not the expected one.
+pub fn expect_status(
+    response: &ApiResponse,
+    expected: StatusCode,
+    path: &str,
+) -> Result<(), ClientError> {
+    if response.status == expected {
+        Ok(())
+    } else {
+        Err(ClientError::Unexpected {
+            path: path.to_owned(),
+            status: response.status,
+            body: response.body.clone(),
+        })
+    }
+}

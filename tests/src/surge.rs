@@ -1,0 +1,238 @@
+//! A surge of buyers on one sale: every buyer fetches a grab path, then all grabs are
+//! released at once. The report counts what each attempt got, so a test can assert the
+//! invariant (exactly the stock reserved, nobody twice) and the load tool can print it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::stream::{self, StreamExt};
+use reqwest::{Method, StatusCode};
+use tokio::sync::Barrier;
+
+use crate::client::{ApiClient, ClientError, expect_status};
+
+/// Who grabs, and how often.
+#[derive(Debug, Clone)]
+pub struct SurgePlan {
+    pub sale_id: String,
+    /// Distinct buyers.
+    pub buyers: usize,
+    /// Grab attempts in all; attempts beyond `buyers` are second tries by the first
+    /// buyers, fired at the same moment, to test the per-user limit under contention.
+    pub attempts: usize,
+    /// Buyers' names are `{user_prefix}-{n}`, so runs on one stack do not share buyers.
+    pub user_prefix: String,
+    /// How often a buyer repeats an attempt answered 503, as a client honouring
+    /// `Retry-After` would.
+    pub retries_when_unavailable: u32,
+    /// How many token and grab-path requests are in flight while preparing.
+    pub preparation_concurrency: usize,
+}
+
+/// What one grab attempt got.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Reserved { order_id: String },
+    Refused { status: u16, code: String },
+}
+
+/// Everything a surge observed.
+#[derive(Debug, Clone, Default)]
+pub struct SurgeReport {
+    pub attempts: usize,
+    /// Order ids reserved, by buyer.
+    pub reserved: BTreeMap<String, Vec<String>>,
+    /// Refusals by `"{status} {code}"`.
+    pub refused: BTreeMap<String, usize>,
+    /// From the release of the first grab to the answer of the last.
+    pub duration: Duration,
+    /// Latency of each attempt, sorted.
+    pub latencies: Vec<Duration>,
+}
+
+impl SurgeReport {
+    pub fn reserved_count(&self) -> usize {
+        self.reserved.values().map(Vec::len).sum()
+    }
+
+    pub fn refused_with(&self, code: &str) -> usize {
+        self.refused
+            .iter()
+            .filter(|(key, _)| key.ends_with(&format!(" {code}")))
+            .map(|(_, count)| count)
+            .sum()
+    }
+
+    /// Buyers holding more than one unit.
+    pub fn buyers_with_more_than_one(&self) -> Vec<&str> {
+        self.reserved
+            .iter()
+            .filter(|(_, orders)| orders.len() > 1)
+            .map(|(buyer, _)| buyer.as_str())
+            .collect()
+    }
+
+    pub fn latency_percentile(&self, percentile: f64) -> Duration {
+        if self.latencies.is_empty() {
+            return Duration::ZERO;
+        }
+        let last = self.latencies.len() - 1;
+        // Nearest rank: truncation is the intent.
+        #[allow(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            clippy::cast_precision_loss
+        )]
+        let rank = ((percentile / 100.0) * last as f64).round() as usize;
+        self.latencies[rank.min(last)]
+    }
+}
+
+impl std::fmt::Display for SurgeReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let seconds = self.duration.as_secs_f64().max(f64::EPSILON);
+        #[allow(clippy::cast_precision_loss)]
+        let rate = self.attempts as f64 / seconds;
+        writeln!(
+            f,
+            "{} attempts in {:.2} s ({rate:.0}/s): {} reserved",
+            self.attempts,
+            self.duration.as_secs_f64(),
+            self.reserved_count()
+        )?;
+        for (refusal, count) in &self.refused {
+            writeln!(f, "  {count:>6}  {refusal}")?;
+        }
+        write!(
+            f,
+            "latency p50 {:?}  p99 {:?}  max {:?}",
+            self.latency_percentile(50.0),
+            self.latency_percentile(99.0),
+            self.latency_percentile(100.0)
+        )
+    }
+}
+
+struct Buyer {
+    name: String,
+    token: String,
+    grab_path: String,
+}
+
+/// Prepares every buyer (token, grab path), releases all grabs at once, and reports.
+/// `on_answer` is called after each attempt, e.g. to move a progress bar.
+pub async fn run(
+    client: &ApiClient,
+    plan: &SurgePlan,
+    on_answer: impl Fn(&Outcome) + Send + Sync,
+) -> Result<SurgeReport, ClientError> {
+    let buyers: Vec<Buyer> = stream::iter(0..plan.buyers)
+        .map(|n| prepare_buyer(client, plan, n))
+        .buffer_unordered(plan.preparation_concurrency.max(1))
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<_, _>>()?;
+    let buyers: Arc<Vec<Buyer>> = Arc::new(buyers);
+
+    let barrier = Arc::new(Barrier::new(plan.attempts + 1));
+    let mut attempts = Vec::with_capacity(plan.attempts);
+    for attempt in 0..plan.attempts {
+        let buyer_index = attempt % buyers.len().max(1);
+        let client = client.clone();
+        let buyers = Arc::clone(&buyers);
+        let barrier = Arc::clone(&barrier);
+        let retries = plan.retries_when_unavailable;
+        attempts.push(tokio::spawn(async move {
+            let buyer = &buyers[buyer_index];
+            barrier.wait().await;
+            let started = Instant::now();
+            let outcome = grab_once(&client, buyer, retries).await;
+            (buyer.name.clone(), outcome, started.elapsed())
+        }));
+    }
+    barrier.wait().await;
+    let released = Instant::now();
+
+    let mut report = SurgeReport {
+        attempts: plan.attempts,
+        ..SurgeReport::default()
+    };
+    for attempt in attempts {
+        let (buyer, outcome, latency) = attempt.await.expect("a grab task panicked");
+        let outcome = outcome?;
+        on_answer(&outcome);
+        report.latencies.push(latency);
+        match outcome {
+            Outcome::Reserved { order_id } => {
+                report.reserved.entry(buyer).or_default().push(order_id);
+            }
+            Outcome::Refused { status, code } => {
+                *report
+                    .refused
+                    .entry(format!("{status} {code}"))
+                    .or_default() += 1;
+            }
+        }
+    }
+    report.duration = released.elapsed();
+    report.latencies.sort();
+    Ok(report)
+}
+
+async fn prepare_buyer(
+    client: &ApiClient,
+    plan: &SurgePlan,
+    n: usize,
+) -> Result<Buyer, ClientError> {
+    let name = format!("{}-{n}", plan.user_prefix);
+    let token = client.local_token(&name, false).await?;
+    let pass = client.grab_pass(&token, &plan.sale_id).await?;
+    expect_status(&pass, StatusCode::OK, "/sales/{sale_id}/token")?;
+    let grab_path = pass
+        .str_field("grab_path")
+        .expect("a 200 token answer carries a grab path")
+        .to_owned();
+    Ok(Buyer {
+        name,
+        token,
+        grab_path,
+    })
+}
+
+async fn grab_once(
+    client: &ApiClient,
+    buyer: &Buyer,
+    retries: u32,
+) -> Result<Outcome, ClientError> {
+    let mut tries = 0;
+    loop {
+        let response = client
+            .send(Method::POST, &buyer.grab_path, Some(&buyer.token), None)
+            .await?;
+        if response.status == StatusCode::SERVICE_UNAVAILABLE && tries < retries {
+            tries += 1;
+            tokio::time::sleep(Duration::from_millis(50 * u64::from(tries))).await;
+            continue;
+        }
+        return Ok(match response.str_field("order_id") {
+            Some(order_id) if response.status == StatusCode::ACCEPTED => Outcome::Reserved {
+                order_id: order_id.to_owned(),
+            },
+            _ => Outcome::Refused {
+                status: response.status.as_u16(),
+                code: response.error_code().unwrap_or("none").to_owned(),
+            },
+        });
+    }
+}
+
+/// Buyers by how many orders they reserved, for quick assertions.
+pub fn reservations_per_buyer(report: &SurgeReport) -> HashMap<usize, usize> {
+    let mut histogram = HashMap::new();
+    for orders in report.reserved.values() {
+        *histogram.entry(orders.len()).or_default() += 1;
+    }
+    histogram
+}
