@@ -1,1 +1,22 @@
+//! What every flashsale function shares besides the domain: the one mapping from
+//! errors to HTTP answers, the caller taken from the API Gateway JWT authorizer, JSON
+//! bodies with a size limit, typed configuration from the environment, and JSON logs.
+//!
+//! The HTTP functions call [`respond`] once per request, so every error any route can
+//! produce is turned into a status and `{"error", "message"}` in exactly one place.
 
+pub mod body;
+pub mod caller;
+pub mod config;
+pub mod error;
+pub mod response;
+pub mod route;
+pub mod telemetry;
+pub mod testing;
+
+pub use body::{MAX_BODY_BYTES, ensure_within_limit, json_body};
+pub use caller::{AdminRule, Caller, user_of};
+pub use config::ConfigError;
+pub use error::ApiError;
+pub use response::{CachePolicy, json, respond};
+pub use route::{order_id_param, path_param, route_key, sale_id_param};

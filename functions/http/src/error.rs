@@ -1,0 +1,181 @@
+//! Every way an HTTP request can fail, and the one table that maps each to its status
+//! and stable error code.
+
+use flashsale_domain::{AppError, StoreError};
+use http::StatusCode;
+
+/// A failed request. Domain refusals arrive as [`AppError`]; the rest are problems
+/// with the HTTP request itself or with producing the response.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("the request body is empty; a JSON object is expected")]
+    EmptyBody,
+    #[error("the request body is not valid JSON: {source}")]
+    InvalidJson {
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The body is JSON but a field is missing, unknown or of the wrong type. `field`
+    /// is the path of the offending value; `None` when the body as a whole does not fit
+    /// (then the message names the missing or unknown field).
+    #[error("{}", describe_field(field.as_deref(), source))]
+    InvalidField {
+        field: Option<String>,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("the request body is {actual} bytes; at most {limit} bytes are accepted")]
+    PayloadTooLarge { limit: usize, actual: usize },
+    /// No authenticated caller: the route is public in the API configuration, or the
+    /// authorizer passed no subject.
+    #[error("authentication is required: {reason}")]
+    Unauthenticated { reason: &'static str },
+    #[error("the token's subject is not a valid user id")]
+    InvalidSubject {
+        #[source]
+        source: flashsale_domain::ValidationError,
+    },
+    #[error("no route for {route}")]
+    RouteNotFound { route: String },
+    /// The event matched a route but lacks one of its path parameters: a mismatch
+    /// between the API configuration and the function.
+    #[error("path parameter {0} is missing")]
+    MissingPathParameter(&'static str),
+    #[error("could not encode the response")]
+    Encode {
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error(transparent)]
+    App(#[from] AppError),
+}
+
+impl ApiError {
+    /// The HTTP status and the stable machine-readable code clients switch on.
+    pub fn status_and_code(&self) -> (StatusCode, &'static str) {
+        match self {
+            Self::EmptyBody | Self::InvalidJson { .. } => (StatusCode::BAD_REQUEST, "invalid_json"),
+            Self::InvalidField { .. } | Self::MissingPathParameter(_) => {
+                (StatusCode::BAD_REQUEST, "invalid_input")
+            }
+            Self::PayloadTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
+            Self::Unauthenticated { .. } | Self::InvalidSubject { .. } => {
+                (StatusCode::UNAUTHORIZED, "unauthorized")
+            }
+            Self::RouteNotFound { .. } => (StatusCode::NOT_FOUND, "not_found"),
+            Self::Encode { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+            Self::App(err) => app_status_and_code(err),
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        self.status_and_code().0
+    }
+
+    pub fn code(&self) -> &'static str {
+        self.status_and_code().1
+    }
+
+    /// Whether the client may simply try again later (the response says when).
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            Self::App(AppError::Store(StoreError::Transient { .. }))
+        )
+    }
+}
+
+fn describe_field(field: Option<&str>, source: &serde_json::Error) -> String {
+    match field {
+        Some(field) => format!("invalid field `{field}`: {source}"),
+        None => format!("invalid body: {source}"),
+    }
+}
+
+fn app_status_and_code(err: &AppError) -> (StatusCode, &'static str) {
+    match err {
+        AppError::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid_input"),
+        AppError::SaleNotFound => (StatusCode::NOT_FOUND, "sale_not_found"),
+        AppError::SaleExists => (StatusCode::CONFLICT, "sale_exists"),
+        AppError::NotStarted => (StatusCode::TOO_EARLY, "not_started"),
+        AppError::Ended => (StatusCode::GONE, "ended"),
+        AppError::SoldOut => (StatusCode::CONFLICT, "sold_out"),
+        AppError::LimitReached => (StatusCode::CONFLICT, "limit_reached"),
+        AppError::InvalidToken => (StatusCode::FORBIDDEN, "invalid_token"),
+        AppError::OrderNotFound => (StatusCode::NOT_FOUND, "order_not_found"),
+        AppError::OrderExpired => (StatusCode::CONFLICT, "order_expired"),
+        AppError::OrderCancelled => (StatusCode::CONFLICT, "order_cancelled"),
+        AppError::OrderPaid => (StatusCode::CONFLICT, "order_paid"),
+        AppError::Forbidden => (StatusCode::FORBIDDEN, "forbidden"),
+        // Only the release function's use case answers this; reaching HTTP means a
+        // route called the wrong use case, which is our bug, not the client's.
+        AppError::NotYetDue => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        AppError::Store(StoreError::Transient { .. }) => {
+            (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
+        }
+        AppError::Store(StoreError::Permanent { .. }) => {
+            (StatusCode::INTERNAL_SERVER_ERROR, "internal")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use flashsale_domain::ValidationError;
+
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("boom")]
+    struct Boom;
+
+    #[test]
+    fn every_domain_refusal_has_its_contract_status_and_code() {
+        let cases = [
+            (
+                AppError::Invalid(ValidationError::new("stock", "must be positive")),
+                400,
+                "invalid_input",
+            ),
+            (AppError::SaleNotFound, 404, "sale_not_found"),
+            (AppError::SaleExists, 409, "sale_exists"),
+            (AppError::NotStarted, 425, "not_started"),
+            (AppError::Ended, 410, "ended"),
+            (AppError::SoldOut, 409, "sold_out"),
+            (AppError::LimitReached, 409, "limit_reached"),
+            (AppError::InvalidToken, 403, "invalid_token"),
+            (AppError::OrderNotFound, 404, "order_not_found"),
+            (AppError::OrderExpired, 409, "order_expired"),
+            (AppError::OrderCancelled, 409, "order_cancelled"),
+            (AppError::OrderPaid, 409, "order_paid"),
+            (AppError::Forbidden, 403, "forbidden"),
+            (
+                AppError::Store(StoreError::transient("reserve", Boom)),
+                503,
+                "unavailable",
+            ),
+            (
+                AppError::Store(StoreError::permanent("reserve", Boom)),
+                500,
+                "internal",
+            ),
+            (AppError::NotYetDue, 500, "internal"),
+        ];
+        for (err, status, code) in cases {
+            let err = ApiError::from(err);
+            assert_eq!(err.status().as_u16(), status, "{err:?}");
+            assert_eq!(err.code(), code, "{err:?}");
+        }
+    }
+
+    #[test]
+    fn only_transient_store_failures_invite_a_retry() {
+        assert!(
+            ApiError::from(AppError::Store(StoreError::transient("find", Boom))).is_transient()
+        );
+        assert!(
+            !ApiError::from(AppError::Store(StoreError::permanent("find", Boom))).is_transient()
+        );
+        assert!(!ApiError::from(AppError::SoldOut).is_transient());
+    }
+}

@@ -1,0 +1,62 @@
+//! Logs as one JSON object per line, which CloudWatch Logs Insights queries by field.
+
+use std::error::Error as StdError;
+
+use tracing_subscriber::EnvFilter;
+
+/// The variable that sets the log filter (`info`, `flashsale_grab=debug,warn`, ...).
+pub const LOG_ENV_VAR: &str = "RUST_LOG";
+
+#[derive(Debug, thiserror::Error)]
+#[error("could not install the log subscriber")]
+pub struct TelemetryError(#[source] Box<dyn StdError + Send + Sync + 'static>);
+
+/// Installs the JSON log subscriber for this process, filtered by `RUST_LOG` (default
+/// `info`). Call once, first thing in `main`.
+pub fn init() -> Result<(), TelemetryError> {
+    let filter = EnvFilter::try_from_env(LOG_ENV_VAR).unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .json()
+        .with_env_filter(filter)
+        // Lambda stamps each line and colour codes would be noise in CloudWatch.
+        .with_ansi(false)
+        .flatten_event(true)
+        .with_current_span(true)
+        .with_target(true)
+        .try_init()
+        .map_err(TelemetryError)
+}
+
+/// An error and all its causes on one line (`outer: inner: root`), for log fields:
+/// formatters print only the outermost message of an error value.
+pub fn error_chain(err: &(dyn StdError + 'static)) -> String {
+    let mut chain = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        chain.push_str(": ");
+        chain.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    chain
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("reserve failed transiently")]
+    struct Outer(#[source] Inner);
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("throttled")]
+    struct Inner;
+
+    #[test]
+    fn the_chain_names_every_cause() {
+        assert_eq!(
+            error_chain(&Outer(Inner)),
+            "reserve failed transiently: throttled"
+        );
+    }
+}
