@@ -1,1 +1,186 @@
+//! The grab function: the hot path of the sale. It serves
+//! `POST /sales/{sale_id}/token` (the dynamic grab path, only once the sale is active)
+//! and `POST /sales/{sale_id}/grab/{token}` (one reservation transaction, then the order
+//! goes to the queue).
+//!
+//! Everything a request needs is built once per process in [`Deps`]: the sale cache and
+//! the sold-out gate live as long as the Lambda execution environment, which is what
+//! lets them spare the table most of a sold-out sale's traffic.
 
+use std::sync::Arc;
+
+use chrono::{DateTime, Duration, Utc};
+use flashsale_adapters::{DynamoStore, SqsOrderQueue};
+use flashsale_domain::gate::SoldOutGate;
+use flashsale_domain::ports::{Clock, OrderQueue, SaleCatalog, StockLedger, SystemClock};
+use flashsale_domain::service::{CachedCatalog, GrabService};
+use flashsale_domain::token::GrabTokenSigner;
+use flashsale_domain::{OrderId, OrderStatus};
+use flashsale_http::config::{Env, process_env};
+use flashsale_http::{
+    ApiError, CachePolicy, ConfigError, ensure_within_limit, json, respond, route_key,
+    sale_id_param, user_of,
+};
+use lambda_http::http::header::{HeaderValue, LOCATION};
+use lambda_http::http::{Response, StatusCode};
+use lambda_http::{Body, Request};
+use serde::Serialize;
+
+/// The routes this function serves, exactly as the API declares them.
+pub const TOKEN_ROUTE: &str = "POST /sales/{sale_id}/token";
+pub const GRAB_ROUTE: &str = "POST /sales/{sale_id}/grab/{token}";
+
+/// Sales one process keeps in memory. A flash sale process serves a handful of sales;
+/// the bound only stops a stream of distinct ids from growing the cache without limit.
+pub const SALE_CACHE_CAPACITY: usize = 1024;
+
+/// How long the sold-out gate trusts an "empty" answer when `SOLD_OUT_RECHECK_MS` is
+/// unset.
+pub const DEFAULT_SOLD_OUT_RECHECK_MS: u32 = 1000;
+
+/// The grab function's configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub table_name: String,
+    pub orders_queue_url: String,
+    /// Signs and checks grab tokens; built from `GRAB_TOKEN_SECRET`, so a weak secret
+    /// fails at start-up rather than on the first grab. Its `Debug` hides the key.
+    pub signer: GrabTokenSigner,
+    pub sold_out_recheck: Duration,
+}
+
+impl Config {
+    /// Every environment variable this function reads (besides `RUST_LOG`, which the
+    /// log setup reads).
+    pub const ENV_VARS: &'static [&'static str] = &[
+        "TABLE_NAME",
+        "ORDERS_QUEUE_URL",
+        "GRAB_TOKEN_SECRET",
+        "SOLD_OUT_RECHECK_MS",
+    ];
+
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_lookup(process_env)
+    }
+
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let env = Env::new(lookup);
+        let secret = env.required("GRAB_TOKEN_SECRET")?;
+        let signer = GrabTokenSigner::new(secret.into_bytes())
+            .map_err(|weak| ConfigError::invalid("GRAB_TOKEN_SECRET", weak))?;
+        let recheck_ms: u32 = env.parsed_or("SOLD_OUT_RECHECK_MS", DEFAULT_SOLD_OUT_RECHECK_MS)?;
+        Ok(Self {
+            table_name: env.required("TABLE_NAME")?,
+            orders_queue_url: env.required("ORDERS_QUEUE_URL")?,
+            signer,
+            sold_out_recheck: Duration::milliseconds(i64::from(recheck_ms)),
+        })
+    }
+}
+
+/// The ports the grab needs. Production fills them from AWS in [`Deps::new`]; tests
+/// pass in-memory fakes, and both go through the same [`Deps::from_ports`].
+pub struct Ports {
+    pub catalog: Arc<dyn SaleCatalog>,
+    pub ledger: Arc<dyn StockLedger>,
+    pub queue: Arc<dyn OrderQueue>,
+    pub clock: Arc<dyn Clock>,
+}
+
+/// What the handler needs, built once per process.
+pub struct Deps {
+    grab: GrabService,
+}
+
+impl Deps {
+    /// DynamoDB behind a per-process sale cache, the SQS orders queue, and the wall
+    /// clock.
+    pub fn new(config: &Config, sdk: &aws_config::SdkConfig) -> Self {
+        let dynamodb = aws_sdk_dynamodb::Client::new(sdk);
+        let sqs = aws_sdk_sqs::Client::new(sdk);
+        Self::from_ports(
+            config,
+            Ports {
+                catalog: Arc::new(CachedCatalog::new(
+                    DynamoStore::new(dynamodb.clone(), &config.table_name),
+                    SALE_CACHE_CAPACITY,
+                )),
+                ledger: Arc::new(DynamoStore::new(dynamodb, &config.table_name)),
+                queue: Arc::new(SqsOrderQueue::new(sqs, &config.orders_queue_url)),
+                clock: Arc::new(SystemClock),
+            },
+        )
+    }
+
+    pub fn from_ports(config: &Config, ports: Ports) -> Self {
+        Self {
+            grab: GrabService {
+                catalog: ports.catalog,
+                ledger: ports.ledger,
+                queue: ports.queue,
+                clock: ports.clock,
+                signer: config.signer.clone(),
+                gate: SoldOutGate::new(config.sold_out_recheck),
+            },
+        }
+    }
+}
+
+/// The 202 answer to a successful grab: the unit is held, the order is on its way.
+#[derive(Debug, Serialize)]
+struct Reserved {
+    order_id: OrderId,
+    status: OrderStatus,
+    expires_at: DateTime<Utc>,
+}
+
+/// The Lambda handler. Never fails as a Lambda invocation: every error becomes an
+/// HTTP answer, so API Gateway never turns one into an opaque 500.
+pub async fn handler(deps: &Deps, req: Request) -> Result<Response<Body>, lambda_http::Error> {
+    Ok(respond(route(deps, &req).await))
+}
+
+async fn route(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
+    ensure_within_limit(req)?;
+    match route_key(req).as_str() {
+        TOKEN_ROUTE => issue_token(deps, req).await,
+        GRAB_ROUTE => grab(deps, req).await,
+        other => Err(ApiError::RouteNotFound {
+            route: other.to_owned(),
+        }),
+    }
+}
+
+async fn issue_token(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
+    let user = user_of(req)?;
+    let sale_id = sale_id_param(req)?;
+    let pass = deps.grab.issue_pass(&sale_id, &user).await?;
+    json(StatusCode::OK, &pass, CachePolicy::NoStore)
+}
+
+async fn grab(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
+    let user = user_of(req)?;
+    let sale_id = sale_id_param(req)?;
+    let token = flashsale_http::path_param(req, "token")?;
+    let reservation = deps.grab.grab(&sale_id, token, &user).await?;
+    tracing::info!(
+        order_id = %reservation.order_id,
+        sale_id = %sale_id,
+        shard = reservation.shard,
+        "reserved"
+    );
+    let mut response = json(
+        StatusCode::ACCEPTED,
+        &Reserved {
+            order_id: reservation.order_id.clone(),
+            status: OrderStatus::Reserved,
+            expires_at: reservation.expires_at,
+        },
+        CachePolicy::NoStore,
+    )?;
+    // Where the client follows the order from here on.
+    if let Ok(location) = HeaderValue::from_str(&format!("/orders/{}", reservation.order_id)) {
+        response.headers_mut().insert(LOCATION, location);
+    }
+    Ok(response)
+}

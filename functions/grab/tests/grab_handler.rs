@@ -1,0 +1,536 @@
+//! The grab function through its handler, with API Gateway events built from
+//! `events/grab-token.json` and `events/grab.json`, and the domain's in-memory fakes.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Duration, TimeZone, Utc};
+use flashsale_domain::error::StoreError;
+use flashsale_domain::ports::{ReserveRefusal, SaleCatalog, Settlement, StockLedger};
+use flashsale_domain::testing::{InMemoryStore, ManualClock, RecordingQueue};
+use flashsale_domain::{ReleaseReason, Reservation, Sale, SaleDraft, SaleId};
+use flashsale_grab::{Config, Deps, Ports, handler};
+use flashsale_http::testing::{ApiEvent, body_json, error_code};
+use flashsale_http::{ConfigError, MAX_BODY_BYTES};
+use lambda_http::Body;
+use lambda_http::http::Response;
+
+const SECRET: &str = "0123456789abcdef0123456789abcdef-test-only";
+const SALE: &str = "phone-launch";
+
+fn starts_at() -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap()
+}
+
+fn config_with(extra: &[(&str, &str)]) -> Result<Config, ConfigError> {
+    let mut vars: HashMap<String, String> = [
+        ("TABLE_NAME", "flashsale-test"),
+        (
+            "ORDERS_QUEUE_URL",
+            "http://127.0.0.1:5000/000000000000/orders.fifo",
+        ),
+        ("GRAB_TOKEN_SECRET", SECRET),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect();
+    for (k, v) in extra {
+        vars.insert((*k).to_owned(), (*v).to_owned());
+    }
+    Config::from_lookup(move |var| vars.get(var).cloned())
+}
+
+struct World {
+    deps: Deps,
+    store: Arc<InMemoryStore>,
+    queue: Arc<RecordingQueue>,
+    clock: Arc<ManualClock>,
+}
+
+impl World {
+    /// A sale of `stock` items in `shards` shards, running from `starts_at()` for an
+    /// hour, and the clock one minute into it.
+    async fn with_sale(stock: i64, shards: i64) -> Self {
+        Self::with_ledger(stock, shards, None).await
+    }
+
+    async fn with_ledger(stock: i64, shards: i64, ledger: Option<Arc<dyn StockLedger>>) -> Self {
+        let store = Arc::new(InMemoryStore::new());
+        let sale = Sale::from_draft(SaleDraft {
+            sale_id: Some(SALE.to_owned()),
+            name: "Phone launch".to_owned(),
+            stock,
+            starts_at: starts_at(),
+            ends_at: starts_at() + Duration::hours(1),
+            per_user_limit: None,
+            payment_timeout_secs: Some(900),
+            shards: Some(shards),
+        })
+        .unwrap();
+        assert!(store.create_sale(&sale).await.unwrap());
+        let queue = Arc::new(RecordingQueue::default());
+        let clock = Arc::new(ManualClock::new(starts_at() + Duration::minutes(1)));
+        let deps = Deps::from_ports(
+            &config_with(&[]).unwrap(),
+            Ports {
+                catalog: store.clone(),
+                ledger: ledger.unwrap_or_else(|| store.clone()),
+                queue: queue.clone(),
+                clock: clock.clone(),
+            },
+        );
+        Self {
+            deps,
+            store,
+            queue,
+            clock,
+        }
+    }
+
+    async fn call(&self, event: ApiEvent) -> Response<Body> {
+        handler(&self.deps, event.into_request()).await.unwrap()
+    }
+
+    async fn token(&self, user: &str) -> Response<Body> {
+        self.call(
+            ApiEvent::fixture("grab-token.json")
+                .path_param("sale_id", SALE)
+                .user(user),
+        )
+        .await
+    }
+
+    /// The token of the grab path this user is handed.
+    async fn grab_token(&self, user: &str) -> String {
+        let response = self.token(user).await;
+        assert_eq!(response.status(), 200);
+        let path = body_json(&response)["grab_path"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        path.rsplit_once('/').unwrap().1.to_owned()
+    }
+
+    async fn grab_with(&self, user: &str, token: &str) -> Response<Body> {
+        self.call(
+            ApiEvent::fixture("grab.json")
+                .path_param("sale_id", SALE)
+                .path_param("token", token)
+                .user(user),
+        )
+        .await
+    }
+
+    async fn grab(&self, user: &str) -> Response<Body> {
+        let token = self.grab_token(user).await;
+        self.grab_with(user, &token).await
+    }
+
+    fn available(&self) -> u64 {
+        let sale_id = SaleId::parse(SALE).unwrap();
+        (0..64)
+            .map(|shard| self.store.shard_available(&sale_id, shard))
+            .sum()
+    }
+
+    fn clock_now(&self) -> DateTime<Utc> {
+        flashsale_domain::ports::Clock::now(self.clock.as_ref())
+    }
+
+    fn sent(&self) -> usize {
+        self.queue.sent.lock().unwrap().len()
+    }
+}
+
+#[tokio::test]
+async fn the_token_route_hands_out_a_grab_path_for_this_sale() {
+    let world = World::with_sale(10, 2).await;
+    let response = world.token("user-alice").await;
+
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["cache-control"], "no-store");
+    let body = body_json(&response);
+    let path = body["grab_path"].as_str().unwrap();
+    assert!(path.starts_with("/sales/phone-launch/grab/"), "{path}");
+    let expires_at: DateTime<Utc> = body["expires_at"].as_str().unwrap().parse().unwrap();
+    assert!(expires_at > world.clock_now());
+}
+
+#[tokio::test]
+async fn a_grab_reserves_one_unit_and_enqueues_the_order() {
+    let world = World::with_sale(10, 2).await;
+    let response = world.grab("user-alice").await;
+
+    assert_eq!(response.status(), 202);
+    let body = body_json(&response);
+    assert_eq!(body["status"], "reserved");
+    let order_id = body["order_id"].as_str().unwrap();
+    assert!(order_id.starts_with("phone-launch."), "{order_id}");
+    assert_eq!(
+        response.headers()["location"],
+        format!("/orders/{order_id}").as_str()
+    );
+    let expires_at: DateTime<Utc> = body["expires_at"].as_str().unwrap().parse().unwrap();
+    assert_eq!(expires_at, world.clock_now() + Duration::seconds(900));
+    assert_eq!(world.available(), 9);
+    let sent = world.queue.sent.lock().unwrap();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].order_id.to_string(), order_id);
+    assert_eq!(sent[0].user_id.as_str(), "user-alice");
+}
+
+#[tokio::test]
+async fn when_stock_is_gone_grab_returns_sold_out() {
+    let world = World::with_sale(1, 1).await;
+    assert_eq!(world.grab("user-alice").await.status(), 202);
+
+    let response = world.grab("user-bob").await;
+    assert_eq!(response.status(), 409);
+    assert_eq!(error_code(&response), "sold_out");
+    assert_eq!(world.available(), 0);
+    assert_eq!(world.sent(), 1);
+}
+
+#[tokio::test]
+async fn stock_in_other_shards_is_found_before_answering_sold_out() {
+    // Four users, four shards of one unit: whatever their home shards, all succeed.
+    let world = World::with_sale(4, 4).await;
+    for user in ["u1", "u2", "u3", "u4"] {
+        assert_eq!(world.grab(user).await.status(), 202, "{user}");
+    }
+    assert_eq!(world.available(), 0);
+    assert_eq!(error_code(&world.grab("u5").await), "sold_out");
+}
+
+#[tokio::test]
+async fn a_second_grab_by_the_same_user_returns_limit_reached() {
+    let world = World::with_sale(10, 2).await;
+    assert_eq!(world.grab("user-alice").await.status(), 202);
+
+    let response = world.grab("user-alice").await;
+    assert_eq!(response.status(), 409);
+    assert_eq!(error_code(&response), "limit_reached");
+    assert_eq!(world.available(), 9);
+    assert_eq!(world.sent(), 1);
+}
+
+#[tokio::test]
+async fn a_forged_token_is_invalid_token_and_reserves_nothing() {
+    let world = World::with_sale(10, 2).await;
+    let genuine = world.grab_token("user-alice").await;
+    let (expiry, tag) = genuine.split_once('.').unwrap();
+    let later = expiry.parse::<i64>().unwrap() + 3600;
+    let fixture_token = flashsale_http::testing::fixture("grab.json")["pathParameters"]["token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    for forged in [
+        format!("{later}.{tag}"),
+        fixture_token,
+        "not-a-token".to_owned(),
+        format!("{expiry}.AAAA"),
+    ] {
+        let response = world.grab_with("user-alice", &forged).await;
+        assert_eq!(response.status(), 403, "{forged}");
+        assert_eq!(error_code(&response), "invalid_token", "{forged}");
+    }
+    assert_eq!(world.available(), 10);
+    assert_eq!(world.store.reserve_calls.load(Ordering::SeqCst), 0);
+    assert_eq!(world.sent(), 0);
+}
+
+#[tokio::test]
+async fn another_users_token_is_invalid_token() {
+    let world = World::with_sale(10, 2).await;
+    let alices = world.grab_token("user-alice").await;
+
+    let response = world.grab_with("user-bob", &alices).await;
+    assert_eq!(response.status(), 403);
+    assert_eq!(error_code(&response), "invalid_token");
+    assert_eq!(world.available(), 10);
+}
+
+#[tokio::test]
+async fn an_expired_grab_path_is_invalid_token() {
+    let world = World::with_sale(10, 2).await;
+    let token = world.grab_token("user-alice").await;
+    world.clock.advance(Duration::minutes(6));
+
+    let response = world.grab_with("user-alice", &token).await;
+    assert_eq!(error_code(&response), "invalid_token");
+    assert_eq!(world.available(), 10);
+}
+
+#[tokio::test]
+async fn before_the_start_there_is_no_grab_path_and_no_grab() {
+    let world = World::with_sale(10, 2).await;
+    let token = world.grab_token("user-alice").await;
+    world.clock.set(starts_at() - Duration::seconds(30));
+
+    let response = world.token("user-alice").await;
+    assert_eq!(response.status(), 425);
+    assert_eq!(error_code(&response), "not_started");
+    let response = world.grab_with("user-alice", &token).await;
+    assert_eq!(response.status(), 425);
+    assert_eq!(error_code(&response), "not_started");
+    assert_eq!(world.available(), 10);
+}
+
+#[tokio::test]
+async fn a_grab_path_is_handed_out_one_second_before_the_start() {
+    let world = World::with_sale(10, 2).await;
+    world.clock.set(starts_at() - Duration::milliseconds(500));
+    assert_eq!(world.token("user-alice").await.status(), 200);
+}
+
+#[tokio::test]
+async fn after_the_end_token_and_grab_answer_ended() {
+    let world = World::with_sale(10, 2).await;
+    let token = world.grab_token("user-alice").await;
+    world.clock.set(starts_at() + Duration::hours(2));
+
+    let response = world.token("user-alice").await;
+    assert_eq!(response.status(), 410);
+    assert_eq!(error_code(&response), "ended");
+    let response = world.grab_with("user-alice", &token).await;
+    assert_eq!(response.status(), 410);
+    assert_eq!(error_code(&response), "ended");
+}
+
+#[tokio::test]
+async fn an_unknown_or_malformed_sale_is_sale_not_found() {
+    let world = World::with_sale(10, 2).await;
+    for sale in ["no-such-sale", "bad id!"] {
+        let response = world
+            .call(
+                ApiEvent::fixture("grab-token.json")
+                    .path_param("sale_id", sale)
+                    .user("user-alice"),
+            )
+            .await;
+        assert_eq!(response.status(), 404, "{sale}");
+        assert_eq!(error_code(&response), "sale_not_found", "{sale}");
+
+        let response = world
+            .call(
+                ApiEvent::fixture("grab.json")
+                    .path_param("sale_id", sale)
+                    .user("user-alice"),
+            )
+            .await;
+        assert_eq!(response.status(), 404, "{sale}");
+        assert_eq!(error_code(&response), "sale_not_found", "{sale}");
+    }
+    assert_eq!(world.store.reserve_calls.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn without_a_verified_caller_both_routes_are_unauthorized() {
+    let world = World::with_sale(10, 2).await;
+    let token = world.grab_token("user-alice").await;
+    let anonymous_grab = ApiEvent::fixture("grab.json")
+        .path_param("sale_id", SALE)
+        .path_param("token", &token)
+        .anonymous();
+    let no_subject = ApiEvent::fixture("grab.json")
+        .path_param("sale_id", SALE)
+        .path_param("token", &token)
+        .without_claim("sub");
+    let anonymous_token = ApiEvent::fixture("grab-token.json")
+        .path_param("sale_id", SALE)
+        .anonymous();
+    for event in [anonymous_grab, no_subject, anonymous_token] {
+        let response = world.call(event).await;
+        assert_eq!(response.status(), 401);
+        assert_eq!(error_code(&response), "unauthorized");
+    }
+    assert_eq!(world.available(), 10);
+    assert_eq!(world.sent(), 0);
+}
+
+#[tokio::test]
+async fn a_route_this_function_does_not_serve_is_not_found() {
+    let world = World::with_sale(10, 2).await;
+    let response = world
+        .call(ApiEvent::fixture("grab.json").route("POST /sales/{sale_id}/steal"))
+        .await;
+    assert_eq!(response.status(), 404);
+    assert_eq!(error_code(&response), "not_found");
+}
+
+#[tokio::test]
+async fn an_oversize_body_is_payload_too_large_and_reserves_nothing() {
+    let world = World::with_sale(10, 2).await;
+    let token = world.grab_token("user-alice").await;
+    let response = world
+        .call(
+            ApiEvent::fixture("grab.json")
+                .path_param("sale_id", SALE)
+                .path_param("token", &token)
+                .user("user-alice")
+                .body("x".repeat(MAX_BODY_BYTES + 1)),
+        )
+        .await;
+    assert_eq!(response.status(), 413);
+    assert_eq!(error_code(&response), "payload_too_large");
+    assert_eq!(world.available(), 10);
+}
+
+#[tokio::test]
+async fn once_sold_out_the_gate_spares_the_store_until_the_recheck_interval() {
+    let world = World::with_sale(1, 1).await;
+    assert_eq!(world.grab("user-alice").await.status(), 202);
+    assert_eq!(error_code(&world.grab("user-bob").await), "sold_out");
+    let calls = world.store.reserve_calls.load(Ordering::SeqCst);
+
+    assert_eq!(error_code(&world.grab("user-carol").await), "sold_out");
+    assert_eq!(world.store.reserve_calls.load(Ordering::SeqCst), calls);
+
+    // SOLD_OUT_RECHECK_MS defaults to 1000: after that the store is asked again.
+    world.clock.advance(Duration::milliseconds(1500));
+    assert_eq!(error_code(&world.grab("user-dave").await), "sold_out");
+    assert_eq!(world.store.reserve_calls.load(Ordering::SeqCst), calls + 1);
+}
+
+#[tokio::test]
+async fn when_the_queue_fails_the_unit_is_given_back_and_the_answer_is_unavailable() {
+    let world = World::with_sale(10, 2).await;
+    let token = world.grab_token("user-alice").await;
+    world.queue.fail.store(true, Ordering::SeqCst);
+
+    let response = world.grab_with("user-alice", &token).await;
+    assert_eq!(response.status(), 503);
+    assert_eq!(error_code(&response), "unavailable");
+    assert_eq!(response.headers()["retry-after"], "1");
+    assert_eq!(world.available(), 10);
+
+    // The buyer is not stuck behind their own failed attempt.
+    world.queue.fail.store(false, Ordering::SeqCst);
+    assert_eq!(world.grab_with("user-alice", &token).await.status(), 202);
+}
+
+/// A ledger whose every call fails, transiently or permanently.
+struct BrokenLedger {
+    transient: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("connection reset by table flashsale-prod-table")]
+struct Reset;
+
+impl BrokenLedger {
+    fn error(&self, operation: &'static str) -> StoreError {
+        if self.transient {
+            StoreError::transient(operation, Reset)
+        } else {
+            StoreError::permanent(operation, Reset)
+        }
+    }
+}
+
+#[async_trait]
+impl StockLedger for BrokenLedger {
+    async fn reserve(
+        &self,
+        _sale: &Sale,
+        _shard: u16,
+        _reservation: &Reservation,
+    ) -> Result<Result<(), ReserveRefusal>, StoreError> {
+        Err(self.error("reserve"))
+    }
+
+    async fn availability(&self, _sale: &Sale) -> Result<Vec<u64>, StoreError> {
+        Err(self.error("availability"))
+    }
+
+    async fn release(
+        &self,
+        _reservation: &Reservation,
+        _reason: ReleaseReason,
+        _now: DateTime<Utc>,
+    ) -> Result<Settlement, StoreError> {
+        Err(self.error("release"))
+    }
+}
+
+#[tokio::test]
+async fn a_transient_store_failure_is_unavailable_with_retry_after() {
+    let world = World::with_ledger(10, 2, Some(Arc::new(BrokenLedger { transient: true }))).await;
+    let response = world.grab("user-alice").await;
+    assert_eq!(response.status(), 503);
+    assert_eq!(error_code(&response), "unavailable");
+    assert_eq!(response.headers()["retry-after"], "1");
+    assert_eq!(world.sent(), 0);
+}
+
+#[tokio::test]
+async fn a_permanent_store_failure_is_internal_and_hides_its_details() {
+    let world = World::with_ledger(10, 2, Some(Arc::new(BrokenLedger { transient: false }))).await;
+    let response = world.grab("user-alice").await;
+    assert_eq!(response.status(), 500);
+    let body = body_json(&response);
+    assert_eq!(body["error"], "internal");
+    assert!(!body.to_string().contains("flashsale-prod"), "{body}");
+    assert!(response.headers().get("retry-after").is_none());
+}
+
+#[test]
+fn config_reads_exactly_the_declared_variables() {
+    let asked = std::sync::Mutex::new(Vec::new());
+    let _ = Config::from_lookup(|var| {
+        asked.lock().unwrap().push(var.to_owned());
+        match var {
+            "GRAB_TOKEN_SECRET" => Some(SECRET.to_owned()),
+            _ => Some("1".to_owned()),
+        }
+    })
+    .unwrap();
+    let mut asked = asked.into_inner().unwrap();
+    asked.sort();
+    let mut declared: Vec<String> = Config::ENV_VARS.iter().map(|v| (*v).to_owned()).collect();
+    declared.sort();
+    assert_eq!(asked, declared);
+}
+
+#[test]
+fn config_fails_fast_on_a_missing_or_invalid_variable() {
+    let missing =
+        Config::from_lookup(|var| (var == "GRAB_TOKEN_SECRET").then(|| SECRET.to_owned()));
+    assert!(
+        matches!(missing, Err(ConfigError::Missing("TABLE_NAME"))),
+        "{missing:?}"
+    );
+
+    let weak = config_with(&[("GRAB_TOKEN_SECRET", "short")]);
+    assert!(
+        matches!(
+            weak,
+            Err(ConfigError::Invalid {
+                var: "GRAB_TOKEN_SECRET",
+                ..
+            })
+        ),
+        "{weak:?}"
+    );
+
+    let recheck = config_with(&[("SOLD_OUT_RECHECK_MS", "-5")]);
+    assert!(
+        matches!(
+            recheck,
+            Err(ConfigError::Invalid {
+                var: "SOLD_OUT_RECHECK_MS",
+                ..
+            })
+        ),
+        "{recheck:?}"
+    );
+
+    let config = config_with(&[("SOLD_OUT_RECHECK_MS", "250")]).unwrap();
+    assert_eq!(config.sold_out_recheck, Duration::milliseconds(250));
+    assert!(
+        !format!("{config:?}").contains(SECRET),
+        "the secret must not be logged"
+    );
+}
