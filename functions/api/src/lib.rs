@@ -1,1 +1,223 @@
+//! The api function: every HTTP route but the grab's. The public sale page, sale
+//! administration, and the buyer's own orders (read, pay, cancel).
 
+use std::sync::Arc;
+
+use flashsale_adapters::{DynamoStore, EventBridgeScheduler};
+use flashsale_domain::SaleDraft;
+use flashsale_domain::ports::{
+    Clock, OrderBook, ReleaseScheduler, SaleCatalog, StockLedger, SystemClock,
+};
+use flashsale_domain::service::{CachedCatalog, OrderService, SaleService};
+use flashsale_http::caller::{DEFAULT_ADMIN_CLAIM, DEFAULT_ADMIN_GROUP};
+use flashsale_http::config::{Env, process_env};
+use flashsale_http::{
+    AdminRule, ApiError, CachePolicy, Caller, ConfigError, ensure_within_limit, json, json_body,
+    order_id_param, respond, route_key, sale_id_param, user_of,
+};
+use lambda_http::http::header::{HeaderValue, LOCATION};
+use lambda_http::http::{Response, StatusCode};
+use lambda_http::{Body, Request};
+
+/// The routes this function serves, exactly as the API declares them.
+pub const GET_SALE_ROUTE: &str = "GET /sales/{sale_id}";
+pub const CREATE_SALE_ROUTE: &str = "POST /admin/sales";
+pub const SALE_STATS_ROUTE: &str = "GET /admin/sales/{sale_id}/stats";
+pub const GET_ORDER_ROUTE: &str = "GET /orders/{order_id}";
+pub const PAY_ORDER_ROUTE: &str = "POST /orders/{order_id}/pay";
+pub const CANCEL_ORDER_ROUTE: &str = "POST /orders/{order_id}/cancel";
+
+/// How long clients and CDNs may share the public sale page. One second: the page
+/// shows server time and live stock, and during a sale even a second-old count is
+/// only a hint, while the cache still absorbs a crowd refreshing the page.
+pub const SALE_PAGE_MAX_AGE_SECS: u32 = 1;
+
+/// Sales the process keeps in memory for the sale page; see the grab's cache.
+pub const SALE_CACHE_CAPACITY: usize = 1024;
+
+/// The api function's configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub table_name: String,
+    /// The group of the release schedules that pay and cancel delete.
+    pub schedule_group_name: String,
+    pub admin: AdminRule,
+}
+
+impl Config {
+    /// Every environment variable this function reads (besides `RUST_LOG`, which the
+    /// log setup reads). `ADMIN_CLAIM` and `ADMIN_GROUP` are optional.
+    pub const ENV_VARS: &'static [&'static str] = &[
+        "TABLE_NAME",
+        "SCHEDULE_GROUP_NAME",
+        "ADMIN_CLAIM",
+        "ADMIN_GROUP",
+    ];
+
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_lookup(process_env)
+    }
+
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let env = Env::new(lookup);
+        Ok(Self {
+            table_name: env.required("TABLE_NAME")?,
+            schedule_group_name: env.required("SCHEDULE_GROUP_NAME")?,
+            admin: AdminRule {
+                claim: env
+                    .optional("ADMIN_CLAIM")
+                    .unwrap_or_else(|| DEFAULT_ADMIN_CLAIM.to_owned()),
+                group: env
+                    .optional("ADMIN_GROUP")
+                    .unwrap_or_else(|| DEFAULT_ADMIN_GROUP.to_owned()),
+            },
+        })
+    }
+}
+
+/// The ports the api needs. Production fills them from AWS in [`Deps::new`]; tests
+/// pass in-memory fakes, and both go through the same [`Deps::from_ports`].
+pub struct Ports {
+    pub catalog: Arc<dyn SaleCatalog>,
+    pub ledger: Arc<dyn StockLedger>,
+    pub orders: Arc<dyn OrderBook>,
+    pub scheduler: Arc<dyn ReleaseScheduler>,
+    pub clock: Arc<dyn Clock>,
+}
+
+/// What the handler needs, built once per process.
+pub struct Deps {
+    sales: SaleService,
+    orders: OrderService,
+    admin: AdminRule,
+}
+
+impl Deps {
+    /// DynamoDB for sales, stock and orders; Scheduler only to delete release timers
+    /// (this function never creates one, so it has no release target).
+    pub fn new(config: &Config, sdk: &aws_config::SdkConfig) -> Self {
+        let dynamodb = aws_sdk_dynamodb::Client::new(sdk);
+        let store = Arc::new(DynamoStore::new(dynamodb.clone(), &config.table_name));
+        Self::from_ports(
+            config,
+            Ports {
+                catalog: Arc::new(CachedCatalog::new(
+                    DynamoStore::new(dynamodb, &config.table_name),
+                    SALE_CACHE_CAPACITY,
+                )),
+                ledger: store.clone(),
+                orders: store,
+                scheduler: Arc::new(EventBridgeScheduler::new(
+                    aws_sdk_scheduler::Client::new(sdk),
+                    &config.schedule_group_name,
+                    None,
+                )),
+                clock: Arc::new(SystemClock),
+            },
+        )
+    }
+
+    pub fn from_ports(config: &Config, ports: Ports) -> Self {
+        Self {
+            sales: SaleService {
+                catalog: ports.catalog,
+                ledger: ports.ledger.clone(),
+                orders: ports.orders.clone(),
+                clock: ports.clock.clone(),
+            },
+            orders: OrderService {
+                orders: ports.orders,
+                ledger: ports.ledger,
+                scheduler: ports.scheduler,
+                clock: ports.clock,
+            },
+            admin: config.admin.clone(),
+        }
+    }
+}
+
+/// The Lambda handler. Never fails as a Lambda invocation: every error becomes an
+/// HTTP answer.
+pub async fn handler(deps: &Deps, req: Request) -> Result<Response<Body>, lambda_http::Error> {
+    Ok(respond(route(deps, &req).await))
+}
+
+async fn route(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
+    ensure_within_limit(req)?;
+    match route_key(req).as_str() {
+        GET_SALE_ROUTE => get_sale(deps, req).await,
+        CREATE_SALE_ROUTE => create_sale(deps, req).await,
+        SALE_STATS_ROUTE => sale_stats(deps, req).await,
+        GET_ORDER_ROUTE => get_order(deps, req).await,
+        PAY_ORDER_ROUTE => pay_order(deps, req).await,
+        CANCEL_ORDER_ROUTE => cancel_order(deps, req).await,
+        other => Err(ApiError::RouteNotFound {
+            route: other.to_owned(),
+        }),
+    }
+}
+
+async fn get_sale(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
+    let sale_id = sale_id_param(req)?;
+    let view = deps.sales.view(&sale_id).await?;
+    json(
+        StatusCode::OK,
+        &view,
+        CachePolicy::Public {
+            max_age_secs: SALE_PAGE_MAX_AGE_SECS,
+        },
+    )
+}
+
+/// The admin check comes before the body is read, so a non-admin learns nothing about
+/// what a valid sale looks like and never causes a write.
+fn admin(deps: &Deps, req: &Request) -> Result<Caller, ApiError> {
+    let caller = Caller::of(req, &deps.admin)?;
+    caller.require_admin()?;
+    Ok(caller)
+}
+
+async fn create_sale(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
+    let caller = admin(deps, req)?;
+    let draft: SaleDraft = json_body(req)?;
+    let sale = deps.sales.create(draft).await?;
+    tracing::info!(sale_id = %sale.sale_id, admin = %caller.user, stock = sale.stock_total, shards = sale.shards, "sale created");
+    let mut response = json(StatusCode::CREATED, &sale, CachePolicy::NoStore)?;
+    if let Ok(location) = HeaderValue::from_str(&format!("/sales/{}", sale.sale_id)) {
+        response.headers_mut().insert(LOCATION, location);
+    }
+    Ok(response)
+}
+
+async fn sale_stats(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
+    admin(deps, req)?;
+    let sale_id = sale_id_param(req)?;
+    let stats = deps.sales.stats(&sale_id).await?;
+    if !stats.consistent {
+        tracing::warn!(%sale_id, ?stats, "stock does not reconcile");
+    }
+    json(StatusCode::OK, &stats, CachePolicy::NoStore)
+}
+
+async fn get_order(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
+    let user = user_of(req)?;
+    let order_id = order_id_param(req)?;
+    let order = deps.orders.get(&order_id, &user).await?;
+    json(StatusCode::OK, &order, CachePolicy::NoStore)
+}
+
+async fn pay_order(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
+    let user = user_of(req)?;
+    let order_id = order_id_param(req)?;
+    let order = deps.orders.pay(&order_id, &user).await?;
+    tracing::info!(%order_id, "paid");
+    json(StatusCode::OK, &order, CachePolicy::NoStore)
+}
+
+async fn cancel_order(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
+    let user = user_of(req)?;
+    let order_id = order_id_param(req)?;
+    let order = deps.orders.cancel(&order_id, &user).await?;
+    tracing::info!(%order_id, "cancelled");
+    json(StatusCode::OK, &order, CachePolicy::NoStore)
+}

@@ -1,0 +1,13 @@
+//! The api Lambda: wiring only. The behaviour lives in the library.
+
+use flashsale_api::{Config, Deps, handler};
+use lambda_http::{Error, service_fn};
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    flashsale_http::telemetry::init()?;
+    let config = Config::from_env()?;
+    let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    let deps = Deps::new(&config, &sdk);
+    lambda_http::run(service_fn(|req| handler(&deps, req))).await
+}

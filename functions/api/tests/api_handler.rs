@@ -1,0 +1,835 @@
+//! The api function through its handler, with API Gateway events built from the
+//! `events/api-*.json` fixtures, and the domain's in-memory fakes.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Duration, TimeZone, Utc};
+use flashsale_api::{Config, Deps, Ports, handler};
+use flashsale_domain::error::StoreError;
+use flashsale_domain::ports::{
+    Clock, OrderBook, ReserveRefusal, SaleCatalog, Settlement, StockLedger,
+};
+use flashsale_domain::testing::{InMemoryStore, ManualClock, RecordingScheduler};
+use flashsale_domain::{OrderId, ReleaseReason, Reservation, Sale, SaleDraft, SaleId, UserId};
+use flashsale_http::testing::{ApiEvent, body_json, error_code, fixture};
+use flashsale_http::{ConfigError, MAX_BODY_BYTES};
+use lambda_http::Body;
+use lambda_http::http::Response;
+use serde_json::{Value, json};
+
+const SALE: &str = "phone-launch";
+
+fn starts_at() -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap()
+}
+
+fn config() -> Config {
+    let vars: HashMap<&str, &str> = [
+        ("TABLE_NAME", "flashsale-test"),
+        ("SCHEDULE_GROUP_NAME", "flashsale-test-releases"),
+    ]
+    .into_iter()
+    .collect();
+    Config::from_lookup(|var| vars.get(var).map(|v| (*v).to_owned())).unwrap()
+}
+
+fn sale_id() -> SaleId {
+    SaleId::parse(SALE).unwrap()
+}
+
+/// The body of `events/api-create-sale.json`, as JSON, to vary per test.
+fn sale_body() -> Value {
+    serde_json::from_str(fixture("api-create-sale.json")["body"].as_str().unwrap()).unwrap()
+}
+
+struct World {
+    deps: Deps,
+    store: Arc<InMemoryStore>,
+    scheduler: Arc<RecordingScheduler>,
+    clock: Arc<ManualClock>,
+}
+
+impl World {
+    fn new() -> Self {
+        Self::with_ledger(None)
+    }
+
+    fn with_ledger(ledger: Option<Arc<dyn StockLedger>>) -> Self {
+        let store = Arc::new(InMemoryStore::new());
+        let scheduler = Arc::new(RecordingScheduler::default());
+        let clock = Arc::new(ManualClock::new(starts_at() + Duration::minutes(1)));
+        let deps = Deps::from_ports(
+            &config(),
+            Ports {
+                catalog: store.clone(),
+                ledger: ledger.unwrap_or_else(|| store.clone()),
+                orders: store.clone(),
+                scheduler: scheduler.clone(),
+                clock: clock.clone(),
+            },
+        );
+        Self {
+            deps,
+            store,
+            scheduler,
+            clock,
+        }
+    }
+
+    /// The fixture's sale (stock 100, 8 shards, one hour from `starts_at()`), created
+    /// in the store directly.
+    async fn with_sale() -> Self {
+        let world = Self::new();
+        world.create_sale_in_store(100, 8).await;
+        world
+    }
+
+    async fn create_sale_in_store(&self, stock: i64, shards: i64) -> Sale {
+        let sale = Sale::from_draft(SaleDraft {
+            sale_id: Some(SALE.to_owned()),
+            name: "Phone launch".to_owned(),
+            stock,
+            starts_at: starts_at(),
+            ends_at: starts_at() + Duration::hours(1),
+            per_user_limit: None,
+            payment_timeout_secs: Some(900),
+            shards: Some(shards),
+        })
+        .unwrap();
+        assert!(self.store.create_sale(&sale).await.unwrap());
+        sale
+    }
+
+    /// A unit reserved for `user`, as a grab would have left it.
+    async fn reserve(&self, user: &str) -> Reservation {
+        let sale = self.store.find_sale(&sale_id()).await.unwrap().unwrap();
+        let now = self.clock.now();
+        let user = UserId::parse(user).unwrap();
+        let shard = sale.bucket_of(&user);
+        let reservation = Reservation {
+            order_id: OrderId::new(sale_id()),
+            sale_id: sale_id(),
+            user_id: user,
+            shard,
+            created_at: now,
+            expires_at: sale.payment_deadline(now),
+        };
+        self.store
+            .reserve(&sale, shard, &reservation)
+            .await
+            .unwrap()
+            .unwrap();
+        reservation
+    }
+
+    /// A reservation the order consumer has already turned into a pending order with
+    /// its release timer.
+    async fn pending(&self, user: &str) -> Reservation {
+        let reservation = self.reserve(user).await;
+        self.store.open(&reservation).await.unwrap();
+        self.scheduler
+            .timers
+            .lock()
+            .unwrap()
+            .insert(reservation.order_id.clone(), reservation.clone());
+        reservation
+    }
+
+    async fn call(&self, event: ApiEvent) -> Response<Body> {
+        handler(&self.deps, event.into_request()).await.unwrap()
+    }
+
+    async fn order_call(&self, fixture: &str, user: &str, order_id: &OrderId) -> Response<Body> {
+        self.call(
+            ApiEvent::fixture(fixture)
+                .path_param("order_id", &order_id.to_string())
+                .user(user),
+        )
+        .await
+    }
+
+    async fn create(&self, body: &Value) -> Response<Body> {
+        self.call(ApiEvent::fixture("api-create-sale.json").json(body))
+            .await
+    }
+
+    async fn available(&self) -> u64 {
+        let Some(sale) = self.store.find_sale(&sale_id()).await.unwrap() else {
+            return 0;
+        };
+        self.store.availability(&sale).await.unwrap().iter().sum()
+    }
+
+    async fn sale_exists(&self) -> bool {
+        self.store.find_sale(&sale_id()).await.unwrap().is_some()
+    }
+
+    async fn status_of(&self, reservation: &Reservation) -> String {
+        let (order, _) = self
+            .store
+            .find(&reservation.order_id, &reservation.user_id)
+            .await
+            .unwrap()
+            .unwrap();
+        order.status.to_string()
+    }
+
+    fn has_timer(&self, reservation: &Reservation) -> bool {
+        self.scheduler
+            .timers
+            .lock()
+            .unwrap()
+            .contains_key(&reservation.order_id)
+    }
+}
+
+// ---- POST /admin/sales ----------------------------------------------------------
+
+#[tokio::test]
+async fn an_admin_creates_a_sale_and_gets_it_back_with_201() {
+    let world = World::new();
+    let response = world.call(ApiEvent::fixture("api-create-sale.json")).await;
+
+    assert_eq!(response.status(), 201);
+    assert_eq!(response.headers()["location"], "/sales/phone-launch");
+    let body = body_json(&response);
+    assert_eq!(body["sale_id"], SALE);
+    assert_eq!(body["name"], "Phone launch");
+    assert_eq!(body["stock_total"], 100);
+    assert_eq!(body["shards"], 8);
+    assert_eq!(body["per_user_limit"], 1);
+    assert_eq!(body["payment_timeout_secs"], 900);
+    assert_eq!(body["starts_at"], "2026-01-01T00:00:00Z");
+    assert_eq!(world.available().await, 100);
+}
+
+#[tokio::test]
+async fn a_sale_without_an_id_gets_one_and_the_defaults() {
+    let world = World::new();
+    let mut body = sale_body();
+    for optional in [
+        "sale_id",
+        "per_user_limit",
+        "payment_timeout_secs",
+        "shards",
+    ] {
+        body.as_object_mut().unwrap().remove(optional);
+    }
+    let response = world.create(&body).await;
+
+    assert_eq!(response.status(), 201);
+    let created = body_json(&response);
+    let id = SaleId::parse(created["sale_id"].as_str().unwrap()).unwrap();
+    assert!(world.store.find_sale(&id).await.unwrap().is_some());
+    assert_eq!(created["per_user_limit"], 1);
+    assert_eq!(created["payment_timeout_secs"], 900);
+    assert!(created["shards"].as_u64().unwrap() >= 1);
+}
+
+#[tokio::test]
+async fn creating_an_existing_sale_is_sale_exists_and_changes_nothing() {
+    let world = World::with_sale().await;
+    let reservation = world.reserve("user-alice").await;
+    let mut body = sale_body();
+    body["stock"] = json!(50);
+
+    let response = world.create(&body).await;
+    assert_eq!(response.status(), 409);
+    assert_eq!(error_code(&response), "sale_exists");
+    let sale = world.store.find_sale(&sale_id()).await.unwrap().unwrap();
+    assert_eq!(sale.stock_total, 100);
+    assert_eq!(world.available().await, 99);
+    assert_eq!(world.status_of(&reservation).await, "reserved");
+}
+
+#[tokio::test]
+async fn every_bad_sale_body_is_a_4xx_naming_the_problem_and_writes_nothing() {
+    let world = World::new();
+    let with = |field: &str, value: Value| {
+        let mut body = sale_body();
+        body[field] = value;
+        body.to_string()
+    };
+    let without = |field: &str| {
+        let mut body = sale_body();
+        body.as_object_mut().unwrap().remove(field);
+        body.to_string()
+    };
+    let cases: Vec<(&str, String, &str, &str)> = vec![
+        (
+            "malformed JSON",
+            r#"{"sale_id":"phone-launch","name":"#.to_owned(),
+            "invalid_json",
+            "not valid JSON",
+        ),
+        (
+            "trailing garbage",
+            format!("{} x", sale_body()),
+            "invalid_json",
+            "not valid JSON",
+        ),
+        ("an empty body", String::new(), "invalid_json", "empty"),
+        (
+            "an array",
+            "[]".to_owned(),
+            "invalid_input",
+            "expected struct",
+        ),
+        (
+            "a missing name",
+            without("name"),
+            "invalid_input",
+            "missing field `name`",
+        ),
+        (
+            "a missing stock",
+            without("stock"),
+            "invalid_input",
+            "missing field `stock`",
+        ),
+        (
+            "stock as a string",
+            with("stock", json!("ten")),
+            "invalid_input",
+            "`stock`",
+        ),
+        (
+            "stock as a fraction",
+            with("stock", json!(1.5)),
+            "invalid_input",
+            "`stock`",
+        ),
+        (
+            "stock 0",
+            with("stock", json!(0)),
+            "invalid_input",
+            "stock must be between 1 and 1000000",
+        ),
+        (
+            "negative stock",
+            with("stock", json!(-5)),
+            "invalid_input",
+            "stock must be between",
+        ),
+        (
+            "too much stock",
+            with("stock", json!(1_000_001)),
+            "invalid_input",
+            "stock must be between",
+        ),
+        (
+            "a date that is not a date",
+            with("starts_at", json!("tomorrow")),
+            "invalid_input",
+            "`starts_at`",
+        ),
+        (
+            "an end before the start",
+            with("ends_at", json!("2025-12-31T23:00:00Z")),
+            "invalid_input",
+            "ends_at must be after starts_at",
+        ),
+        (
+            "an end equal to the start",
+            with("ends_at", json!("2026-01-01T00:00:00Z")),
+            "invalid_input",
+            "ends_at must be after starts_at",
+        ),
+        (
+            "a zero payment timeout",
+            with("payment_timeout_secs", json!(0)),
+            "invalid_input",
+            "payment_timeout_secs",
+        ),
+        (
+            "a zero per-user limit",
+            with("per_user_limit", json!(0)),
+            "invalid_input",
+            "per_user_limit",
+        ),
+        (
+            "more shards than stock",
+            with("shards", json!(101)),
+            "invalid_input",
+            "shards",
+        ),
+        (
+            "an unsafe sale id",
+            with("sale_id", json!("phone launch/1")),
+            "invalid_input",
+            "sale_id",
+        ),
+        (
+            "an empty name",
+            with("name", json!("   ")),
+            "invalid_input",
+            "name",
+        ),
+        (
+            "an unknown field",
+            with("price", json!(10)),
+            "invalid_input",
+            "unknown field `price`",
+        ),
+        (
+            "a null name",
+            with("name", Value::Null),
+            "invalid_input",
+            "`name`",
+        ),
+    ];
+    for (what, body, code, hint) in cases {
+        let response = world
+            .call(ApiEvent::fixture("api-create-sale.json").body(body))
+            .await;
+        assert_eq!(response.status(), 400, "{what}");
+        assert_eq!(error_code(&response), code, "{what}");
+        let message = body_json(&response)["message"].as_str().unwrap().to_owned();
+        assert!(message.contains(hint), "{what}: {message:?} lacks {hint:?}");
+        assert!(!world.sale_exists().await, "{what} wrote a sale");
+    }
+}
+
+#[tokio::test]
+async fn an_oversize_sale_body_is_payload_too_large_and_writes_nothing() {
+    let world = World::new();
+    let body = with_long_name(MAX_BODY_BYTES);
+    let response = world
+        .call(ApiEvent::fixture("api-create-sale.json").body(body))
+        .await;
+    assert_eq!(response.status(), 413);
+    assert_eq!(error_code(&response), "payload_too_large");
+    assert!(!world.sale_exists().await);
+}
+
+fn with_long_name(len: usize) -> String {
+    let mut body = sale_body();
+    body["name"] = json!("x".repeat(len));
+    body.to_string()
+}
+
+#[tokio::test]
+async fn a_non_admin_cannot_create_a_sale_and_nothing_is_written() {
+    let world = World::new();
+    let user = ApiEvent::fixture("api-create-sale.json")
+        .user("user-mallory")
+        .without_claim("cognito:groups");
+    let wrong_group = ApiEvent::fixture("api-create-sale.json").claim("cognito:groups", "[buyers]");
+    for event in [user, wrong_group] {
+        let response = world.call(event).await;
+        assert_eq!(response.status(), 403);
+        assert_eq!(error_code(&response), "forbidden");
+    }
+    // Even an invalid body answers forbidden: non-admins learn nothing about bodies.
+    let response = world
+        .call(
+            ApiEvent::fixture("api-create-sale.json")
+                .without_claim("cognito:groups")
+                .body("{"),
+        )
+        .await;
+    assert_eq!(error_code(&response), "forbidden");
+    assert!(!world.sale_exists().await);
+}
+
+#[tokio::test]
+async fn an_anonymous_caller_cannot_create_a_sale() {
+    let world = World::new();
+    let response = world
+        .call(ApiEvent::fixture("api-create-sale.json").anonymous())
+        .await;
+    assert_eq!(response.status(), 401);
+    assert_eq!(error_code(&response), "unauthorized");
+    assert!(!world.sale_exists().await);
+}
+
+// ---- GET /sales/{sale_id} ---------------------------------------------------------
+
+#[tokio::test]
+async fn the_public_sale_page_shows_status_stock_and_server_time_with_a_short_cache() {
+    let world = World::with_sale().await;
+    world.reserve("user-alice").await;
+    let response = world.call(ApiEvent::fixture("api-get-sale.json")).await;
+
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["cache-control"], "public, max-age=1");
+    let body = body_json(&response);
+    assert_eq!(body["sale_id"], SALE);
+    assert_eq!(body["name"], "Phone launch");
+    assert_eq!(body["status"], "active");
+    assert_eq!(body["stock_total"], 100);
+    assert_eq!(body["stock_available"], 99);
+    assert_eq!(body["starts_at"], "2026-01-01T00:00:00Z");
+    assert_eq!(body["ends_at"], "2026-01-01T01:00:00Z");
+    let server_time: DateTime<Utc> = body["server_time"].as_str().unwrap().parse().unwrap();
+    assert_eq!(server_time, world.clock.now());
+}
+
+#[tokio::test]
+async fn the_sale_page_follows_the_sale_through_its_phases() {
+    let world = World::new();
+    world.create_sale_in_store(1, 1).await;
+    let page = || async { body_json(&world.call(ApiEvent::fixture("api-get-sale.json")).await) };
+
+    world.clock.set(starts_at() - Duration::minutes(5));
+    assert_eq!(page().await["status"], "upcoming");
+    world.clock.set(starts_at() + Duration::minutes(1));
+    assert_eq!(page().await["status"], "active");
+    world.reserve("user-alice").await;
+    assert_eq!(page().await["status"], "sold_out");
+    world.clock.set(starts_at() + Duration::hours(2));
+    assert_eq!(page().await["status"], "ended");
+}
+
+#[tokio::test]
+async fn an_unknown_or_malformed_sale_is_sale_not_found() {
+    let world = World::with_sale().await;
+    for sale in ["no-such-sale", "not a sale id"] {
+        let response = world
+            .call(ApiEvent::fixture("api-get-sale.json").path_param("sale_id", sale))
+            .await;
+        assert_eq!(response.status(), 404, "{sale}");
+        assert_eq!(error_code(&response), "sale_not_found", "{sale}");
+    }
+}
+
+#[tokio::test]
+async fn a_transient_store_failure_is_unavailable_with_retry_after() {
+    let world = World::with_ledger(Some(Arc::new(UnavailableLedger)));
+    world.create_sale_in_store(10, 1).await;
+    let response = world.call(ApiEvent::fixture("api-get-sale.json")).await;
+    assert_eq!(response.status(), 503);
+    assert_eq!(error_code(&response), "unavailable");
+    assert_eq!(response.headers()["retry-after"], "1");
+    assert_eq!(response.headers()["cache-control"], "no-store");
+}
+
+// ---- GET /admin/sales/{sale_id}/stats ---------------------------------------------
+
+#[tokio::test]
+async fn an_admin_sees_stats_that_reconcile() {
+    let world = World::with_sale().await;
+    world.reserve("user-alice").await;
+    world.pending("user-bob").await;
+    let paid = world.pending("user-carol").await;
+    world
+        .order_call("api-pay-order.json", "user-carol", &paid.order_id)
+        .await;
+    let cancelled = world.reserve("user-dave").await;
+    world
+        .order_call("api-cancel-order.json", "user-dave", &cancelled.order_id)
+        .await;
+
+    let response = world.call(ApiEvent::fixture("api-sale-stats.json")).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        body_json(&response),
+        json!({
+            "stock_total": 100,
+            "available": 97,
+            "reserved": 1,
+            "pending_payment": 1,
+            "paid": 1,
+            "cancelled": 1,
+            "expired": 0,
+            "consistent": true,
+        })
+    );
+}
+
+#[tokio::test]
+async fn stats_are_for_admins_only() {
+    let world = World::with_sale().await;
+    let response = world
+        .call(ApiEvent::fixture("api-sale-stats.json").without_claim("cognito:groups"))
+        .await;
+    assert_eq!(response.status(), 403);
+    assert_eq!(error_code(&response), "forbidden");
+
+    let response = world
+        .call(ApiEvent::fixture("api-sale-stats.json").anonymous())
+        .await;
+    assert_eq!(response.status(), 401);
+}
+
+#[tokio::test]
+async fn stats_of_an_unknown_sale_are_sale_not_found() {
+    let world = World::new();
+    let response = world.call(ApiEvent::fixture("api-sale-stats.json")).await;
+    assert_eq!(response.status(), 404);
+    assert_eq!(error_code(&response), "sale_not_found");
+}
+
+// ---- GET /orders/{order_id} -------------------------------------------------------
+
+#[tokio::test]
+async fn the_owner_reads_their_order() {
+    let world = World::with_sale().await;
+    let reservation = world.reserve("user-alice").await;
+    let response = world
+        .order_call("api-get-order.json", "user-alice", &reservation.order_id)
+        .await;
+
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["cache-control"], "no-store");
+    let body = body_json(&response);
+    assert_eq!(
+        body,
+        json!({
+            "order_id": reservation.order_id.to_string(),
+            "sale_id": SALE,
+            "status": "reserved",
+            "expires_at": reservation.expires_at,
+        })
+    );
+}
+
+#[tokio::test]
+async fn another_users_order_is_not_found_like_a_missing_one() {
+    let world = World::with_sale().await;
+    let alices = world.reserve("user-alice").await;
+    let missing = OrderId::new(sale_id());
+    for (user, order_id) in [("user-bob", &alices.order_id), ("user-alice", &missing)] {
+        let response = world.order_call("api-get-order.json", user, order_id).await;
+        assert_eq!(response.status(), 404);
+        assert_eq!(error_code(&response), "order_not_found");
+    }
+    let response = world
+        .call(ApiEvent::fixture("api-get-order.json").path_param("order_id", "garbage"))
+        .await;
+    assert_eq!(error_code(&response), "order_not_found");
+}
+
+// ---- POST /orders/{order_id}/pay ----------------------------------------------------
+
+#[tokio::test]
+async fn paying_an_open_order_marks_it_paid_and_forgets_its_timer() {
+    let world = World::with_sale().await;
+    let reservation = world.pending("user-alice").await;
+
+    let response = world
+        .order_call("api-pay-order.json", "user-alice", &reservation.order_id)
+        .await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(body_json(&response)["status"], "paid");
+    assert_eq!(world.status_of(&reservation).await, "paid");
+    assert!(!world.has_timer(&reservation));
+    assert_eq!(world.available().await, 99);
+}
+
+#[tokio::test]
+async fn paying_a_reserved_order_before_the_consumer_opened_it_works_too() {
+    let world = World::with_sale().await;
+    let reservation = world.reserve("user-alice").await;
+    let response = world
+        .order_call("api-pay-order.json", "user-alice", &reservation.order_id)
+        .await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(body_json(&response)["status"], "paid");
+}
+
+#[tokio::test]
+async fn paying_twice_answers_paid_twice() {
+    let world = World::with_sale().await;
+    let reservation = world.pending("user-alice").await;
+    for _ in 0..2 {
+        let response = world
+            .order_call("api-pay-order.json", "user-alice", &reservation.order_id)
+            .await;
+        assert_eq!(response.status(), 200);
+        assert_eq!(body_json(&response)["status"], "paid");
+    }
+    assert_eq!(world.available().await, 99);
+}
+
+#[tokio::test]
+async fn paying_after_the_window_closed_is_order_expired_and_the_stock_is_back() {
+    let world = World::with_sale().await;
+    let reservation = world.pending("user-alice").await;
+    world
+        .clock
+        .set(reservation.expires_at + Duration::seconds(1));
+
+    let response = world
+        .order_call("api-pay-order.json", "user-alice", &reservation.order_id)
+        .await;
+    assert_eq!(response.status(), 409);
+    assert_eq!(error_code(&response), "order_expired");
+    assert_eq!(world.status_of(&reservation).await, "expired");
+    assert_eq!(world.available().await, 100);
+}
+
+#[tokio::test]
+async fn paying_a_cancelled_order_is_order_cancelled() {
+    let world = World::with_sale().await;
+    let reservation = world.pending("user-alice").await;
+    world
+        .order_call("api-cancel-order.json", "user-alice", &reservation.order_id)
+        .await;
+
+    let response = world
+        .order_call("api-pay-order.json", "user-alice", &reservation.order_id)
+        .await;
+    assert_eq!(response.status(), 409);
+    assert_eq!(error_code(&response), "order_cancelled");
+    assert_eq!(world.available().await, 100);
+}
+
+#[tokio::test]
+async fn nobody_pays_another_users_order() {
+    let world = World::with_sale().await;
+    let reservation = world.pending("user-alice").await;
+    let response = world
+        .order_call("api-pay-order.json", "user-bob", &reservation.order_id)
+        .await;
+    assert_eq!(response.status(), 404);
+    assert_eq!(error_code(&response), "order_not_found");
+    assert_eq!(world.status_of(&reservation).await, "pending_payment");
+    assert!(world.has_timer(&reservation));
+}
+
+// ---- POST /orders/{order_id}/cancel -------------------------------------------------
+
+#[tokio::test]
+async fn cancelling_returns_the_stock_at_once_and_is_idempotent() {
+    let world = World::with_sale().await;
+    let reservation = world.pending("user-alice").await;
+    for _ in 0..2 {
+        let response = world
+            .order_call("api-cancel-order.json", "user-alice", &reservation.order_id)
+            .await;
+        assert_eq!(response.status(), 200);
+        assert_eq!(body_json(&response)["status"], "cancelled");
+        assert_eq!(world.available().await, 100);
+    }
+    assert!(!world.has_timer(&reservation));
+}
+
+#[tokio::test]
+async fn cancelling_a_paid_order_is_order_paid_and_keeps_the_sale() {
+    let world = World::with_sale().await;
+    let reservation = world.pending("user-alice").await;
+    world
+        .order_call("api-pay-order.json", "user-alice", &reservation.order_id)
+        .await;
+
+    let response = world
+        .order_call("api-cancel-order.json", "user-alice", &reservation.order_id)
+        .await;
+    assert_eq!(response.status(), 409);
+    assert_eq!(error_code(&response), "order_paid");
+    assert_eq!(world.status_of(&reservation).await, "paid");
+    assert_eq!(world.available().await, 99);
+}
+
+#[tokio::test]
+async fn nobody_cancels_another_users_order() {
+    let world = World::with_sale().await;
+    let reservation = world.pending("user-alice").await;
+    let response = world
+        .order_call("api-cancel-order.json", "user-bob", &reservation.order_id)
+        .await;
+    assert_eq!(response.status(), 404);
+    assert_eq!(error_code(&response), "order_not_found");
+    assert_eq!(world.status_of(&reservation).await, "pending_payment");
+    assert_eq!(world.available().await, 99);
+}
+
+#[tokio::test]
+async fn order_routes_need_a_verified_caller() {
+    let world = World::with_sale().await;
+    let reservation = world.pending("user-alice").await;
+    for fixture in [
+        "api-get-order.json",
+        "api-pay-order.json",
+        "api-cancel-order.json",
+    ] {
+        let response = world
+            .call(
+                ApiEvent::fixture(fixture)
+                    .path_param("order_id", &reservation.order_id.to_string())
+                    .anonymous(),
+            )
+            .await;
+        assert_eq!(response.status(), 401, "{fixture}");
+        assert_eq!(error_code(&response), "unauthorized", "{fixture}");
+    }
+    assert_eq!(world.status_of(&reservation).await, "pending_payment");
+}
+
+// ---- routing and configuration ------------------------------------------------------
+
+#[tokio::test]
+async fn a_route_this_function_does_not_serve_is_not_found() {
+    let world = World::with_sale().await;
+    for route in [
+        "DELETE /sales/{sale_id}",
+        "POST /sales/{sale_id}/grab/{token}",
+    ] {
+        let response = world
+            .call(ApiEvent::fixture("api-get-sale.json").route(route))
+            .await;
+        assert_eq!(response.status(), 404, "{route}");
+        assert_eq!(error_code(&response), "not_found", "{route}");
+    }
+}
+
+#[test]
+fn config_defaults_the_admin_rule_and_reads_exactly_the_declared_variables() {
+    let asked = std::sync::Mutex::new(Vec::new());
+    let config = Config::from_lookup(|var| {
+        asked.lock().unwrap().push(var.to_owned());
+        matches!(var, "TABLE_NAME" | "SCHEDULE_GROUP_NAME").then(|| "x".to_owned())
+    })
+    .unwrap();
+    assert_eq!(config.admin.claim, "cognito:groups");
+    assert_eq!(config.admin.group, "admin");
+    let mut asked = asked.into_inner().unwrap();
+    asked.sort();
+    let mut declared: Vec<String> = Config::ENV_VARS.iter().map(|v| (*v).to_owned()).collect();
+    declared.sort();
+    assert_eq!(asked, declared);
+}
+
+#[test]
+fn config_fails_fast_without_its_schedule_group() {
+    let result = Config::from_lookup(|var| (var == "TABLE_NAME").then(|| "t".to_owned()));
+    assert!(
+        matches!(result, Err(ConfigError::Missing("SCHEDULE_GROUP_NAME"))),
+        "{result:?}"
+    );
+}
+
+/// A ledger that is always throttled.
+struct UnavailableLedger;
+
+#[derive(Debug, thiserror::Error)]
+#[error("throttled")]
+struct Throttled;
+
+#[async_trait]
+impl StockLedger for UnavailableLedger {
+    async fn reserve(
+        &self,
+        _sale: &Sale,
+        _shard: u16,
+        _reservation: &Reservation,
+    ) -> Result<Result<(), ReserveRefusal>, StoreError> {
+        Err(StoreError::transient("reserve", Throttled))
+    }
+
+    async fn availability(&self, _sale: &Sale) -> Result<Vec<u64>, StoreError> {
+        Err(StoreError::transient("availability", Throttled))
+    }
+
+    async fn release(
+        &self,
+        _reservation: &Reservation,
+        _reason: ReleaseReason,
+        _now: DateTime<Utc>,
+    ) -> Result<Settlement, StoreError> {
+        Err(StoreError::transient("release", Throttled))
+    }
+}
