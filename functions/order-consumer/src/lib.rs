@@ -1,1 +1,261 @@
+//! The order consumer: reads the reservations the grab put on the orders FIFO queue,
+//! opens each as an order awaiting payment and sets its release timer.
+//!
+//! Records are independent (each is its own message group), so a batch is processed
+//! concurrently, up to [`MAX_CONCURRENT_RECORDS`] at a time. The answer is a partial
+//! batch response: only records that may succeed later are reported failed and come
+//! back. A record that can never succeed (not a reservation, or one no hold matches)
+//! is parked in the dead-letter queue at once and counted as handled.
 
+pub mod dead_letter;
+
+use std::sync::Arc;
+
+use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
+use flashsale_adapters::{DynamoStore, EventBridgeScheduler, ReleaseTarget};
+use flashsale_domain::ports::{
+    Clock, OpenOutcome, OrderBook, ReleaseScheduler, StockLedger, SystemClock,
+};
+use flashsale_domain::service::OrderService;
+use flashsale_domain::{AppError, OrderId, Reservation};
+use flashsale_http::ConfigError;
+use flashsale_http::config::{Env, process_env};
+use flashsale_http::telemetry::error_chain;
+use futures::StreamExt as _;
+use tracing::Instrument as _;
+
+pub use dead_letter::{DeadLetter, DeadLetterQueue, ParkError, SqsDeadLetterQueue};
+
+/// Records of one batch processed at once. The FIFO event source hands at most ten;
+/// the bound matters if the batch size is ever raised, so one invocation never opens
+/// an unbounded number of connections to the table.
+pub const MAX_CONCURRENT_RECORDS: usize = 10;
+
+/// The order consumer's configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub table_name: String,
+    pub schedule_group_name: String,
+    /// What the release schedules invoke, and the role Scheduler assumes to do it.
+    pub release_target: ReleaseTarget,
+    /// Where poison records are parked.
+    pub dlq_url: String,
+}
+
+impl Config {
+    /// Every environment variable this function reads (besides `RUST_LOG`, which the
+    /// log setup reads).
+    pub const ENV_VARS: &'static [&'static str] = &[
+        "TABLE_NAME",
+        "SCHEDULE_GROUP_NAME",
+        "RELEASE_FUNCTION_ARN",
+        "SCHEDULER_ROLE_ARN",
+        "ORDERS_DLQ_URL",
+    ];
+
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_lookup(process_env)
+    }
+
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let env = Env::new(lookup);
+        Ok(Self {
+            table_name: env.required("TABLE_NAME")?,
+            schedule_group_name: env.required("SCHEDULE_GROUP_NAME")?,
+            release_target: ReleaseTarget {
+                function_arn: env.required("RELEASE_FUNCTION_ARN")?,
+                role_arn: env.required("SCHEDULER_ROLE_ARN")?,
+            },
+            dlq_url: env.required("ORDERS_DLQ_URL")?,
+        })
+    }
+}
+
+/// The ports the consumer needs. Production fills them from AWS in [`Deps::new`];
+/// tests pass in-memory fakes, and both go through the same [`Deps::from_ports`].
+pub struct Ports {
+    pub orders: Arc<dyn OrderBook>,
+    pub ledger: Arc<dyn StockLedger>,
+    pub scheduler: Arc<dyn ReleaseScheduler>,
+    pub dead_letters: Arc<dyn DeadLetterQueue>,
+    pub clock: Arc<dyn Clock>,
+}
+
+/// What the handler needs, built once per process.
+pub struct Deps {
+    orders: OrderService,
+    dead_letters: Arc<dyn DeadLetterQueue>,
+}
+
+impl Deps {
+    /// DynamoDB for orders, Scheduler for release timers (targeting the release
+    /// function), and the orders dead-letter queue.
+    pub fn new(config: &Config, sdk: &aws_config::SdkConfig) -> Self {
+        let store = Arc::new(DynamoStore::new(
+            aws_sdk_dynamodb::Client::new(sdk),
+            &config.table_name,
+        ));
+        Self::from_ports(Ports {
+            orders: store.clone(),
+            ledger: store,
+            scheduler: Arc::new(EventBridgeScheduler::new(
+                aws_sdk_scheduler::Client::new(sdk),
+                &config.schedule_group_name,
+                Some(config.release_target.clone()),
+            )),
+            dead_letters: Arc::new(SqsDeadLetterQueue::new(
+                aws_sdk_sqs::Client::new(sdk),
+                &config.dlq_url,
+            )),
+            clock: Arc::new(SystemClock),
+        })
+    }
+
+    pub fn from_ports(ports: Ports) -> Self {
+        Self {
+            orders: OrderService {
+                orders: ports.orders,
+                ledger: ports.ledger,
+                scheduler: ports.scheduler,
+                clock: ports.clock,
+            },
+            dead_letters: ports.dead_letters,
+        }
+    }
+}
+
+/// Why one record was not consumed.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    #[error("the record has no body")]
+    NoBody,
+    #[error("the record's body is not a reservation")]
+    NotAReservation(#[source] serde_json::Error),
+    #[error("opening order {order_id} failed")]
+    Open {
+        order_id: OrderId,
+        #[source]
+        source: AppError,
+    },
+}
+
+impl RecordError {
+    /// Whether the record itself is at fault, so that no redelivery can succeed.
+    ///
+    /// A store failure is never poison, even a permanent one: a missing permission or
+    /// a wrong table name is fixed by a deployment, after which the same record
+    /// succeeds. Such records are reported failed, and if the fix takes too long the
+    /// queue's redrive policy moves them to the same dead-letter queue anyway.
+    pub fn is_poison(&self) -> bool {
+        match self {
+            Self::NoBody | Self::NotAReservation(_) => true,
+            Self::Open { source, .. } => {
+                matches!(source, AppError::OrderNotFound | AppError::Invalid(_))
+            }
+        }
+    }
+}
+
+/// The Lambda handler: a partial batch response naming the records to redeliver.
+///
+/// A record without a message id cannot be named; if it fails, it is reported with an
+/// empty identifier, which makes Lambda retry the whole batch (safe: consuming is
+/// idempotent) rather than lose it.
+pub async fn handler(
+    deps: &Deps,
+    event: SqsEvent,
+) -> Result<SqsBatchResponse, lambda_runtime::Error> {
+    let failed: Vec<String> = futures::stream::iter(&event.records)
+        .map(|record| async move {
+            let message_id = record.message_id.clone().unwrap_or_default();
+            let span = tracing::info_span!("record", message_id = %message_id);
+            let retry = handle(deps, record).instrument(span).await;
+            retry.then_some(message_id)
+        })
+        .buffer_unordered(MAX_CONCURRENT_RECORDS)
+        .filter_map(|failed| async move { failed })
+        .collect()
+        .await;
+    if !failed.is_empty() {
+        tracing::warn!(
+            failed = failed.len(),
+            records = event.records.len(),
+            "records left for redelivery"
+        );
+    }
+    let mut response = SqsBatchResponse::default();
+    response.set_failures(failed);
+    Ok(response)
+}
+
+async fn consume(deps: &Deps, record: &SqsMessage) -> Result<OpenOutcome, RecordError> {
+    let body = record
+        .body
+        .as_deref()
+        .filter(|body| !body.trim().is_empty())
+        .ok_or(RecordError::NoBody)?;
+    let reservation: Reservation =
+        serde_json::from_str(body).map_err(RecordError::NotAReservation)?;
+    deps.orders
+        .open(&reservation)
+        .await
+        .map_err(|source| RecordError::Open {
+            order_id: reservation.order_id.clone(),
+            source,
+        })
+}
+
+/// Consumes one record; `true` when it must be redelivered.
+async fn handle(deps: &Deps, record: &SqsMessage) -> bool {
+    match consume(deps, record).await {
+        Ok(OpenOutcome::AwaitingPayment) => {
+            tracing::info!(outcome = "awaiting_payment", "order opened");
+            false
+        }
+        Ok(OpenOutcome::AlreadySettled(status)) => {
+            tracing::info!(outcome = "already_settled", %status, "order settled before the consumer");
+            false
+        }
+        Ok(OpenOutcome::Unknown) => {
+            // `OrderService::open` turns Unknown into OrderNotFound; should that ever
+            // change, an unmatched record still must not vanish silently.
+            park(deps, record, "no hold matches this reservation").await
+        }
+        Err(err) if err.is_poison() => park(deps, record, &error_chain(&err)).await,
+        Err(err) => {
+            let retryable =
+                matches!(&err, RecordError::Open { source, .. } if source.is_retryable());
+            if retryable {
+                tracing::warn!(error = %error_chain(&err), "record will be retried");
+            } else {
+                tracing::error!(error = %error_chain(&err), "record failed; it will be retried until the redrive policy parks it");
+            }
+            true
+        }
+    }
+}
+
+/// Parks a poison record; `true` (redeliver) only if parking itself failed.
+async fn park(deps: &Deps, record: &SqsMessage, reason: &str) -> bool {
+    let message_id = record.message_id.clone().unwrap_or_default();
+    let letter = DeadLetter {
+        body: record.body.clone().unwrap_or_default(),
+        group_id: record
+            .attributes
+            .get("MessageGroupId")
+            .cloned()
+            .unwrap_or_else(|| message_id.clone()),
+        dedup_id: message_id,
+        reason: reason.to_owned(),
+    };
+    match deps.dead_letters.park(&letter).await {
+        Ok(()) => {
+            tracing::error!(reason, group_id = %letter.group_id, "poison record parked in the dead-letter queue");
+            false
+        }
+        Err(err) => {
+            tracing::error!(reason, error = %error_chain(&err), "poison record could not be parked; it will be retried");
+            true
+        }
+    }
+}

@@ -1,0 +1,17 @@
+//! The order-consumer Lambda: wiring only. The behaviour lives in the library.
+
+use aws_lambda_events::event::sqs::SqsEvent;
+use flashsale_order_consumer::{Config, Deps, handler};
+use lambda_runtime::{Error, LambdaEvent, service_fn};
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    flashsale_http::telemetry::init()?;
+    let config = Config::from_env()?;
+    let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    let deps = Deps::new(&config, &sdk);
+    lambda_runtime::run(service_fn(|event: LambdaEvent<SqsEvent>| {
+        handler(&deps, event.payload)
+    }))
+    .await
+}
