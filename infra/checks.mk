@@ -52,6 +52,10 @@ template-tools: $(VENV)/bin/cfn-lint $(VENV)/bin/sam
 
 lambda-tools: $(VENV)/bin/cargo-lambda
 
+# `make tools` installs these too: the template consistency tests (cargo test) expand
+# the template with the venv's aws-sam-translator, which comes with aws-sam-cli.
+tools: template-tools lambda-tools
+
 ## --- check-template -----------------------------------------------------------------
 
 # Both run offline: cfn-lint ships its specs, and `sam validate` translates locally (no

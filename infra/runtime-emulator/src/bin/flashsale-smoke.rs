@@ -1,0 +1,577 @@
+//! `make smoke-lambdas`: runs the four release `bootstrap` binaries that `make
+//! build-lambdas` produced under the Runtime API emulator, against DynamoDB Local and
+//! moto provisioned from template.yaml (by flashsale-local, as `make run` does), and
+//! walks one sale through them with the `events/` fixtures:
+//!
+//! 1. api: GET an unknown sale -> 404 `sale_not_found`;
+//! 2. api: POST /admin/sales as admin -> 201; GET it -> 200, all stock available;
+//! 3. grab: POST token -> 200 grab path; POST the grab path -> 202 reserved;
+//! 4. the reservation is really on the orders queue; the consumer, handed it as an SQS
+//!    event, answers `{"batchItemFailures": []}` and a release schedule exists;
+//!    the consumer's own fixture (unknown orders) gets a batch response too;
+//! 5. release: the fixture (an order nobody holds) answers; the real reservation, once
+//!    due, gives its unit back (GET shows the stock again) and a repeat changes nothing;
+//!    GET order -> `expired`.
+//!
+//! Everything the binaries do goes through their own `main`: env config, SDK clients
+//! from the environment (`AWS_ENDPOINT_URL_*`), and the handler wiring.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use chrono::{SecondsFormat, Utc};
+use clap::Parser;
+use flashsale_local::model::{FunctionSpec, StackModel};
+use flashsale_local::provision::{Clients, provision};
+use flashsale_local::resolve::StackContext;
+use flashsale_local::template::Template;
+use flashsale_runtime_emulator::{InvokeError, Lambda, LambdaSpec};
+use serde_json::{Value, json};
+
+#[derive(Debug, Parser)]
+#[command(about = "Smoke-test the built bootstrap binaries under a Lambda Runtime API emulator")]
+struct Args {
+    /// Where cargo-lambda put the binaries: <dir>/<bin>/bootstrap.
+    #[arg(long, default_value = "target/lambda")]
+    lambda_dir: PathBuf,
+    /// The events/ fixtures.
+    #[arg(long, default_value = "events")]
+    events: PathBuf,
+    #[arg(long, default_value = "template.yaml")]
+    template: PathBuf,
+    /// Run each bootstrap under this command (e.g. "qemu-aarch64 -L /usr/aarch64-linux-gnu").
+    #[arg(long)]
+    runner: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum SmokeError {
+    #[error(transparent)]
+    Emulators(#[from] &'static flashsale_emulators::EmulatorError),
+    #[error("the emulator start-up task failed")]
+    Join(#[source] tokio::task::JoinError),
+    #[error("template: {0}")]
+    Template(#[from] flashsale_local::template::TemplateError),
+    #[error("template model: {0}")]
+    Model(#[from] flashsale_local::model::ModelError),
+    #[error("provisioning: {0}")]
+    Provision(#[from] flashsale_local::provision::ProvisionError),
+    #[error("the template has no function {0}")]
+    NoFunction(&'static str),
+    #[error("could not read {}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{} is not JSON", path.display())]
+    Fixture {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("{} is missing: run `make build-lambdas`", path.display())]
+    NoBootstrap { path: PathBuf },
+    #[error("starting {name}")]
+    Start {
+        name: String,
+        #[source]
+        source: flashsale_runtime_emulator::EmulatorError,
+    },
+    #[error("{step}")]
+    Invoke {
+        step: &'static str,
+        #[source]
+        source: InvokeError,
+    },
+    #[error("{step}: {detail}")]
+    Check { step: &'static str, detail: String },
+    #[error("{step}: SQS")]
+    Sqs {
+        step: &'static str,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+fn check(step: &'static str, ok: bool, detail: impl FnOnce() -> String) -> Result<(), SmokeError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(SmokeError::Check {
+            step,
+            detail: detail(),
+        })
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(&args).await {
+        Ok(()) => {
+            println!("smoke-lambdas: all bootstraps passed");
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            let mut message = format!("smoke-lambdas FAILED: {error}");
+            let mut source = std::error::Error::source(&error);
+            while let Some(cause) = source {
+                message.push_str(&format!("\n  caused by: {cause}"));
+                source = cause.source();
+            }
+            eprintln!("{message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+struct Fixtures {
+    dir: PathBuf,
+}
+
+impl Fixtures {
+    fn load(&self, name: &str) -> Result<Value, SmokeError> {
+        let path = self.dir.join(name);
+        let text = std::fs::read_to_string(&path).map_err(|source| SmokeError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        serde_json::from_str(&text).map_err(|source| SmokeError::Fixture { path, source })
+    }
+
+    /// An API Gateway v2 fixture re-aimed: its route's path parameters, caller and body
+    /// replaced, the paths rebuilt from the route key, and the times set to now.
+    fn http(
+        &self,
+        name: &str,
+        params: &[(&str, &str)],
+        sub: Option<&str>,
+        body: Option<&Value>,
+    ) -> Result<Value, SmokeError> {
+        let mut event = self.load(name)?;
+        let route_key = event["routeKey"].as_str().unwrap_or_default().to_owned();
+        let template = route_key
+            .split_once(' ')
+            .map_or(route_key.as_str(), |(_, path)| path);
+        let mut path = template.to_owned();
+        for (key, value) in params {
+            event["pathParameters"][*key] = json!(value);
+            path = path.replace(&format!("{{{key}}}"), value);
+        }
+        let stage = event["requestContext"]["stage"]
+            .as_str()
+            .unwrap_or("$default")
+            .to_owned();
+        let full_path = if stage == "$default" {
+            path
+        } else {
+            format!("/{stage}{path}")
+        };
+        event["rawPath"] = json!(full_path);
+        event["requestContext"]["http"]["path"] = json!(full_path);
+        let now = Utc::now();
+        event["requestContext"]["timeEpoch"] = json!(now.timestamp_millis());
+        event["requestContext"]["time"] = json!(now.format("%d/%b/%Y:%H:%M:%S +0000").to_string());
+        event["requestContext"]["requestId"] = json!(ulid::Ulid::new().to_string());
+        if let Some(sub) = sub {
+            let claims = &mut event["requestContext"]["authorizer"]["jwt"]["claims"];
+            claims["sub"] = json!(sub);
+            claims["cognito:username"] = json!(sub);
+        }
+        if let Some(body) = body {
+            let text = body.to_string();
+            event["headers"]["content-length"] = json!(text.len().to_string());
+            event["body"] = json!(text);
+        }
+        Ok(event)
+    }
+}
+
+/// The status and JSON body of an API Gateway v2 response.
+fn http_answer(step: &'static str, response: &Value) -> Result<(u64, Value), SmokeError> {
+    let status = response["statusCode"]
+        .as_u64()
+        .ok_or_else(|| SmokeError::Check {
+            step,
+            detail: format!("no statusCode in {response}"),
+        })?;
+    let body_text = response["body"].as_str().unwrap_or_default();
+    let body = serde_json::from_str(body_text).map_err(|_| SmokeError::Check {
+        step,
+        detail: format!("status {status}, body is not JSON: {body_text:?}"),
+    })?;
+    Ok((status, body))
+}
+
+async fn invoke(
+    lambda: &mut Lambda,
+    step: &'static str,
+    event: &Value,
+) -> Result<Value, SmokeError> {
+    let outcome = lambda
+        .invoke(event)
+        .await
+        .map_err(|source| SmokeError::Invoke { step, source })?;
+    outcome
+        .json()
+        .map_err(|source| SmokeError::Invoke { step, source })
+}
+
+async fn invoke_http(
+    lambda: &mut Lambda,
+    step: &'static str,
+    event: &Value,
+    expected_status: u64,
+) -> Result<Value, SmokeError> {
+    let response = invoke(lambda, step, event).await?;
+    let (status, body) = http_answer(step, &response)?;
+    check(step, status == expected_status, || {
+        format!(
+            "expected {expected_status}, got {status}: {body}\n--- logs ---\n{}",
+            lambda.logs()
+        )
+    })?;
+    println!("  ok  {step}: {status} {body}");
+    Ok(body)
+}
+
+fn function<'a>(
+    model: &'a StackModel,
+    logical_id: &'static str,
+) -> Result<&'a FunctionSpec, SmokeError> {
+    model
+        .function(logical_id)
+        .ok_or(SmokeError::NoFunction(logical_id))
+}
+
+/// The bin a function's CodeUri builds: the crate directory's name (checked against
+/// BuildProperties.Binary by the template consistency tests).
+fn bootstrap_of(lambda_dir: &Path, function: &FunctionSpec) -> Result<PathBuf, SmokeError> {
+    let bin = Path::new(&function.code_uri)
+        .file_name()
+        .map(|name| name.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let path = lambda_dir.join(bin).join("bootstrap");
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(SmokeError::NoBootstrap { path })
+    }
+}
+
+async fn start(
+    args: &Args,
+    function: &FunctionSpec,
+    client_env: &[(&'static str, String)],
+) -> Result<Lambda, SmokeError> {
+    let mut env: Vec<(String, String)> = function
+        .environment
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    env.extend(client_env.iter().map(|(k, v)| ((*k).to_owned(), v.clone())));
+    let runner: Vec<String> = args
+        .runner
+        .as_deref()
+        .map(|r| r.split_whitespace().map(str::to_owned).collect())
+        .unwrap_or_default();
+    let spec = LambdaSpec {
+        name: function.name.clone(),
+        bootstrap: bootstrap_of(&args.lambda_dir, function)?,
+        runner,
+        env,
+        memory_mb: 256,
+        // Emulated arm64 starts slower than Lambda; the budget is for a first cold start.
+        timeout: function.timeout.max(Duration::from_secs(60)),
+    };
+    println!(
+        "  start {} ({})",
+        function.logical_id,
+        spec.bootstrap.display()
+    );
+    Lambda::start(&spec)
+        .await
+        .map_err(|source| SmokeError::Start {
+            name: function.logical_id.clone(),
+            source,
+        })
+}
+
+async fn run(args: &Args) -> Result<(), SmokeError> {
+    let emulators = tokio::task::spawn_blocking(flashsale_emulators::try_shared_blocking)
+        .await
+        .map_err(SmokeError::Join)??;
+    let sdk = emulators.sdk_config().await;
+    let suffix = flashsale_emulators::unique_suffix();
+    let template = Template::from_path(&args.template)?;
+    let context = StackContext {
+        stack_name: format!("smoke-{suffix}"),
+        region: flashsale_emulators::REGION.to_owned(),
+        account_id: flashsale_emulators::ACCOUNT_ID.to_owned(),
+        sqs_endpoint: emulators.moto_endpoint.clone(),
+    };
+    let model = StackModel::build(&template, context, &BTreeMap::new())?;
+    let report = provision(&model, &Clients::new(&sdk)).await?;
+    println!(
+        "smoke-lambdas: provisioned {} resources of template.yaml on DynamoDB Local {} and moto {}",
+        report.resources.len(),
+        emulators.dynamodb_endpoint,
+        emulators.moto_endpoint
+    );
+    let client_env = emulators.client_env();
+    let fixtures = Fixtures {
+        dir: args.events.clone(),
+    };
+    let mut api = start(args, function(&model, "ApiFunction")?, &client_env).await?;
+    let mut grab = start(args, function(&model, "GrabFunction")?, &client_env).await?;
+    let consumer_spec = function(&model, "OrderConsumerFunction")?;
+    let mut consumer = start(args, consumer_spec, &client_env).await?;
+    let mut release = start(args, function(&model, "ReleaseFunction")?, &client_env).await?;
+
+    // 1. The public sale page of a sale that does not exist.
+    let missing = format!("smoke-missing-{suffix}");
+    let body = invoke_http(
+        &mut api,
+        "api GET unknown sale",
+        &fixtures.http("api-get-sale.json", &[("sale_id", &missing)], None, None)?,
+        404,
+    )
+    .await?;
+    check(
+        "api GET unknown sale",
+        body["error"] == "sale_not_found",
+        || body.to_string(),
+    )?;
+
+    // 2. An admin creates a sale that is active now, with a 2 s payment window.
+    let sale_id = format!("smoke-{suffix}");
+    let now = Utc::now();
+    let draft = json!({
+        "sale_id": sale_id,
+        "name": "Smoke sale",
+        "stock": 3,
+        "starts_at": (now - chrono::Duration::minutes(1)).to_rfc3339_opts(SecondsFormat::Secs, true),
+        "ends_at": (now + chrono::Duration::hours(1)).to_rfc3339_opts(SecondsFormat::Secs, true),
+        "per_user_limit": 1,
+        "payment_timeout_secs": 2,
+        "shards": 1,
+    });
+    let created = invoke_http(
+        &mut api,
+        "api POST /admin/sales",
+        &fixtures.http("api-create-sale.json", &[], None, Some(&draft))?,
+        201,
+    )
+    .await?;
+    check(
+        "api POST /admin/sales",
+        created["sale_id"] == json!(sale_id),
+        || created.to_string(),
+    )?;
+    let view = invoke_http(
+        &mut api,
+        "api GET sale",
+        &fixtures.http("api-get-sale.json", &[("sale_id", &sale_id)], None, None)?,
+        200,
+    )
+    .await?;
+    check(
+        "api GET sale",
+        view["stock_available"] == 3 && view["status"] == "active",
+        || view.to_string(),
+    )?;
+
+    // 3. A buyer gets a grab path and grabs.
+    let buyer = format!("smoke-buyer-{suffix}");
+    let pass = invoke_http(
+        &mut grab,
+        "grab POST token",
+        &fixtures.http(
+            "grab-token.json",
+            &[("sale_id", &sale_id)],
+            Some(&buyer),
+            None,
+        )?,
+        200,
+    )
+    .await?;
+    let grab_path = pass["grab_path"].as_str().unwrap_or_default().to_owned();
+    let token = grab_path.rsplit('/').next().unwrap_or_default().to_owned();
+    check(
+        "grab POST token",
+        grab_path.starts_with(&format!("/sales/{sale_id}/grab/")),
+        || pass.to_string(),
+    )?;
+    let reserved = invoke_http(
+        &mut grab,
+        "grab POST grab path",
+        &fixtures.http(
+            "grab.json",
+            &[("sale_id", &sale_id), ("token", &token)],
+            Some(&buyer),
+            None,
+        )?,
+        202,
+    )
+    .await?;
+    let order_id = reserved["order_id"].as_str().unwrap_or_default().to_owned();
+    check(
+        "grab POST grab path",
+        reserved["status"] == "reserved" && !order_id.is_empty(),
+        || reserved.to_string(),
+    )?;
+
+    // 4. The grab really queued the reservation; the consumer opens it.
+    let source = consumer_spec.sqs_sources.first().ok_or(SmokeError::Check {
+        step: "consumer",
+        detail: "OrderConsumerFunction has no SQS event".to_owned(),
+    })?;
+    let sqs = aws_sdk_sqs::Client::new(&sdk);
+    let received = sqs
+        .receive_message()
+        .queue_url(&source.queue_url)
+        .max_number_of_messages(10)
+        .wait_time_seconds(5)
+        .message_system_attribute_names(aws_sdk_sqs::types::MessageSystemAttributeName::All)
+        .send()
+        .await
+        .map_err(|e| SmokeError::Sqs {
+            step: "receive the grab's message",
+            source: Box::new(e),
+        })?;
+    let message = received
+        .messages()
+        .iter()
+        .find(|m| m.body().is_some_and(|b| b.contains(&order_id)))
+        .ok_or_else(|| SmokeError::Check {
+            step: "receive the grab's message",
+            detail: format!("no message for {order_id} on {}", source.queue_url),
+        })?;
+    let reservation: Value =
+        serde_json::from_str(message.body().unwrap_or_default()).map_err(|_| {
+            SmokeError::Check {
+                step: "receive the grab's message",
+                detail: format!("body is not JSON: {:?}", message.body()),
+            }
+        })?;
+    println!("  ok  the grab queued {reservation}");
+    let mut sqs_event = fixtures.load("order-consumer.json")?;
+    let mut record = sqs_event["Records"][0].clone();
+    record["messageId"] = json!(message.message_id().unwrap_or_default());
+    record["receiptHandle"] = json!(message.receipt_handle().unwrap_or_default());
+    record["body"] = json!(message.body().unwrap_or_default());
+    record["md5OfBody"] = json!(message.md5_of_body().unwrap_or_default());
+    record["eventSourceARN"] = json!(source.queue_arn);
+    record["attributes"]["MessageGroupId"] = json!(order_id);
+    record["attributes"]["MessageDeduplicationId"] = json!(order_id);
+    sqs_event["Records"] = json!([record]);
+    let answer = invoke(&mut consumer, "consumer with the real record", &sqs_event).await?;
+    check(
+        "consumer with the real record",
+        answer == json!({"batchItemFailures": []}),
+        || format!("{answer}\n--- logs ---\n{}", consumer.logs()),
+    )?;
+    println!("  ok  consumer with the real record: {answer}");
+
+    let scheduler = aws_sdk_scheduler::Client::new(&sdk);
+    let group = consumer_spec
+        .environment
+        .get("SCHEDULE_GROUP_NAME")
+        .cloned()
+        .unwrap_or_default();
+    let schedules = scheduler
+        .list_schedules()
+        .group_name(&group)
+        .send()
+        .await
+        .map_err(|e| SmokeError::Sqs {
+            step: "list release schedules",
+            source: Box::new(e),
+        })?;
+    let unique = order_id.rsplit('.').next().unwrap_or_default().to_owned();
+    check(
+        "a release schedule exists",
+        schedules
+            .schedules()
+            .iter()
+            .any(|s| s.name().is_some_and(|n| n.contains(&unique))),
+        || {
+            format!(
+                "no schedule for {order_id} in {group}: {:?}",
+                schedules.schedules()
+            )
+        },
+    )?;
+    println!("  ok  a release schedule for {order_id} exists in {group}");
+
+    let fixture_answer = invoke(
+        &mut consumer,
+        "consumer with its fixture",
+        &fixtures.load("order-consumer.json")?,
+    )
+    .await?;
+    check(
+        "consumer with its fixture",
+        fixture_answer["batchItemFailures"].is_array(),
+        || fixture_answer.to_string(),
+    )?;
+    println!("  ok  consumer with its fixture (orders nobody holds): {fixture_answer}");
+
+    // 5. Release: the fixture's order is nobody's; the real one gives its unit back.
+    let fixture_release = invoke(
+        &mut release,
+        "release with its fixture",
+        &fixtures.load("release.json")?,
+    )
+    .await?;
+    println!("  ok  release with its fixture (an order nobody holds): {fixture_release}");
+    let due = reservation["expires_at"]
+        .as_str()
+        .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+        .ok_or_else(|| SmokeError::Check {
+            step: "release",
+            detail: format!("no expires_at in {reservation}"),
+        })?;
+    let wait = (due.with_timezone(&Utc) - Utc::now())
+        .to_std()
+        .unwrap_or_default()
+        + Duration::from_millis(300);
+    tokio::time::sleep(wait).await;
+    let released = invoke(&mut release, "release the real reservation", &reservation).await?;
+    println!("  ok  release the real reservation: {released}");
+    let again = invoke(&mut release, "release it again", &reservation).await?;
+    println!("  ok  release it again: {again}");
+    let view = invoke_http(
+        &mut api,
+        "api GET sale after release",
+        &fixtures.http("api-get-sale.json", &[("sale_id", &sale_id)], None, None)?,
+        200,
+    )
+    .await?;
+    check(
+        "api GET sale after release",
+        view["stock_available"] == 3,
+        || format!("the unit did not come back exactly once: {view}"),
+    )?;
+    let order = invoke_http(
+        &mut api,
+        "api GET order after release",
+        &fixtures.http(
+            "api-get-order.json",
+            &[("order_id", &order_id)],
+            Some(&buyer),
+            None,
+        )?,
+        200,
+    )
+    .await?;
+    check(
+        "api GET order after release",
+        order["status"] == "expired",
+        || order.to_string(),
+    )?;
+    Ok(())
+}

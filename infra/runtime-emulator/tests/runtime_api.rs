@@ -1,0 +1,109 @@
+//! The emulator against the real `lambda_runtime` crate: the echo function is a
+//! `lambda_runtime::run` binary, started exactly as the smoke test starts a bootstrap.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use flashsale_runtime_emulator::{InvokeError, Lambda, LambdaSpec, Outcome};
+use serde_json::json;
+
+fn echo_spec() -> LambdaSpec {
+    LambdaSpec {
+        name: "echo".to_owned(),
+        bootstrap: PathBuf::from(env!("CARGO_BIN_EXE_flashsale-echo-lambda")),
+        runner: Vec::new(),
+        env: vec![("RUST_LOG".to_owned(), "info".to_owned())],
+        memory_mb: 128,
+        timeout: Duration::from_secs(20),
+    }
+}
+
+#[tokio::test]
+async fn a_lambda_runtime_function_receives_the_event_and_its_answer_comes_back() {
+    let mut lambda = Lambda::start(&echo_spec()).await.expect("start");
+    let first = lambda
+        .invoke(&json!({"n": 1}))
+        .await
+        .expect("first")
+        .json()
+        .expect("json");
+    assert_eq!(first["echo"], json!({"n": 1}));
+    assert_eq!(
+        first["function_arn"],
+        "arn:aws:lambda:us-east-1:123456789012:function:echo"
+    );
+    assert_eq!(first["deadline_in_future"], true);
+
+    // The same process serves the next invocation, with a new request id.
+    let second = lambda
+        .invoke(&json!({"n": 2}))
+        .await
+        .expect("second")
+        .json()
+        .expect("json");
+    assert_eq!(second["echo"], json!({"n": 2}));
+    assert_ne!(first["request_id"], second["request_id"]);
+    assert!(
+        lambda.logs().contains("echo lambda starting"),
+        "{}",
+        lambda.logs()
+    );
+}
+
+#[tokio::test]
+async fn a_handler_error_is_reported_as_a_function_error_and_the_function_keeps_serving() {
+    let mut lambda = Lambda::start(&echo_spec()).await.expect("start");
+    let outcome = lambda
+        .invoke(&json!({"fail": true, "why": "bad input"}))
+        .await
+        .expect("an answer");
+    let Outcome::FunctionError(error) = outcome else {
+        panic!("expected a function error, got {outcome:?}");
+    };
+    assert!(error.error_message.contains("bad input"), "{error}");
+    let after = lambda
+        .invoke(&json!({"n": 3}))
+        .await
+        .expect("still serving");
+    assert_eq!(after.json().expect("json")["echo"], json!({"n": 3}));
+}
+
+#[tokio::test]
+async fn a_process_that_dies_fails_the_invocation_with_its_output() {
+    let mut lambda = Lambda::start(&echo_spec()).await.expect("start");
+    let error = lambda
+        .invoke(&json!({"exit": 3}))
+        .await
+        .expect_err("the process exits");
+    let InvokeError::Exited { status, logs } = &error else {
+        panic!("expected Exited, got {error}");
+    };
+    assert_eq!(status.code(), Some(3));
+    assert!(logs.contains("exiting with 3"), "{logs}");
+    assert!(matches!(
+        lambda.invoke(&json!({})).await,
+        Err(InvokeError::Exited { .. })
+    ));
+}
+
+#[tokio::test]
+async fn a_function_that_cannot_start_fails_the_invocation_instead_of_hanging() {
+    let mut spec = echo_spec();
+    spec.bootstrap = PathBuf::from("/nonexistent/bootstrap");
+    assert!(
+        Lambda::start(&spec).await.is_err(),
+        "a missing binary is a start error"
+    );
+
+    // A binary that starts but never speaks the Runtime API: the invocation times out.
+    let silent = LambdaSpec {
+        runner: vec!["/bin/sh".to_owned(), "-c".to_owned(), "sleep 30".to_owned()],
+        timeout: Duration::from_millis(500),
+        ..echo_spec()
+    };
+    let mut lambda = Lambda::start(&silent).await.expect("start");
+    assert!(matches!(
+        lambda.invoke(&json!({})).await,
+        Err(InvokeError::TimedOut { .. })
+    ));
+}
