@@ -1,1 +1,20 @@
+//! The AWS adapters of the flash-sale ports: DynamoDB for sales, stock and orders, SQS
+//! for the orders queue, EventBridge Scheduler for release timers.
+//!
+//! Every failure is a [`flashsale_domain::StoreError`] whose source is the SDK error
+//! (or one of this crate's typed errors wrapping it), classified in one place
+//! (`classify`) as `Transient` (throttling, timeouts, network, 5xx, contention that
+//! outlasted the retries) or `Permanent` (everything else).
 
+mod classify;
+mod dynamo;
+mod retry;
+mod scheduler;
+mod sqs;
+
+pub use dynamo::{
+    ContentionExhausted, CorruptItem, DynamoStore, Inconsistency, InvalidRequest, ItemError,
+    UnexpectedRefusal, UnprocessedKeys,
+};
+pub use scheduler::{EventBridgeScheduler, NoReleaseTarget, ReleaseTarget};
+pub use sqs::SqsOrderQueue;

@@ -1,0 +1,539 @@
+//! The single-table layout: keys, and the items' (de)serialization.
+//!
+//! Everything that knows attribute names lives here, so the transactions in the parent
+//! module read as the data model in the brief. Reading is strict: an item that does not
+//! parse is corrupt, and [`CorruptItem`] names it and the attribute at fault.
+
+use std::collections::HashMap;
+use std::num::ParseIntError;
+
+use aws_sdk_dynamodb::types::AttributeValue;
+use chrono::{DateTime, Duration, SecondsFormat, Utc};
+use flashsale_domain::order::UnknownStatus;
+use flashsale_domain::{OrderId, OrderStatus, Reservation, Sale, SaleId, UserId, ValidationError};
+
+pub(crate) type Item = HashMap<String, AttributeValue>;
+
+pub(crate) const PK: &str = "pk";
+pub(crate) const SK: &str = "sk";
+pub(crate) const GSI1: &str = "gsi1";
+pub(crate) const GSI1_PK: &str = "gsi1pk";
+pub(crate) const GSI1_SK: &str = "gsi1sk";
+pub(crate) const TTL: &str = "ttl";
+
+pub(crate) const AVAILABLE: &str = "available";
+pub(crate) const TOTAL: &str = "total";
+pub(crate) const ACTIVE: &str = "active";
+pub(crate) const STATUS: &str = "status";
+pub(crate) const SHARD: &str = "shard";
+pub(crate) const EXPIRES_AT_MS: &str = "expires_at_ms";
+
+const META_SK: &str = "META";
+const STOCK_SK: &str = "STOCK";
+const HOLDS_SK: &str = "HOLDS";
+const ORDER_SK: &str = "ORDER";
+const HOLD_PREFIX: &str = "hold#";
+
+/// Cancelled and expired orders are kept this long after they settle, then DynamoDB's
+/// TTL removes them; paid ones are kept.
+pub(crate) const SETTLED_RETENTION: Duration = Duration::days(90);
+
+pub(crate) fn s(value: impl Into<String>) -> AttributeValue {
+    AttributeValue::S(value.into())
+}
+
+pub(crate) fn n(value: impl ToString) -> AttributeValue {
+    AttributeValue::N(value.to_string())
+}
+
+fn time(value: DateTime<Utc>) -> AttributeValue {
+    s(value.to_rfc3339_opts(SecondsFormat::AutoSi, true))
+}
+
+fn key(pk: String, sk: &str) -> Item {
+    HashMap::from([(PK.to_owned(), s(pk)), (SK.to_owned(), s(sk))])
+}
+
+pub(crate) fn sale_pk(sale_id: &SaleId) -> String {
+    format!("SALE#{sale_id}")
+}
+
+pub(crate) fn sale_key(sale_id: &SaleId) -> Item {
+    key(sale_pk(sale_id), META_SK)
+}
+
+pub(crate) fn shard_pk(sale_id: &SaleId, shard: u16) -> String {
+    format!("SALE#{sale_id}#SHARD#{shard}")
+}
+
+/// Each shard under its own partition key: this is what spreads the write heat.
+pub(crate) fn shard_key(sale_id: &SaleId, shard: u16) -> Item {
+    key(shard_pk(sale_id, shard), STOCK_SK)
+}
+
+pub(crate) fn user_key(sale_id: &SaleId, user_id: &UserId) -> Item {
+    key(format!("SALE#{sale_id}#USER#{user_id}"), HOLDS_SK)
+}
+
+pub(crate) fn order_key(order_id: &OrderId) -> Item {
+    key(format!("ORDER#{order_id}"), ORDER_SK)
+}
+
+/// Top-level, not nested in a `holds` map: `SET holds.#id = ...` fails when the user
+/// item has no `holds` map yet, and a transaction cannot say "create it if missing".
+pub(crate) fn hold_attribute(order_id: &OrderId) -> String {
+    format!("{HOLD_PREFIX}{order_id}")
+}
+
+/// The stats bucket partition: `count` queries buckets `0..sale.shards`.
+pub(crate) fn bucket_pk(sale_id: &SaleId, bucket: u16) -> String {
+    format!("SALE#{sale_id}#B{bucket}")
+}
+
+pub(crate) fn user_gsi_sk(user_id: &UserId) -> String {
+    format!("USER#{user_id}")
+}
+
+/// An attribute of a corrupt item that does not parse.
+#[derive(Debug, thiserror::Error)]
+pub enum ItemError {
+    #[error("attribute `{0}` is missing")]
+    Missing(String),
+    #[error("attribute `{name}` is not of type {expected}")]
+    WrongType {
+        name: String,
+        expected: &'static str,
+    },
+    #[error("attribute `{name}` is not a valid number")]
+    Number {
+        name: String,
+        #[source]
+        source: ParseIntError,
+    },
+    #[error("attribute `{name}` is not an RFC 3339 time")]
+    Time {
+        name: String,
+        #[source]
+        source: chrono::ParseError,
+    },
+    #[error("attribute `{name}` is not a valid id")]
+    Id {
+        name: String,
+        #[source]
+        source: ValidationError,
+    },
+    #[error("attribute `{name}` is not an order status")]
+    Status {
+        name: String,
+        #[source]
+        source: UnknownStatus,
+    },
+}
+
+/// An item that breaks the data model. Retrying cannot fix it, so it is always a
+/// `Permanent` store error.
+#[derive(Debug, thiserror::Error)]
+#[error("item {pk} / {sk} is corrupt")]
+pub struct CorruptItem {
+    pub pk: String,
+    pub sk: String,
+    #[source]
+    pub source: ItemError,
+}
+
+impl CorruptItem {
+    pub(crate) fn new(key: &Item, source: ItemError) -> Self {
+        let part = |name: &str| {
+            key.get(name)
+                .and_then(|value| value.as_s().ok())
+                .cloned()
+                .unwrap_or_default()
+        };
+        Self {
+            pk: part(PK),
+            sk: part(SK),
+            source,
+        }
+    }
+}
+
+/// Typed reads of one item's (or one nested map's) attributes.
+struct Fields<'a> {
+    item: &'a Item,
+    /// The map's own attribute name, so errors in a hold name the hold.
+    parent: Option<&'a str>,
+}
+
+impl<'a> Fields<'a> {
+    fn of(item: &'a Item) -> Self {
+        Self { item, parent: None }
+    }
+
+    fn nested(item: &'a Item, parent: &'a str) -> Self {
+        Self {
+            item,
+            parent: Some(parent),
+        }
+    }
+
+    fn name(&self, attribute: &str) -> String {
+        match self.parent {
+            Some(parent) => format!("{parent}.{attribute}"),
+            None => attribute.to_owned(),
+        }
+    }
+
+    fn get(&self, attribute: &str) -> Result<&'a AttributeValue, ItemError> {
+        self.item
+            .get(attribute)
+            .ok_or_else(|| ItemError::Missing(self.name(attribute)))
+    }
+
+    fn string(&self, attribute: &str) -> Result<&'a str, ItemError> {
+        self.get(attribute)?
+            .as_s()
+            .map(String::as_str)
+            .map_err(|_| ItemError::WrongType {
+                name: self.name(attribute),
+                expected: "S",
+            })
+    }
+
+    fn number<T>(&self, attribute: &str) -> Result<T, ItemError>
+    where
+        T: std::str::FromStr<Err = ParseIntError>,
+    {
+        let raw = self
+            .get(attribute)?
+            .as_n()
+            .map_err(|_| ItemError::WrongType {
+                name: self.name(attribute),
+                expected: "N",
+            })?;
+        raw.parse().map_err(|source| ItemError::Number {
+            name: self.name(attribute),
+            source,
+        })
+    }
+
+    fn time(&self, attribute: &str) -> Result<DateTime<Utc>, ItemError> {
+        DateTime::parse_from_rfc3339(self.string(attribute)?)
+            .map(|time| time.with_timezone(&Utc))
+            .map_err(|source| ItemError::Time {
+                name: self.name(attribute),
+                source,
+            })
+    }
+
+    fn id<T>(
+        &self,
+        attribute: &str,
+        parse: fn(&str) -> Result<T, ValidationError>,
+    ) -> Result<T, ItemError> {
+        parse(self.string(attribute)?).map_err(|source| ItemError::Id {
+            name: self.name(attribute),
+            source,
+        })
+    }
+
+    fn status(&self) -> Result<OrderStatus, ItemError> {
+        self.string(STATUS)?
+            .parse()
+            .map_err(|source| ItemError::Status {
+                name: self.name(STATUS),
+                source,
+            })
+    }
+}
+
+pub(crate) fn sale_item(sale: &Sale) -> Item {
+    let mut item = sale_key(&sale.sale_id);
+    item.extend([
+        ("sale_id".to_owned(), s(sale.sale_id.as_str())),
+        ("name".to_owned(), s(sale.name.as_str())),
+        ("stock_total".to_owned(), n(sale.stock_total)),
+        ("starts_at".to_owned(), time(sale.starts_at)),
+        ("ends_at".to_owned(), time(sale.ends_at)),
+        ("per_user_limit".to_owned(), n(sale.per_user_limit)),
+        (
+            "payment_timeout_secs".to_owned(),
+            n(sale.payment_timeout_secs),
+        ),
+        ("shards".to_owned(), n(sale.shards)),
+    ]);
+    item
+}
+
+pub(crate) fn parse_sale(item: &Item) -> Result<Sale, ItemError> {
+    let fields = Fields::of(item);
+    Ok(Sale {
+        sale_id: fields.id("sale_id", |raw| SaleId::parse(raw))?,
+        name: fields.string("name")?.to_owned(),
+        stock_total: fields.number("stock_total")?,
+        starts_at: fields.time("starts_at")?,
+        ends_at: fields.time("ends_at")?,
+        per_user_limit: fields.number("per_user_limit")?,
+        payment_timeout_secs: fields.number("payment_timeout_secs")?,
+        shards: fields.number("shards")?,
+    })
+}
+
+pub(crate) fn shard_item(sale_id: &SaleId, shard: u16, stock: u32) -> Item {
+    let mut item = shard_key(sale_id, shard);
+    item.extend([
+        (AVAILABLE.to_owned(), n(stock)),
+        (TOTAL.to_owned(), n(stock)),
+    ]);
+    item
+}
+
+pub(crate) fn parse_available(item: &Item) -> Result<u64, ItemError> {
+    Fields::of(item).number(AVAILABLE)
+}
+
+/// A hold on the user's item: the reservation minus what its attribute name and its
+/// item's key already say (order, sale, user).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Hold {
+    pub shard: u16,
+    pub status: OrderStatus,
+    pub created_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+}
+
+impl Hold {
+    pub(crate) fn reserved(reservation: &Reservation) -> Self {
+        Self {
+            shard: reservation.shard,
+            status: OrderStatus::Reserved,
+            created_at: reservation.created_at,
+            expires_at: reservation.expires_at,
+        }
+    }
+
+    pub(crate) fn to_value(&self) -> AttributeValue {
+        AttributeValue::M(HashMap::from([
+            (SHARD.to_owned(), n(self.shard)),
+            (STATUS.to_owned(), s(self.status.as_str())),
+            ("created_at".to_owned(), time(self.created_at)),
+            ("expires_at".to_owned(), time(self.expires_at)),
+            // Milliseconds, not seconds: pay compares it with `now` in the condition,
+            // and must agree with `now < expires_at` even for a sub-second expiry.
+            (
+                EXPIRES_AT_MS.to_owned(),
+                n(self.expires_at.timestamp_millis()),
+            ),
+        ]))
+    }
+
+    pub(crate) fn parse(name: &str, value: &AttributeValue) -> Result<Self, ItemError> {
+        let map = value.as_m().map_err(|_| ItemError::WrongType {
+            name: name.to_owned(),
+            expected: "M",
+        })?;
+        let fields = Fields::nested(map, name);
+        Ok(Self {
+            shard: fields.number(SHARD)?,
+            status: fields.status()?,
+            created_at: fields.time("created_at")?,
+            expires_at: fields.time("expires_at")?,
+        })
+    }
+
+    pub(crate) fn reservation(&self, order_id: &OrderId, user_id: &UserId) -> Reservation {
+        Reservation {
+            order_id: order_id.clone(),
+            sale_id: order_id.sale_id().clone(),
+            user_id: user_id.clone(),
+            shard: self.shard,
+            created_at: self.created_at,
+            expires_at: self.expires_at,
+        }
+    }
+}
+
+/// Every hold on a user item, by status; other attributes are skipped.
+pub(crate) fn hold_statuses(item: &Item) -> Result<Vec<OrderStatus>, ItemError> {
+    item.iter()
+        .filter(|(name, _)| name.starts_with(HOLD_PREFIX))
+        .map(|(name, value)| Hold::parse(name, value).map(|hold| hold.status))
+        .collect()
+}
+
+pub(crate) fn is_order_item(item: &Item) -> bool {
+    item.get(SK)
+        .and_then(|sk| sk.as_s().ok())
+        .map(String::as_str)
+        == Some(ORDER_SK)
+}
+
+/// The order item with `status`. Its stats bucket is the reservation's shard: any
+/// value in `0..sale.shards` is found by `count`, and the shard is the one such value
+/// known without reading the sale (release, pay and open are not given it).
+pub(crate) fn order_item(
+    reservation: &Reservation,
+    status: OrderStatus,
+    now: DateTime<Utc>,
+) -> Item {
+    let mut item = order_key(&reservation.order_id);
+    item.extend([
+        ("order_id".to_owned(), s(reservation.order_id.to_string())),
+        ("sale_id".to_owned(), s(reservation.sale_id.as_str())),
+        ("user_id".to_owned(), s(reservation.user_id.as_str())),
+        (SHARD.to_owned(), n(reservation.shard)),
+        (STATUS.to_owned(), s(status.as_str())),
+        ("created_at".to_owned(), time(reservation.created_at)),
+        ("expires_at".to_owned(), time(reservation.expires_at)),
+        ("updated_at".to_owned(), time(now)),
+        (
+            GSI1_PK.to_owned(),
+            s(bucket_pk(&reservation.sale_id, reservation.shard)),
+        ),
+        (
+            GSI1_SK.to_owned(),
+            s(format!("ORDER#{}", reservation.order_id)),
+        ),
+    ]);
+    if matches!(status, OrderStatus::Cancelled | OrderStatus::Expired) {
+        item.insert(TTL.to_owned(), n((now + SETTLED_RETENTION).timestamp()));
+    }
+    item
+}
+
+pub(crate) fn parse_order(item: &Item) -> Result<(Reservation, OrderStatus), ItemError> {
+    let fields = Fields::of(item);
+    let reservation = Reservation {
+        order_id: fields.id("order_id", OrderId::parse)?,
+        sale_id: fields.id("sale_id", |raw| SaleId::parse(raw))?,
+        user_id: fields.id("user_id", |raw| UserId::parse(raw))?,
+        shard: fields.number(SHARD)?,
+        created_at: fields.time("created_at")?,
+        expires_at: fields.time("expires_at")?,
+    };
+    Ok((reservation, fields.status()?))
+}
+
+/// Only the status, for `count`, which does not need the rest.
+pub(crate) fn parse_order_status(item: &Item) -> Result<OrderStatus, ItemError> {
+    Fields::of(item).status()
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::TimeZone;
+
+    use super::*;
+
+    fn reservation() -> Reservation {
+        let sale_id = SaleId::parse("phone-1").expect("valid");
+        Reservation {
+            order_id: OrderId::new(sale_id.clone()),
+            sale_id,
+            user_id: UserId::parse("alice").expect("valid"),
+            shard: 3,
+            created_at: Utc.with_ymd_and_hms(2026, 1, 2, 3, 4, 5).unwrap()
+                + Duration::milliseconds(678),
+            expires_at: Utc.with_ymd_and_hms(2026, 1, 2, 3, 19, 6).unwrap(),
+        }
+    }
+
+    fn sale() -> Sale {
+        Sale {
+            sale_id: SaleId::parse("phone-1").expect("valid"),
+            name: "Phone".to_owned(),
+            stock_total: 100,
+            starts_at: Utc.with_ymd_and_hms(2026, 1, 2, 3, 0, 0).unwrap(),
+            ends_at: Utc.with_ymd_and_hms(2026, 1, 3, 3, 0, 0).unwrap(),
+            per_user_limit: 2,
+            payment_timeout_secs: 900,
+            shards: 10,
+        }
+    }
+
+    #[test]
+    fn a_sale_round_trips() {
+        let sale = sale();
+        assert_eq!(parse_sale(&sale_item(&sale)).expect("parses"), sale);
+    }
+
+    #[test]
+    fn an_order_round_trips_with_sub_second_times() {
+        let reservation = reservation();
+        let item = order_item(&reservation, OrderStatus::Paid, reservation.created_at);
+        let (parsed, status) = parse_order(&item).expect("parses");
+        assert_eq!(parsed, reservation);
+        assert_eq!(status, OrderStatus::Paid);
+        assert!(!item.contains_key(TTL), "paid orders are kept");
+    }
+
+    #[test]
+    fn settled_orders_expire_ninety_days_after_they_settle() {
+        let reservation = reservation();
+        let now = reservation.expires_at;
+        let item = order_item(&reservation, OrderStatus::Expired, now);
+        let ttl = item.get(TTL).and_then(|v| v.as_n().ok()).expect("ttl set");
+        assert_eq!(ttl, &(now + Duration::days(90)).timestamp().to_string());
+    }
+
+    #[test]
+    fn a_hold_round_trips_and_rebuilds_the_reservation() {
+        let reservation = reservation();
+        let hold = Hold::reserved(&reservation);
+        let name = hold_attribute(&reservation.order_id);
+        let parsed = Hold::parse(&name, &hold.to_value()).expect("parses");
+        assert_eq!(parsed, hold);
+        assert_eq!(
+            parsed.reservation(&reservation.order_id, &reservation.user_id),
+            reservation
+        );
+    }
+
+    #[test]
+    fn a_corrupt_hold_names_the_attribute_at_fault() {
+        let reservation = reservation();
+        let name = hold_attribute(&reservation.order_id);
+        let AttributeValue::M(mut map) = Hold::reserved(&reservation).to_value() else {
+            panic!("a hold is a map");
+        };
+        map.insert(STATUS.to_owned(), s("shipped"));
+        let error = Hold::parse(&name, &AttributeValue::M(map.clone())).expect_err("corrupt");
+        assert!(
+            matches!(&error, ItemError::Status { name: at, .. } if *at == format!("{name}.status")),
+            "{error:?}"
+        );
+        map.insert(SHARD.to_owned(), s("three"));
+        let error = Hold::parse(&name, &AttributeValue::M(map)).expect_err("corrupt");
+        assert!(
+            matches!(error, ItemError::WrongType { expected: "N", .. }),
+            "{error:?}"
+        );
+    }
+
+    #[test]
+    fn a_corrupt_sale_is_reported_with_its_key() {
+        let mut item = sale_item(&sale());
+        item.remove("ends_at");
+        let error = parse_sale(&item).expect_err("corrupt");
+        assert!(matches!(&error, ItemError::Missing(name) if name == "ends_at"));
+        let corrupt = CorruptItem::new(&item, error);
+        assert_eq!(corrupt.pk, "SALE#phone-1");
+        assert_eq!(corrupt.sk, "META");
+        item.insert("ends_at".to_owned(), s("tomorrow"));
+        assert!(matches!(parse_sale(&item), Err(ItemError::Time { .. })));
+    }
+
+    #[test]
+    fn hold_statuses_skip_other_attributes() {
+        let reservation = reservation();
+        let mut item = user_key(&reservation.sale_id, &reservation.user_id);
+        item.insert(ACTIVE.to_owned(), n(1));
+        item.insert(
+            hold_attribute(&reservation.order_id),
+            Hold::reserved(&reservation).to_value(),
+        );
+        assert_eq!(
+            hold_statuses(&item).expect("parses"),
+            vec![OrderStatus::Reserved]
+        );
+    }
+}

@@ -1,0 +1,687 @@
+//! [`DynamoStore`]: sales, stock and orders in one DynamoDB table.
+//!
+//! Every state change is one `TransactWriteItems` whose conditions enforce the order
+//! state machine, so stock leaves a shard only with a hold and comes back only with the
+//! hold's end. When a transaction is refused, a consistent read tells the caller why.
+
+mod item;
+mod transact;
+
+use std::collections::HashMap;
+
+use async_trait::async_trait;
+use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::error::BuildError;
+use aws_sdk_dynamodb::types::{AttributeValue, KeysAndAttributes, Put, TransactWriteItem, Update};
+use chrono::{DateTime, Utc};
+use flashsale_domain::ports::{
+    OpenOutcome, OrderBook, PayOutcome, ReserveRefusal, SaleCatalog, Settlement, StockLedger,
+};
+use flashsale_domain::sale::StockCounts;
+use flashsale_domain::{
+    Order, OrderId, OrderStatus, ReleaseReason, Reservation, Sale, SaleId, StoreError, UserId,
+};
+
+use self::item::{
+    ACTIVE, AVAILABLE, EXPIRES_AT_MS, GSI1, GSI1_PK, GSI1_SK, Hold, Item, PK, SHARD, STATUS, n, s,
+};
+pub use self::item::{CorruptItem, ItemError};
+pub use self::transact::{ContentionExhausted, UnexpectedRefusal};
+use self::transact::{Refusal, transact};
+use crate::classify::store_error;
+use crate::retry::RetryPolicy;
+
+/// A request this store refuses before sending anything, because obeying it would
+/// break the data model. Always a caller's bug, so always `Permanent`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidRequest {
+    #[error("shard {shard} is outside the sale's {shards} shards")]
+    ShardOutOfRange { shard: u16, shards: u16 },
+    #[error(
+        "the reservation is for sale {reservation_sale} shard {reservation_shard}, not sale {sale} shard {shard}"
+    )]
+    ReservationMismatch {
+        sale: SaleId,
+        shard: u16,
+        reservation_sale: SaleId,
+        reservation_shard: u16,
+    },
+}
+
+/// Stored data that contradicts the data model.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Inconsistency {
+    #[error("shard {shard} of sale {sale_id} does not exist")]
+    MissingShard { sale_id: SaleId, shard: u16 },
+}
+
+/// DynamoDB kept leaving keys unprocessed (it does so under throttling).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{unprocessed} keys still unprocessed after {attempts} attempts")]
+pub struct UnprocessedKeys {
+    pub unprocessed: usize,
+    pub attempts: u32,
+}
+
+const CREATE_SALE: &str = "dynamodb.create_sale";
+const FIND_SALE: &str = "dynamodb.find_sale";
+const RESERVE: &str = "dynamodb.reserve";
+const AVAILABILITY: &str = "dynamodb.availability";
+const RELEASE: &str = "dynamodb.release";
+const OPEN: &str = "dynamodb.open";
+const PAY: &str = "dynamodb.pay";
+const FIND: &str = "dynamodb.find";
+const COUNT: &str = "dynamodb.count";
+
+/// Implements [`SaleCatalog`], [`StockLedger`] and [`OrderBook`] on one table laid out
+/// as the brief's data model (`pk`/`sk`, GSI `gsi1`, TTL `ttl`).
+///
+/// One difference from the in-memory fake a caller can see: when the shard is empty
+/// *and* the user is at the limit, `reserve` answers `LimitReached` (the fake answers
+/// `ShardEmpty`), so a grab stops at once instead of trying every other shard first.
+#[derive(Debug, Clone)]
+pub struct DynamoStore {
+    client: Client,
+    table: String,
+    contention: RetryPolicy,
+}
+
+fn names(pairs: &[(&str, &str)]) -> Option<HashMap<String, String>> {
+    Some(
+        pairs
+            .iter()
+            .map(|(placeholder, name)| ((*placeholder).to_owned(), (*name).to_owned()))
+            .collect(),
+    )
+}
+
+fn values<const N: usize>(
+    pairs: [(&str, AttributeValue); N],
+) -> Option<HashMap<String, AttributeValue>> {
+    Some(
+        pairs
+            .into_iter()
+            .map(|(placeholder, value)| (placeholder.to_owned(), value))
+            .collect(),
+    )
+}
+
+fn built<T>(operation: &'static str, result: Result<T, BuildError>) -> Result<T, StoreError> {
+    result.map_err(|error| StoreError::permanent(operation, error))
+}
+
+fn corrupt(operation: &'static str, key: &Item, error: ItemError) -> StoreError {
+    StoreError::permanent(operation, CorruptItem::new(key, error))
+}
+
+impl DynamoStore {
+    pub fn new(client: Client, table_name: impl Into<String>) -> Self {
+        Self {
+            client,
+            table: table_name.into(),
+            contention: RetryPolicy::CONTENTION,
+        }
+    }
+
+    fn update(&self, key: Item) -> aws_sdk_dynamodb::types::builders::UpdateBuilder {
+        Update::builder().table_name(&self.table).set_key(Some(key))
+    }
+
+    fn put(&self, item: Item) -> aws_sdk_dynamodb::types::builders::PutBuilder {
+        Put::builder().table_name(&self.table).set_item(Some(item))
+    }
+
+    async fn run(
+        &self,
+        operation: &'static str,
+        items: Vec<TransactWriteItem>,
+    ) -> Result<Result<(), Refusal>, StoreError> {
+        transact(&self.client, &self.contention, operation, items).await
+    }
+
+    /// A consistent read of one item, or of some of its attributes.
+    async fn get(
+        &self,
+        operation: &'static str,
+        key: Item,
+        projection: Option<(&str, &str)>,
+    ) -> Result<Option<Item>, StoreError> {
+        let mut request = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .set_key(Some(key))
+            .consistent_read(true);
+        if let Some((placeholder, attribute)) = projection {
+            request = request
+                .projection_expression(placeholder)
+                .set_expression_attribute_names(names(&[(placeholder, attribute)]));
+        }
+        let output = request
+            .send()
+            .await
+            .map_err(|error| store_error(operation, error))?;
+        Ok(output.item)
+    }
+
+    /// The hold of `order_id` on `user`'s item for the order's sale.
+    async fn read_hold(
+        &self,
+        operation: &'static str,
+        order_id: &OrderId,
+        user_id: &UserId,
+    ) -> Result<Option<Hold>, StoreError> {
+        let key = item::user_key(order_id.sale_id(), user_id);
+        let attribute = item::hold_attribute(order_id);
+        let Some(found) = self
+            .get(operation, key.clone(), Some(("#hold", &attribute)))
+            .await?
+        else {
+            return Ok(None);
+        };
+        found
+            .get(&attribute)
+            .map(|value| Hold::parse(&attribute, value))
+            .transpose()
+            .map_err(|error| corrupt(operation, &key, error))
+    }
+
+    async fn read_order(
+        &self,
+        operation: &'static str,
+        order_id: &OrderId,
+    ) -> Result<Option<(Reservation, OrderStatus)>, StoreError> {
+        let key = item::order_key(order_id);
+        let Some(found) = self.get(operation, key.clone(), None).await? else {
+            return Ok(None);
+        };
+        item::parse_order(&found)
+            .map(Some)
+            .map_err(|error| corrupt(operation, &key, error))
+    }
+
+    /// Why a release's first item (the hold) refused: the hold is settled or unknown.
+    async fn settlement_after_refusal(
+        &self,
+        reservation: &Reservation,
+    ) -> Result<Settlement, StoreError> {
+        let id = &reservation.order_id;
+        match self.read_hold(RELEASE, id, &reservation.user_id).await? {
+            // Only a paid hold outlives its release; an open one that refused names
+            // another shard, so it is not this reservation's.
+            Some(hold) if hold.status.is_open() => Ok(Settlement::Unknown),
+            Some(hold) => Ok(Settlement::AlreadySettled(hold.status)),
+            None => Ok(self
+                .read_order(RELEASE, id)
+                .await?
+                .map_or(Settlement::Unknown, |(_, status)| {
+                    Settlement::AlreadySettled(status)
+                })),
+        }
+    }
+
+    /// Reads every shard's `available`, consistently, in one or a few batches.
+    async fn shard_stock(
+        &self,
+        operation: &'static str,
+        sale: &Sale,
+    ) -> Result<Vec<u64>, StoreError> {
+        let shard_of: HashMap<String, u16> = (0..sale.shards)
+            .map(|shard| (item::shard_pk(&sale.sale_id, shard), shard))
+            .collect();
+        let mut pending = built(
+            operation,
+            KeysAndAttributes::builder()
+                .set_keys(Some(
+                    (0..sale.shards)
+                        .map(|shard| item::shard_key(&sale.sale_id, shard))
+                        .collect(),
+                ))
+                .consistent_read(true)
+                .projection_expression("#pk, #available")
+                .set_expression_attribute_names(names(&[("#pk", PK), ("#available", AVAILABLE)]))
+                .build(),
+        )?;
+        let mut stock: Vec<Option<u64>> = vec![None; usize::from(sale.shards)];
+        let mut attempts = 0_u32;
+        loop {
+            attempts += 1;
+            let output = self
+                .client
+                .batch_get_item()
+                .request_items(&self.table, pending.clone())
+                .send()
+                .await
+                .map_err(|error| store_error(operation, error))?;
+            for found in output
+                .responses
+                .and_then(|mut tables| tables.remove(&self.table))
+                .unwrap_or_default()
+            {
+                let shard = found
+                    .get(PK)
+                    .and_then(|pk| pk.as_s().ok())
+                    .and_then(|pk| shard_of.get(pk))
+                    .copied()
+                    .ok_or_else(|| corrupt(operation, &found, ItemError::Missing(PK.to_owned())))?;
+                let available = item::parse_available(&found)
+                    .map_err(|error| corrupt(operation, &found, error))?;
+                stock[usize::from(shard)] = Some(available);
+            }
+            match output
+                .unprocessed_keys
+                .and_then(|mut tables| tables.remove(&self.table))
+            {
+                Some(unprocessed) if !unprocessed.keys().is_empty() => {
+                    if !self.contention.allows_another(attempts) {
+                        return Err(StoreError::transient(
+                            operation,
+                            UnprocessedKeys {
+                                unprocessed: unprocessed.keys().len(),
+                                attempts,
+                            },
+                        ));
+                    }
+                    tokio::time::sleep(self.contention.delay(attempts - 1)).await;
+                    pending = unprocessed;
+                }
+                _ => break,
+            }
+        }
+        stock
+            .into_iter()
+            .zip(0..)
+            .map(|(available, shard)| {
+                available.ok_or_else(|| {
+                    StoreError::permanent(
+                        operation,
+                        Inconsistency::MissingShard {
+                            sale_id: sale.sale_id.clone(),
+                            shard,
+                        },
+                    )
+                })
+            })
+            .collect()
+    }
+}
+
+#[async_trait]
+impl SaleCatalog for DynamoStore {
+    async fn create_sale(&self, sale: &Sale) -> Result<bool, StoreError> {
+        let meta = built(
+            CREATE_SALE,
+            self.put(item::sale_item(sale))
+                .condition_expression("attribute_not_exists(#pk)")
+                .set_expression_attribute_names(names(&[("#pk", PK)]))
+                .build(),
+        )?;
+        let mut items = vec![TransactWriteItem::builder().put(meta).build()];
+        for shard in 0..sale.shards {
+            let stock = item::shard_item(&sale.sale_id, shard, sale.shard_stock(shard));
+            let put = built(CREATE_SALE, self.put(stock).build())?;
+            items.push(TransactWriteItem::builder().put(put).build());
+        }
+        match self.run(CREATE_SALE, items).await? {
+            Ok(()) => Ok(true),
+            Err(refusal) if refusal.failed(0) => Ok(false),
+            Err(refusal) => Err(refusal.unexpected(CREATE_SALE)),
+        }
+    }
+
+    async fn find_sale(&self, sale_id: &SaleId) -> Result<Option<Sale>, StoreError> {
+        let key = item::sale_key(sale_id);
+        let Some(found) = self.get(FIND_SALE, key.clone(), None).await? else {
+            return Ok(None);
+        };
+        item::parse_sale(&found)
+            .map(Some)
+            .map_err(|error| corrupt(FIND_SALE, &key, error))
+    }
+}
+
+#[async_trait]
+impl StockLedger for DynamoStore {
+    async fn reserve(
+        &self,
+        sale: &Sale,
+        shard: u16,
+        reservation: &Reservation,
+    ) -> Result<Result<(), ReserveRefusal>, StoreError> {
+        if shard >= sale.shards {
+            let error = InvalidRequest::ShardOutOfRange {
+                shard,
+                shards: sale.shards,
+            };
+            return Err(StoreError::permanent(RESERVE, error));
+        }
+        if reservation.shard != shard
+            || reservation.sale_id != sale.sale_id
+            || reservation.order_id.sale_id() != &sale.sale_id
+        {
+            let error = InvalidRequest::ReservationMismatch {
+                sale: sale.sale_id.clone(),
+                shard,
+                reservation_sale: reservation.sale_id.clone(),
+                reservation_shard: reservation.shard,
+            };
+            return Err(StoreError::permanent(RESERVE, error));
+        }
+        let take = built(
+            RESERVE,
+            self.update(item::shard_key(&sale.sale_id, shard))
+                .update_expression("SET #available = #available - :one")
+                .condition_expression("#available > :zero")
+                .set_expression_attribute_names(names(&[("#available", AVAILABLE)]))
+                .set_expression_attribute_values(values([(":one", n(1)), (":zero", n(0))]))
+                .build(),
+        )?;
+        let hold_attribute = item::hold_attribute(&reservation.order_id);
+        let bucket = item::bucket_pk(&sale.sale_id, sale.bucket_of(&reservation.user_id));
+        // `attribute_not_exists(#hold)`: the same order reserved twice would count one
+        // hold twice in `active` and strand a unit; refuse it instead.
+        let hold = built(
+            RESERVE,
+            self.update(item::user_key(&sale.sale_id, &reservation.user_id))
+                .update_expression(
+                    "SET #active = if_not_exists(#active, :zero) + :one, #hold = :hold, \
+                     #gsi1pk = :gsi1pk, #gsi1sk = :gsi1sk",
+                )
+                .condition_expression(
+                    "(attribute_not_exists(#active) OR #active < :limit) AND attribute_not_exists(#hold)",
+                )
+                .set_expression_attribute_names(names(&[
+                    ("#active", ACTIVE),
+                    ("#hold", &hold_attribute),
+                    ("#gsi1pk", GSI1_PK),
+                    ("#gsi1sk", GSI1_SK),
+                ]))
+                .set_expression_attribute_values(values([
+                    (":zero", n(0)),
+                    (":one", n(1)),
+                    (":limit", n(sale.per_user_limit)),
+                    (":hold", Hold::reserved(reservation).to_value()),
+                    (":gsi1pk", s(bucket)),
+                    (":gsi1sk", s(item::user_gsi_sk(&reservation.user_id))),
+                ]))
+                .build(),
+        )?;
+        let items = vec![
+            TransactWriteItem::builder().update(take).build(),
+            TransactWriteItem::builder().update(hold).build(),
+        ];
+        match self.run(RESERVE, items).await? {
+            Ok(()) => Ok(Ok(())),
+            // The user's refusal wins when both failed: a user at the limit is told
+            // so, rather than sent on to try every other shard.
+            Err(refusal) if refusal.failed(1) => Ok(Err(ReserveRefusal::LimitReached)),
+            Err(refusal) if refusal.failed(0) => Ok(Err(ReserveRefusal::ShardEmpty)),
+            Err(refusal) => Err(refusal.unexpected(RESERVE)),
+        }
+    }
+
+    async fn availability(&self, sale: &Sale) -> Result<Vec<u64>, StoreError> {
+        self.shard_stock(AVAILABILITY, sale).await
+    }
+
+    async fn release(
+        &self,
+        reservation: &Reservation,
+        reason: ReleaseReason,
+        now: DateTime<Utc>,
+    ) -> Result<Settlement, StoreError> {
+        let hold_attribute = item::hold_attribute(&reservation.order_id);
+        let end_hold = built(
+            RELEASE,
+            self.update(item::user_key(&reservation.sale_id, &reservation.user_id))
+                .update_expression("REMOVE #hold SET #active = #active - :one")
+                .condition_expression(
+                    "#hold.#status IN (:reserved, :pending) AND #hold.#shard = :shard",
+                )
+                .set_expression_attribute_names(names(&[
+                    ("#hold", &hold_attribute),
+                    ("#active", ACTIVE),
+                    ("#status", STATUS),
+                    ("#shard", SHARD),
+                ]))
+                .set_expression_attribute_values(values([
+                    (":one", n(1)),
+                    (":reserved", s(OrderStatus::Reserved.as_str())),
+                    (":pending", s(OrderStatus::PendingPayment.as_str())),
+                    (":shard", n(reservation.shard)),
+                ]))
+                .build(),
+        )?;
+        let record = built(
+            RELEASE,
+            self.put(item::order_item(reservation, reason.final_status(), now))
+                .condition_expression(
+                    "attribute_not_exists(#pk) OR #status IN (:reserved, :pending)",
+                )
+                .set_expression_attribute_names(names(&[("#pk", PK), ("#status", STATUS)]))
+                .set_expression_attribute_values(values([
+                    (":reserved", s(OrderStatus::Reserved.as_str())),
+                    (":pending", s(OrderStatus::PendingPayment.as_str())),
+                ]))
+                .build(),
+        )?;
+        let give_back = built(
+            RELEASE,
+            self.update(item::shard_key(&reservation.sale_id, reservation.shard))
+                .update_expression("SET #available = #available + :one")
+                .condition_expression("attribute_exists(#pk)")
+                .set_expression_attribute_names(names(&[("#pk", PK), ("#available", AVAILABLE)]))
+                .set_expression_attribute_values(values([(":one", n(1))]))
+                .build(),
+        )?;
+        let items = vec![
+            TransactWriteItem::builder().update(end_hold).build(),
+            TransactWriteItem::builder().put(record).build(),
+            TransactWriteItem::builder().update(give_back).build(),
+        ];
+        match self.run(RELEASE, items).await? {
+            Ok(()) => Ok(Settlement::Applied),
+            Err(refusal) if refusal.failed(0) => self.settlement_after_refusal(reservation).await,
+            Err(refusal) => Err(refusal.unexpected(RELEASE)),
+        }
+    }
+}
+
+#[async_trait]
+impl OrderBook for DynamoStore {
+    async fn open(&self, reservation: &Reservation) -> Result<OpenOutcome, StoreError> {
+        let record = built(
+            OPEN,
+            self.put(item::order_item(
+                reservation,
+                OrderStatus::PendingPayment,
+                Utc::now(),
+            ))
+            .condition_expression("attribute_not_exists(#pk)")
+            .set_expression_attribute_names(names(&[("#pk", PK)]))
+            .build(),
+        )?;
+        let hold_attribute = item::hold_attribute(&reservation.order_id);
+        let advance = built(
+            OPEN,
+            self.update(item::user_key(&reservation.sale_id, &reservation.user_id))
+                .update_expression("SET #hold.#status = :pending")
+                .condition_expression("#hold.#status = :reserved AND #hold.#shard = :shard")
+                .set_expression_attribute_names(names(&[
+                    ("#hold", &hold_attribute),
+                    ("#status", STATUS),
+                    ("#shard", SHARD),
+                ]))
+                .set_expression_attribute_values(values([
+                    (":reserved", s(OrderStatus::Reserved.as_str())),
+                    (":pending", s(OrderStatus::PendingPayment.as_str())),
+                    (":shard", n(reservation.shard)),
+                ]))
+                .build(),
+        )?;
+        let items = vec![
+            TransactWriteItem::builder().put(record).build(),
+            TransactWriteItem::builder().update(advance).build(),
+        ];
+        match self.run(OPEN, items).await? {
+            Ok(()) => Ok(OpenOutcome::AwaitingPayment),
+            // The order item exists: this is a redelivery, or pay/release came first.
+            Err(refusal) if refusal.failed(0) => {
+                Ok(match self.read_order(OPEN, &reservation.order_id).await? {
+                    Some((_, OrderStatus::PendingPayment)) => OpenOutcome::AwaitingPayment,
+                    Some((_, status)) if !status.is_open() => OpenOutcome::AlreadySettled(status),
+                    _ => OpenOutcome::Unknown,
+                })
+            }
+            Err(_) => Ok(OpenOutcome::Unknown),
+        }
+    }
+
+    async fn pay(
+        &self,
+        reservation: &Reservation,
+        now: DateTime<Utc>,
+    ) -> Result<PayOutcome, StoreError> {
+        let hold_attribute = item::hold_attribute(&reservation.order_id);
+        let settle_hold = built(
+            PAY,
+            self.update(item::user_key(&reservation.sale_id, &reservation.user_id))
+                .update_expression("SET #hold.#status = :paid")
+                .condition_expression(
+                    "#hold.#status IN (:reserved, :pending) AND #hold.#expires > :now \
+                     AND #hold.#shard = :shard",
+                )
+                .set_expression_attribute_names(names(&[
+                    ("#hold", &hold_attribute),
+                    ("#status", STATUS),
+                    ("#expires", EXPIRES_AT_MS),
+                    ("#shard", SHARD),
+                ]))
+                .set_expression_attribute_values(values([
+                    (":paid", s(OrderStatus::Paid.as_str())),
+                    (":reserved", s(OrderStatus::Reserved.as_str())),
+                    (":pending", s(OrderStatus::PendingPayment.as_str())),
+                    (":now", n(now.timestamp_millis())),
+                    (":shard", n(reservation.shard)),
+                ]))
+                .build(),
+        )?;
+        let record = built(
+            PAY,
+            self.put(item::order_item(reservation, OrderStatus::Paid, now))
+                .condition_expression(
+                    "attribute_not_exists(#pk) OR #status IN (:reserved, :pending)",
+                )
+                .set_expression_attribute_names(names(&[("#pk", PK), ("#status", STATUS)]))
+                .set_expression_attribute_values(values([
+                    (":reserved", s(OrderStatus::Reserved.as_str())),
+                    (":pending", s(OrderStatus::PendingPayment.as_str())),
+                ]))
+                .build(),
+        )?;
+        let items = vec![
+            TransactWriteItem::builder().update(settle_hold).build(),
+            TransactWriteItem::builder().put(record).build(),
+        ];
+        match self.run(PAY, items).await? {
+            Ok(()) => return Ok(PayOutcome::Paid),
+            // The hold refused: it is paid, released, past its window, or not this one.
+            Err(refusal) if refusal.failed(0) => {}
+            Err(refusal) => return Err(refusal.unexpected(PAY)),
+        }
+        let id = &reservation.order_id;
+        match self.read_hold(PAY, id, &reservation.user_id).await? {
+            Some(hold) if hold.status == OrderStatus::Paid => Ok(PayOutcome::Paid),
+            Some(hold)
+                if hold.status.is_open()
+                    && hold.shard == reservation.shard
+                    && now >= hold.expires_at =>
+            {
+                Ok(PayOutcome::WindowClosed)
+            }
+            Some(hold) if hold.status.is_open() => Ok(PayOutcome::Unknown),
+            Some(hold) => Ok(PayOutcome::Settled(hold.status)),
+            None => Ok(self
+                .read_order(PAY, id)
+                .await?
+                .map_or(PayOutcome::Unknown, |(_, status)| {
+                    PayOutcome::Settled(status)
+                })),
+        }
+    }
+
+    async fn find(
+        &self,
+        order_id: &OrderId,
+        user: &UserId,
+    ) -> Result<Option<(Order, Reservation)>, StoreError> {
+        // The hold is keyed by the caller, so finding it proves ownership; it also
+        // exists before the consumer has written the order item.
+        if let Some(hold) = self.read_hold(FIND, order_id, user).await? {
+            let reservation = hold.reservation(order_id, user);
+            return Ok(Some((
+                Order::from_reservation(&reservation, hold.status),
+                reservation,
+            )));
+        }
+        Ok(self
+            .read_order(FIND, order_id)
+            .await?
+            .filter(|(reservation, _)| &reservation.user_id == user)
+            .map(|(reservation, status)| {
+                (Order::from_reservation(&reservation, status), reservation)
+            }))
+    }
+
+    /// Shards are read consistently; holds and orders through `gsi1`, which DynamoDB
+    /// updates asynchronously, so a count taken mid-surge may miss the last few writes
+    /// (and not reconcile) until the index catches up.
+    async fn count(&self, sale: &Sale) -> Result<StockCounts, StoreError> {
+        let mut counts = StockCounts {
+            available: self.shard_stock(COUNT, sale).await?.iter().sum(),
+            ..StockCounts::default()
+        };
+        for bucket in 0..sale.shards {
+            let mut pages = self
+                .client
+                .query()
+                .table_name(&self.table)
+                .index_name(GSI1)
+                .key_condition_expression("#gsi1pk = :bucket")
+                .set_expression_attribute_names(names(&[("#gsi1pk", GSI1_PK)]))
+                .set_expression_attribute_values(values([(
+                    ":bucket",
+                    s(item::bucket_pk(&sale.sale_id, bucket)),
+                )]))
+                .into_paginator()
+                .items()
+                .send();
+            while let Some(found) = pages.next().await {
+                let found = found.map_err(|error| store_error(COUNT, error))?;
+                if item::is_order_item(&found) {
+                    match item::parse_order_status(&found)
+                        .map_err(|error| corrupt(COUNT, &found, error))?
+                    {
+                        OrderStatus::Cancelled => counts.cancelled += 1,
+                        OrderStatus::Expired => counts.expired += 1,
+                        // Open and paid orders are counted from their holds.
+                        _ => {}
+                    }
+                    continue;
+                }
+                for status in
+                    item::hold_statuses(&found).map_err(|error| corrupt(COUNT, &found, error))?
+                {
+                    match status {
+                        OrderStatus::Reserved => counts.reserved += 1,
+                        OrderStatus::PendingPayment => counts.pending_payment += 1,
+                        OrderStatus::Paid => counts.paid += 1,
+                        // A released hold is removed, never kept with a final status.
+                        OrderStatus::Cancelled | OrderStatus::Expired => {}
+                    }
+                }
+            }
+        }
+        Ok(counts)
+    }
+}

@@ -1,0 +1,225 @@
+//! Running a `TransactWriteItems` and reading why DynamoDB cancelled it.
+//!
+//! DynamoDB reports one cancellation reason per item, in request order. The code at
+//! each index is what tells "this shard is empty" from "this user is at the limit", and
+//! contention (`TransactionConflict`) from a refusal that retrying cannot change.
+
+use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::config::http::HttpResponse;
+use aws_sdk_dynamodb::error::SdkError;
+use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
+use aws_sdk_dynamodb::types::{CancellationReason, TransactWriteItem};
+use flashsale_domain::StoreError;
+
+use crate::classify::store_error;
+use crate::retry::RetryPolicy;
+
+pub(crate) type TransactError = SdkError<TransactWriteItemsError, HttpResponse>;
+
+/// Contention outlasted every retry. Transient: a later attempt may find it gone.
+#[derive(Debug, thiserror::Error)]
+#[error("transaction still conflicting after {attempts} attempts")]
+pub struct ContentionExhausted {
+    pub attempts: u32,
+    #[source]
+    pub source: TransactError,
+}
+
+/// DynamoDB refused the transaction in a way its caller did not expect (for example a
+/// condition on an item that the data model says always holds).
+#[derive(Debug, thiserror::Error)]
+#[error("transaction refused unexpectedly (failed conditions at {failed:?})")]
+pub struct UnexpectedRefusal {
+    pub failed: Vec<usize>,
+    #[source]
+    pub source: TransactError,
+}
+
+/// What the cancellation reasons say, most actionable first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Cancellation {
+    /// Another transaction held one of the items: retry.
+    Conflict,
+    /// Capacity ran out for one of the items: the caller may retry later.
+    Throttled,
+    /// These item indexes failed their condition: a definite answer.
+    Conditions(Vec<usize>),
+    /// A validation error, an oversized item collection, or a code we do not know.
+    Invalid,
+}
+
+pub(crate) fn read_reasons(reasons: &[CancellationReason]) -> Cancellation {
+    let codes: Vec<&str> = reasons
+        .iter()
+        .map(|reason| reason.code().unwrap_or("None"))
+        .collect();
+    // A conflict comes first: the other failures may be artefacts of the race, and a
+    // retry re-evaluates every condition anyway.
+    if codes.contains(&"TransactionConflict") {
+        return Cancellation::Conflict;
+    }
+    if codes
+        .iter()
+        .any(|code| matches!(*code, "ThrottlingError" | "ProvisionedThroughputExceeded"))
+    {
+        return Cancellation::Throttled;
+    }
+    let failed: Vec<usize> = codes
+        .iter()
+        .enumerate()
+        .filter(|(_, code)| **code == "ConditionalCheckFailed")
+        .map(|(index, _)| index)
+        .collect();
+    let only_conditions = codes
+        .iter()
+        .all(|code| matches!(*code, "None" | "ConditionalCheckFailed"));
+    if !failed.is_empty() && only_conditions {
+        Cancellation::Conditions(failed)
+    } else {
+        Cancellation::Invalid
+    }
+}
+
+/// A transaction that was cancelled because conditions failed.
+#[derive(Debug)]
+pub(crate) struct Refusal {
+    failed: Vec<usize>,
+    error: TransactError,
+}
+
+impl Refusal {
+    /// Whether the item at `index` (request order) failed its condition.
+    pub(crate) fn failed(&self, index: usize) -> bool {
+        self.failed.contains(&index)
+    }
+
+    /// For refusals the data model says cannot happen.
+    pub(crate) fn unexpected(self, operation: &'static str) -> StoreError {
+        StoreError::permanent(
+            operation,
+            UnexpectedRefusal {
+                failed: self.failed,
+                source: self.error,
+            },
+        )
+    }
+}
+
+/// Runs the transaction, retrying only on `TransactionConflict`, with full jitter.
+/// `Ok(Err(refusal))` means a condition failed and nothing was written.
+pub(crate) async fn transact(
+    client: &Client,
+    policy: &RetryPolicy,
+    operation: &'static str,
+    items: Vec<TransactWriteItem>,
+) -> Result<Result<(), Refusal>, StoreError> {
+    let mut attempts = 0_u32;
+    loop {
+        attempts += 1;
+        // The SDK fills in a fresh ClientRequestToken per call and reuses it on its own
+        // retries, so a commit whose response was lost is not applied twice.
+        let result = client
+            .transact_write_items()
+            .set_transact_items(Some(items.clone()))
+            .send()
+            .await;
+        let error = match result {
+            Ok(_) => return Ok(Ok(())),
+            Err(error) => error,
+        };
+        let cancellation = match error.as_service_error() {
+            Some(TransactWriteItemsError::TransactionCanceledException(cancelled)) => {
+                read_reasons(cancelled.cancellation_reasons())
+            }
+            _ => return Err(store_error(operation, error)),
+        };
+        match cancellation {
+            Cancellation::Conditions(failed) => return Ok(Err(Refusal { failed, error })),
+            Cancellation::Conflict if policy.allows_another(attempts) => {
+                let delay = policy.delay(attempts - 1);
+                tracing::debug!(
+                    operation,
+                    attempts,
+                    ?delay,
+                    "transaction conflict; retrying"
+                );
+                tokio::time::sleep(delay).await;
+            }
+            Cancellation::Conflict => {
+                return Err(StoreError::transient(
+                    operation,
+                    ContentionExhausted {
+                        attempts,
+                        source: error,
+                    },
+                ));
+            }
+            Cancellation::Throttled => return Err(StoreError::transient(operation, error)),
+            Cancellation::Invalid => return Err(StoreError::permanent(operation, error)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reasons(codes: &[&str]) -> Vec<CancellationReason> {
+        codes
+            .iter()
+            .map(|code| CancellationReason::builder().code(*code).build())
+            .collect()
+    }
+
+    #[test]
+    fn failed_conditions_are_reported_by_index() {
+        assert_eq!(
+            read_reasons(&reasons(&["ConditionalCheckFailed", "None"])),
+            Cancellation::Conditions(vec![0])
+        );
+        assert_eq!(
+            read_reasons(&reasons(&[
+                "ConditionalCheckFailed",
+                "ConditionalCheckFailed"
+            ])),
+            Cancellation::Conditions(vec![0, 1])
+        );
+    }
+
+    #[test]
+    fn any_conflict_means_retry() {
+        assert_eq!(
+            read_reasons(&reasons(&["ConditionalCheckFailed", "TransactionConflict"])),
+            Cancellation::Conflict
+        );
+        assert_eq!(
+            read_reasons(&reasons(&["None", "TransactionConflict", "None"])),
+            Cancellation::Conflict
+        );
+    }
+
+    #[test]
+    fn throttling_is_not_mistaken_for_a_refusal() {
+        assert_eq!(
+            read_reasons(&reasons(&["ConditionalCheckFailed", "ThrottlingError"])),
+            Cancellation::Throttled
+        );
+        assert_eq!(
+            read_reasons(&reasons(&["ProvisionedThroughputExceeded", "None"])),
+            Cancellation::Throttled
+        );
+    }
+
+    #[test]
+    fn validation_errors_and_missing_reasons_are_invalid() {
+        assert_eq!(
+            read_reasons(&reasons(&["ValidationError", "ConditionalCheckFailed"])),
+            Cancellation::Invalid
+        );
+        assert_eq!(
+            read_reasons(&reasons(&["None", "None"])),
+            Cancellation::Invalid
+        );
+        assert_eq!(read_reasons(&[]), Cancellation::Invalid);
+    }
+}
