@@ -1,0 +1,742 @@
+//! `DynamoStore` against DynamoDB Local: the transactions, their refusals, and the
+//! invariants that matter most (stock is never oversold, and comes back exactly once).
+
+mod support;
+
+use std::collections::HashSet;
+use std::error::Error as _;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+use aws_sdk_dynamodb::types::AttributeValue;
+use chrono::{Duration, Utc};
+use flashsale_adapters::{ContentionExhausted, CorruptItem, DynamoStore, ItemError};
+use flashsale_domain::ports::{
+    OpenOutcome, OrderBook, PayOutcome, ReserveRefusal, SaleCatalog, Settlement, StockLedger,
+};
+use flashsale_domain::sale::StockCounts;
+use flashsale_domain::{OrderStatus, ReleaseReason, Reservation, Sale, SaleId, StoreError, UserId};
+
+use support::conflicts::Pattern;
+
+async fn created(store: &DynamoStore, sale: &Sale) {
+    assert!(store.create_sale(sale).await.expect("create the sale"));
+}
+
+async fn reserved(store: &DynamoStore, sale: &Sale, user: &UserId, shard: u16) -> Reservation {
+    let reservation = support::reservation(sale, user, shard);
+    store
+        .reserve(sale, shard, &reservation)
+        .await
+        .expect("reserve")
+        .expect("stock and limit allow it");
+    reservation
+}
+
+async fn status_of(store: &DynamoStore, reservation: &Reservation) -> Option<OrderStatus> {
+    store
+        .find(&reservation.order_id, &reservation.user_id)
+        .await
+        .expect("find")
+        .map(|(order, _)| order.status)
+}
+
+fn assert_reconciles(sale: &Sale, counts: &StockCounts) {
+    let accounted = counts.available + counts.reserved + counts.pending_payment + counts.paid;
+    assert_eq!(
+        accounted,
+        u64::from(sale.stock_total),
+        "every unit is available, held or sold: {counts:?}"
+    );
+}
+
+/// What the grab does with one buyer: try the shards in the buyer's order until one
+/// has stock. Transient errors (contention that outlasted the adapter's retries) are
+/// retried here, as a client would, and counted.
+async fn grab(
+    store: &DynamoStore,
+    sale: &Sale,
+    user: &UserId,
+    transient: &AtomicUsize,
+) -> Option<Reservation> {
+    for shard in sale.shard_order(user) {
+        let reservation = support::reservation(sale, user, shard);
+        loop {
+            match store.reserve(sale, shard, &reservation).await {
+                Ok(Ok(())) => return Some(reservation),
+                Ok(Err(ReserveRefusal::ShardEmpty)) => break,
+                Ok(Err(ReserveRefusal::LimitReached)) => {
+                    panic!("a buyer with nothing reserved reached the limit")
+                }
+                Err(error) if error.is_retryable() => {
+                    transient.fetch_add(1, Ordering::SeqCst);
+                }
+                Err(error) => panic!("reserve failed: {error:?}"),
+            }
+        }
+    }
+    None
+}
+
+#[tokio::test]
+async fn creating_a_sale_twice_answers_false_and_each_shard_holds_its_share() {
+    let (store, _, _) = support::store().await;
+    let sale = support::sale(10, 4, 1);
+    assert!(store.create_sale(&sale).await.expect("first create"));
+    let again = Sale {
+        name: "Another name".to_owned(),
+        ..sale.clone()
+    };
+    assert!(!store.create_sale(&again).await.expect("second create"));
+    assert_eq!(
+        store.find_sale(&sale.sale_id).await.expect("find"),
+        Some(sale.clone()),
+        "the second create changed nothing"
+    );
+    assert_eq!(
+        store.availability(&sale).await.expect("availability"),
+        vec![3, 3, 2, 2]
+    );
+}
+
+#[tokio::test]
+async fn an_unknown_sale_is_not_found() {
+    let (store, _, _) = support::store().await;
+    assert_eq!(
+        store.find_sale(&SaleId::generate()).await.expect("find"),
+        None
+    );
+}
+
+#[tokio::test]
+async fn reserve_takes_one_unit_and_records_a_reserved_hold() {
+    let (store, _, _) = support::store().await;
+    let sale = support::sale(5, 2, 1);
+    created(&store, &sale).await;
+    let alice = support::user("alice");
+    let reservation = reserved(&store, &sale, &alice, 1).await;
+
+    assert_eq!(
+        store.availability(&sale).await.expect("availability"),
+        vec![3, 1]
+    );
+    let (order, found) = store
+        .find(&reservation.order_id, &alice)
+        .await
+        .expect("find")
+        .expect("the owner finds the order");
+    assert_eq!(found, reservation);
+    assert_eq!(order.status, OrderStatus::Reserved);
+    assert_eq!(order.expires_at, reservation.expires_at);
+    let counts = store.count(&sale).await.expect("count");
+    assert_eq!(counts.reserved, 1);
+    assert_reconciles(&sale, &counts);
+}
+
+#[tokio::test]
+async fn reserve_on_an_empty_shard_is_refused_as_shard_empty_and_writes_nothing() {
+    let (store, _, _) = support::store().await;
+    let sale = support::sale(2, 2, 1);
+    created(&store, &sale).await;
+    reserved(&store, &sale, &support::user("alice"), 0).await;
+
+    let bob = support::user("bob");
+    let refused = support::reservation(&sale, &bob, 0);
+    assert_eq!(
+        store.reserve(&sale, 0, &refused).await.expect("reserve"),
+        Err(ReserveRefusal::ShardEmpty)
+    );
+    assert_eq!(
+        store.availability(&sale).await.expect("availability"),
+        vec![0, 1]
+    );
+    assert!(
+        store
+            .find(&refused.order_id, &bob)
+            .await
+            .expect("find")
+            .is_none()
+    );
+    // The refusal left no trace on bob's item: his next grab, elsewhere, succeeds.
+    reserved(&store, &sale, &bob, 1).await;
+}
+
+#[tokio::test]
+async fn reserve_over_the_per_user_limit_is_refused_as_limit_reached_and_writes_nothing() {
+    let (store, _, _) = support::store().await;
+    let sale = support::sale(4, 2, 2);
+    created(&store, &sale).await;
+    let alice = support::user("alice");
+    reserved(&store, &sale, &alice, 0).await;
+    reserved(&store, &sale, &alice, 0).await;
+
+    let third = support::reservation(&sale, &alice, 1);
+    assert_eq!(
+        store.reserve(&sale, 1, &third).await.expect("reserve"),
+        Err(ReserveRefusal::LimitReached)
+    );
+    assert_eq!(
+        store.availability(&sale).await.expect("availability"),
+        vec![0, 2]
+    );
+    assert!(
+        store
+            .find(&third.order_id, &alice)
+            .await
+            .expect("find")
+            .is_none()
+    );
+
+    // Shard 0 is empty and alice is at her limit: she hears about the limit, so the
+    // grab stops instead of trying every other shard.
+    let both = support::reservation(&sale, &alice, 0);
+    assert_eq!(
+        store.reserve(&sale, 0, &both).await.expect("reserve"),
+        Err(ReserveRefusal::LimitReached)
+    );
+}
+
+#[tokio::test]
+async fn reserving_the_same_order_twice_is_refused_and_counted_once() {
+    let (store, _, _) = support::store().await;
+    let sale = support::sale(5, 1, 2);
+    created(&store, &sale).await;
+    let alice = support::user("alice");
+    let first = reserved(&store, &sale, &alice, 0).await;
+    assert_eq!(
+        store.reserve(&sale, 0, &first).await.expect("reserve"),
+        Err(ReserveRefusal::LimitReached)
+    );
+    assert_eq!(
+        store.availability(&sale).await.expect("availability"),
+        vec![4]
+    );
+    // Her one hold counts once, so her limit of two still allows a second order.
+    reserved(&store, &sale, &alice, 0).await;
+}
+
+#[tokio::test]
+async fn a_reservation_for_another_shard_or_sale_is_rejected_before_writing() {
+    let (store, _, _) = support::store().await;
+    let sale = support::sale(4, 2, 1);
+    created(&store, &sale).await;
+    let alice = support::user("alice");
+    let for_shard_one = support::reservation(&sale, &alice, 1);
+    let error = store
+        .reserve(&sale, 0, &for_shard_one)
+        .await
+        .expect_err("mismatched shard");
+    assert!(matches!(error, StoreError::Permanent { .. }), "{error:?}");
+    let error = store
+        .reserve(&sale, 2, &support::reservation(&sale, &alice, 2))
+        .await
+        .expect_err("no such shard");
+    assert!(matches!(error, StoreError::Permanent { .. }), "{error:?}");
+    assert_eq!(
+        store.availability(&sale).await.expect("availability"),
+        vec![2, 2]
+    );
+}
+
+#[tokio::test]
+async fn a_conflict_is_retried_until_the_transaction_commits() {
+    let (plain, _, table) = support::store().await;
+    let sale = support::sale(3, 1, 1);
+    created(&plain, &sale).await;
+    let (client, injector) = support::conflicting_client(Pattern::First(4)).await;
+    let contended = DynamoStore::new(client, &table);
+
+    reserved(&contended, &sale, &support::user("alice"), 0).await;
+    assert_eq!(injector.injected(), 4, "four conflicts were answered");
+    assert_eq!(injector.seen(), 5, "and the fifth attempt committed");
+    assert_eq!(
+        plain.availability(&sale).await.expect("availability"),
+        vec![2]
+    );
+    assert_eq!(plain.count(&sale).await.expect("count").reserved, 1);
+}
+
+#[tokio::test]
+async fn contention_that_outlasts_the_retries_is_transient_and_writes_nothing() {
+    let (plain, _, table) = support::store().await;
+    let sale = support::sale(3, 1, 1);
+    created(&plain, &sale).await;
+    let (client, injector) = support::conflicting_client(Pattern::Always).await;
+    let contended = DynamoStore::new(client, &table);
+    let alice = support::user("alice");
+    let reservation = support::reservation(&sale, &alice, 0);
+
+    let started = Instant::now();
+    let error = contended
+        .reserve(&sale, 0, &reservation)
+        .await
+        .expect_err("never commits");
+    let elapsed = started.elapsed();
+    assert!(error.is_retryable(), "{error:?}");
+    let exhausted = error
+        .source()
+        .and_then(|source| source.downcast_ref::<ContentionExhausted>())
+        .expect("the source says why");
+    assert_eq!(exhausted.attempts, 10);
+    assert_eq!(injector.seen(), 10, "bounded: exactly ten attempts");
+    assert!(
+        elapsed < std::time::Duration::from_secs(3),
+        "the jittered waits are capped: {elapsed:?}"
+    );
+    assert_eq!(
+        plain.availability(&sale).await.expect("availability"),
+        vec![3]
+    );
+    assert!(
+        plain
+            .find(&reservation.order_id, &alice)
+            .await
+            .expect("find")
+            .is_none()
+    );
+}
+
+/// 300 buyers at once on a stock of 20: exactly 20 get one, whatever the sharding,
+/// while half of all transactions are answered with a conflict (DynamoDB Local alone
+/// never produces one; see `support::conflicts`).
+async fn concurrent_buyers_get_exactly_the_stock(shards: u16) {
+    const BUYERS: usize = 300;
+    const STOCK: u32 = 20;
+    let (plain, _, table) = support::store().await;
+    let sale = support::sale(STOCK, shards, 1);
+    created(&plain, &sale).await;
+    let (client, injector) = support::conflicting_client(Pattern::AllButEvery(2)).await;
+    let store = DynamoStore::new(client, &table);
+    let transient = Arc::new(AtomicUsize::new(0));
+
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for buyer in 0..BUYERS {
+        let (store, sale, transient) = (store.clone(), sale.clone(), transient.clone());
+        tasks.spawn(async move {
+            let user = support::user(&format!("buyer-{buyer}"));
+            grab(&store, &sale, &user, &transient).await
+        });
+    }
+    let mut winners = Vec::new();
+    while let Some(joined) = tasks.join_next().await {
+        if let Some(reservation) = joined.expect("buyer task") {
+            winners.push(reservation);
+        }
+    }
+    let elapsed = started.elapsed();
+    eprintln!(
+        "K={shards}: {BUYERS} buyers, {} won, {} transactions, {} injected conflicts, \
+         {} exhausted retries, {elapsed:?}",
+        winners.len(),
+        injector.seen(),
+        injector.injected(),
+        transient.load(Ordering::SeqCst)
+    );
+
+    assert_eq!(winners.len(), STOCK as usize, "exactly the stock is sold");
+    let users: HashSet<&UserId> = winners.iter().map(|r| &r.user_id).collect();
+    assert_eq!(users.len(), winners.len(), "nobody holds two");
+    assert!(injector.injected() > 0, "the conflict retry was exercised");
+    assert_eq!(
+        plain.availability(&sale).await.expect("availability"),
+        vec![0; usize::from(shards)],
+        "every shard is empty, none negative"
+    );
+    let counts = plain.count(&sale).await.expect("count");
+    assert_eq!(counts.reserved, u64::from(STOCK));
+    assert_reconciles(&sale, &counts);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_hundred_concurrent_buyers_get_exactly_the_stock_of_one_shard() {
+    concurrent_buyers_get_exactly_the_stock(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_hundred_concurrent_buyers_get_exactly_the_stock_of_four_shards() {
+    concurrent_buyers_get_exactly_the_stock(4).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_returns_the_stock_exactly_once() {
+    let (store, _, _) = support::store().await;
+    let sale = support::sale(2, 1, 1);
+    created(&store, &sale).await;
+    let now = Utc::now();
+
+    let first = reserved(&store, &sale, &support::user("alice"), 0).await;
+    assert_eq!(
+        store
+            .release(&first, ReleaseReason::Cancelled, now)
+            .await
+            .expect("release"),
+        Settlement::Applied
+    );
+    assert_eq!(
+        store
+            .release(&first, ReleaseReason::Expired, now)
+            .await
+            .expect("again"),
+        Settlement::AlreadySettled(OrderStatus::Cancelled),
+        "the first outcome stands"
+    );
+    assert_eq!(
+        store.availability(&sale).await.expect("availability"),
+        vec![2]
+    );
+    assert_eq!(
+        status_of(&store, &first).await,
+        Some(OrderStatus::Cancelled)
+    );
+
+    let second = reserved(&store, &sale, &support::user("bob"), 0).await;
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..10 {
+        let (store, second) = (store.clone(), second.clone());
+        tasks.spawn(async move { store.release(&second, ReleaseReason::Expired, now).await });
+    }
+    let mut applied = 0;
+    while let Some(joined) = tasks.join_next().await {
+        match joined.expect("task").expect("release") {
+            Settlement::Applied => applied += 1,
+            Settlement::AlreadySettled(OrderStatus::Expired) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(applied, 1, "ten concurrent releases, one applied");
+    assert_eq!(
+        store.availability(&sale).await.expect("availability"),
+        vec![2]
+    );
+    let counts = store.count(&sale).await.expect("count");
+    assert_eq!((counts.cancelled, counts.expired), (1, 1));
+    assert_reconciles(&sale, &counts);
+}
+
+#[tokio::test]
+async fn releasing_an_unknown_reservation_is_unknown_and_writes_nothing() {
+    let (store, _, _) = support::store().await;
+    let sale = support::sale(2, 1, 1);
+    created(&store, &sale).await;
+    let never = support::reservation(&sale, &support::user("alice"), 0);
+    assert_eq!(
+        store
+            .release(&never, ReleaseReason::Cancelled, Utc::now())
+            .await
+            .expect("release"),
+        Settlement::Unknown
+    );
+    assert_eq!(
+        store.availability(&sale).await.expect("availability"),
+        vec![2]
+    );
+}
+
+#[tokio::test]
+async fn open_is_idempotent_and_answers_already_settled_after_a_release() {
+    let (store, _, _) = support::store().await;
+    let sale = support::sale(3, 1, 1);
+    created(&store, &sale).await;
+    let reservation = reserved(&store, &sale, &support::user("alice"), 0).await;
+
+    assert_eq!(
+        store.open(&reservation).await.expect("open"),
+        OpenOutcome::AwaitingPayment
+    );
+    assert_eq!(
+        store.open(&reservation).await.expect("redelivered"),
+        OpenOutcome::AwaitingPayment
+    );
+    assert_eq!(
+        status_of(&store, &reservation).await,
+        Some(OrderStatus::PendingPayment)
+    );
+    let counts = store.count(&sale).await.expect("count");
+    assert_eq!(
+        (counts.reserved, counts.pending_payment),
+        (0, 1),
+        "one order"
+    );
+
+    store
+        .release(&reservation, ReleaseReason::Cancelled, Utc::now())
+        .await
+        .expect("release");
+    assert_eq!(
+        store.open(&reservation).await.expect("late delivery"),
+        OpenOutcome::AlreadySettled(OrderStatus::Cancelled)
+    );
+    assert_eq!(
+        status_of(&store, &reservation).await,
+        Some(OrderStatus::Cancelled)
+    );
+
+    let never = support::reservation(&sale, &support::user("bob"), 0);
+    assert_eq!(
+        store.open(&never).await.expect("open"),
+        OpenOutcome::Unknown
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pay_and_release_racing_have_exactly_one_winner() {
+    const ROUNDS: u32 = 30;
+    let (store, _, _) = support::store().await;
+    let sale = support::sale(ROUNDS, 2, 1);
+    created(&store, &sale).await;
+    let (mut paid, mut expired) = (0, 0);
+    for round in 0..ROUNDS {
+        let user = support::user(&format!("racer-{round}"));
+        let shard = sale.bucket_of(&user);
+        let reservation = reserved(&store, &sale, &user, shard).await;
+        if round % 2 == 0 {
+            store.open(&reservation).await.expect("open");
+        }
+        let now = Utc::now();
+        let pay = tokio::spawn({
+            let (store, reservation) = (store.clone(), reservation.clone());
+            async move { store.pay(&reservation, now).await }
+        });
+        let release = tokio::spawn({
+            let (store, reservation) = (store.clone(), reservation.clone());
+            async move {
+                store
+                    .release(&reservation, ReleaseReason::Expired, now)
+                    .await
+            }
+        });
+        let paid_outcome = pay.await.expect("pay task").expect("pay");
+        let released = release.await.expect("release task").expect("release");
+        match (paid_outcome, released) {
+            (PayOutcome::Paid, Settlement::AlreadySettled(OrderStatus::Paid)) => paid += 1,
+            (PayOutcome::Settled(OrderStatus::Expired), Settlement::Applied) => expired += 1,
+            other => panic!("round {round}: not exactly one winner: {other:?}"),
+        }
+        let status = status_of(&store, &reservation).await;
+        assert!(
+            matches!(status, Some(OrderStatus::Paid | OrderStatus::Expired)),
+            "{status:?}"
+        );
+    }
+    eprintln!("pay won {paid}, release won {expired} of {ROUNDS}");
+    let counts = store.count(&sale).await.expect("count");
+    assert_eq!((counts.paid, counts.expired), (paid, expired));
+    assert_eq!((counts.reserved, counts.pending_payment), (0, 0));
+    assert_reconciles(&sale, &counts);
+}
+
+#[tokio::test]
+async fn pay_inside_the_window_is_idempotent_and_after_it_answers_window_closed() {
+    let (store, _, _) = support::store().await;
+    let sale = support::sale(3, 1, 1);
+    created(&store, &sale).await;
+
+    let late = reserved(&store, &sale, &support::user("alice"), 0).await;
+    assert_eq!(
+        store.pay(&late, late.expires_at).await.expect("pay"),
+        PayOutcome::WindowClosed,
+        "the window is [created, expires): at expires_at it is closed"
+    );
+    assert_eq!(
+        status_of(&store, &late).await,
+        Some(OrderStatus::Reserved),
+        "nothing written"
+    );
+    assert_eq!(
+        store
+            .release(&late, ReleaseReason::Expired, late.expires_at)
+            .await
+            .expect("release"),
+        Settlement::Applied
+    );
+    assert_eq!(
+        store
+            .pay(&late, late.expires_at)
+            .await
+            .expect("pay after expiry"),
+        PayOutcome::Settled(OrderStatus::Expired)
+    );
+
+    let just_in_time = reserved(&store, &sale, &support::user("bob"), 0).await;
+    store.open(&just_in_time).await.expect("open");
+    let last_moment = just_in_time.expires_at - Duration::milliseconds(1);
+    assert_eq!(
+        store.pay(&just_in_time, last_moment).await.expect("pay"),
+        PayOutcome::Paid
+    );
+    assert_eq!(
+        store
+            .pay(&just_in_time, last_moment)
+            .await
+            .expect("pay again"),
+        PayOutcome::Paid
+    );
+    assert_eq!(
+        status_of(&store, &just_in_time).await,
+        Some(OrderStatus::Paid)
+    );
+    assert_eq!(
+        store
+            .release(&just_in_time, ReleaseReason::Cancelled, Utc::now())
+            .await
+            .expect("cancel after paying"),
+        Settlement::AlreadySettled(OrderStatus::Paid)
+    );
+
+    let never = support::reservation(&sale, &support::user("carol"), 0);
+    assert_eq!(
+        store.pay(&never, Utc::now()).await.expect("pay"),
+        PayOutcome::Unknown
+    );
+}
+
+#[tokio::test]
+async fn another_users_order_is_not_found_at_any_stage() {
+    let (store, _, _) = support::store().await;
+    let sale = support::sale(3, 1, 1);
+    created(&store, &sale).await;
+    let (alice, mallory) = (support::user("alice"), support::user("mallory"));
+    let reservation = reserved(&store, &sale, &alice, 0).await;
+    let id = &reservation.order_id;
+
+    assert!(
+        store.find(id, &mallory).await.expect("find").is_none(),
+        "held"
+    );
+    store.open(&reservation).await.expect("open");
+    assert!(
+        store.find(id, &mallory).await.expect("find").is_none(),
+        "pending"
+    );
+    store
+        .release(&reservation, ReleaseReason::Cancelled, Utc::now())
+        .await
+        .expect("release");
+    // The hold is gone now; only the order item is left, and it names its owner.
+    assert!(
+        store.find(id, &mallory).await.expect("find").is_none(),
+        "settled"
+    );
+    let (order, found) = store
+        .find(id, &alice)
+        .await
+        .expect("find")
+        .expect("the owner's");
+    assert_eq!(found, reservation);
+    assert_eq!(order.status, OrderStatus::Cancelled);
+}
+
+#[tokio::test]
+async fn counts_reconcile_after_a_mix_of_reserves_opens_payments_and_releases() {
+    let (store, _, _) = support::store().await;
+    let sale = support::sale(10, 3, 2);
+    created(&store, &sale).await;
+    let transient = AtomicUsize::new(0);
+    let mut orders = Vec::new();
+    for buyer in 0..7 {
+        let user = support::user(&format!("mixer-{buyer}"));
+        orders.push(
+            grab(&store, &sale, &user, &transient)
+                .await
+                .expect("stock left"),
+        );
+    }
+    let now = Utc::now();
+    for order in &orders[0..3] {
+        store.open(order).await.expect("open");
+    }
+    assert_eq!(
+        store.pay(&orders[0], now).await.expect("pay"),
+        PayOutcome::Paid
+    );
+    assert_eq!(
+        store.pay(&orders[3], now).await.expect("pay"),
+        PayOutcome::Paid
+    );
+    store
+        .release(&orders[1], ReleaseReason::Cancelled, now)
+        .await
+        .expect("cancel");
+    store
+        .release(&orders[4], ReleaseReason::Expired, now)
+        .await
+        .expect("expire");
+
+    let counts = store.count(&sale).await.expect("count");
+    assert_eq!(
+        counts,
+        StockCounts {
+            available: 5,
+            reserved: 2,
+            pending_payment: 1,
+            paid: 2,
+            cancelled: 1,
+            expired: 1,
+        }
+    );
+    assert_reconciles(&sale, &counts);
+    assert_eq!(
+        store
+            .availability(&sale)
+            .await
+            .expect("availability")
+            .iter()
+            .sum::<u64>(),
+        5
+    );
+}
+
+#[tokio::test]
+async fn a_missing_table_is_a_permanent_error() {
+    let client = support::dynamodb().await;
+    let store = DynamoStore::new(client, "no-such-table");
+    let error = store
+        .find_sale(&SaleId::generate())
+        .await
+        .expect_err("no table");
+    assert!(matches!(error, StoreError::Permanent { .. }), "{error:?}");
+}
+
+#[tokio::test]
+async fn an_unreachable_endpoint_is_a_transient_error() {
+    let config = aws_sdk_dynamodb::config::Builder::from(&support::sdk_config().await)
+        .endpoint_url(support::closed_endpoint())
+        .build();
+    let store = DynamoStore::new(aws_sdk_dynamodb::Client::from_conf(config), "any");
+    let error = store
+        .find_sale(&SaleId::generate())
+        .await
+        .expect_err("nobody listens");
+    assert!(error.is_retryable(), "{error:?}");
+}
+
+#[tokio::test]
+async fn a_corrupt_sale_item_is_a_permanent_error_naming_the_item() {
+    let (store, client, table) = support::store().await;
+    let sale = support::sale(3, 1, 1);
+    created(&store, &sale).await;
+    client
+        .update_item()
+        .table_name(&table)
+        .key("pk", AttributeValue::S(format!("SALE#{}", sale.sale_id)))
+        .key("sk", AttributeValue::S("META".to_owned()))
+        .update_expression("SET stock_total = :text")
+        .expression_attribute_values(":text", AttributeValue::S("lots".to_owned()))
+        .send()
+        .await
+        .expect("corrupt the item");
+
+    let error = store.find_sale(&sale.sale_id).await.expect_err("corrupt");
+    assert!(matches!(error, StoreError::Permanent { .. }), "{error:?}");
+    let corrupt = error
+        .source()
+        .and_then(|source| source.downcast_ref::<CorruptItem>())
+        .expect("the source names the item");
+    assert_eq!(corrupt.pk, format!("SALE#{}", sale.sale_id));
+    assert!(
+        matches!(&corrupt.source, ItemError::WrongType { name, expected: "N" } if name == "stock_total"),
+        "{corrupt:?}"
+    );
+}

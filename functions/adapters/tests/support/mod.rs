@@ -1,0 +1,169 @@
+//! Test setup shared by the adapter tests: clients on the shared emulators, a fresh
+//! table per test mirroring template.yaml's, and sales and reservations to work with.
+
+#![allow(dead_code)] // each test file uses its own part of this module
+
+pub mod conflicts;
+
+use aws_sdk_dynamodb::types::{
+    AttributeDefinition, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType, Projection,
+    ProjectionType, ScalarAttributeType, TimeToLiveSpecification,
+};
+use aws_smithy_http_client::tls::Provider;
+use aws_smithy_http_client::tls::rustls_provider::CryptoMode;
+use chrono::{Duration, Utc};
+use flashsale_adapters::DynamoStore;
+use flashsale_domain::{OrderId, Reservation, Sale, SaleId, UserId};
+
+use self::conflicts::{ConflictInjector, Pattern};
+
+pub async fn sdk_config() -> aws_config::SdkConfig {
+    flashsale_emulators::shared().await.sdk_config().await
+}
+
+pub async fn dynamodb() -> aws_sdk_dynamodb::Client {
+    aws_sdk_dynamodb::Client::new(&sdk_config().await)
+}
+
+fn key(name: &str, kind: KeyType) -> KeySchemaElement {
+    KeySchemaElement::builder()
+        .attribute_name(name)
+        .key_type(kind)
+        .build()
+        .expect("key schema element")
+}
+
+fn string_attribute(name: &str) -> AttributeDefinition {
+    AttributeDefinition::builder()
+        .attribute_name(name)
+        .attribute_type(ScalarAttributeType::S)
+        .build()
+        .expect("attribute definition")
+}
+
+/// An endpoint where nothing listens: a port the OS just handed out and took back.
+pub fn closed_endpoint() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+    let port = listener.local_addr().expect("its address").port();
+    drop(listener);
+    format!("http://127.0.0.1:{port}")
+}
+
+/// A new table shaped like template.yaml's `Table` (pk/sk, GSI `gsi1` projecting
+/// everything, TTL on `ttl`, on-demand), under a name no other test uses.
+pub async fn create_table(client: &aws_sdk_dynamodb::Client) -> String {
+    let name = format!("adapters-{}", flashsale_emulators::unique_suffix());
+    client
+        .create_table()
+        .table_name(&name)
+        .billing_mode(BillingMode::PayPerRequest)
+        .set_attribute_definitions(Some(
+            ["pk", "sk", "gsi1pk", "gsi1sk"]
+                .into_iter()
+                .map(string_attribute)
+                .collect(),
+        ))
+        .key_schema(key("pk", KeyType::Hash))
+        .key_schema(key("sk", KeyType::Range))
+        .global_secondary_indexes(
+            GlobalSecondaryIndex::builder()
+                .index_name("gsi1")
+                .key_schema(key("gsi1pk", KeyType::Hash))
+                .key_schema(key("gsi1sk", KeyType::Range))
+                .projection(
+                    Projection::builder()
+                        .projection_type(ProjectionType::All)
+                        .build(),
+                )
+                .build()
+                .expect("gsi"),
+        )
+        .send()
+        .await
+        .expect("create the table");
+    client
+        .update_time_to_live()
+        .table_name(&name)
+        .time_to_live_specification(
+            TimeToLiveSpecification::builder()
+                .attribute_name("ttl")
+                .enabled(true)
+                .build()
+                .expect("ttl specification"),
+        )
+        .send()
+        .await
+        .expect("enable ttl");
+    name
+}
+
+/// A store on a fresh table, plus the raw client and the table name for inspection.
+pub async fn store() -> (DynamoStore, aws_sdk_dynamodb::Client, String) {
+    let client = dynamodb().await;
+    let table = create_table(&client).await;
+    (DynamoStore::new(client.clone(), &table), client, table)
+}
+
+/// A DynamoDB client whose `TransactWriteItems` calls conflict as `pattern` says;
+/// the injector counts what it did.
+pub async fn conflicting_client(pattern: Pattern) -> (aws_sdk_dynamodb::Client, ConflictInjector) {
+    let transport = aws_smithy_http_client::Builder::new()
+        .tls_provider(Provider::Rustls(CryptoMode::AwsLc))
+        .build_https();
+    let injector = ConflictInjector::new(transport, pattern);
+    let config = aws_sdk_dynamodb::config::Builder::from(&sdk_config().await)
+        .http_client(injector.clone())
+        .build();
+    (aws_sdk_dynamodb::Client::from_conf(config), injector)
+}
+
+/// A new FIFO queue shaped like template.yaml's `OrdersQueue` (explicit dedup ids,
+/// no content-based deduplication); returns its URL.
+pub async fn create_fifo_queue(client: &aws_sdk_sqs::Client) -> String {
+    use aws_sdk_sqs::types::QueueAttributeName;
+    client
+        .create_queue()
+        .queue_name(format!(
+            "orders-{}.fifo",
+            flashsale_emulators::unique_suffix()
+        ))
+        .attributes(QueueAttributeName::FifoQueue, "true")
+        .attributes(QueueAttributeName::ContentBasedDeduplication, "false")
+        .send()
+        .await
+        .expect("create the queue")
+        .queue_url
+        .expect("a queue url")
+}
+
+/// An active sale: started a minute ago, ends in an hour.
+pub fn sale(stock: u32, shards: u16, per_user_limit: u32) -> Sale {
+    let now = Utc::now();
+    Sale {
+        sale_id: SaleId::generate(),
+        name: "Test sale".to_owned(),
+        stock_total: stock,
+        starts_at: now - Duration::minutes(1),
+        ends_at: now + Duration::hours(1),
+        per_user_limit,
+        payment_timeout_secs: 900,
+        shards,
+    }
+}
+
+pub fn user(name: &str) -> UserId {
+    UserId::parse(name).expect("a valid user id")
+}
+
+/// A reservation as the grab makes it: payable until the sale's payment deadline.
+pub fn reservation(sale: &Sale, user: &UserId, shard: u16) -> Reservation {
+    let now = Utc::now();
+    Reservation {
+        order_id: OrderId::new(sale.sale_id.clone()),
+        sale_id: sale.sale_id.clone(),
+        user_id: user.clone(),
+        shard,
+        created_at: now,
+        expires_at: sale.payment_deadline(now),
+    }
+}
