@@ -1,1 +1,166 @@
+//! The release function: the target of each order's one-time Scheduler schedule. The
+//! event is the schedule's `Target.Input`, the order's [`Reservation`] as JSON. When the
+//! payment window has closed, the unit goes back to its shard and the order becomes
+//! `expired`, unless pay or cancel got there first.
+//!
+//! Returning an error makes Scheduler retry (its retry policy is bounded: 185 attempts
+//! within a day), so an error is returned only when a retry can help. An event that
+//! can never succeed is answered with a `rejected` outcome and logged at error level.
 
+use std::sync::Arc;
+
+use flashsale_adapters::DynamoStore;
+use flashsale_domain::ports::{Clock, Settlement, StockLedger, SystemClock};
+use flashsale_domain::service::ExpiryService;
+use flashsale_domain::{AppError, OrderId, OrderStatus, Reservation};
+use flashsale_http::ConfigError;
+use flashsale_http::config::{Env, process_env};
+use flashsale_http::telemetry::error_chain;
+use serde::Serialize;
+use serde_json::Value;
+
+/// The release function's configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub table_name: String,
+}
+
+impl Config {
+    /// Every environment variable this function reads (besides `RUST_LOG`, which the
+    /// log setup reads).
+    pub const ENV_VARS: &'static [&'static str] = &["TABLE_NAME"];
+
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_lookup(process_env)
+    }
+
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let env = Env::new(lookup);
+        Ok(Self {
+            table_name: env.required("TABLE_NAME")?,
+        })
+    }
+}
+
+/// The ports the release needs. Production fills them from AWS in [`Deps::new`]; tests
+/// pass in-memory fakes, and both go through the same [`Deps::from_ports`].
+pub struct Ports {
+    pub ledger: Arc<dyn StockLedger>,
+    pub clock: Arc<dyn Clock>,
+}
+
+/// What the handler needs, built once per process.
+pub struct Deps {
+    expiry: ExpiryService,
+}
+
+impl Deps {
+    pub fn new(config: &Config, sdk: &aws_config::SdkConfig) -> Self {
+        Self::from_ports(Ports {
+            ledger: Arc::new(DynamoStore::new(
+                aws_sdk_dynamodb::Client::new(sdk),
+                &config.table_name,
+            )),
+            clock: Arc::new(SystemClock),
+        })
+    }
+
+    pub fn from_ports(ports: Ports) -> Self {
+        Self {
+            expiry: ExpiryService {
+                ledger: ports.ledger,
+                clock: ports.clock,
+            },
+        }
+    }
+}
+
+/// What an invocation did; the function's JSON answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum Outcome {
+    /// This invocation expired the order and gave its unit back.
+    Released { order_id: OrderId },
+    /// Paid, cancelled or already expired before: nothing changed.
+    AlreadySettled {
+        order_id: OrderId,
+        status: OrderStatus,
+    },
+    /// No hold matches the reservation: nothing to release, and nothing a retry could
+    /// change.
+    Unknown { order_id: OrderId },
+    /// The event is not a reservation. Retrying the same event cannot help.
+    Rejected {
+        error: &'static str,
+        message: String,
+    },
+}
+
+/// A release that may succeed if Scheduler tries again.
+#[derive(Debug, thiserror::Error)]
+pub enum ReleaseError {
+    #[error("releasing order {order_id} failed; the schedule will retry")]
+    Retry {
+        order_id: OrderId,
+        #[source]
+        source: AppError,
+    },
+    #[error("could not encode the outcome")]
+    Encode(#[source] serde_json::Error),
+}
+
+/// The Lambda handler.
+pub async fn handler(deps: &Deps, event: Value) -> Result<Value, lambda_runtime::Error> {
+    let outcome = release(deps, event).await?;
+    Ok(serde_json::to_value(&outcome).map_err(ReleaseError::Encode)?)
+}
+
+/// The schedule's input is normally the reservation object; an emitter that passes
+/// `Target.Input` through as the JSON string it is gets the same treatment.
+fn reservation_of(event: Value) -> Result<Reservation, serde_json::Error> {
+    match event {
+        Value::String(text) => serde_json::from_str(&text),
+        other => serde_json::from_value(other),
+    }
+}
+
+async fn release(deps: &Deps, event: Value) -> Result<Outcome, ReleaseError> {
+    let reservation = match reservation_of(event) {
+        Ok(reservation) => reservation,
+        Err(err) => {
+            tracing::error!(error = %err, "the release event is not a reservation; dropping it");
+            return Ok(Outcome::Rejected {
+                error: "invalid_event",
+                message: format!("the event is not a reservation: {err}"),
+            });
+        }
+    };
+    let order_id = reservation.order_id.clone();
+    match deps.expiry.expire(&reservation).await {
+        Ok(Settlement::Applied) => {
+            tracing::info!(%order_id, outcome = "released", "order expired; unit back in stock");
+            Ok(Outcome::Released { order_id })
+        }
+        Ok(Settlement::AlreadySettled(status)) => {
+            tracing::info!(%order_id, outcome = "already_settled", %status, "order settled before its timer");
+            Ok(Outcome::AlreadySettled { order_id, status })
+        }
+        Ok(Settlement::Unknown) => {
+            tracing::warn!(%order_id, outcome = "unknown", "no hold matches this reservation");
+            Ok(Outcome::Unknown { order_id })
+        }
+        // Whatever the failure, releasing later is right: too early, the store busy,
+        // or even misconfigured (a deployment fixes that within the retry policy's
+        // day). Answering success would delete the schedule and strand the unit.
+        Err(source) => {
+            let expected = source.is_retryable();
+            let err = ReleaseError::Retry { order_id, source };
+            if expected {
+                tracing::warn!(error = %error_chain(&err), "release not done; leaving it to the retry");
+            } else {
+                tracing::error!(error = %error_chain(&err), "release failed; retrying in case a deployment fixes it");
+            }
+            Err(err)
+        }
+    }
+}
