@@ -111,6 +111,9 @@ impl Emulators {
             .args(["-Xms64m", "-Xmx1g", "-jar"])
             .arg(&jar)
             .args(["-inMemory", "-port", &dynamodb_port.to_string()]);
+        // DynamoDB Local writes a metadata file into its working directory even in
+        // memory; keep it out of the source tree.
+        dynamodb.current_dir(std::env::temp_dir());
         let mut moto_server = Command::new(&moto);
         moto_server.args(["-H", "127.0.0.1", "-p", &moto_port.to_string()]);
 
@@ -320,6 +323,7 @@ impl GuardedProcess {
             .stdin(Stdio::piped())
             .stdout(log_file)
             .stderr(log_err)
+            .current_dir(command.get_current_dir().unwrap_or(Path::new(".")))
             .process_group(0);
         let mut child = guard.spawn().map_err(spawn_error)?;
         let lifeline = child.stdin.take();
