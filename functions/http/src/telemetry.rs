@@ -27,6 +27,14 @@ pub fn init() -> Result<(), TelemetryError> {
         .map_err(TelemetryError)
 }
 
+/// Logs a start-up failure (bad configuration) as a JSON line and hands it back, so
+/// `main` can still return it: the reason lands in the function's structured log
+/// stream, not only in the runtime's raw stderr.
+pub fn startup_failure<E: StdError + 'static>(err: E) -> E {
+    tracing::error!(error = %error_chain(&err), "cannot start");
+    err
+}
+
 /// An error and all its causes on one line (`outer: inner: root`), for log fields:
 /// formatters print only the outermost message of an error value.
 pub fn error_chain(err: &(dyn StdError + 'static)) -> String {
