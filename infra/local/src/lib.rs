@@ -1,7 +1,26 @@
 //! The local stack behind `make run`: `template.yaml` provisioned on real emulators
 //! (DynamoDB Local, moto) and the functions run in-process behind emulations of the
-//! managed triggers AWS would put in front of them.
+//! managed triggers AWS would put in front of them:
+//!
+//! - [`apigw`]: the HTTP API with its JWT authorizer ([`auth`]), payload format 2.0;
+//! - [`esm`]: the SQS event source mapping, with `ReportBatchItemFailures`;
+//! - [`scheduler`]: EventBridge Scheduler delivery of one-time schedules, invoking
+//!   Lambda asynchronously ([`lambda`]) with Lambda's retries.
+//!
+//! [`LocalStack::start`] runs all of it in-process for tests; the `flashsale-local`
+//! binary runs it for `make run`.
 
+pub mod apigw;
+pub mod auth;
+pub mod dispatch;
+pub mod esm;
+pub mod lambda;
 pub mod model;
+pub mod provision;
 pub mod resolve;
+pub mod scheduler;
+pub mod stack;
 pub mod template;
+
+pub use lambda::{FunctionError, InvokeContext, LambdaFunction, function_fn};
+pub use stack::{EmulatorSource, LocalStack, StackError, StackOptions};

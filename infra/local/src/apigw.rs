@@ -1,0 +1,577 @@
+//! The HTTP API, locally: routes from the functions' `HttpApi` events, the JWT
+//! authorizer in front, and each request turned into the payload-format-2.0 event API
+//! Gateway would send, answered from the function's payload-format-2.0 response.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{ConnectInfo, State};
+use axum::response::Response;
+use base64::Engine;
+use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use serde_json::{Map, Value, json};
+
+use crate::auth::LocalJwt;
+use crate::lambda::{LambdaService, error_chain};
+use crate::model::{RouteAuth, RouteSpec};
+
+/// API Gateway's payload limit for HTTP APIs.
+pub const MAX_PAYLOAD: usize = 10 * 1024 * 1024;
+
+/// Content types API Gateway passes as text; anything else arrives base64-encoded.
+const TEXT_TYPES: [&str; 5] = [
+    "text/",
+    "application/json",
+    "application/javascript",
+    "application/xml",
+    "application/x-www-form-urlencoded",
+];
+
+#[derive(Debug, Clone, PartialEq)]
+enum Segment {
+    Literal(String),
+    Param(String),
+    Greedy(String),
+}
+
+#[derive(Debug, Clone)]
+struct Route {
+    function: String,
+    spec: RouteSpec,
+    segments: Vec<Segment>,
+}
+
+fn segments(path: &str) -> Vec<Segment> {
+    path.trim_matches('/')
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .map(
+            |s| match s.strip_prefix('{').and_then(|s| s.strip_suffix('}')) {
+                Some(name) => match name.strip_suffix('+') {
+                    Some(greedy) => Segment::Greedy(greedy.to_owned()),
+                    None => Segment::Param(name.to_owned()),
+                },
+                None => Segment::Literal(s.to_owned()),
+            },
+        )
+        .collect()
+}
+
+/// Percent-decodes a path segment; invalid encodings are kept as they are.
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%'
+            && i + 2 < bytes.len()
+            && let Some(byte) = std::str::from_utf8(&bytes[i + 1..i + 3])
+                .ok()
+                .and_then(|hex| u8::from_str_radix(hex, 16).ok())
+        {
+            out.push(byte);
+            i += 3;
+            continue;
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8(out).unwrap_or_else(|_| s.to_owned())
+}
+
+impl Route {
+    /// Path parameters when `path` matches this route's path.
+    fn matches(&self, path: &str) -> Option<BTreeMap<String, String>> {
+        if self.spec.path == "$default" {
+            return Some(BTreeMap::new());
+        }
+        let parts: Vec<&str> = path
+            .trim_matches('/')
+            .split('/')
+            .filter(|s| !s.is_empty())
+            .collect();
+        let mut params = BTreeMap::new();
+        for (i, segment) in self.segments.iter().enumerate() {
+            match segment {
+                Segment::Greedy(name) => {
+                    if i >= parts.len() {
+                        return None;
+                    }
+                    params.insert(name.clone(), percent_decode(&parts[i..].join("/")));
+                    return Some(params);
+                }
+                Segment::Literal(literal) => {
+                    if parts.get(i).map(|p| percent_decode(p)) != Some(literal.clone()) {
+                        return None;
+                    }
+                }
+                Segment::Param(name) => {
+                    let part = parts.get(i)?;
+                    params.insert(name.clone(), percent_decode(part));
+                }
+            }
+        }
+        (parts.len() == self.segments.len()).then_some(params)
+    }
+
+    /// API Gateway prefers the most specific route: a named method over ANY, literal
+    /// segments over parameters, anything over a greedy path or `$default`.
+    fn specificity(&self) -> (bool, bool, usize) {
+        let literals = self
+            .segments
+            .iter()
+            .filter(|s| matches!(s, Segment::Literal(_)))
+            .count();
+        let greedy = self.spec.path == "$default"
+            || self
+                .segments
+                .iter()
+                .any(|s| matches!(s, Segment::Greedy(_)));
+        (!greedy, self.spec.method != "ANY", literals)
+    }
+}
+
+/// The gateway's state.
+pub struct Gateway {
+    lambda: LambdaService,
+    routes: Vec<Route>,
+    jwt: LocalJwt,
+}
+
+impl Gateway {
+    pub fn new(lambda: LambdaService, jwt: LocalJwt) -> Self {
+        let routes = lambda
+            .model()
+            .routes()
+            .map(|(function, spec)| Route {
+                function: function.logical_id.clone(),
+                segments: segments(&spec.path),
+                spec: spec.clone(),
+            })
+            .collect();
+        Self {
+            lambda,
+            routes,
+            jwt,
+        }
+    }
+
+    /// The axum router: `POST /local/token` and every route of the template.
+    pub fn router(self: Arc<Self>) -> Router {
+        Router::new()
+            .route("/local/token", axum::routing::post(issue_token))
+            .fallback(serve)
+            .with_state(self)
+    }
+
+    fn find(&self, method: &Method, path: &str) -> Option<(&Route, BTreeMap<String, String>)> {
+        self.routes
+            .iter()
+            .filter(|r| r.spec.method == "ANY" || r.spec.method == method.as_str())
+            .filter_map(|r| {
+                // On AWS a named stage prefixes the URL; locally both forms are served.
+                let stage_prefix = format!("/{}", r.spec.stage);
+                let unstaged = match path.strip_prefix(&stage_prefix) {
+                    Some(rest)
+                        if r.spec.stage != "$default"
+                            && (rest.is_empty() || rest.starts_with('/')) =>
+                    {
+                        rest
+                    }
+                    _ => path,
+                };
+                r.matches(unstaged).map(|params| (r, params))
+            })
+            .max_by_key(|(r, _)| r.specificity())
+    }
+}
+
+fn json_response(status: StatusCode, body: Value) -> Response {
+    let mut response = Response::new(Body::from(body.to_string()));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+fn error_response(status: StatusCode, code: &str, message: &str) -> Response {
+    json_response(status, json!({"error": code, "message": message}))
+}
+
+#[derive(serde::Deserialize)]
+struct TokenRequest {
+    user_id: String,
+    #[serde(default)]
+    admin: bool,
+}
+
+/// LOCAL ONLY: mints a token the local authorizer accepts.
+async fn issue_token(State(gateway): State<Arc<Gateway>>, body: Bytes) -> Response {
+    let request: TokenRequest = match serde_json::from_slice(&body) {
+        Ok(request) => request,
+        Err(e) => {
+            return error_response(
+                StatusCode::BAD_REQUEST,
+                "invalid_json",
+                &format!("expected {{\"user_id\": \"...\", \"admin\": false}}: {e}"),
+            );
+        }
+    };
+    if request.user_id.trim().is_empty() || request.user_id.len() > 128 {
+        return error_response(
+            StatusCode::BAD_REQUEST,
+            "invalid_input",
+            "user_id must be 1..=128 characters",
+        );
+    }
+    match gateway.jwt.issue(&request.user_id, request.admin) {
+        Ok(token) => json_response(StatusCode::OK, json!({"token": token})),
+        Err(e) => error_response(StatusCode::NOT_FOUND, "not_found", &error_chain(&e)),
+    }
+}
+
+async fn serve(
+    State(gateway): State<Arc<Gateway>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    request: http::Request<Body>,
+) -> Response {
+    let (parts, body) = request.into_parts();
+    let path = parts.uri.path().to_owned();
+    let Some((route, path_parameters)) = gateway.find(&parts.method, &path) else {
+        return error_response(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            &format!("no route for {} {}", parts.method, path),
+        );
+    };
+    let body = match axum::body::to_bytes(body, MAX_PAYLOAD).await {
+        Ok(body) => body,
+        Err(_) => {
+            return error_response(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                "the request body exceeds 10 MB",
+            );
+        }
+    };
+    let authorizer = match &route.spec.auth {
+        RouteAuth::Public => None,
+        RouteAuth::Jwt { authorizer, scopes } => {
+            let header_value = parts
+                .headers
+                .get(authorizer.header.as_str())
+                .and_then(|v| v.to_str().ok());
+            match gateway.jwt.verify(authorizer, scopes, header_value) {
+                Ok(verified) => Some(json!({
+                    "jwt": {"claims": verified.claims, "scopes": verified.scopes}
+                })),
+                Err(e) => {
+                    let status =
+                        StatusCode::from_u16(e.status()).unwrap_or(StatusCode::UNAUTHORIZED);
+                    let code = if status == StatusCode::FORBIDDEN {
+                        "forbidden"
+                    } else {
+                        "unauthorized"
+                    };
+                    let mut response = error_response(status, code, &e.to_string());
+                    if status == StatusCode::UNAUTHORIZED
+                        && let Ok(value) = HeaderValue::from_str(&format!(
+                            "Bearer error=\"invalid_token\" error_description=\"{e}\""
+                        ))
+                    {
+                        response
+                            .headers_mut()
+                            .insert(header::WWW_AUTHENTICATE, value);
+                    }
+                    return response;
+                }
+            }
+        }
+    };
+    let request_id = ulid::Ulid::new().to_string();
+    let event = gateway_event(
+        &EventParts {
+            account_id: &gateway.lambda.model().account_id,
+            route,
+            method: &parts.method,
+            raw_path: &path,
+            raw_query: parts.uri.query().unwrap_or_default(),
+            headers: &parts.headers,
+            version: parts.version,
+            peer,
+            request_id: &request_id,
+            path_parameters,
+            authorizer,
+        },
+        &body,
+    );
+    let result = gateway.lambda.invoke(&route.function, event).await;
+    let mut response = match result {
+        Ok(payload) => gateway_response(payload),
+        Err(e) => {
+            // What API Gateway answers when the integration fails.
+            tracing::error!(route = %route.spec.route_key(), error = %error_chain(&e), "function failed");
+            json_response(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                json!({"message": "Internal Server Error"}),
+            )
+        }
+    };
+    if let Ok(value) = HeaderValue::from_str(&request_id) {
+        response.headers_mut().insert("apigw-requestid", value);
+    }
+    response
+}
+
+struct EventParts<'a> {
+    account_id: &'a str,
+    route: &'a Route,
+    method: &'a Method,
+    raw_path: &'a str,
+    raw_query: &'a str,
+    headers: &'a HeaderMap,
+    version: http::Version,
+    peer: SocketAddr,
+    request_id: &'a str,
+    path_parameters: BTreeMap<String, String>,
+    authorizer: Option<Value>,
+}
+
+/// The payload-format-2.0 event for one request.
+fn gateway_event(p: &EventParts<'_>, body: &[u8]) -> Value {
+    let mut headers: Map<String, Value> = Map::new();
+    let mut cookies: Vec<Value> = Vec::new();
+    for (name, value) in p.headers {
+        let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
+        if name == header::COOKIE {
+            cookies.extend(value.split(';').map(|c| Value::String(c.trim().to_owned())));
+            continue;
+        }
+        // Repeated headers arrive comma-joined.
+        match headers.get_mut(name.as_str()) {
+            Some(Value::String(existing)) => {
+                existing.push(',');
+                existing.push_str(&value);
+            }
+            _ => {
+                headers.insert(name.as_str().to_owned(), Value::String(value));
+            }
+        }
+    }
+    let mut query: Map<String, Value> = Map::new();
+    for pair in p.raw_query.split('&').filter(|s| !s.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let key = percent_decode(&key.replace('+', " "));
+        let value = percent_decode(&value.replace('+', " "));
+        match query.get_mut(&key) {
+            Some(Value::String(existing)) => {
+                existing.push(',');
+                existing.push_str(&value);
+            }
+            _ => {
+                query.insert(key, Value::String(value));
+            }
+        }
+    }
+    let host = p
+        .headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("localhost")
+        .to_owned();
+    let content_type = p
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    let now = chrono::Utc::now();
+    let spec = &p.route.spec;
+    let route_key = spec.route_key();
+    let mut event = json!({
+        "version": "2.0",
+        "routeKey": if spec.path == "$default" { "$default".to_owned() } else { route_key.clone() },
+        "rawPath": p.raw_path,
+        "rawQueryString": p.raw_query,
+        "headers": headers,
+        "requestContext": {
+            "accountId": p.account_id,
+            "apiId": spec.api_id,
+            "domainName": host,
+            "domainPrefix": host.split('.').next().unwrap_or_default(),
+            "http": {
+                "method": p.method.as_str(),
+                "path": p.raw_path,
+                "protocol": format!("{:?}", p.version),
+                "sourceIp": p.peer.ip().to_string(),
+                "userAgent": p.headers.get(header::USER_AGENT).and_then(|h| h.to_str().ok()).unwrap_or_default(),
+            },
+            "requestId": p.request_id,
+            "routeKey": if spec.path == "$default" { "$default".to_owned() } else { route_key },
+            "stage": spec.stage,
+            "time": now.format("%d/%b/%Y:%H:%M:%S %z").to_string(),
+            "timeEpoch": now.timestamp_millis(),
+        },
+        "isBase64Encoded": false,
+    });
+    if !cookies.is_empty() {
+        event["cookies"] = Value::Array(cookies);
+    }
+    if !query.is_empty() {
+        event["queryStringParameters"] = Value::Object(query);
+    }
+    if !p.path_parameters.is_empty() {
+        event["pathParameters"] = json!(p.path_parameters);
+    }
+    if !spec.stage_variables.is_empty() {
+        event["stageVariables"] = json!(spec.stage_variables);
+    }
+    if let Some(authorizer) = &p.authorizer {
+        event["requestContext"]["authorizer"] = authorizer.clone();
+    }
+    if !body.is_empty() {
+        let textual = TEXT_TYPES.iter().any(|t| content_type.starts_with(t))
+            || content_type.ends_with("+json");
+        match (textual, std::str::from_utf8(body)) {
+            (true, Ok(text)) => event["body"] = Value::String(text.to_owned()),
+            _ => {
+                event["body"] =
+                    Value::String(base64::engine::general_purpose::STANDARD.encode(body));
+                event["isBase64Encoded"] = Value::Bool(true);
+            }
+        }
+    }
+    event
+}
+
+/// The HTTP response API Gateway makes of a payload-format-2.0 function result: a
+/// `statusCode` object is taken as it is; any other JSON is a 200 with that JSON as the
+/// body (API Gateway's format inference).
+fn gateway_response(payload: Value) -> Response {
+    let Some(object) = payload.as_object().filter(|o| o.contains_key("statusCode")) else {
+        return json_response(StatusCode::OK, payload);
+    };
+    let status = object
+        .get("statusCode")
+        .and_then(Value::as_u64)
+        .and_then(|s| u16::try_from(s).ok())
+        .and_then(|s| StatusCode::from_u16(s).ok());
+    let Some(status) = status else {
+        tracing::error!(?payload, "function returned an invalid statusCode");
+        return json_response(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            json!({"message": "Internal Server Error"}),
+        );
+    };
+    let body = match object.get("body") {
+        Some(Value::String(text)) if object.get("isBase64Encoded") == Some(&Value::Bool(true)) => {
+            match base64::engine::general_purpose::STANDARD.decode(text) {
+                Ok(bytes) => bytes,
+                Err(e) => {
+                    tracing::error!(error = %e, "function returned invalid base64");
+                    return json_response(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        json!({"message": "Internal Server Error"}),
+                    );
+                }
+            }
+        }
+        Some(Value::String(text)) => text.clone().into_bytes(),
+        Some(Value::Null) | None => Vec::new(),
+        Some(other) => other.to_string().into_bytes(),
+    };
+    let mut response = Response::new(Body::from(body));
+    *response.status_mut() = status;
+    if let Some(Value::Object(headers)) = object.get("headers") {
+        for (name, value) in headers {
+            let value = match value {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            if let (Ok(name), Ok(value)) = (
+                http::HeaderName::from_bytes(name.as_bytes()),
+                HeaderValue::from_str(&value),
+            ) {
+                response.headers_mut().append(name, value);
+            }
+        }
+    }
+    if let Some(Value::Array(cookies)) = object.get("cookies") {
+        for cookie in cookies.iter().filter_map(Value::as_str) {
+            if let Ok(value) = HeaderValue::from_str(cookie) {
+                response.headers_mut().append(header::SET_COOKIE, value);
+            }
+        }
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn route(method: &str, path: &str) -> Route {
+        Route {
+            function: "F".to_owned(),
+            spec: RouteSpec {
+                event_name: "E".to_owned(),
+                api_id: "api".to_owned(),
+                stage: "dev".to_owned(),
+                stage_variables: BTreeMap::new(),
+                method: method.to_owned(),
+                path: path.to_owned(),
+                auth: RouteAuth::Public,
+            },
+            segments: segments(path),
+        }
+    }
+
+    #[test]
+    fn path_parameters_are_extracted_and_decoded() {
+        let r = route("POST", "/sales/{sale_id}/grab/{token}");
+        let params = r.matches("/sales/s%201/grab/abc").expect("matches");
+        assert_eq!(params["sale_id"], "s 1");
+        assert_eq!(params["token"], "abc");
+        assert!(r.matches("/sales/s1/grab").is_none());
+        assert!(r.matches("/sales/s1/grab/abc/more").is_none());
+    }
+
+    #[test]
+    fn the_most_specific_route_wins() {
+        let routes = [
+            route("GET", "/sales/{sale_id}"),
+            route("GET", "/sales/current"),
+            route("ANY", "/{proxy+}"),
+        ];
+        let best = |path: &str| {
+            routes
+                .iter()
+                .filter_map(|r| r.matches(path).map(|_| r))
+                .max_by_key(|r| r.specificity())
+                .map(|r| r.spec.path.clone())
+        };
+        assert_eq!(best("/sales/current").as_deref(), Some("/sales/current"));
+        assert_eq!(best("/sales/s1").as_deref(), Some("/sales/{sale_id}"));
+        assert_eq!(best("/other/x").as_deref(), Some("/{proxy+}"));
+    }
+
+    #[test]
+    fn a_function_result_without_status_code_is_a_200_json_body() {
+        let response = gateway_response(json!({"ok": true}));
+        assert_eq!(response.status(), StatusCode::OK);
+        let response = gateway_response(json!({
+            "statusCode": 202,
+            "headers": {"content-type": "application/json", "x-a": "1"},
+            "cookies": ["a=b"],
+            "body": "{}",
+        }));
+        assert_eq!(response.status(), StatusCode::ACCEPTED);
+        assert_eq!(response.headers()["x-a"], "1");
+        assert_eq!(response.headers()[header::SET_COOKIE], "a=b");
+    }
+}

@@ -1,0 +1,297 @@
+//! The local Lambda service: functions are JSON in, JSON out, as on AWS, invoked either
+//! synchronously (API Gateway, the SQS event source mapping) or asynchronously
+//! (EventBridge Scheduler), with Lambda's timeout and asynchronous retry rules.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+use tokio::sync::watch;
+use tracing::Instrument;
+
+use crate::model::{FunctionSpec, StackModel};
+
+/// A function's own error, as the Lambda runtime reports it.
+pub type FunctionError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What Lambda passes a function besides its event.
+#[derive(Debug, Clone)]
+pub struct InvokeContext {
+    pub request_id: String,
+    pub function_arn: String,
+    pub deadline: SystemTime,
+}
+
+/// A function the local Lambda service can run: the JSON event in, the JSON result out.
+#[async_trait]
+pub trait LambdaFunction: Send + Sync {
+    async fn invoke(&self, event: Value, context: InvokeContext) -> Result<Value, FunctionError>;
+}
+
+struct FnFunction<F>(F);
+
+#[async_trait]
+impl<F, Fut> LambdaFunction for FnFunction<F>
+where
+    F: Fn(Value) -> Fut + Send + Sync,
+    Fut: Future<Output = Result<Value, FunctionError>> + Send,
+{
+    async fn invoke(&self, event: Value, _context: InvokeContext) -> Result<Value, FunctionError> {
+        (self.0)(event).await
+    }
+}
+
+/// A function from a closure, e.g. a test target that records its events.
+pub fn function_fn<F, Fut>(f: F) -> Arc<dyn LambdaFunction>
+where
+    F: Fn(Value) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Value, FunctionError>> + Send + 'static,
+{
+    Arc::new(FnFunction(f))
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum InvokeError {
+    #[error("function {0} is not part of this stack")]
+    UnknownFunction(String),
+    #[error("function {function} failed")]
+    Failed {
+        function: String,
+        #[source]
+        source: FunctionError,
+    },
+    #[error("function {function} timed out after {timeout:?}")]
+    TimedOut { function: String, timeout: Duration },
+}
+
+/// How Lambda retries asynchronous invocations, locally.
+#[derive(Debug, Clone)]
+pub struct AsyncRetryTiming {
+    /// The wait before each retry; AWS waits about 1 then 2 minutes.
+    pub delays: Vec<Duration>,
+}
+
+impl Default for AsyncRetryTiming {
+    fn default() -> Self {
+        Self {
+            delays: vec![Duration::from_secs(60), Duration::from_secs(120)],
+        }
+    }
+}
+
+struct Deployed {
+    spec: FunctionSpec,
+    code: Arc<dyn LambdaFunction>,
+}
+
+/// The stack's functions.
+#[derive(Clone)]
+pub struct LambdaService {
+    functions: Arc<BTreeMap<String, Deployed>>,
+    model: Arc<StackModel>,
+    sqs: aws_sdk_sqs::Client,
+    timing: AsyncRetryTiming,
+    shutdown: watch::Receiver<bool>,
+}
+
+impl LambdaService {
+    /// `code` maps each logical id of `model.functions` to its implementation.
+    pub fn new(
+        model: Arc<StackModel>,
+        code: BTreeMap<String, Arc<dyn LambdaFunction>>,
+        sqs: aws_sdk_sqs::Client,
+        timing: AsyncRetryTiming,
+        shutdown: watch::Receiver<bool>,
+    ) -> Self {
+        let functions = model
+            .functions
+            .iter()
+            .filter_map(|spec| {
+                code.get(&spec.logical_id).map(|code| {
+                    (
+                        spec.logical_id.clone(),
+                        Deployed {
+                            spec: spec.clone(),
+                            code: code.clone(),
+                        },
+                    )
+                })
+            })
+            .collect();
+        Self {
+            functions: Arc::new(functions),
+            model,
+            sqs,
+            timing,
+            shutdown,
+        }
+    }
+
+    pub fn model(&self) -> &StackModel {
+        &self.model
+    }
+
+    /// Runs the function and waits for its result (InvocationType RequestResponse),
+    /// cut off at the function's `Timeout` as Lambda does.
+    pub async fn invoke(&self, logical_id: &str, event: Value) -> Result<Value, InvokeError> {
+        let deployed = self
+            .functions
+            .get(logical_id)
+            .ok_or_else(|| InvokeError::UnknownFunction(logical_id.to_owned()))?;
+        let timeout = deployed.spec.timeout;
+        let context = InvokeContext {
+            request_id: ulid::Ulid::new().to_string().to_lowercase(),
+            function_arn: deployed.spec.arn.clone(),
+            deadline: SystemTime::now() + timeout,
+        };
+        let span =
+            tracing::info_span!("invoke", function = logical_id, request_id = %context.request_id);
+        let run = tokio::time::timeout(timeout, deployed.code.invoke(event, context));
+        match run.instrument(span).await {
+            Ok(Ok(result)) => Ok(result),
+            Ok(Err(source)) => Err(InvokeError::Failed {
+                function: logical_id.to_owned(),
+                source,
+            }),
+            Err(_) => Err(InvokeError::TimedOut {
+                function: logical_id.to_owned(),
+                timeout,
+            }),
+        }
+    }
+
+    /// Queues the event for the function and returns at once (InvocationType Event),
+    /// as EventBridge Scheduler invokes Lambda. A failed run is retried after the
+    /// configured delays, up to the function's `EventInvokeConfig` (2 retries and 6
+    /// hours by default); then the invocation record goes to the `OnFailure` queue if
+    /// there is one, and is otherwise dropped, as on AWS.
+    pub fn invoke_async(&self, logical_id: &str, event: Value) -> Result<(), InvokeError> {
+        let deployed = self
+            .functions
+            .get(logical_id)
+            .ok_or_else(|| InvokeError::UnknownFunction(logical_id.to_owned()))?;
+        let config = deployed.spec.async_invoke.clone();
+        let function_arn = deployed.spec.arn.clone();
+        let service = self.clone();
+        let logical_id = logical_id.to_owned();
+        let mut shutdown = self.shutdown.clone();
+        tokio::spawn(async move {
+            let queued = Instant::now();
+            let request_id = ulid::Ulid::new().to_string().to_lowercase();
+            let mut attempt: u32 = 0;
+            loop {
+                attempt += 1;
+                let error = match service.invoke(&logical_id, event.clone()).await {
+                    Ok(_) => return,
+                    Err(error) => error,
+                };
+                let retries_left = attempt <= config.maximum_retry_attempts;
+                let delay = service
+                    .timing
+                    .delays
+                    .get(attempt as usize - 1)
+                    .or(service.timing.delays.last())
+                    .copied()
+                    .unwrap_or_default();
+                let too_old = queued.elapsed() + delay > config.maximum_event_age;
+                if retries_left && !too_old {
+                    tracing::warn!(function = %logical_id, attempt, error = %error_chain(&error), ?delay, "asynchronous invocation failed; Lambda will retry");
+                    tokio::select! {
+                        _ = tokio::time::sleep(delay) => continue,
+                        _ = shutdown.wait_for(|stop| *stop) => return,
+                    }
+                }
+                let condition = if too_old {
+                    "EventAgeExceeded"
+                } else {
+                    "RetriesExhausted"
+                };
+                tracing::error!(function = %logical_id, attempt, error = %error_chain(&error), condition, "asynchronous invocation dropped");
+                if let Some(queue_arn) = &config.on_failure_queue_arn {
+                    service
+                        .send_failure_record(
+                            queue_arn,
+                            &function_arn,
+                            &request_id,
+                            condition,
+                            attempt,
+                            &event,
+                            &error,
+                        )
+                        .await;
+                }
+                return;
+            }
+        });
+        Ok(())
+    }
+
+    /// Sends Lambda's asynchronous-invocation failure record to an SQS destination.
+    #[allow(clippy::too_many_arguments)]
+    async fn send_failure_record(
+        &self,
+        queue_arn: &str,
+        function_arn: &str,
+        request_id: &str,
+        condition: &str,
+        attempts: u32,
+        event: &Value,
+        error: &InvokeError,
+    ) {
+        let Some(queue) = self.model.queue_by_arn(queue_arn) else {
+            tracing::error!(
+                queue_arn,
+                "OnFailure destination is not a queue of this stack"
+            );
+            return;
+        };
+        let record = json!({
+            "version": "1.0",
+            "timestamp": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            "requestContext": {
+                "requestId": request_id,
+                "functionArn": format!("{function_arn}:$LATEST"),
+                "condition": condition,
+                "approximateInvokeCount": attempts,
+            },
+            "requestPayload": event,
+            "responseContext": {"statusCode": 200, "executedVersion": "$LATEST", "functionError": "Unhandled"},
+            "responsePayload": {"errorMessage": error_chain(error), "errorType": error_type(error)},
+        });
+        let mut request = self
+            .sqs
+            .send_message()
+            .queue_url(&queue.url)
+            .message_body(record.to_string());
+        if queue.fifo {
+            request = request
+                .message_group_id(request_id)
+                .message_deduplication_id(request_id);
+        }
+        if let Err(e) = request.send().await {
+            tracing::error!(error = %error_chain(&e), queue = %queue.url, "could not send the failure record");
+        }
+    }
+}
+
+fn error_type(error: &InvokeError) -> &'static str {
+    match error {
+        InvokeError::TimedOut { .. } => "Sandbox.Timedout",
+        _ => "Runtime.Unhandled",
+    }
+}
+
+/// An error and its sources on one line, for logs.
+pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
