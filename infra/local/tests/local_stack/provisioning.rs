@@ -1,0 +1,220 @@
+use aws_sdk_dynamodb::types::{BillingMode, KeyType, ProjectionType, TimeToLiveStatus};
+use aws_sdk_scheduler::types::{
+    ActionAfterCompletion, FlexibleTimeWindow, FlexibleTimeWindowMode, Target,
+};
+use aws_sdk_sqs::types::QueueAttributeName;
+use flashsale_local::LocalStack;
+use flashsale_local::provision::{Change, Clients, provision};
+use serde_json::Value;
+
+use crate::{options, start};
+
+fn keys(schema: &[aws_sdk_dynamodb::types::KeySchemaElement]) -> Vec<(String, KeyType)> {
+    schema
+        .iter()
+        .map(|k| (k.attribute_name().to_owned(), k.key_type().clone()))
+        .collect()
+}
+
+async fn queue_attributes(
+    stack: &LocalStack,
+    logical_id: &str,
+) -> std::collections::HashMap<QueueAttributeName, String> {
+    let sqs = aws_sdk_sqs::Client::new(&stack.sdk_config);
+    sqs.get_queue_attributes()
+        .queue_url(stack.queue_url(logical_id).expect("queue in template"))
+        .attribute_names(QueueAttributeName::All)
+        .send()
+        .await
+        .expect("GetQueueAttributes")
+        .attributes
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn provisioning_creates_the_table_queues_and_schedule_group_the_template_declares() {
+    let stack = start(options("prov").parameter("OrdersVisibilityTimeout", "7")).await;
+    assert!(
+        stack
+            .provisioned
+            .resources
+            .iter()
+            .all(|r| r.change == Change::Created),
+        "a new stack creates everything: {:?}",
+        stack.provisioned
+    );
+
+    let dynamodb = aws_sdk_dynamodb::Client::new(&stack.sdk_config);
+    let table_name = stack.table_name("Table").expect("table in template");
+    assert_eq!(table_name, format!("{}-table", stack.model.stack_name));
+    let table = dynamodb
+        .describe_table()
+        .table_name(table_name)
+        .send()
+        .await
+        .expect("DescribeTable")
+        .table
+        .expect("table");
+    assert_eq!(
+        keys(table.key_schema()),
+        [
+            ("pk".to_owned(), KeyType::Hash),
+            ("sk".to_owned(), KeyType::Range)
+        ]
+    );
+    assert_eq!(
+        table.billing_mode_summary().and_then(|b| b.billing_mode()),
+        Some(&BillingMode::PayPerRequest)
+    );
+    let gsi = &table.global_secondary_indexes()[0];
+    assert_eq!(gsi.index_name(), Some("gsi1"));
+    assert_eq!(
+        keys(gsi.key_schema()),
+        [
+            ("gsi1pk".to_owned(), KeyType::Hash),
+            ("gsi1sk".to_owned(), KeyType::Range)
+        ]
+    );
+    assert_eq!(
+        gsi.projection().and_then(|p| p.projection_type()),
+        Some(&ProjectionType::All)
+    );
+    let ttl = dynamodb
+        .describe_time_to_live()
+        .table_name(table_name)
+        .send()
+        .await
+        .expect("DescribeTimeToLive")
+        .time_to_live_description
+        .expect("ttl description");
+    assert_eq!(ttl.attribute_name(), Some("ttl"));
+    assert_eq!(ttl.time_to_live_status(), Some(&TimeToLiveStatus::Enabled));
+
+    let orders = queue_attributes(&stack, "OrdersQueue").await;
+    let dlq = queue_attributes(&stack, "OrdersDLQ").await;
+    assert_eq!(orders[&QueueAttributeName::FifoQueue], "true");
+    assert_eq!(
+        orders[&QueueAttributeName::ContentBasedDeduplication],
+        "false"
+    );
+    assert_eq!(
+        orders[&QueueAttributeName::VisibilityTimeout],
+        "7",
+        "the override applies"
+    );
+    let redrive: Value =
+        serde_json::from_str(&orders[&QueueAttributeName::RedrivePolicy]).expect("redrive JSON");
+    assert_eq!(
+        redrive["deadLetterTargetArn"],
+        dlq[&QueueAttributeName::QueueArn].as_str()
+    );
+    assert_eq!(redrive["maxReceiveCount"].as_u64(), Some(5));
+    assert_eq!(dlq[&QueueAttributeName::FifoQueue], "true");
+    assert_eq!(dlq[&QueueAttributeName::MessageRetentionPeriod], "1209600");
+
+    let scheduler = aws_sdk_scheduler::Client::new(&stack.sdk_config);
+    let group = scheduler
+        .get_schedule_group()
+        .name(
+            stack
+                .schedule_group_name("ReleaseScheduleGroup")
+                .expect("group in template"),
+        )
+        .send()
+        .await
+        .expect("the schedule group exists");
+    assert_eq!(
+        group.name(),
+        stack.schedule_group_name("ReleaseScheduleGroup")
+    );
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn provisioning_twice_changes_nothing_and_keeps_existing_schedules() {
+    let first = start(options("prov-twice")).await;
+    let stack_name = first.model.stack_name.clone();
+    let group = first
+        .schedule_group_name("ReleaseScheduleGroup")
+        .expect("group")
+        .to_owned();
+    let scheduler = aws_sdk_scheduler::Client::new(&first.sdk_config);
+    scheduler
+        .create_schedule()
+        .name("kept")
+        .group_name(&group)
+        .schedule_expression("at(2099-01-01T00:00:00)")
+        .flexible_time_window(
+            FlexibleTimeWindow::builder()
+                .mode(FlexibleTimeWindowMode::Off)
+                .build()
+                .expect("window"),
+        )
+        .target(
+            Target::builder()
+                .arn(
+                    &first
+                        .model
+                        .function("ReleaseFunction")
+                        .expect("release")
+                        .arn,
+                )
+                .role_arn("arn:aws:iam::123456789012:role/local")
+                .input("{}")
+                .build()
+                .expect("target"),
+        )
+        .action_after_completion(ActionAfterCompletion::Delete)
+        .send()
+        .await
+        .expect("CreateSchedule");
+
+    // Provisioning the same model again, and a second stack start with the same name.
+    let again = provision(&first.model, &Clients::new(&first.sdk_config))
+        .await
+        .expect("provisions again");
+    assert!(
+        again.is_unchanged(),
+        "second run changed something: {again:?}"
+    );
+    let mut options = options("unused");
+    options.stack_name = stack_name.clone();
+    let second = start(options).await;
+    assert!(
+        second.provisioned.is_unchanged(),
+        "{:?}",
+        second.provisioned
+    );
+
+    let sqs = aws_sdk_sqs::Client::new(&first.sdk_config);
+    let queues = sqs
+        .list_queues()
+        .queue_name_prefix(&stack_name)
+        .send()
+        .await
+        .expect("ListQueues")
+        .queue_urls
+        .unwrap_or_default();
+    assert_eq!(
+        queues.len(),
+        first.model.queues.len(),
+        "no duplicate queues: {queues:?}"
+    );
+    let dynamodb = aws_sdk_dynamodb::Client::new(&first.sdk_config);
+    let tables = dynamodb.list_tables().send().await.expect("ListTables");
+    let ours = tables
+        .table_names()
+        .iter()
+        .filter(|t| t.starts_with(&stack_name))
+        .count();
+    assert_eq!(ours, 1);
+    scheduler
+        .get_schedule()
+        .group_name(&group)
+        .name("kept")
+        .send()
+        .await
+        .expect("re-provisioning kept the group's schedules");
+    second.shutdown().await;
+    first.shutdown().await;
+}
