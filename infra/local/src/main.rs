@@ -135,7 +135,9 @@ fn print_banner(stack: &LocalStack) {
         ));
     }
     out.push_str("\n  routes:\n");
-    for (function, route) in model.routes() {
+    let mut routes: Vec<_> = model.routes().collect();
+    routes.sort_by(|a, b| (&a.1.path, &a.1.method).cmp(&(&b.1.path, &b.1.method)));
+    for (function, route) in routes {
         let auth = match &route.auth {
             RouteAuth::Public => "public",
             RouteAuth::Jwt { .. } => "JWT",

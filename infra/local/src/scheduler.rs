@@ -79,16 +79,31 @@ impl Default for SchedulerSettings {
 const DEFAULT_MAX_RETRY_ATTEMPTS: u32 = 185;
 const DEFAULT_MAX_EVENT_AGE: Duration = Duration::from_secs(86_400);
 
+/// What delivery needs of a schedule, read once per version of it.
+#[derive(Debug, Clone)]
+struct Details {
+    due: Result<DateTime<Utc>, ExpressionError>,
+    enabled: bool,
+    target_arn: String,
+    input: String,
+    max_retry_attempts: u32,
+    max_event_age: Duration,
+    dead_letter_arn: Option<String>,
+    delete_after: bool,
+}
+
 #[derive(Debug, Default)]
 struct Tracked {
+    details: Option<Details>,
     failed_deliveries: u32,
     next_attempt: Option<Instant>,
     completed: bool,
     reported_invalid: bool,
 }
 
-/// A schedule instance: the same name re-created later is a new schedule.
-type Key = (String, String);
+/// One version of one schedule: (ARN, creation date, last modification date). A name
+/// re-created, or a schedule updated, is considered afresh.
+type Key = (String, String, String);
 
 struct Delivery {
     lambda: LambdaService,
@@ -120,7 +135,7 @@ pub async fn run(
         for group in &groups {
             delivery.poll_group(group, &mut seen).await;
         }
-        // Forget schedules that are gone, so a re-created name starts afresh.
+        // Forget schedules that are gone.
         delivery.tracked.retain(|key, _| seen.contains(key));
         tokio::select! {
             _ = tokio::time::sleep(delivery.settings.poll_interval) => {}
@@ -130,9 +145,14 @@ pub async fn run(
     tracing::info!("scheduler delivery stopped");
 }
 
+fn date_key(date: Option<&aws_smithy_types::DateTime>) -> String {
+    date.map(|d| format!("{}.{:09}", d.secs(), d.subsec_nanos()))
+        .unwrap_or_default()
+}
+
 impl Delivery {
     async fn poll_group(&mut self, group: &str, seen: &mut BTreeSet<Key>) {
-        let mut names = Vec::new();
+        let mut listed = Vec::new();
         let mut next_token = None;
         loop {
             let page = self
@@ -140,16 +160,22 @@ impl Delivery {
                 .list_schedules()
                 .group_name(group)
                 .state(ScheduleState::Enabled)
+                .max_results(100)
                 .set_next_token(next_token.take())
                 .send()
                 .await;
             match page {
                 Ok(out) => {
-                    names.extend(
-                        out.schedules()
-                            .iter()
-                            .filter_map(|s| s.name().map(str::to_owned)),
-                    );
+                    listed.extend(out.schedules().iter().filter_map(|s| {
+                        let name = s.name()?.to_owned();
+                        let arn = s.arn().unwrap_or(&name).to_owned();
+                        let key = (
+                            arn,
+                            date_key(s.creation_date()),
+                            date_key(s.last_modification_date()),
+                        );
+                        Some((name, key))
+                    }));
                     match out.next_token() {
                         Some(token) if !token.is_empty() => next_token = Some(token.to_owned()),
                         _ => break,
@@ -157,16 +183,29 @@ impl Delivery {
                 }
                 Err(e) => {
                     tracing::warn!(group, error = %error_chain(&e), "ListSchedules failed");
+                    // Keep what we know about this group's schedules for the next round.
+                    seen.extend(
+                        self.tracked
+                            .keys()
+                            .filter(|(arn, _, _)| arn.contains(&format!("/{group}/")))
+                            .cloned(),
+                    );
                     return;
                 }
             }
         }
-        for name in names {
-            self.consider(group, &name, seen).await;
+        for (name, key) in listed {
+            seen.insert(key.clone());
+            self.consider(group, &name, key).await;
         }
     }
 
-    async fn consider(&mut self, group: &str, name: &str, seen: &mut BTreeSet<Key>) {
+    /// The schedule's details, fetched with GetSchedule the first time this version
+    /// of it is seen (so a tick costs one ListSchedules page per 100 schedules).
+    async fn details(&mut self, group: &str, name: &str, key: &Key) -> Option<Details> {
+        if let Some(details) = self.tracked.get(key).and_then(|t| t.details.clone()) {
+            return Some(details);
+        }
         let schedule = match self
             .scheduler
             .get_schedule()
@@ -180,27 +219,57 @@ impl Delivery {
                 if e.as_service_error()
                     .is_some_and(|s| s.is_resource_not_found_exception()) =>
             {
-                return;
+                return None;
             }
             Err(e) => {
                 tracing::warn!(group, name, error = %error_chain(&e), "GetSchedule failed");
-                return;
+                return None;
             }
         };
-        let arn = schedule.arn().unwrap_or(name).to_owned();
-        let created = schedule
-            .creation_date()
-            .map(|d| d.to_string())
-            .unwrap_or_default();
-        let key = (arn.clone(), created);
-        seen.insert(key.clone());
-        let tracked = self.tracked.entry(key.clone()).or_default();
-        if tracked.completed || schedule.state() == Some(&ScheduleState::Disabled) {
+        let target = schedule.target();
+        let policy = target.and_then(|t| t.retry_policy());
+        let details = Details {
+            due: due_time(
+                schedule.schedule_expression().unwrap_or_default(),
+                schedule.schedule_expression_timezone(),
+            ),
+            enabled: schedule.state() != Some(&ScheduleState::Disabled),
+            target_arn: target.map(|t| t.arn().to_owned()).unwrap_or_default(),
+            // A Lambda target without Input receives an empty JSON object.
+            input: target.and_then(|t| t.input()).unwrap_or("{}").to_owned(),
+            max_retry_attempts: policy
+                .and_then(|p| p.maximum_retry_attempts())
+                .map(|n| n.max(0) as u32)
+                .unwrap_or(DEFAULT_MAX_RETRY_ATTEMPTS),
+            max_event_age: policy
+                .and_then(|p| p.maximum_event_age_in_seconds())
+                .map(|s| Duration::from_secs(s.max(0) as u64))
+                .unwrap_or(DEFAULT_MAX_EVENT_AGE),
+            dead_letter_arn: target
+                .and_then(|t| t.dead_letter_config())
+                .and_then(|d| d.arn())
+                .map(str::to_owned),
+            delete_after: schedule.action_after_completion()
+                == Some(&ActionAfterCompletion::Delete),
+        };
+        self.tracked.entry(key.clone()).or_default().details = Some(details.clone());
+        Some(details)
+    }
+
+    async fn consider(&mut self, group: &str, name: &str, key: Key) {
+        let arn = key.0.clone();
+        if self.tracked.get(&key).is_some_and(|t| t.completed) {
             return;
         }
-        let expression = schedule.schedule_expression().unwrap_or_default();
-        let due = match due_time(expression, schedule.schedule_expression_timezone()) {
-            Ok(due) => due,
+        let Some(details) = self.details(group, name, &key).await else {
+            return;
+        };
+        let tracked = self.tracked.entry(key.clone()).or_default();
+        if !details.enabled {
+            return;
+        }
+        let due = match &details.due {
+            Ok(due) => *due,
             Err(e) => {
                 if !tracked.reported_invalid {
                     tracked.reported_invalid = true;
@@ -216,18 +285,12 @@ impl Delivery {
         if tracked.next_attempt.is_some_and(|at| Instant::now() < at) {
             return;
         }
-        let Some(target) = schedule.target() else {
-            return;
-        };
-        let delete_after =
-            schedule.action_after_completion() == Some(&ActionAfterCompletion::Delete);
-        let input = target.input().unwrap_or("{}");
-        let delivered = match serde_json::from_str::<Value>(input) {
+        let delivered = match serde_json::from_str::<Value>(&details.input) {
             Err(e) => Err(format!("Input is not JSON: {e}")),
-            Ok(event) => match self.lambda.model().function_by_arn(target.arn()) {
+            Ok(event) => match self.lambda.model().function_by_arn(&details.target_arn) {
                 None => Err(format!(
                     "ResourceNotFoundException: no function {}",
-                    target.arn()
+                    details.target_arn
                 )),
                 Some(function) => {
                     let id = function.logical_id.clone();
@@ -246,57 +309,44 @@ impl Delivery {
             }
             Err(reason) => {
                 tracked.failed_deliveries += 1;
-                let policy = target.retry_policy();
-                let max_attempts = policy
-                    .and_then(|p| p.maximum_retry_attempts())
-                    .map(|n| n.max(0) as u32)
-                    .unwrap_or(DEFAULT_MAX_RETRY_ATTEMPTS);
-                let max_age = policy
-                    .and_then(|p| p.maximum_event_age_in_seconds())
-                    .map(|s| Duration::from_secs(s.max(0) as u64))
-                    .unwrap_or(DEFAULT_MAX_EVENT_AGE);
                 let age = (now - due).to_std().unwrap_or_default();
                 let retries_used = tracked.failed_deliveries - 1;
-                let condition = if retries_used >= max_attempts {
+                let condition = if retries_used >= details.max_retry_attempts {
                     Some("MaximumRetryAttemptsExceeded")
-                } else if age >= max_age {
+                } else if age >= details.max_event_age {
                     Some("MaximumEventAgeExceeded")
                 } else {
                     None
                 };
-                match condition {
-                    None => {
-                        let exponent = retries_used.min(16);
-                        let delay = self
-                            .settings
-                            .retry_base
-                            .saturating_mul(1 << exponent)
-                            .min(self.settings.retry_cap);
-                        tracked.next_attempt = Some(Instant::now() + delay);
-                        tracing::warn!(schedule = %arn, reason, attempt = tracked.failed_deliveries, ?delay, "delivery failed; will retry");
-                        return;
-                    }
-                    Some(condition) => {
-                        tracked.completed = true;
-                        let attempts = tracked.failed_deliveries;
-                        tracing::error!(schedule = %arn, reason, condition, "delivery abandoned");
-                        if let Some(dlq) = target.dead_letter_config().and_then(|d| d.arn()) {
-                            self.dead_letter(
-                                dlq,
-                                input,
-                                &arn,
-                                target.arn(),
-                                &reason,
-                                condition,
-                                attempts,
-                            )
-                            .await;
-                        }
-                    }
+                let Some(condition) = condition else {
+                    let exponent = retries_used.min(16);
+                    let delay = self
+                        .settings
+                        .retry_base
+                        .saturating_mul(1 << exponent)
+                        .min(self.settings.retry_cap);
+                    tracked.next_attempt = Some(Instant::now() + delay);
+                    tracing::warn!(schedule = %arn, reason, attempt = tracked.failed_deliveries, ?delay, "delivery failed; will retry");
+                    return;
+                };
+                tracked.completed = true;
+                let attempts = tracked.failed_deliveries;
+                tracing::error!(schedule = %arn, reason, condition, "delivery abandoned");
+                if let Some(dlq) = &details.dead_letter_arn {
+                    self.dead_letter(
+                        dlq,
+                        &details.input,
+                        &arn,
+                        &details.target_arn,
+                        &reason,
+                        condition,
+                        attempts,
+                    )
+                    .await;
                 }
             }
         }
-        if delete_after {
+        if details.delete_after {
             match self
                 .scheduler
                 .delete_schedule()
