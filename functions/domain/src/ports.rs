@@ -38,6 +38,12 @@ pub trait SaleCatalog: Send + Sync {
 
     /// The sale, or `None`. Sales are immutable, so any copy is current.
     async fn find_sale(&self, sale_id: &SaleId) -> Result<Option<Sale>, StoreError>;
+
+    /// Every sale whose `ends_at` is at or after `cutoff`: those that may still have
+    /// open holds. A read for the reconciler, never on the hot path; on AWS it may lag
+    /// a just-created sale by the index's propagation delay, which only delays its
+    /// first reconciliation.
+    async fn sales_ending_after(&self, cutoff: DateTime<Utc>) -> Result<Vec<Sale>, StoreError>;
 }
 
 /// Why a reservation was refused.
@@ -139,6 +145,12 @@ pub trait OrderBook: Send + Sync {
         order_id: &OrderId,
         user: &UserId,
     ) -> Result<Option<(Order, Reservation)>, StoreError>;
+
+    /// Every open hold of the sale (`reserved` or `pending_payment`) with the
+    /// reservation behind it. A read for the reconciler; like [`OrderBook::count`] it
+    /// may lag the latest writes on AWS, which is harmless because every action the
+    /// reconciler takes on a hold is conditional on the hold's current state.
+    async fn open_holds(&self, sale: &Sale) -> Result<Vec<(Reservation, OrderStatus)>, StoreError>;
 
     /// Counts every unit of the sale by where it is, for reconciliation. A read of
     /// every hold and order of the sale, so for admins, not for the hot path.

@@ -16,7 +16,9 @@ use crate::ports::{
     Clock, OpenOutcome, OrderBook, OrderQueue, PayOutcome, ReleaseScheduler, ReserveRefusal,
     SaleCatalog, Settlement, StockLedger,
 };
-use crate::sale::{Sale, SaleDraft, SalePhase, SaleStats, SaleView, TOKEN_LEAD};
+use crate::sale::{
+    MAX_PAYMENT_TIMEOUT_SECS, Sale, SaleDraft, SalePhase, SaleStats, SaleView, TOKEN_LEAD,
+};
 use crate::token::GrabTokenSigner;
 
 /// How long a grab path stays valid. Short, so a leaked path is soon useless, and a
@@ -283,6 +285,101 @@ impl ExpiryService {
     }
 }
 
+/// What one reconciliation pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct ReconcileReport {
+    pub sales: usize,
+    pub open_holds: usize,
+    /// Reserved holds whose queue message was evidently lost, sent again.
+    pub requeued: usize,
+    /// Holds past their deadline that no timer had released, released here.
+    pub expired: usize,
+    /// Holds an action failed on; the next pass tries them again.
+    pub failed: usize,
+}
+
+/// The safety net under the happy path (the seeds' reconciliation). A grab can commit
+/// and then lose its queue message (the function timed out or crashed in between, or
+/// the commit's answer was lost), and a timer can be lost; either would strand a unit
+/// for good. Each pass finds open holds that should have moved on by now and moves
+/// them: a `reserved` hold older than `handover_grace` is sent to the consumer again
+/// (deduplicated by order id) or, if already past its deadline, released; a hold past
+/// its deadline by `timer_grace` is released. Every action is conditional on the
+/// hold's state, so a pass racing the normal path changes nothing twice.
+pub struct Reconciler {
+    pub catalog: Arc<dyn SaleCatalog>,
+    pub orders: Arc<dyn OrderBook>,
+    pub ledger: Arc<dyn StockLedger>,
+    pub queue: Arc<dyn OrderQueue>,
+    pub clock: Arc<dyn Clock>,
+    pub handover_grace: Duration,
+    pub timer_grace: Duration,
+}
+
+impl Reconciler {
+    pub async fn run(&self) -> Result<ReconcileReport, AppError> {
+        let now = self.clock.now();
+        // A hold made at a sale's last instant lives at most the longest payment
+        // window past the end.
+        let longest_window = Duration::seconds(i64::from(MAX_PAYMENT_TIMEOUT_SECS));
+        let cutoff = now - longest_window - self.timer_grace;
+        let mut report = ReconcileReport::default();
+        for sale in self.catalog.sales_ending_after(cutoff).await? {
+            report.sales += 1;
+            for (reservation, status) in self.orders.open_holds(&sale).await? {
+                report.open_holds += 1;
+                match self.settle_if_stuck(&reservation, status, now).await {
+                    Ok(Some(Repair::Requeued)) => report.requeued += 1,
+                    Ok(Some(Repair::Expired)) => report.expired += 1,
+                    Ok(None) => {}
+                    Err(error) => {
+                        report.failed += 1;
+                        tracing::error!(
+                            order_id = %reservation.order_id,
+                            error = &error as &dyn std::error::Error,
+                            "reconciliation of a stuck hold failed"
+                        );
+                    }
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    async fn settle_if_stuck(
+        &self,
+        reservation: &Reservation,
+        status: OrderStatus,
+        now: DateTime<Utc>,
+    ) -> Result<Option<Repair>, StoreError> {
+        let past_deadline = now >= reservation.expires_at;
+        let stuck = match status {
+            OrderStatus::Reserved => now - reservation.created_at >= self.handover_grace,
+            OrderStatus::PendingPayment => now - reservation.expires_at >= self.timer_grace,
+            _ => false,
+        };
+        if !stuck {
+            return Ok(None);
+        }
+        if past_deadline {
+            let settled = self
+                .ledger
+                .release(reservation, ReleaseReason::Expired, now)
+                .await?;
+            tracing::warn!(order_id = %reservation.order_id, ?settled, "released a hold no timer released");
+            return Ok((settled == Settlement::Applied).then_some(Repair::Expired));
+        }
+        self.queue.enqueue(reservation).await?;
+        tracing::warn!(order_id = %reservation.order_id, "sent a reservation whose message was lost again");
+        Ok(Some(Repair::Requeued))
+    }
+}
+
+enum Repair {
+    Requeued,
+    Expired,
+}
+
 fn settled_error(status: OrderStatus) -> AppError {
     match status {
         OrderStatus::Paid => AppError::OrderPaid,
@@ -313,6 +410,10 @@ impl<C> CachedCatalog<C> {
 impl<C: SaleCatalog> SaleCatalog for CachedCatalog<C> {
     async fn create_sale(&self, sale: &Sale) -> Result<bool, StoreError> {
         self.inner.create_sale(sale).await
+    }
+
+    async fn sales_ending_after(&self, cutoff: DateTime<Utc>) -> Result<Vec<Sale>, StoreError> {
+        self.inner.sales_ending_after(cutoff).await
     }
 
     async fn find_sale(&self, sale_id: &SaleId) -> Result<Option<Sale>, StoreError> {

@@ -72,6 +72,24 @@ impl InMemoryStore {
         Self::default()
     }
 
+    /// Records a reservation as `reserved` with its unit taken, as a grab whose queue
+    /// message was lost would leave it: the reconciler's case.
+    pub fn strand(&self, sale: &Sale, reservation: &Reservation) {
+        let mut state = locked(&self.state);
+        *state
+            .shards
+            .entry((sale.sale_id.clone(), reservation.shard))
+            .or_default() -= 1;
+        *state
+            .active
+            .entry((sale.sale_id.clone(), reservation.user_id.clone()))
+            .or_default() += 1;
+        state.holds.insert(
+            reservation.order_id.clone(),
+            (reservation.clone(), OrderStatus::Reserved),
+        );
+    }
+
     pub fn shard_available(&self, sale_id: &SaleId, shard: u16) -> u64 {
         locked(&self.state)
             .shards
@@ -104,6 +122,17 @@ impl SaleCatalog for InMemoryStore {
 
     async fn find_sale(&self, sale_id: &SaleId) -> Result<Option<Sale>, StoreError> {
         Ok(locked(&self.state).sales.get(sale_id).cloned())
+    }
+
+    async fn sales_ending_after(&self, cutoff: DateTime<Utc>) -> Result<Vec<Sale>, StoreError> {
+        let mut sales: Vec<Sale> = locked(&self.state)
+            .sales
+            .values()
+            .filter(|sale| sale.ends_at >= cutoff)
+            .cloned()
+            .collect();
+        sales.sort_by(|a, b| a.sale_id.cmp(&b.sale_id));
+        Ok(sales)
     }
 }
 
@@ -239,6 +268,18 @@ impl OrderBook for InMemoryStore {
         Ok(found
             .filter(|(held, _)| &held.user_id == user)
             .map(|(held, status)| (Order::from_reservation(held, *status), held.clone())))
+    }
+
+    async fn open_holds(&self, sale: &Sale) -> Result<Vec<(Reservation, OrderStatus)>, StoreError> {
+        let state = locked(&self.state);
+        let mut holds: Vec<(Reservation, OrderStatus)> = state
+            .holds
+            .values()
+            .filter(|(held, status)| held.sale_id == sale.sale_id && status.is_open())
+            .cloned()
+            .collect();
+        holds.sort_by(|a, b| a.0.order_id.cmp(&b.0.order_id));
+        Ok(holds)
     }
 
     async fn count(&self, sale: &Sale) -> Result<StockCounts, StoreError> {

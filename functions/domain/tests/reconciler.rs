@@ -1,0 +1,149 @@
+//! The reconciler: stranded holds come back, healthy ones are left alone.
+
+use std::sync::Arc;
+
+use chrono::{DateTime, Duration, TimeZone, Utc};
+use flashsale_domain::ports::{Clock, SaleCatalog, StockLedger};
+use flashsale_domain::service::{ReconcileReport, Reconciler};
+use flashsale_domain::testing::{InMemoryStore, ManualClock, RecordingQueue};
+use flashsale_domain::{OrderId, OrderStatus, Reservation, Sale, SaleDraft, UserId};
+
+fn start() -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 11, 11, 0, 0, 0).unwrap()
+}
+
+struct World {
+    store: Arc<InMemoryStore>,
+    queue: Arc<RecordingQueue>,
+    clock: Arc<ManualClock>,
+    reconciler: Reconciler,
+    sale: Sale,
+}
+
+async fn world() -> World {
+    let store = Arc::new(InMemoryStore::new());
+    let queue = Arc::new(RecordingQueue::default());
+    let clock = Arc::new(ManualClock::new(start()));
+    let clock_port: Arc<dyn Clock> = clock.clone();
+    let sale = Sale::from_draft(SaleDraft {
+        sale_id: Some("s".into()),
+        name: "Phone".into(),
+        stock: 10,
+        starts_at: start(),
+        ends_at: start() + Duration::hours(1),
+        per_user_limit: None,
+        payment_timeout_secs: Some(600),
+        shards: Some(1),
+    })
+    .unwrap();
+    store.create_sale(&sale).await.unwrap();
+    let reconciler = Reconciler {
+        catalog: store.clone(),
+        orders: store.clone(),
+        ledger: store.clone(),
+        queue: queue.clone(),
+        clock: clock_port,
+        handover_grace: Duration::seconds(60),
+        timer_grace: Duration::seconds(120),
+    };
+    World {
+        store,
+        queue,
+        clock,
+        reconciler,
+        sale,
+    }
+}
+
+fn reservation(world: &World, user: &str) -> Reservation {
+    let now = world.clock.now();
+    Reservation {
+        order_id: OrderId::new(world.sale.sale_id.clone()),
+        sale_id: world.sale.sale_id.clone(),
+        user_id: UserId::parse(user).unwrap(),
+        shard: 0,
+        created_at: now,
+        expires_at: world.sale.payment_deadline(now),
+    }
+}
+
+#[tokio::test]
+async fn a_fresh_reservation_is_left_to_the_consumer() {
+    let world = world().await;
+    world.store.strand(&world.sale, &reservation(&world, "a"));
+    world.clock.advance(Duration::seconds(30));
+    let report = world.reconciler.run().await.unwrap();
+    assert_eq!(
+        report,
+        ReconcileReport {
+            sales: 1,
+            open_holds: 1,
+            ..ReconcileReport::default()
+        }
+    );
+    assert!(world.queue.sent.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_reservation_whose_message_was_lost_is_sent_again() {
+    let world = world().await;
+    let lost = reservation(&world, "a");
+    world.store.strand(&world.sale, &lost);
+    world.clock.advance(Duration::seconds(61));
+    let report = world.reconciler.run().await.unwrap();
+    assert_eq!(report.requeued, 1);
+    assert_eq!(*world.queue.sent.lock().unwrap(), vec![lost]);
+}
+
+#[tokio::test]
+async fn a_lost_reservation_past_its_deadline_is_released() {
+    let world = world().await;
+    let lost = reservation(&world, "a");
+    world.store.strand(&world.sale, &lost);
+    world.clock.set(lost.expires_at);
+    let report = world.reconciler.run().await.unwrap();
+    assert_eq!((report.expired, report.requeued), (1, 0));
+    assert_eq!(world.store.shard_available(&world.sale.sale_id, 0), 10);
+    // A second pass finds nothing open.
+    let again = world.reconciler.run().await.unwrap();
+    assert_eq!((again.open_holds, again.expired), (0, 0));
+}
+
+#[tokio::test]
+async fn an_awaiting_order_whose_timer_never_fired_is_released_after_the_grace() {
+    let world = world().await;
+    let held = reservation(&world, "a");
+    world.store.strand(&world.sale, &held);
+    flashsale_domain::ports::OrderBook::open(world.store.as_ref(), &held)
+        .await
+        .unwrap();
+
+    world.clock.set(held.expires_at + Duration::seconds(60));
+    assert_eq!(
+        world.reconciler.run().await.unwrap().expired,
+        0,
+        "the timer still has time"
+    );
+    world.clock.set(held.expires_at + Duration::seconds(120));
+    assert_eq!(world.reconciler.run().await.unwrap().expired, 1);
+    let settled = world
+        .store
+        .release(
+            &held,
+            flashsale_domain::ReleaseReason::Expired,
+            world.clock.now(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        settled,
+        flashsale_domain::ports::Settlement::AlreadySettled(OrderStatus::Expired)
+    );
+}
+
+#[tokio::test]
+async fn long_ended_sales_are_not_read() {
+    let world = world().await;
+    world.clock.set(start() + Duration::days(3));
+    assert_eq!(world.reconciler.run().await.unwrap().sales, 0);
+}

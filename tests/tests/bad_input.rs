@@ -1,0 +1,278 @@
+//! Bad input gets its 4xx with `{"error", "message"}`, never a 5xx, and writes nothing.
+
+mod common;
+
+use common::{Harness, assert_error};
+use reqwest::{Method, StatusCode};
+use serde_json::json;
+
+async fn assert_refused_without_writing(
+    harness: &Harness,
+    method: Method,
+    path: &str,
+    token: Option<&str>,
+    body: Option<Vec<u8>>,
+    status: StatusCode,
+    code: &str,
+) {
+    let before = harness.item_count().await;
+    let response = harness
+        .api
+        .send_raw(method.clone(), path, token, body)
+        .await
+        .expect("an answer");
+    assert_error(&response, status, code);
+    assert_eq!(
+        harness.item_count().await,
+        before,
+        "{method} {path} wrote something"
+    );
+}
+
+fn sale_body(overrides: serde_json::Value) -> Vec<u8> {
+    let mut body = json!({
+        "sale_id": "bad-input-sale",
+        "name": "Phone",
+        "stock": 10,
+        "starts_at": "2026-01-01T00:00:00Z",
+        "ends_at": "2099-01-01T00:00:00Z",
+    });
+    for (key, value) in overrides.as_object().expect("an object") {
+        if value.is_null() {
+            body.as_object_mut().unwrap().remove(key);
+        } else {
+            body[key] = value.clone();
+        }
+    }
+    serde_json::to_vec(&body).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn invalid_sales_are_refused_with_400_and_write_nothing() {
+    let harness = Harness::start("bad-sale").await;
+    let admin = harness.admin.clone();
+    let post = |body: Vec<u8>, code: &'static str| {
+        let harness = &harness;
+        let admin = admin.clone();
+        async move {
+            assert_refused_without_writing(
+                harness,
+                Method::POST,
+                "/admin/sales",
+                Some(&admin),
+                Some(body),
+                StatusCode::BAD_REQUEST,
+                code,
+            )
+            .await;
+        }
+    };
+    post(b"{\"name\": \"Phone\", ".to_vec(), "invalid_json").await;
+    post(b"not json at all".to_vec(), "invalid_json").await;
+    // Well-formed JSON of the wrong shape is invalid input, naming the field.
+    post(sale_body(json!({ "name": null })), "invalid_input").await;
+    post(sale_body(json!({ "stock": "ten" })), "invalid_input").await;
+    post(
+        sale_body(json!({ "starts_at": "yesterday" })),
+        "invalid_input",
+    )
+    .await;
+    post(sale_body(json!({ "colour": "red" })), "invalid_input").await;
+    post(sale_body(json!({ "stock": 0 })), "invalid_input").await;
+    post(sale_body(json!({ "stock": -3 })), "invalid_input").await;
+    post(sale_body(json!({ "stock": 1_000_001 })), "invalid_input").await;
+    post(
+        sale_body(json!({ "ends_at": "2026-01-01T00:00:00Z" })),
+        "invalid_input",
+    )
+    .await;
+    post(
+        sale_body(json!({ "payment_timeout_secs": 0 })),
+        "invalid_input",
+    )
+    .await;
+    post(
+        sale_body(json!({ "sale_id": "has spaces" })),
+        "invalid_input",
+    )
+    .await;
+    post(sale_body(json!({ "shards": 11 })), "invalid_input").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_oversize_body_is_413_and_writes_nothing() {
+    let harness = Harness::start("oversize").await;
+    let huge = sale_body(json!({ "name": "x".repeat(1 << 20) }));
+    assert_refused_without_writing(
+        &harness,
+        Method::POST,
+        "/admin/sales",
+        Some(&harness.admin.clone()),
+        Some(huge),
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "payload_too_large",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn unknown_sales_are_404_on_every_route() {
+    let harness = Harness::start("unknown-sale").await;
+    let alice = harness.user("alice");
+    assert_refused_without_writing(
+        &harness,
+        Method::GET,
+        "/sales/no-such-sale",
+        None,
+        None,
+        StatusCode::NOT_FOUND,
+        "sale_not_found",
+    )
+    .await;
+    assert_refused_without_writing(
+        &harness,
+        Method::POST,
+        "/sales/no-such-sale/token",
+        Some(&alice),
+        None,
+        StatusCode::NOT_FOUND,
+        "sale_not_found",
+    )
+    .await;
+    assert_refused_without_writing(
+        &harness,
+        Method::POST,
+        "/sales/no-such-sale/grab/123.abc",
+        Some(&alice),
+        None,
+        StatusCode::NOT_FOUND,
+        "sale_not_found",
+    )
+    .await;
+    let admin = harness.admin.clone();
+    assert_refused_without_writing(
+        &harness,
+        Method::GET,
+        "/admin/sales/no-such-sale/stats",
+        Some(&admin),
+        None,
+        StatusCode::NOT_FOUND,
+        "sale_not_found",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn forged_or_borrowed_grab_tokens_are_403_and_write_nothing() {
+    let harness = Harness::start("forged").await;
+    harness.active_sale("forged", 5, 1, 900).await;
+    let alice = harness.user("alice");
+    let mallory = harness.user("mallory");
+    let pass = harness.api.grab_pass(&alice, "forged").await.unwrap();
+    let alices_path = pass.str_field("grab_path").unwrap().to_owned();
+    let forged_path = format!(
+        "/sales/forged/grab/{}.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
+        chrono::Utc::now().timestamp() + 60
+    );
+    for path in [
+        alices_path.as_str(),
+        forged_path.as_str(),
+        "/sales/forged/grab/garbage",
+    ] {
+        assert_refused_without_writing(
+            &harness,
+            Method::POST,
+            path,
+            Some(&mallory),
+            None,
+            StatusCode::FORBIDDEN,
+            "invalid_token",
+        )
+        .await;
+    }
+    assert_eq!(harness.shard_availability("forged", 1).await, [5]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn another_users_order_is_404_whatever_is_asked() {
+    let harness = Harness::start("not-yours").await;
+    harness.active_sale("not-yours", 5, 1, 900).await;
+    let alice = harness.user("alice");
+    let mallory = harness.user("mallory");
+    let (order_id, _) = harness.grab_ok(&alice, "not-yours").await;
+    harness
+        .wait_for_status(
+            &alice,
+            &order_id,
+            "pending_payment",
+            std::time::Duration::from_secs(15),
+        )
+        .await;
+    for (method, path) in [
+        (Method::GET, format!("/orders/{order_id}")),
+        (Method::POST, format!("/orders/{order_id}/pay")),
+        (Method::POST, format!("/orders/{order_id}/cancel")),
+    ] {
+        assert_refused_without_writing(
+            &harness,
+            method,
+            &path,
+            Some(&mallory),
+            None,
+            StatusCode::NOT_FOUND,
+            "order_not_found",
+        )
+        .await;
+    }
+    assert_refused_without_writing(
+        &harness,
+        Method::GET,
+        "/orders/not-an-order-id",
+        Some(&alice),
+        None,
+        StatusCode::NOT_FOUND,
+        "order_not_found",
+    )
+    .await;
+    assert_eq!(
+        harness.order_status(&alice, &order_id).await,
+        "pending_payment"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn without_a_valid_token_protected_routes_are_401_and_users_are_not_admins() {
+    let harness = Harness::start("auth").await;
+    let alice = harness.user("alice");
+    let body = Some(sale_body(json!({})));
+    assert_refused_without_writing(
+        &harness,
+        Method::POST,
+        "/admin/sales",
+        None,
+        body.clone(),
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+    )
+    .await;
+    assert_refused_without_writing(
+        &harness,
+        Method::POST,
+        "/admin/sales",
+        Some("not.a.jwt"),
+        body.clone(),
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+    )
+    .await;
+    assert_refused_without_writing(
+        &harness,
+        Method::POST,
+        "/admin/sales",
+        Some(&alice),
+        body,
+        StatusCode::FORBIDDEN,
+        "forbidden",
+    )
+    .await;
+}

@@ -1,0 +1,267 @@
+//! What every end-to-end test needs: a local stack of its own (on the emulators shared by
+//! the test process), an admin, a sale, and direct reads of what was written.
+
+#![allow(dead_code)] // each test file uses its own part of this module
+
+use std::future::Future;
+use std::time::Duration;
+
+use aws_sdk_dynamodb::types::{AttributeValue, Select};
+use chrono::{DateTime, Utc};
+use flashsale_e2e::{ApiClient, ApiResponse};
+use flashsale_local::{LocalStack, StackOptions};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+pub const GRAB_TOKEN_SECRET: &str = "e2e-grab-token-secret-of-at-least-32-bytes";
+
+pub struct Harness {
+    pub stack: LocalStack,
+    pub api: ApiClient,
+    pub admin: String,
+    pub dynamodb: aws_sdk_dynamodb::Client,
+    pub scheduler: aws_sdk_scheduler::Client,
+}
+
+impl Harness {
+    pub async fn start(name: &str) -> Self {
+        let stack_name = format!("e2e-{name}-{}", flashsale_emulators::unique_suffix());
+        let options = StackOptions::new(stack_name)
+            .parameter("GrabTokenSecret", GRAB_TOKEN_SECRET)
+            // Redelivery after a failure in seconds, not the deployed 3 minutes.
+            .parameter("OrdersVisibilityTimeout", "2");
+        let stack = LocalStack::start(options)
+            .await
+            .expect("the local stack starts");
+        let api = ApiClient::new(&stack.api_url);
+        let admin = stack.token("e2e-admin", true).expect("an admin token");
+        let dynamodb = aws_sdk_dynamodb::Client::new(&stack.sdk_config);
+        let scheduler = aws_sdk_scheduler::Client::new(&stack.sdk_config);
+        Self {
+            stack,
+            api,
+            admin,
+            dynamodb,
+            scheduler,
+        }
+    }
+
+    pub fn user(&self, name: &str) -> String {
+        self.stack.token(name, false).expect("a user token")
+    }
+
+    pub fn table(&self) -> &str {
+        self.stack
+            .table_name("Table")
+            .expect("the template has a Table")
+    }
+
+    pub fn schedule_group(&self) -> &str {
+        self.stack
+            .schedule_group_name("ReleaseScheduleGroup")
+            .expect("the template has a ReleaseScheduleGroup")
+    }
+
+    /// Creates an active sale (started a second ago, ending in an hour).
+    pub async fn active_sale(
+        &self,
+        sale_id: &str,
+        stock: u32,
+        shards: u16,
+        payment_timeout_secs: u32,
+    ) {
+        let now = Utc::now();
+        let created = self
+            .api
+            .create_sale(
+                &self.admin,
+                &json!({
+                    "sale_id": sale_id,
+                    "name": format!("e2e {sale_id}"),
+                    "stock": stock,
+                    "shards": shards,
+                    "payment_timeout_secs": payment_timeout_secs,
+                    "starts_at": now - chrono::Duration::seconds(1),
+                    "ends_at": now + chrono::Duration::hours(1),
+                }),
+            )
+            .await
+            .expect("create sale answers");
+        assert_eq!(created.status, StatusCode::CREATED, "{}", created.body);
+    }
+
+    /// `available` of every stock shard, read straight from the table.
+    pub async fn shard_availability(&self, sale_id: &str, shards: u16) -> Vec<i64> {
+        let mut available = Vec::new();
+        for shard in 0..shards {
+            let item = self
+                .dynamodb
+                .get_item()
+                .table_name(self.table())
+                .key(
+                    "pk",
+                    AttributeValue::S(format!("SALE#{sale_id}#SHARD#{shard}")),
+                )
+                .key("sk", AttributeValue::S("STOCK".into()))
+                .consistent_read(true)
+                .send()
+                .await
+                .expect("GetItem of a shard");
+            let value = item
+                .item()
+                .and_then(|item| item.get("available"))
+                .and_then(|value| value.as_n().ok())
+                .expect("every shard has an available count");
+            available.push(value.parse().expect("a number"));
+        }
+        available
+    }
+
+    /// How many items the table holds: proof that a refused request wrote nothing.
+    pub async fn item_count(&self) -> i32 {
+        let mut total = 0;
+        let mut start = None;
+        loop {
+            let page = self
+                .dynamodb
+                .scan()
+                .table_name(self.table())
+                .select(Select::Count)
+                .consistent_read(true)
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .expect("Scan COUNT");
+            total += page.count();
+            start = page.last_evaluated_key().cloned();
+            if start.is_none() {
+                return total;
+            }
+        }
+    }
+
+    pub async fn stats(&self, sale_id: &str) -> Value {
+        let stats = self
+            .api
+            .stats(&self.admin, sale_id)
+            .await
+            .expect("stats answer");
+        assert_eq!(stats.status, StatusCode::OK, "{}", stats.body);
+        stats.body
+    }
+
+    /// Grabs one unit, expecting success; answers the order id and its expiry.
+    pub async fn grab_ok(&self, user: &str, sale_id: &str) -> (String, DateTime<Utc>) {
+        let grabbed = self.api.grab(user, sale_id).await.expect("grab answers");
+        assert_eq!(grabbed.status, StatusCode::ACCEPTED, "{}", grabbed.body);
+        assert_eq!(grabbed.str_field("status"), Some("reserved"));
+        let expires_at = grabbed
+            .str_field("expires_at")
+            .expect("expires_at")
+            .parse()
+            .expect("RFC 3339");
+        (
+            grabbed.str_field("order_id").expect("order_id").to_owned(),
+            expires_at,
+        )
+    }
+
+    pub async fn order_status(&self, user: &str, order_id: &str) -> String {
+        let order = self.api.order(user, order_id).await.expect("order answers");
+        assert_eq!(order.status, StatusCode::OK, "{}", order.body);
+        order.str_field("status").expect("status").to_owned()
+    }
+
+    /// Waits until the order reaches `status`, as the consumer or a timer moves it.
+    pub async fn wait_for_status(
+        &self,
+        user: &str,
+        order_id: &str,
+        status: &str,
+        within: Duration,
+    ) {
+        eventually(within, || async {
+            let current = self.order_status(user, order_id).await;
+            (current == status).then_some(()).ok_or(current)
+        })
+        .await;
+    }
+
+    /// The release timer of an order, if it exists: its Target.Input is the event the
+    /// release function will get.
+    pub async fn release_timer_input(&self, order_id: &str) -> Option<Value> {
+        let unique = order_id
+            .rsplit('.')
+            .next()
+            .expect("order ids end in a ULID");
+        let found = self
+            .scheduler
+            .get_schedule()
+            .group_name(self.schedule_group())
+            .name(format!("release-{unique}"))
+            .send()
+            .await;
+        match found {
+            Ok(schedule) => {
+                let input = schedule
+                    .target()
+                    .and_then(|target| target.input())
+                    .expect("an input");
+                Some(serde_json::from_str(input).expect("the input is JSON"))
+            }
+            Err(error)
+                if error
+                    .as_service_error()
+                    .is_some_and(|e| e.is_resource_not_found_exception()) =>
+            {
+                None
+            }
+            Err(error) => panic!("GetSchedule failed: {error:?}"),
+        }
+    }
+
+    pub async fn timers_in_group(&self) -> usize {
+        let listed = self
+            .scheduler
+            .list_schedules()
+            .group_name(self.schedule_group())
+            .send()
+            .await
+            .expect("ListSchedules");
+        listed.schedules().len()
+    }
+}
+
+/// Polls `probe` until it answers `Ok`, failing with its last answer after `within`.
+pub async fn eventually<T, E, F, Fut>(within: Duration, mut probe: F) -> T
+where
+    E: std::fmt::Debug,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        match probe().await {
+            Ok(value) => return value,
+            Err(last) if tokio::time::Instant::now() >= deadline => {
+                panic!("still not there after {within:?}; last answer: {last:?}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+/// Asserts an error response: its status, its code, and a message.
+pub fn assert_error(response: &ApiResponse, status: StatusCode, code: &str) {
+    assert_eq!(response.status, status, "{}", response.body);
+    assert_eq!(response.error_code(), Some(code), "{}", response.body);
+    assert!(
+        response
+            .body
+            .get("message")
+            .and_then(Value::as_str)
+            .is_some_and(|m| !m.is_empty()),
+        "an error carries a message: {}",
+        response.body
+    );
+}
