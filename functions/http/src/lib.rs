@@ -1,6 +1,7 @@
 //! What every flashsale function shares besides the domain: the one mapping from
 //! errors to HTTP answers, the caller taken from the API Gateway JWT authorizer, JSON
-//! bodies with a size limit, typed configuration from the environment, and JSON logs.
+//! bodies with a size limit, typed configuration from the environment, time limits on
+//! AWS SDK calls, and JSON logs.
 //!
 //! The HTTP functions call [`respond`] once per request, so every error any route can
 //! produce is turned into a status and `{"error", "message"}` in exactly one place.
@@ -11,6 +12,7 @@ pub mod config;
 pub mod error;
 pub mod response;
 pub mod route;
+pub mod sdk;
 pub mod telemetry;
 pub mod testing;
 
@@ -20,3 +22,4 @@ pub use config::ConfigError;
 pub use error::ApiError;
 pub use response::{CachePolicy, json, respond};
 pub use route::{order_id_param, path_param, route_key, sale_id_param};
+pub use sdk::CallBudget;
