@@ -4,7 +4,8 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
@@ -16,7 +17,7 @@ use serde_json::{Map, Value, json};
 
 use crate::auth::LocalJwt;
 use crate::lambda::{LambdaService, error_chain};
-use crate::model::{RouteAuth, RouteSpec};
+use crate::model::{CorsSpec, RouteAuth, RouteSpec, Throttle};
 
 /// API Gateway's payload limit for HTTP APIs.
 pub const MAX_PAYLOAD: usize = 10 * 1024 * 1024;
@@ -42,6 +43,39 @@ struct Route {
     function: String,
     spec: RouteSpec,
     segments: Vec<Segment>,
+    bucket: Option<Arc<Mutex<Bucket>>>,
+}
+
+/// API Gateway's token bucket for one route.
+#[derive(Debug)]
+struct Bucket {
+    throttle: Throttle,
+    tokens: f64,
+    refilled: Instant,
+}
+
+impl Bucket {
+    fn new(throttle: Throttle) -> Self {
+        Self {
+            throttle,
+            tokens: throttle.burst_limit as f64,
+            refilled: Instant::now(),
+        }
+    }
+
+    /// Takes a token if there is one.
+    fn admit(&mut self) -> bool {
+        let now = Instant::now();
+        let refill = now.duration_since(self.refilled).as_secs_f64() * self.throttle.rate_limit;
+        self.tokens = (self.tokens + refill).min(self.throttle.burst_limit as f64);
+        self.refilled = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
 }
 
 fn segments(path: &str) -> Vec<Segment> {
@@ -139,6 +173,8 @@ pub struct Gateway {
     lambda: LambdaService,
     routes: Vec<Route>,
     jwt: LocalJwt,
+    /// CORS configuration by API id.
+    cors: BTreeMap<String, CorsSpec>,
 }
 
 impl Gateway {
@@ -149,13 +185,36 @@ impl Gateway {
             .map(|(function, spec)| Route {
                 function: function.logical_id.clone(),
                 segments: segments(&spec.path),
+                bucket: spec.throttle.map(|t| Arc::new(Mutex::new(Bucket::new(t)))),
                 spec: spec.clone(),
             })
+            .collect();
+        let cors = lambda
+            .model()
+            .apis
+            .iter()
+            .filter_map(|api| api.cors.clone().map(|c| (api.api_id.clone(), c)))
             .collect();
         Self {
             lambda,
             routes,
             jwt,
+            cors,
+        }
+    }
+
+    /// The CORS configuration that applies to a request for `path`: its route's API, or
+    /// the only API's when no route matches.
+    fn cors_for(&self, path: &str) -> Option<&CorsSpec> {
+        let api_id = self
+            .routes
+            .iter()
+            .find(|r| r.matches(unstaged(r, path)).is_some())
+            .map(|r| r.spec.api_id.clone());
+        match api_id {
+            Some(id) => self.cors.get(&id),
+            None if self.cors.len() == 1 => self.cors.values().next(),
+            None => None,
         }
     }
 
@@ -171,21 +230,22 @@ impl Gateway {
         self.routes
             .iter()
             .filter(|r| r.spec.method == "ANY" || r.spec.method == method.as_str())
-            .filter_map(|r| {
-                // On AWS a named stage prefixes the URL; locally both forms are served.
-                let stage_prefix = format!("/{}", r.spec.stage);
-                let unstaged = match path.strip_prefix(&stage_prefix) {
-                    Some(rest)
-                        if r.spec.stage != "$default"
-                            && (rest.is_empty() || rest.starts_with('/')) =>
-                    {
-                        rest
-                    }
-                    _ => path,
-                };
-                r.matches(unstaged).map(|params| (r, params))
-            })
+            .filter_map(|r| r.matches(unstaged(r, path)).map(|params| (r, params)))
             .max_by_key(|(r, _)| r.specificity())
+    }
+}
+
+/// `path` without the route's stage prefix: on AWS a named stage prefixes the URL;
+/// locally both forms are served.
+fn unstaged<'p>(route: &Route, path: &'p str) -> &'p str {
+    let stage_prefix = format!("/{}", route.spec.stage);
+    match path.strip_prefix(&stage_prefix) {
+        Some(rest)
+            if route.spec.stage != "$default" && (rest.is_empty() || rest.starts_with('/')) =>
+        {
+            rest
+        }
+        _ => path,
     }
 }
 
@@ -240,6 +300,84 @@ async fn serve(
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     request: http::Request<Body>,
 ) -> Response {
+    let path = request.uri().path().to_owned();
+    let origin = request
+        .headers()
+        .get(header::ORIGIN)
+        .and_then(|o| o.to_str().ok())
+        .map(str::to_owned);
+    let cors = gateway.cors_for(&path).cloned();
+    let preflight = request.method() == Method::OPTIONS
+        && request
+            .headers()
+            .contains_key(header::ACCESS_CONTROL_REQUEST_METHOD)
+        && gateway.find(&Method::OPTIONS, &path).is_none();
+    let mut response = match (&cors, preflight) {
+        // API Gateway answers preflights itself, before any route or authorizer.
+        (Some(cors), true) => preflight_response(cors, origin.as_deref()),
+        _ => route_request(&gateway, peer, request).await,
+    };
+    if let (Some(cors), Some(origin)) = (&cors, &origin) {
+        add_cors_headers(&mut response, cors, origin);
+    }
+    response
+}
+
+fn header_value(text: &str) -> Option<HeaderValue> {
+    HeaderValue::from_str(text).ok()
+}
+
+fn preflight_response(cors: &CorsSpec, origin: Option<&str>) -> Response {
+    let mut response = Response::new(Body::empty());
+    *response.status_mut() = StatusCode::NO_CONTENT;
+    if origin.and_then(|o| cors.allowed_origin(o)).is_none() {
+        return response;
+    }
+    let headers = response.headers_mut();
+    let lists = [
+        (header::ACCESS_CONTROL_ALLOW_METHODS, &cors.allow_methods),
+        (header::ACCESS_CONTROL_ALLOW_HEADERS, &cors.allow_headers),
+    ];
+    for (name, values) in lists {
+        if !values.is_empty()
+            && let Some(value) = header_value(&values.join(","))
+        {
+            headers.insert(name, value);
+        }
+    }
+    if let Some(max_age) = cors.max_age.and_then(|m| header_value(&m.to_string())) {
+        headers.insert(header::ACCESS_CONTROL_MAX_AGE, max_age);
+    }
+    response
+}
+
+/// The CORS headers API Gateway sets (replacing any the function returned).
+fn add_cors_headers(response: &mut Response, cors: &CorsSpec, origin: &str) {
+    let Some(allowed) = cors.allowed_origin(origin) else {
+        return;
+    };
+    let headers = response.headers_mut();
+    if let Some(value) = header_value(&allowed) {
+        headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, value);
+    }
+    if !cors.expose_headers.is_empty()
+        && let Some(value) = header_value(&cors.expose_headers.join(","))
+    {
+        headers.insert(header::ACCESS_CONTROL_EXPOSE_HEADERS, value);
+    }
+    if cors.allow_credentials == Some(true) {
+        headers.insert(
+            header::ACCESS_CONTROL_ALLOW_CREDENTIALS,
+            HeaderValue::from_static("true"),
+        );
+    }
+}
+
+async fn route_request(
+    gateway: &Gateway,
+    peer: SocketAddr,
+    request: http::Request<Body>,
+) -> Response {
     let (parts, body) = request.into_parts();
     let path = parts.uri.path().to_owned();
     let Some((route, path_parameters)) = gateway.find(&parts.method, &path) else {
@@ -249,6 +387,16 @@ async fn serve(
             &format!("no route for {} {}", parts.method, path),
         );
     };
+    if let Some(bucket) = &route.bucket {
+        let admitted = bucket.lock().map(|mut b| b.admit()).unwrap_or(true);
+        if !admitted {
+            return error_response(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too_many_requests",
+                "Too Many Requests",
+            );
+        }
+    }
     let body = match axum::body::to_bytes(body, MAX_PAYLOAD).await {
         Ok(body) => body,
         Err(_) => {
@@ -526,8 +674,10 @@ mod tests {
                 method: method.to_owned(),
                 path: path.to_owned(),
                 auth: RouteAuth::Public,
+                throttle: None,
             },
             segments: segments(path),
+            bucket: None,
         }
     }
 
@@ -558,6 +708,50 @@ mod tests {
         assert_eq!(best("/sales/current").as_deref(), Some("/sales/current"));
         assert_eq!(best("/sales/s1").as_deref(), Some("/sales/{sale_id}"));
         assert_eq!(best("/other/x").as_deref(), Some("/{proxy+}"));
+    }
+
+    #[test]
+    fn a_bucket_admits_its_burst_then_refills_at_its_rate() {
+        let mut bucket = Bucket::new(Throttle {
+            rate_limit: 1000.0,
+            burst_limit: 3,
+        });
+        assert!((0..3).all(|_| bucket.admit()));
+        assert!(!bucket.admit(), "the burst is spent");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        assert!(bucket.admit(), "refilled at 1000/s");
+    }
+
+    #[test]
+    fn cors_echoes_an_allowed_origin_and_preflights_list_methods_and_headers() {
+        let cors = CorsSpec {
+            allow_origins: vec!["https://shop.example".to_owned()],
+            allow_methods: vec!["GET".to_owned(), "POST".to_owned()],
+            allow_headers: vec!["authorization".to_owned()],
+            expose_headers: vec!["retry-after".to_owned()],
+            max_age: Some(600),
+            allow_credentials: None,
+        };
+        let preflight = preflight_response(&cors, Some("https://shop.example"));
+        assert_eq!(preflight.status(), StatusCode::NO_CONTENT);
+        assert_eq!(
+            preflight.headers()[header::ACCESS_CONTROL_ALLOW_METHODS],
+            "GET,POST"
+        );
+        assert_eq!(preflight.headers()[header::ACCESS_CONTROL_MAX_AGE], "600");
+        let mut response = json_response(StatusCode::OK, json!({}));
+        add_cors_headers(&mut response, &cors, "https://shop.example");
+        assert_eq!(
+            response.headers()[header::ACCESS_CONTROL_ALLOW_ORIGIN],
+            "https://shop.example"
+        );
+        let mut foreign = json_response(StatusCode::OK, json!({}));
+        add_cors_headers(&mut foreign, &cors, "https://evil.example");
+        assert!(
+            !foreign
+                .headers()
+                .contains_key(header::ACCESS_CONTROL_ALLOW_ORIGIN)
+        );
     }
 
     #[test]

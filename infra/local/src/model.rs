@@ -497,6 +497,49 @@ pub struct HttpApiSpec {
     pub stage_variables: BTreeMap<String, String>,
     pub authorizers: BTreeMap<String, JwtAuthorizerSpec>,
     pub default_authorizer: Option<String>,
+    /// `CorsConfiguration`: API Gateway answers preflights and adds the CORS headers.
+    pub cors: Option<CorsSpec>,
+    /// `DefaultRouteSettings` throttling.
+    pub default_throttle: Option<Throttle>,
+}
+
+/// An HTTP API's CORS configuration.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "PascalCase", deny_unknown_fields)]
+pub struct CorsSpec {
+    #[serde(default)]
+    pub allow_origins: Vec<String>,
+    #[serde(default)]
+    pub allow_methods: Vec<String>,
+    #[serde(default)]
+    pub allow_headers: Vec<String>,
+    #[serde(default)]
+    pub expose_headers: Vec<String>,
+    #[serde(default, deserialize_with = "lenient_opt_u64")]
+    pub max_age: Option<u64>,
+    #[serde(default, deserialize_with = "lenient_opt_bool")]
+    pub allow_credentials: Option<bool>,
+}
+
+impl CorsSpec {
+    /// The `Access-Control-Allow-Origin` value for a request from `origin`, if allowed.
+    pub fn allowed_origin(&self, origin: &str) -> Option<String> {
+        if self.allow_origins.iter().any(|o| o == "*") {
+            Some("*".to_owned())
+        } else {
+            self.allow_origins
+                .iter()
+                .find(|o| o.eq_ignore_ascii_case(origin))
+                .map(|_| origin.to_owned())
+        }
+    }
+}
+
+/// A route's throttle: a token bucket of `burst_limit` refilled at `rate_limit` per second.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Throttle {
+    pub rate_limit: f64,
+    pub burst_limit: u64,
 }
 
 /// A JWT authorizer: what API Gateway checks before the function runs.
@@ -532,6 +575,8 @@ pub struct RouteSpec {
     /// `/sales/{sale_id}/grab/{token}`; `{name+}` is a greedy parameter.
     pub path: String,
     pub auth: RouteAuth,
+    /// The event's `RouteSettings` throttle, else the API's default.
+    pub throttle: Option<Throttle>,
 }
 
 impl RouteSpec {
@@ -619,6 +664,32 @@ fn http_api_spec(
             });
         }
     }
+    let cors = match properties.get("CorsConfiguration") {
+        None => None,
+        Some(node) => {
+            let cors_at = format!("{at}.CorsConfiguration");
+            match resolver.eval(node, &cors_at)? {
+                // `CorsConfiguration: true` allows every origin, method and header.
+                Value::Bool(true) => Some(CorsSpec {
+                    allow_origins: vec!["*".to_owned()],
+                    allow_methods: vec!["*".to_owned()],
+                    allow_headers: vec!["*".to_owned()],
+                    expose_headers: Vec::new(),
+                    max_age: None,
+                    allow_credentials: None,
+                }),
+                Value::Bool(false) => None,
+                value => Some(from_value(value, &cors_at)?),
+            }
+        }
+    };
+    let default_throttle = match properties.get("DefaultRouteSettings") {
+        Some(node) => throttle(
+            resolver.eval(node, &format!("{at}.DefaultRouteSettings"))?,
+            &at,
+        )?,
+        None => None,
+    };
     Ok(HttpApiSpec {
         logical_id: logical_id.to_owned(),
         api_id,
@@ -626,6 +697,36 @@ fn http_api_spec(
         stage_variables,
         authorizers,
         default_authorizer,
+        cors,
+        default_throttle,
+    })
+}
+
+/// The throttle of a `RouteSettings`/`DefaultRouteSettings` value, if it sets one.
+fn throttle(value: Value, at: &str) -> Result<Option<Throttle>, ModelError> {
+    let number = |key: &str| -> Result<Option<f64>, ModelError> {
+        match value.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Number(n)) => Ok(n.as_f64()),
+            Some(Value::String(s)) => s.trim().parse().map(Some).map_err(|_| ModelError::Invalid {
+                at: at.to_owned(),
+                what: format!("{key} must be a number"),
+            }),
+            Some(other) => Err(ModelError::Invalid {
+                at: at.to_owned(),
+                what: format!("{key} must be a number, found {other}"),
+            }),
+        }
+    };
+    let rate = number("ThrottlingRateLimit")?;
+    let burst = number("ThrottlingBurstLimit")?;
+    Ok(match (rate, burst) {
+        (None, None) => None,
+        (rate, burst) => Some(Throttle {
+            // An unset half is unlimited, as in API Gateway.
+            rate_limit: rate.unwrap_or(f64::INFINITY),
+            burst_limit: burst.map(|b| b as u64).unwrap_or(u64::MAX),
+        }),
     })
 }
 
@@ -909,6 +1010,10 @@ fn route_spec(
             RouteAuth::Jwt { authorizer, scopes }
         }
     };
+    let route_throttle = match props.get("RouteSettings") {
+        Some(node) => throttle(resolver.eval(node, at)?, at)?,
+        None => None,
+    };
     Ok(RouteSpec {
         event_name: event_name.to_owned(),
         api_id: api.api_id.clone(),
@@ -917,6 +1022,7 @@ fn route_spec(
         method,
         path,
         auth,
+        throttle: route_throttle.or(api.default_throttle),
     })
 }
 
@@ -1185,6 +1291,28 @@ mod tests {
             RouteAuth::Public => panic!("admin route must be protected"),
         }
         assert_eq!(create.stage, "dev");
+        let grab = model
+            .routes()
+            .find(|(_, r)| r.route_key() == "POST /sales/{sale_id}/grab/{token}")
+            .expect("route");
+        assert_eq!(
+            grab.1.throttle,
+            Some(Throttle {
+                rate_limit: 300.0,
+                burst_limit: 600
+            }),
+            "the route's settings win over the API default"
+        );
+        assert_eq!(
+            create.throttle.map(|t| t.burst_limit),
+            Some(2000),
+            "other routes get DefaultRouteSettings"
+        );
+        let cors = model.apis[0].cors.as_ref().expect("the API has CORS");
+        assert_eq!(
+            cors.allowed_origin("https://shop.example"),
+            Some("*".to_owned())
+        );
         assert_eq!(
             model
                 .function_by_arn(

@@ -4,6 +4,7 @@
 
 mod authorizer;
 mod event_source;
+mod gateway;
 mod provisioning;
 mod scheduler;
 
