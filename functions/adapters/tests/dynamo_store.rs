@@ -16,6 +16,7 @@ use flashsale_domain::ports::{
     OpenOutcome, OrderBook, PayOutcome, ReserveRefusal, SaleCatalog, Settlement, StockLedger,
 };
 use flashsale_domain::sale::StockCounts;
+use flashsale_domain::testing::InMemoryStore;
 use flashsale_domain::{OrderStatus, ReleaseReason, Reservation, Sale, SaleId, StoreError, UserId};
 
 use support::conflicts::Pattern;
@@ -685,6 +686,218 @@ async fn counts_reconcile_after_a_mix_of_reserves_opens_payments_and_releases() 
             .iter()
             .sum::<u64>(),
         5
+    );
+}
+
+/// Sales ending around `cutoff`, from a day before it to a month after, down to the
+/// nanosecond on either side of it.
+fn sales_ending_around(cutoff: chrono::DateTime<Utc>) -> Vec<Sale> {
+    [
+        -Duration::days(1),
+        -Duration::nanoseconds(1),
+        Duration::zero(),
+        Duration::nanoseconds(1),
+        Duration::hours(1),
+        Duration::days(1),
+        Duration::days(30),
+    ]
+    .into_iter()
+    .map(|offset| Sale {
+        starts_at: cutoff - Duration::days(2),
+        ends_at: cutoff + offset,
+        ..support::sale(3, 1, 1)
+    })
+    .collect()
+}
+
+#[tokio::test]
+async fn sales_ending_after_returns_exactly_the_sales_ending_at_or_after_the_cutoff_across_pages() {
+    let (store, pages) = support::small_pages_store(2).await;
+    let fake = InMemoryStore::default();
+    let cutoff = Utc::now();
+    let sales = sales_ending_around(cutoff);
+    for sale in &sales {
+        created(&store, sale).await;
+        assert!(fake.create_sale(sale).await.expect("create in the fake"));
+    }
+    let mut expected: Vec<Sale> = sales
+        .iter()
+        .filter(|sale| sale.ends_at >= cutoff)
+        .cloned()
+        .collect();
+    expected.sort_by(|a, b| a.sale_id.cmp(&b.sale_id));
+    assert_eq!(expected.len(), 5);
+
+    let before = pages.queries();
+    let found = store.sales_ending_after(cutoff).await.expect("sales");
+    assert!(
+        pages.queries() - before >= 3,
+        "five sales at two a page take at least three pages"
+    );
+    assert_eq!(found, expected);
+    assert_eq!(
+        fake.sales_ending_after(cutoff)
+            .await
+            .expect("the fake's sales"),
+        found,
+        "the store agrees with the fake"
+    );
+    assert_eq!(
+        store
+            .sales_ending_after(cutoff + Duration::days(31))
+            .await
+            .expect("sales"),
+        Vec::<Sale>::new(),
+        "no sale ends after the last one"
+    );
+}
+
+/// One scenario played on any store: holds of every status on a sale, some on the same
+/// user item, and an open hold of another sale. Returns the open holds of `sale`
+/// it leaves behind, by order id.
+async fn play_holds_of_every_status<S>(
+    store: &S,
+    sale: &Sale,
+    other_sale: &Sale,
+    holds: &[Reservation],
+    other_hold: &Reservation,
+) -> Vec<(Reservation, OrderStatus)>
+where
+    S: SaleCatalog + StockLedger + OrderBook,
+{
+    assert!(store.create_sale(sale).await.expect("create the sale"));
+    assert!(
+        store
+            .create_sale(other_sale)
+            .await
+            .expect("create the other sale")
+    );
+    for reservation in holds {
+        store
+            .reserve(sale, reservation.shard, reservation)
+            .await
+            .expect("reserve")
+            .expect("stock and limit allow it");
+    }
+    store
+        .reserve(other_sale, other_hold.shard, other_hold)
+        .await
+        .expect("reserve")
+        .expect("stock and limit allow it");
+    let now = Utc::now();
+    for opened in [1, 2, 5, 6, 8] {
+        assert_eq!(
+            store.open(&holds[opened]).await.expect("open"),
+            OpenOutcome::AwaitingPayment
+        );
+    }
+    for paid in [2, 3] {
+        assert_eq!(
+            store.pay(&holds[paid], now).await.expect("pay"),
+            PayOutcome::Paid
+        );
+    }
+    for (released, reason) in [(4, ReleaseReason::Cancelled), (5, ReleaseReason::Expired)] {
+        assert_eq!(
+            store
+                .release(&holds[released], reason, now)
+                .await
+                .expect("release"),
+            Settlement::Applied
+        );
+    }
+    let mut open: Vec<(Reservation, OrderStatus)> = [
+        (0, OrderStatus::Reserved),
+        (1, OrderStatus::PendingPayment),
+        (6, OrderStatus::PendingPayment),
+        (7, OrderStatus::Reserved),
+        (8, OrderStatus::PendingPayment),
+    ]
+    .into_iter()
+    .map(|(index, status)| (holds[index].clone(), status))
+    .collect();
+    open.sort_by(|a, b| a.0.order_id.cmp(&b.0.order_id));
+    open
+}
+
+#[tokio::test]
+async fn open_holds_returns_reserved_and_pending_holds_with_their_reservations_and_omits_settled_ones()
+ {
+    let (store, pages) = support::small_pages_store(2).await;
+    let fake = InMemoryStore::default();
+    let sale = support::sale(20, 2, 2);
+    let other_sale = support::sale(5, 1, 1);
+    let users: Vec<UserId> = (0..8)
+        .map(|buyer| support::user(&format!("holder-{buyer}")))
+        .collect();
+    let mut holds: Vec<Reservation> = users
+        .iter()
+        .zip(0..)
+        .map(|(user, index)| support::reservation(&sale, user, index % 2))
+        .collect();
+    // A second hold on holder-0's item: one user item, two open holds.
+    holds.push(support::reservation(&sale, &users[0], 1));
+    let other_hold = support::reservation(&other_sale, &users[0], 0);
+
+    let expected =
+        play_holds_of_every_status(&store, &sale, &other_sale, &holds, &other_hold).await;
+    let before = pages.queries();
+    let open = store.open_holds(&sale).await.expect("open holds");
+    assert_eq!(open, expected);
+    assert!(
+        pages.queries() - before > u64::from(sale.shards),
+        "eight user items at two a page take more than one page per bucket"
+    );
+
+    let expected_by_fake =
+        play_holds_of_every_status(&fake, &sale, &other_sale, &holds, &other_hold).await;
+    assert_eq!(expected_by_fake, expected);
+    assert_eq!(
+        fake.open_holds(&sale).await.expect("the fake's open holds"),
+        open,
+        "the store agrees with the fake"
+    );
+    assert_eq!(
+        store.open_holds(&other_sale).await.expect("open holds"),
+        vec![(other_hold, OrderStatus::Reserved)]
+    );
+    assert_eq!(
+        store.count(&sale).await.expect("count"),
+        fake.count(&sale).await.expect("the fake's count"),
+        "count, which shares the read, agrees too"
+    );
+}
+
+#[tokio::test]
+async fn a_corrupt_hold_makes_open_holds_a_permanent_error_naming_the_user_item() {
+    let (store, client, table) = support::store().await;
+    let sale = support::sale(3, 1, 1);
+    created(&store, &sale).await;
+    let alice = support::user("alice");
+    reserved(&store, &sale, &alice, 0).await;
+    let user_pk = format!("SALE#{}#USER#{alice}", sale.sale_id);
+    client
+        .update_item()
+        .table_name(&table)
+        .key("pk", AttributeValue::S(user_pk.clone()))
+        .key("sk", AttributeValue::S("HOLDS".to_owned()))
+        .update_expression("SET #stray = :hold")
+        .expression_attribute_names("#stray", "hold#not-an-order")
+        .expression_attribute_values(":hold", AttributeValue::M(Default::default()))
+        .send()
+        .await
+        .expect("corrupt the item");
+
+    let error = store.open_holds(&sale).await.expect_err("corrupt");
+    assert!(matches!(error, StoreError::Permanent { .. }), "{error:?}");
+    let corrupt = error
+        .source()
+        .and_then(|source| source.downcast_ref::<CorruptItem>())
+        .expect("the source names the item");
+    assert_eq!(corrupt.pk, user_pk);
+    assert!(
+        matches!(&corrupt.source, ItemError::Id { name, .. } if name == "hold#not-an-order"),
+        "{corrupt:?}"
     );
 }
 

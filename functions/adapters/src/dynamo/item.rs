@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::num::ParseIntError;
 
 use aws_sdk_dynamodb::types::AttributeValue;
-use chrono::{DateTime, Duration, SecondsFormat, Utc};
+use chrono::{DateTime, Datelike, Duration, SecondsFormat, Utc};
 use flashsale_domain::order::UnknownStatus;
 use flashsale_domain::{OrderId, OrderStatus, Reservation, Sale, SaleId, UserId, ValidationError};
 
@@ -33,6 +33,9 @@ const STOCK_SK: &str = "STOCK";
 const HOLDS_SK: &str = "HOLDS";
 const ORDER_SK: &str = "ORDER";
 const HOLD_PREFIX: &str = "hold#";
+const USER_GSI_PREFIX: &str = "USER#";
+/// The one `gsi1` partition that indexes every sale by its end.
+const SALES_GSI_PK: &str = "SALES";
 
 /// Cancelled and expired orders are kept this long after they settle, then DynamoDB's
 /// TTL removes them; paid ones are kept.
@@ -75,6 +78,27 @@ pub(crate) fn user_key(sale_id: &SaleId, user_id: &UserId) -> Item {
     key(format!("SALE#{sale_id}#USER#{user_id}"), HOLDS_SK)
 }
 
+/// The sale and user a user item belongs to, from its key. Sale ids have no `#`, so the
+/// first `#USER#` ends the sale's part whatever the user id holds.
+fn user_item_owner(item: &Item) -> Result<(SaleId, UserId), ItemError> {
+    let pk = Fields::of(item).string(PK)?;
+    let (sale, user) = pk
+        .strip_prefix("SALE#")
+        .and_then(|rest| rest.split_once("#USER#"))
+        .ok_or_else(|| ItemError::Form {
+            name: PK.to_owned(),
+            expected: "SALE#{sale_id}#USER#{user_id}",
+        })?;
+    let id = |source| ItemError::Id {
+        name: PK.to_owned(),
+        source,
+    };
+    Ok((
+        SaleId::parse(sale).map_err(id)?,
+        UserId::parse(user).map_err(id)?,
+    ))
+}
+
 pub(crate) fn order_key(order_id: &OrderId) -> Item {
     key(format!("ORDER#{order_id}"), ORDER_SK)
 }
@@ -85,13 +109,46 @@ pub(crate) fn hold_attribute(order_id: &OrderId) -> String {
     format!("{HOLD_PREFIX}{order_id}")
 }
 
-/// The stats bucket partition: `count` queries buckets `0..sale.shards`.
+/// The stats bucket partition: `count` and `open_holds` query buckets `0..sale.shards`.
 pub(crate) fn bucket_pk(sale_id: &SaleId, bucket: u16) -> String {
     format!("SALE#{sale_id}#B{bucket}")
 }
 
 pub(crate) fn user_gsi_sk(user_id: &UserId) -> String {
-    format!("USER#{user_id}")
+    format!("{USER_GSI_PREFIX}{user_id}")
+}
+
+/// What every user item's `gsi1sk` begins with, and no order item's.
+pub(crate) fn user_gsi_prefix() -> AttributeValue {
+    s(USER_GSI_PREFIX)
+}
+
+pub(crate) fn sales_gsi_pk() -> AttributeValue {
+    s(SALES_GSI_PK)
+}
+
+/// A time whose string order is its time order: RFC 3339 in UTC with all nine
+/// fractional digits, so every value has the same width. Only years 0 to 9999 have
+/// four digits, so times outside them are clamped to the nearest end; a range read on
+/// these keys must therefore check the exact time of what it finds.
+fn sortable_time(value: DateTime<Utc>) -> String {
+    match value.year() {
+        ..0 => "0000-01-01T00:00:00.000000000Z".to_owned(),
+        10_000.. => "9999-12-31T23:59:59.999999999Z".to_owned(),
+        _ => value.to_rfc3339_opts(SecondsFormat::Nanos, true),
+    }
+}
+
+/// The sale meta item's `gsi1sk`: its end first, so `gsi1sk >= sales_ending_from(t)`
+/// finds the sales ending at or after `t` (up to the clamping of [`sortable_time`]).
+fn sale_gsi_sk(sale: &Sale) -> String {
+    format!("{}#{}", sortable_time(sale.ends_at), sale.sale_id)
+}
+
+/// The lowest `gsi1sk` of a sale ending at or after `cutoff`: a bare time sorts before
+/// the same time followed by `#` and an id.
+pub(crate) fn sales_ending_from(cutoff: DateTime<Utc>) -> AttributeValue {
+    s(sortable_time(cutoff))
 }
 
 /// An attribute of a corrupt item that does not parse.
@@ -121,6 +178,11 @@ pub enum ItemError {
         name: String,
         #[source]
         source: ValidationError,
+    },
+    #[error("attribute `{name}` is not of the form {expected}")]
+    Form {
+        name: String,
+        expected: &'static str,
     },
     #[error("attribute `{name}` is not an order status")]
     Status {
@@ -260,6 +322,8 @@ pub(crate) fn sale_item(sale: &Sale) -> Item {
             n(sale.payment_timeout_secs),
         ),
         ("shards".to_owned(), n(sale.shards)),
+        (GSI1_PK.to_owned(), sales_gsi_pk()),
+        (GSI1_SK.to_owned(), s(sale_gsi_sk(sale))),
     ]);
     item
 }
@@ -352,11 +416,30 @@ impl Hold {
     }
 }
 
-/// Every hold on a user item, by status; other attributes are skipped.
-pub(crate) fn hold_statuses(item: &Item) -> Result<Vec<OrderStatus>, ItemError> {
+/// Every hold on a user item, as the reservation it records and its status; other
+/// attributes are skipped. The order id comes from the hold's name and the user from
+/// the item's key, and a hold of another sale's order is corrupt.
+pub(crate) fn parse_holds(item: &Item) -> Result<Vec<(Reservation, OrderStatus)>, ItemError> {
+    let (sale_id, user_id) = user_item_owner(item)?;
     item.iter()
-        .filter(|(name, _)| name.starts_with(HOLD_PREFIX))
-        .map(|(name, value)| Hold::parse(name, value).map(|hold| hold.status))
+        .filter_map(|(name, value)| {
+            name.strip_prefix(HOLD_PREFIX)
+                .map(|order_id| (name, order_id, value))
+        })
+        .map(|(name, order_id, value)| {
+            let order_id = OrderId::parse(order_id).map_err(|source| ItemError::Id {
+                name: name.clone(),
+                source,
+            })?;
+            if order_id.sale_id() != &sale_id {
+                return Err(ItemError::Form {
+                    name: name.clone(),
+                    expected: "hold#{order_id} of an order of the item's sale",
+                });
+            }
+            let hold = Hold::parse(name, value)?;
+            Ok((hold.reservation(&order_id, &user_id), hold.status))
+        })
         .collect()
 }
 
@@ -522,18 +605,97 @@ mod tests {
         assert!(matches!(parse_sale(&item), Err(ItemError::Time { .. })));
     }
 
-    #[test]
-    fn hold_statuses_skip_other_attributes() {
-        let reservation = reservation();
+    fn user_item_with(reservation: &Reservation) -> Item {
         let mut item = user_key(&reservation.sale_id, &reservation.user_id);
         item.insert(ACTIVE.to_owned(), n(1));
+        item.insert(GSI1_SK.to_owned(), s(user_gsi_sk(&reservation.user_id)));
         item.insert(
             hold_attribute(&reservation.order_id),
+            Hold::reserved(reservation).to_value(),
+        );
+        item
+    }
+
+    #[test]
+    fn holds_rebuild_their_reservations_and_skip_other_attributes() {
+        let reservation = reservation();
+        assert_eq!(
+            parse_holds(&user_item_with(&reservation)).expect("parses"),
+            vec![(reservation, OrderStatus::Reserved)]
+        );
+    }
+
+    #[test]
+    fn a_user_id_containing_the_key_separator_survives_the_key() {
+        let reservation = Reservation {
+            user_id: UserId::parse("eve#USER#mallory").expect("valid"),
+            ..reservation()
+        };
+        let holds = parse_holds(&user_item_with(&reservation)).expect("parses");
+        assert_eq!(holds[0].0.user_id, reservation.user_id);
+    }
+
+    #[test]
+    fn a_hold_of_another_sales_order_is_corrupt() {
+        let reservation = reservation();
+        let mut item = user_item_with(&reservation);
+        let stray = OrderId::new(SaleId::parse("other-sale").expect("valid"));
+        item.insert(
+            hold_attribute(&stray),
             Hold::reserved(&reservation).to_value(),
         );
-        assert_eq!(
-            hold_statuses(&item).expect("parses"),
-            vec![OrderStatus::Reserved]
+        let error = parse_holds(&item).expect_err("corrupt");
+        assert!(
+            matches!(&error, ItemError::Form { name, .. } if *name == hold_attribute(&stray)),
+            "{error:?}"
         );
+        item.insert(
+            "hold#not-an-order".to_owned(),
+            Hold::reserved(&reservation).to_value(),
+        );
+        item.remove(&hold_attribute(&stray));
+        assert!(matches!(parse_holds(&item), Err(ItemError::Id { .. })));
+    }
+
+    #[test]
+    fn sortable_times_sort_as_the_times_do() {
+        let base = Utc.with_ymd_and_hms(2026, 1, 2, 3, 4, 5).unwrap();
+        let times = [
+            DateTime::<Utc>::MIN_UTC,
+            Utc.with_ymd_and_hms(0, 1, 1, 0, 0, 0).unwrap(),
+            Utc.with_ymd_and_hms(999, 12, 31, 23, 59, 59).unwrap(),
+            base - Duration::nanoseconds(1),
+            base,
+            base + Duration::nanoseconds(1),
+            base + Duration::milliseconds(100),
+            base + Duration::seconds(1),
+            Utc.with_ymd_and_hms(9999, 12, 31, 23, 59, 59).unwrap(),
+            Utc.with_ymd_and_hms(10_000, 1, 1, 0, 0, 0).unwrap(),
+            DateTime::<Utc>::MAX_UTC,
+        ];
+        let keys: Vec<String> = times.iter().copied().map(sortable_time).collect();
+        assert!(
+            keys.iter().all(|key| key.len() == keys[0].len()),
+            "{keys:?}"
+        );
+        assert!(keys.windows(2).all(|pair| pair[0] <= pair[1]), "{keys:?}");
+        assert!(
+            keys[3] < keys[4] && keys[4] < keys[5],
+            "nanoseconds count: {keys:?}"
+        );
+    }
+
+    #[test]
+    fn a_sale_sorts_after_its_own_end_as_a_cutoff() {
+        let sale = sale();
+        let AttributeValue::S(from) = sales_ending_from(sale.ends_at) else {
+            panic!("a string key");
+        };
+        assert!(sale_gsi_sk(&sale) > from);
+        let AttributeValue::S(later) = sales_ending_from(sale.ends_at + Duration::nanoseconds(1))
+        else {
+            panic!("a string key");
+        };
+        assert!(sale_gsi_sk(&sale) < later);
     }
 }

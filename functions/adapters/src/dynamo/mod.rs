@@ -72,6 +72,24 @@ const OPEN: &str = "dynamodb.open";
 const PAY: &str = "dynamodb.pay";
 const FIND: &str = "dynamodb.find";
 const COUNT: &str = "dynamodb.count";
+const SALES_ENDING_AFTER: &str = "dynamodb.sales_ending_after";
+const OPEN_HOLDS: &str = "dynamodb.open_holds";
+
+/// What a sale's stats buckets in `gsi1` hold.
+enum Indexed {
+    /// A hold on a user item: open or paid (a released hold is removed).
+    Hold(Reservation, OrderStatus),
+    /// An order item's status. Open and paid orders also have their hold.
+    Order(OrderStatus),
+}
+
+/// Which of a sale's indexed items a read needs.
+#[derive(Debug, Clone, Copy)]
+enum Reach {
+    /// User items only: the key condition skips the order items.
+    Holds,
+    HoldsAndOrders,
+}
 
 /// Implements [`SaleCatalog`], [`StockLedger`] and [`OrderBook`] on one table laid out
 /// as the brief's data model (`pk`/`sk`, GSI `gsi1`, TTL `ttl`).
@@ -220,6 +238,82 @@ impl DynamoStore {
         }
     }
 
+    /// Every item of `gsi1` under the key condition, page by page.
+    async fn query_index(
+        &self,
+        operation: &'static str,
+        key_condition: &str,
+        attribute_names: &[(&str, &str)],
+        attribute_values: Option<HashMap<String, AttributeValue>>,
+        mut visit: impl FnMut(Item) -> Result<(), StoreError> + Send,
+    ) -> Result<(), StoreError> {
+        let mut pages = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .index_name(GSI1)
+            .key_condition_expression(key_condition)
+            .set_expression_attribute_names(names(attribute_names))
+            .set_expression_attribute_values(attribute_values)
+            .into_paginator()
+            .items()
+            .send();
+        while let Some(found) = pages.next().await {
+            visit(found.map_err(|error| store_error(operation, error))?)?;
+        }
+        Ok(())
+    }
+
+    /// Every hold of the sale and, if `reach` says so, every order item's status, read
+    /// from the sale's stats buckets `0..sale.shards` in `gsi1`. DynamoDB updates the
+    /// index asynchronously, so this may miss the last few writes.
+    async fn read_indexed(
+        &self,
+        operation: &'static str,
+        sale: &Sale,
+        reach: Reach,
+        mut visit: impl FnMut(Indexed) + Send,
+    ) -> Result<(), StoreError> {
+        let (key_condition, attribute_names): (&str, &[(&str, &str)]) = match reach {
+            Reach::Holds => (
+                "#gsi1pk = :bucket AND begins_with(#gsi1sk, :users)",
+                &[("#gsi1pk", GSI1_PK), ("#gsi1sk", GSI1_SK)],
+            ),
+            Reach::HoldsAndOrders => ("#gsi1pk = :bucket", &[("#gsi1pk", GSI1_PK)]),
+        };
+        for bucket in 0..sale.shards {
+            let mut attribute_values = HashMap::from([(
+                ":bucket".to_owned(),
+                s(item::bucket_pk(&sale.sale_id, bucket)),
+            )]);
+            if matches!(reach, Reach::Holds) {
+                attribute_values.insert(":users".to_owned(), item::user_gsi_prefix());
+            }
+            self.query_index(
+                operation,
+                key_condition,
+                attribute_names,
+                Some(attribute_values),
+                |found| {
+                    if item::is_order_item(&found) {
+                        let status = item::parse_order_status(&found)
+                            .map_err(|error| corrupt(operation, &found, error))?;
+                        visit(Indexed::Order(status));
+                        return Ok(());
+                    }
+                    for (reservation, status) in item::parse_holds(&found)
+                        .map_err(|error| corrupt(operation, &found, error))?
+                    {
+                        visit(Indexed::Hold(reservation, status));
+                    }
+                    Ok(())
+                },
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
     /// Reads every shard's `available`, consistently, in one or a few batches.
     async fn shard_stock(
         &self,
@@ -337,6 +431,34 @@ impl SaleCatalog for DynamoStore {
         item::parse_sale(&found)
             .map(Some)
             .map_err(|error| corrupt(FIND_SALE, &key, error))
+    }
+
+    /// Reads the sales' `gsi1` partition from the cutoff on, so the cost follows the
+    /// sales that can still matter, not every sale ever made.
+    async fn sales_ending_after(&self, cutoff: DateTime<Utc>) -> Result<Vec<Sale>, StoreError> {
+        let mut sales = Vec::new();
+        self.query_index(
+            SALES_ENDING_AFTER,
+            "#gsi1pk = :sales AND #gsi1sk >= :from",
+            &[("#gsi1pk", GSI1_PK), ("#gsi1sk", GSI1_SK)],
+            values([
+                (":sales", item::sales_gsi_pk()),
+                (":from", item::sales_ending_from(cutoff)),
+            ]),
+            |found| {
+                let sale = item::parse_sale(&found)
+                    .map_err(|error| corrupt(SALES_ENDING_AFTER, &found, error))?;
+                // The key's time is clamped to years 0 to 9999, so near those ends the
+                // range can let in a sale that ended before the cutoff.
+                if sale.ends_at >= cutoff {
+                    sales.push(sale);
+                }
+                Ok(())
+            },
+        )
+        .await?;
+        sales.sort_by(|a, b| a.sale_id.cmp(&b.sale_id));
+        Ok(sales)
     }
 }
 
@@ -633,6 +755,21 @@ impl OrderBook for DynamoStore {
             }))
     }
 
+    /// Only user items are read, so paid holds are read too but settled orders are not.
+    async fn open_holds(&self, sale: &Sale) -> Result<Vec<(Reservation, OrderStatus)>, StoreError> {
+        let mut open = Vec::new();
+        self.read_indexed(OPEN_HOLDS, sale, Reach::Holds, |record| {
+            if let Indexed::Hold(reservation, status) = record
+                && status.is_open()
+            {
+                open.push((reservation, status));
+            }
+        })
+        .await?;
+        open.sort_by(|a, b| a.0.order_id.cmp(&b.0.order_id));
+        Ok(open)
+    }
+
     /// Shards are read consistently; holds and orders through `gsi1`, which DynamoDB
     /// updates asynchronously, so a count taken mid-surge may miss the last few writes
     /// (and not reconcile) until the index catches up.
@@ -641,47 +778,17 @@ impl OrderBook for DynamoStore {
             available: self.shard_stock(COUNT, sale).await?.iter().sum(),
             ..StockCounts::default()
         };
-        for bucket in 0..sale.shards {
-            let mut pages = self
-                .client
-                .query()
-                .table_name(&self.table)
-                .index_name(GSI1)
-                .key_condition_expression("#gsi1pk = :bucket")
-                .set_expression_attribute_names(names(&[("#gsi1pk", GSI1_PK)]))
-                .set_expression_attribute_values(values([(
-                    ":bucket",
-                    s(item::bucket_pk(&sale.sale_id, bucket)),
-                )]))
-                .into_paginator()
-                .items()
-                .send();
-            while let Some(found) = pages.next().await {
-                let found = found.map_err(|error| store_error(COUNT, error))?;
-                if item::is_order_item(&found) {
-                    match item::parse_order_status(&found)
-                        .map_err(|error| corrupt(COUNT, &found, error))?
-                    {
-                        OrderStatus::Cancelled => counts.cancelled += 1,
-                        OrderStatus::Expired => counts.expired += 1,
-                        // Open and paid orders are counted from their holds.
-                        _ => {}
-                    }
-                    continue;
-                }
-                for status in
-                    item::hold_statuses(&found).map_err(|error| corrupt(COUNT, &found, error))?
-                {
-                    match status {
-                        OrderStatus::Reserved => counts.reserved += 1,
-                        OrderStatus::PendingPayment => counts.pending_payment += 1,
-                        OrderStatus::Paid => counts.paid += 1,
-                        // A released hold is removed, never kept with a final status.
-                        OrderStatus::Cancelled | OrderStatus::Expired => {}
-                    }
-                }
-            }
-        }
+        self.read_indexed(COUNT, sale, Reach::HoldsAndOrders, |record| match record {
+            Indexed::Hold(_, OrderStatus::Reserved) => counts.reserved += 1,
+            Indexed::Hold(_, OrderStatus::PendingPayment) => counts.pending_payment += 1,
+            Indexed::Hold(_, OrderStatus::Paid) => counts.paid += 1,
+            Indexed::Order(OrderStatus::Cancelled) => counts.cancelled += 1,
+            Indexed::Order(OrderStatus::Expired) => counts.expired += 1,
+            // A released hold is removed, never kept with a final status; open and paid
+            // orders are counted from their holds.
+            Indexed::Hold(..) | Indexed::Order(_) => {}
+        })
+        .await?;
         Ok(counts)
     }
 }

@@ -4,6 +4,7 @@
 #![allow(dead_code)] // each test file uses its own part of this module
 
 pub mod conflicts;
+pub mod pages;
 
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType, Projection,
@@ -16,6 +17,7 @@ use flashsale_adapters::DynamoStore;
 use flashsale_domain::{OrderId, Reservation, Sale, SaleId, UserId};
 
 use self::conflicts::{ConflictInjector, Pattern};
+use self::pages::SmallPages;
 
 pub async fn sdk_config() -> aws_config::SdkConfig {
     flashsale_emulators::shared().await.sdk_config().await
@@ -102,6 +104,18 @@ pub async fn store() -> (DynamoStore, aws_sdk_dynamodb::Client, String) {
     let client = dynamodb().await;
     let table = create_table(&client).await;
     (DynamoStore::new(client.clone(), &table), client, table)
+}
+
+/// A store on a fresh table whose queries return at most `limit` items a page, and
+/// the interceptor that counts the pages.
+pub async fn small_pages_store(limit: i32) -> (DynamoStore, SmallPages) {
+    let pages = SmallPages::new(limit);
+    let config = aws_sdk_dynamodb::config::Builder::from(&sdk_config().await)
+        .interceptor(pages.clone())
+        .build();
+    let client = aws_sdk_dynamodb::Client::from_conf(config);
+    let table = create_table(&client).await;
+    (DynamoStore::new(client, table), pages)
 }
 
 /// A DynamoDB client whose `TransactWriteItems` calls conflict as `pattern` says;
