@@ -18,8 +18,8 @@ CARGO_LAMBDA_SPEC ?= cargo-lambda==1.9.2
 ZIGLANG_SPEC ?= ziglang==0.17.1
 
 # Every function: its package and the [[bin]] its template Metadata names.
-LAMBDA_PACKAGES := flashsale-grab flashsale-api flashsale-order-consumer flashsale-release
-LAMBDA_BINS := grab api order-consumer release
+LAMBDA_PACKAGES := flashsale-grab flashsale-api flashsale-order-consumer flashsale-release flashsale-reconciler
+LAMBDA_BINS := grab api order-consumer release reconciler
 LAMBDA_DIR := target/lambda
 ARM64_TARGET := aarch64-unknown-linux-gnu
 # Where Debian's libc6-arm64-cross puts the aarch64 loader and libc, for qemu-aarch64 -L.

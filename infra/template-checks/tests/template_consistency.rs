@@ -1,0 +1,854 @@
+//! template.yaml <-> code: what the template deploys is what the code needs, no less
+//! (it would fail in AWS) and no more (least privilege, no dead config).
+//!
+//! The template is judged after AWS's own SAM transform (see `sam_expand.py`); the code
+//! is judged from its source: the use cases each function runs (declared below, and
+//! checked to appear in the function's crate), the ports those use cases call (read from
+//! the domain), and the AWS SDK operations the adapters' implementations of those ports
+//! reach (read from the adapters, through their helpers).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use flashsale_template_checks::iam::{self, Effect, Statement};
+use flashsale_template_checks::rust_source::{self, Code};
+use flashsale_template_checks::stack::{self, Stack};
+use flashsale_template_checks::workspace;
+use serde_json::{Value, json};
+
+/// A deployed function and what its code is: the crate, the env vars its `Config`
+/// reads, and the use cases (domain service methods) its handler runs.
+struct Function {
+    logical_id: &'static str,
+    package: &'static str,
+    env_vars: &'static [&'static str],
+    use_cases: &'static [(&'static str, &'static str)],
+}
+
+fn functions() -> [Function; 5] {
+    [
+        Function {
+            logical_id: "GrabFunction",
+            package: "flashsale-grab",
+            env_vars: flashsale_grab::Config::ENV_VARS,
+            use_cases: &[("GrabService", "issue_pass"), ("GrabService", "grab")],
+        },
+        Function {
+            logical_id: "ApiFunction",
+            package: "flashsale-api",
+            env_vars: flashsale_api::Config::ENV_VARS,
+            use_cases: &[
+                ("SaleService", "create"),
+                ("SaleService", "view"),
+                ("SaleService", "stats"),
+                ("OrderService", "get"),
+                ("OrderService", "pay"),
+                ("OrderService", "cancel"),
+            ],
+        },
+        Function {
+            logical_id: "OrderConsumerFunction",
+            package: "flashsale-order-consumer",
+            env_vars: flashsale_order_consumer::Config::ENV_VARS,
+            use_cases: &[("OrderService", "open")],
+        },
+        Function {
+            logical_id: "ReleaseFunction",
+            package: "flashsale-release",
+            env_vars: flashsale_release::Config::ENV_VARS,
+            use_cases: &[("ExpiryService", "expire")],
+        },
+        Function {
+            logical_id: "ReconcilerFunction",
+            package: "flashsale-reconciler",
+            env_vars: flashsale_reconciler::Config::ENV_VARS,
+            use_cases: &[("Reconciler", "run")],
+        },
+    ]
+}
+
+/// The fields through which the domain's services hold their ports.
+const PORT_FIELDS: [&str; 6] = ["catalog", "ledger", "orders", "queue", "scheduler", "inner"];
+
+/// Env vars every function gets for the platform, not for its `Config`.
+const PLATFORM_ENV_VARS: [&str; 1] = ["RUST_LOG"];
+
+fn stack() -> &'static Stack {
+    static STACK: OnceLock<Stack> = OnceLock::new();
+    STACK.get_or_init(|| {
+        // FLASHSALE_TEMPLATE lets a mutated copy be checked (to see these tests fail).
+        let path = std::env::var_os("FLASHSALE_TEMPLATE")
+            .map_or_else(|| workspace::root().join("template.yaml"), PathBuf::from);
+        Stack::load(&path)
+            .expect("the template expands with aws-sam-translator (make template-tools)")
+    })
+}
+
+fn root_path(relative: &str) -> PathBuf {
+    workspace::root().join(relative)
+}
+
+fn env_of(logical_id: &str) -> BTreeMap<String, Value> {
+    stack().expanded_resource(logical_id)["Properties"]["Environment"]["Variables"]
+        .as_object()
+        .map(|vars| vars.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+        .unwrap_or_default()
+}
+
+fn package_of(name: &str) -> workspace::Package {
+    workspace::packages()
+        .expect("cargo metadata")
+        .into_iter()
+        .find(|p| p.name == name)
+        .unwrap_or_else(|| panic!("{name} is not a workspace package"))
+}
+
+fn code_of(paths: &[&str]) -> Code {
+    let paths: Vec<PathBuf> = paths.iter().map(|p| root_path(p)).collect();
+    Code::read(&paths).expect("readable sources")
+}
+
+// ------------------------------------------------------------------ functions and bins
+
+#[test]
+fn every_template_function_is_built_by_cargo_lambda_from_its_crates_bin() {
+    let stack = stack();
+    let deployed: BTreeSet<String> = stack
+        .raw_resources_of("AWS::Serverless::Function")
+        .into_iter()
+        .collect();
+    let declared: BTreeSet<String> = functions()
+        .iter()
+        .map(|f| f.logical_id.to_owned())
+        .collect();
+    assert_eq!(
+        deployed, declared,
+        "the template's functions are the ones this test knows"
+    );
+
+    for f in functions() {
+        let raw = stack.raw_resource(f.logical_id);
+        assert_eq!(
+            raw["Metadata"]["BuildMethod"], "rust-cargolambda",
+            "{}",
+            f.logical_id
+        );
+        let code_uri = raw["Properties"]["CodeUri"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{}: CodeUri is a local path", f.logical_id));
+        let package = package_of(f.package);
+        assert_eq!(
+            workspace::canonical(&root_path(code_uri)).expect("CodeUri exists"),
+            package.dir,
+            "{}: CodeUri points at {}",
+            f.logical_id,
+            f.package
+        );
+        let binary = raw["Metadata"]["BuildProperties"]["Binary"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{}: BuildProperties.Binary names the bin", f.logical_id));
+        let (_, src) = package
+            .bins
+            .iter()
+            .find(|(name, _)| name == binary)
+            .unwrap_or_else(|| panic!("{}: {} has no [[bin]] {binary}", f.logical_id, f.package));
+        assert!(
+            src.ends_with("src/main.rs"),
+            "{binary} is the crate's main.rs"
+        );
+
+        let deployed = &stack.expanded_resource(f.logical_id)["Properties"];
+        assert_eq!(deployed["Handler"], "bootstrap", "{}", f.logical_id);
+        assert_eq!(deployed["Runtime"], "provided.al2023", "{}", f.logical_id);
+        assert_eq!(
+            deployed["Architectures"],
+            json!(["arm64"]),
+            "{}",
+            f.logical_id
+        );
+    }
+}
+
+#[test]
+fn every_function_crate_with_a_binary_is_deployed_by_the_template() {
+    let functions_dir = workspace::canonical(&root_path("functions")).expect("functions/");
+    let code_uris: BTreeSet<PathBuf> = stack()
+        .raw_resources_of("AWS::Serverless::Function")
+        .iter()
+        .filter_map(|id| {
+            stack().raw_resource(id)["Properties"]["CodeUri"]
+                .as_str()
+                .map(root_path)
+        })
+        .map(|path| workspace::canonical(&path).expect("CodeUri exists"))
+        .collect();
+    for package in workspace::packages().expect("cargo metadata") {
+        if package.dir.starts_with(&functions_dir) && !package.bins.is_empty() {
+            assert!(
+                code_uris.contains(&package.dir),
+                "{} builds a binary but no template function deploys it",
+                package.name
+            );
+        }
+    }
+}
+
+// ------------------------------------------------------------------ environment
+
+#[test]
+fn every_env_var_a_function_reads_is_set_for_it_in_the_template() {
+    for f in functions() {
+        let env = env_of(f.logical_id);
+        for var in f.env_vars {
+            assert!(
+                env.contains_key(*var),
+                "{} reads {var} but the template (Globals + function) does not set it; it sets {:?}",
+                f.logical_id,
+                env.keys().collect::<Vec<_>>()
+            );
+        }
+    }
+}
+
+#[test]
+fn the_template_sets_no_env_var_that_the_function_does_not_read() {
+    for f in functions() {
+        for var in env_of(f.logical_id).keys() {
+            assert!(
+                f.env_vars.contains(&var.as_str()) || PLATFORM_ENV_VARS.contains(&var.as_str()),
+                "{} is given {var}, which its Config never reads",
+                f.logical_id
+            );
+        }
+    }
+}
+
+#[test]
+fn env_vars_carry_the_resources_and_parameters_their_names_promise() {
+    let expected: BTreeMap<&str, Value> = [
+        ("TABLE_NAME", json!({"Ref": "Table"})),
+        ("ORDERS_QUEUE_URL", json!({"Ref": "OrdersQueue"})),
+        ("ORDERS_DLQ_URL", json!({"Ref": "OrdersDLQ"})),
+        (
+            "SCHEDULE_GROUP_NAME",
+            json!({"Ref": "ReleaseScheduleGroup"}),
+        ),
+        (
+            "RELEASE_FUNCTION_ARN",
+            json!({"Fn::GetAtt": ["ReleaseFunction", "Arn"]}),
+        ),
+        (
+            "SCHEDULER_ROLE_ARN",
+            json!({"Fn::GetAtt": ["SchedulerRole", "Arn"]}),
+        ),
+        ("GRAB_TOKEN_SECRET", json!({"Ref": "GrabTokenSecret"})),
+        ("ADMIN_CLAIM", json!({"Ref": "AdminClaim"})),
+        ("ADMIN_GROUP", json!({"Ref": "AdminGroup"})),
+    ]
+    .into();
+    for f in functions() {
+        for (var, value) in env_of(f.logical_id) {
+            if let Some(want) = expected.get(var.as_str()) {
+                assert_eq!(&value, want, "{}: {var}", f.logical_id);
+            }
+        }
+    }
+    assert_eq!(
+        stack().raw["Parameters"]["GrabTokenSecret"]["NoEcho"],
+        json!(true),
+        "the grab-token secret is never echoed by CloudFormation"
+    );
+}
+
+// ------------------------------------------------------------------ IAM from the code
+
+/// IAM actions an SDK operation needs. TransactWriteItems is not an IAM action: each
+/// item is authorised as its own Put/Update/Delete/ConditionCheck, so it contributes
+/// nothing by itself (see `transaction_item_actions`). CreateSchedule with a target role
+/// also needs iam:PassRole of that role.
+fn iam_actions_of(service: &str, operation: &str) -> BTreeSet<String> {
+    let api = workspace::api_name(operation);
+    match (service, operation) {
+        ("dynamodb", "transact_write_items") => BTreeSet::new(),
+        ("dynamodb", "transact_get_items") => ["dynamodb:GetItem".to_owned()].into(),
+        ("scheduler", "create_schedule") => [
+            "scheduler:CreateSchedule".to_owned(),
+            "iam:PassRole".to_owned(),
+        ]
+        .into(),
+        _ => [format!("{service}:{api}")].into(),
+    }
+}
+
+/// The IAM actions of the items `TransactWriteItem::builder().<kind>(..)` in `code`'s
+/// functions `reached`.
+fn transaction_item_actions(code: &Code, reached: &BTreeSet<String>) -> BTreeSet<String> {
+    [
+        ("put", "dynamodb:PutItem"),
+        ("update", "dynamodb:UpdateItem"),
+        ("delete", "dynamodb:DeleteItem"),
+        ("condition_check", "dynamodb:ConditionCheckItem"),
+    ]
+    .into_iter()
+    .filter(|(kind, _)| code.mentions(reached, &format!("TransactWriteItem::builder().{kind}(")))
+    .map(|(_, action)| action.to_owned())
+    .collect()
+}
+
+struct Sdk {
+    /// (IAM service prefix, every operation of its SDK crate)
+    services: Vec<(&'static str, BTreeSet<String>)>,
+}
+
+fn sdk() -> &'static Sdk {
+    static SDK: OnceLock<Sdk> = OnceLock::new();
+    SDK.get_or_init(|| Sdk {
+        services: [
+            ("dynamodb", "aws-sdk-dynamodb"),
+            ("sqs", "aws-sdk-sqs"),
+            ("scheduler", "aws-sdk-scheduler"),
+        ]
+        .into_iter()
+        .map(|(prefix, krate)| {
+            (
+                prefix,
+                workspace::sdk_operations(krate)
+                    .unwrap_or_else(|e| panic!("{krate} operations: {e}")),
+            )
+        })
+        .collect(),
+    })
+}
+
+/// (service prefix, operation) for every SDK call in `reached` functions of `code`.
+fn sdk_calls(code: &Code, reached: &BTreeSet<String>) -> BTreeSet<(String, String)> {
+    sdk()
+        .services
+        .iter()
+        .flat_map(|(prefix, operations)| {
+            code.operations_in(reached, operations)
+                .into_iter()
+                .map(|op| ((*prefix).to_owned(), op))
+        })
+        .collect()
+}
+
+fn actions_of_calls(calls: &BTreeSet<(String, String)>) -> BTreeSet<String> {
+    calls
+        .iter()
+        .flat_map(|(service, op)| iam_actions_of(service, op))
+        .collect()
+}
+
+/// The port methods a function's use cases call, read from the domain's services.
+fn port_methods_of(f: &Function) -> BTreeSet<String> {
+    let domain = code_of(&["functions/domain/src/service.rs"]);
+    let mut ports = BTreeSet::new();
+    for (service, method) in f.use_cases {
+        assert!(
+            domain.functions.contains_key(*method),
+            "{service}::{method} is not a function of the domain's services"
+        );
+        for name in domain.reachable(method) {
+            for body in domain.functions.get(&name).into_iter().flatten() {
+                for field in PORT_FIELDS {
+                    ports.extend(rust_source::field_calls(&body.body, field));
+                }
+            }
+        }
+    }
+    ports
+}
+
+/// Every IAM action `f`'s code path reaches: its use cases' ports as the adapters
+/// implement them, plus any SDK call made directly in the function's own crate.
+fn actions_reached_by(f: &Function) -> BTreeSet<String> {
+    let adapters = code_of(&["functions/adapters/src"]);
+    let mut actions = BTreeSet::new();
+    for port_method in port_methods_of(f) {
+        assert!(
+            adapters.functions.contains_key(&port_method),
+            "the adapters implement no {port_method} (a port method {} reaches)",
+            f.logical_id
+        );
+        let reached = adapters.reachable(&port_method);
+        actions.extend(actions_of_calls(&sdk_calls(&adapters, &reached)));
+        actions.extend(transaction_item_actions(&adapters, &reached));
+    }
+    let own = code_of(&[&format!("{}/src", package_dir_relative(f.package))]);
+    let all: BTreeSet<String> = own.functions.keys().cloned().collect();
+    actions.extend(actions_of_calls(&sdk_calls(&own, &all)));
+    actions
+}
+
+fn package_dir_relative(package: &str) -> String {
+    let dir = package_of(package).dir;
+    let root = workspace::canonical(&workspace::root()).expect("workspace root");
+    dir.strip_prefix(&root)
+        .expect("a package inside the workspace")
+        .display()
+        .to_string()
+}
+
+/// The role a function runs as, and the policies SAM generated into it from the
+/// function's own `Policies` (named `<Function>RolePolicy<N>`), split from the rest.
+fn role_of(logical_id: &str) -> (String, Vec<Statement>, Vec<Statement>, Vec<String>) {
+    let role_ref = &stack().expanded_resource(logical_id)["Properties"]["Role"]["Fn::GetAtt"][0];
+    let role_id = role_ref
+        .as_str()
+        .unwrap_or_else(|| panic!("{logical_id}: Role is a GetAtt of a role in the stack"))
+        .to_owned();
+    let policies = iam::role_policies(&role_id, stack().expanded_resource(&role_id))
+        .unwrap_or_else(|e| panic!("{role_id}: {e}"));
+    let own_prefix = format!("{logical_id}RolePolicy");
+    let (own, generated): (Vec<Statement>, Vec<Statement>) = policies
+        .statements
+        .into_iter()
+        .partition(|s| s.policy.starts_with(&own_prefix));
+    (role_id, own, generated, policies.managed_policy_arns)
+}
+
+#[test]
+fn each_function_may_call_exactly_the_aws_actions_its_code_reaches() {
+    for f in functions() {
+        let needed = actions_reached_by(&f);
+        let (_, own, _, _) = role_of(f.logical_id);
+        let allowed: Vec<&String> = own
+            .iter()
+            .filter(|s| s.effect == Effect::Allow)
+            .flat_map(|s| &s.actions)
+            .collect();
+        for action in &needed {
+            assert!(
+                allowed
+                    .iter()
+                    .any(|pattern| iam::action_matches(pattern, action)),
+                "{}: its code calls {action}, which its policies do not allow (allowed: {allowed:?})",
+                f.logical_id
+            );
+        }
+        for pattern in &allowed {
+            assert!(
+                needed
+                    .iter()
+                    .any(|action| iam::action_matches(pattern, action)),
+                "{}: its policies allow {pattern}, which its code never calls (needed: {needed:?})",
+                f.logical_id
+            );
+        }
+    }
+}
+
+#[test]
+fn each_function_runs_the_use_cases_it_is_checked_for() {
+    for f in functions() {
+        let own = code_of(&[&format!("{}/src", package_dir_relative(f.package))]);
+        for (service, method) in f.use_cases {
+            assert!(
+                own.mentions_anywhere(&format!(".{method}(")),
+                "{} is checked for {service}::{method} but its crate never calls .{method}(",
+                f.logical_id
+            );
+        }
+    }
+}
+
+#[test]
+fn every_aws_operation_in_the_adapters_is_reached_by_some_function() {
+    let adapters = code_of(&["functions/adapters/src"]);
+    let everything: BTreeSet<String> = adapters.functions.keys().cloned().collect();
+    let in_source = actions_of_calls(&sdk_calls(&adapters, &everything))
+        .union(&transaction_item_actions(&adapters, &everything))
+        .cloned()
+        .collect::<BTreeSet<_>>();
+    let reached: BTreeSet<String> = functions().iter().flat_map(actions_reached_by).collect();
+    let unreached: Vec<&String> = in_source.difference(&reached).collect();
+    assert!(
+        unreached.is_empty(),
+        "the adapters call {unreached:?}, which no function's declared use cases reach: \
+         declare the use case here (and its permission in the template) or drop the call"
+    );
+    assert!(
+        reached.contains("dynamodb:UpdateItem") && reached.contains("sqs:SendMessage"),
+        "the source reading found the grab path's calls: {reached:?}"
+    );
+}
+
+/// The stack resources a function's env var values name.
+fn referenced_by_env(logical_id: &str, vars: &[&str]) -> BTreeSet<String> {
+    let env = env_of(logical_id);
+    vars.iter()
+        .filter_map(|var| env.get(*var))
+        .flat_map(stack::references)
+        .collect()
+}
+
+#[test]
+fn each_permission_names_only_the_resources_the_function_is_configured_with() {
+    for f in functions() {
+        let (_, own, _, _) = role_of(f.logical_id);
+        for statement in own.iter().filter(|s| s.effect == Effect::Allow) {
+            let what = format!(
+                "{} {:?} {:?}",
+                f.logical_id, statement.sid, statement.actions
+            );
+            assert!(
+                statement.not_resources.is_empty(),
+                "{what}: Allow with NotResource"
+            );
+            assert!(
+                !statement.resources.iter().any(|r| r == "*"),
+                "{what}: Resource \"*\""
+            );
+            let services: BTreeSet<&str> = statement
+                .actions
+                .iter()
+                .filter_map(|a| a.split(':').next())
+                .collect();
+            assert_eq!(services.len(), 1, "{what}: one service per statement");
+            let expected = match services.first().copied() {
+                Some("dynamodb") => referenced_by_env(f.logical_id, &["TABLE_NAME"]),
+                Some("sqs") => {
+                    referenced_by_env(f.logical_id, &["ORDERS_QUEUE_URL", "ORDERS_DLQ_URL"])
+                }
+                Some("scheduler") => referenced_by_env(f.logical_id, &["SCHEDULE_GROUP_NAME"]),
+                Some("iam") => {
+                    assert_eq!(
+                        statement.condition,
+                        Some(
+                            json!({"StringEquals": {"iam:PassedToService": "scheduler.amazonaws.com"}})
+                        ),
+                        "{what}: the role is passed to EventBridge Scheduler only"
+                    );
+                    referenced_by_env(f.logical_id, &["SCHEDULER_ROLE_ARN"])
+                }
+                other => panic!("{what}: unexpected service {other:?}"),
+            };
+            let named: BTreeSet<String> = statement
+                .resources
+                .iter()
+                .flat_map(stack::references)
+                .collect();
+            assert!(
+                !expected.is_empty(),
+                "{what}: the function has no env var for this service"
+            );
+            assert_eq!(named, expected, "{what}: resources");
+            if statement.actions.iter().any(|a| a == "dynamodb:Query") {
+                assert!(
+                    statement
+                        .resources
+                        .iter()
+                        .all(|r| r.to_string().contains("/index/gsi1")),
+                    "{what}: queries only the gsi1 index"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn sam_adds_only_logging_tracing_and_the_declared_event_permissions() {
+    const BASIC: &str = "arn:aws:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole";
+    const XRAY: &str = "arn:aws:iam::aws:policy/AWSXrayWriteOnlyAccess";
+    const SQS_POLLER: &str = "arn:aws:iam::aws:policy/service-role/AWSLambdaSQSQueueExecutionRole";
+    for f in functions() {
+        let (role_id, own, generated, managed) = role_of(f.logical_id);
+        let mut expected_managed = vec![BASIC, XRAY];
+        if f.logical_id == "OrderConsumerFunction" {
+            expected_managed.push(SQS_POLLER);
+        }
+        let managed: BTreeSet<&str> = managed.iter().map(String::as_str).collect();
+        assert_eq!(
+            managed,
+            expected_managed.into_iter().collect(),
+            "{role_id} managed policies"
+        );
+
+        match f.logical_id {
+            "ReleaseFunction" => {
+                assert_eq!(
+                    generated.len(),
+                    1,
+                    "{role_id}: only the on-failure destination"
+                );
+                let s = &generated[0];
+                assert_eq!(s.actions, ["sqs:SendMessage"]);
+                let named: BTreeSet<String> =
+                    s.resources.iter().flat_map(stack::references).collect();
+                assert_eq!(named, ["ReleaseFailuresQueue".to_owned()].into());
+            }
+            _ => assert!(generated.is_empty(), "{role_id}: unexpected {generated:?}"),
+        }
+
+        let denies: Vec<&Statement> = own.iter().filter(|s| s.effect == Effect::Deny).collect();
+        if f.logical_id == "OrderConsumerFunction" {
+            // The managed SQS poller policy allows every queue; the deny narrows it.
+            assert_eq!(denies.len(), 1, "{role_id}: one deny");
+            let deny = denies[0];
+            for action in [
+                "ReceiveMessage",
+                "DeleteMessage",
+                "ChangeMessageVisibility",
+                "GetQueueAttributes",
+            ] {
+                assert!(
+                    deny.actions
+                        .iter()
+                        .any(|a| iam::action_matches(a, &format!("sqs:{action}"))),
+                    "{role_id}: deny covers sqs:{action}"
+                );
+            }
+            let spared: BTreeSet<String> = deny
+                .not_resources
+                .iter()
+                .flat_map(stack::references)
+                .collect();
+            assert_eq!(
+                spared,
+                ["OrdersQueue".to_owned()].into(),
+                "{role_id}: consumes only the orders queue"
+            );
+            assert!(deny.resources.is_empty());
+        } else {
+            assert!(denies.is_empty(), "{role_id}: no deny expected");
+        }
+    }
+}
+
+#[test]
+fn the_scheduler_role_is_assumable_only_by_scheduler_and_may_only_invoke_release() {
+    let role = stack().expanded_resource("SchedulerRole");
+    let trust = iam::document_statements("trust", &role["Properties"]["AssumeRolePolicyDocument"])
+        .expect("trust policy");
+    assert_eq!(trust.len(), 1);
+    let raw_trust = &role["Properties"]["AssumeRolePolicyDocument"]["Statement"][0];
+    assert_eq!(
+        raw_trust["Principal"],
+        json!({"Service": "scheduler.amazonaws.com"})
+    );
+    assert_eq!(trust[0].actions, ["sts:AssumeRole"]);
+    assert_eq!(trust[0].effect, Effect::Allow);
+
+    let policies = iam::role_policies("SchedulerRole", role).expect("policies");
+    assert!(policies.managed_policy_arns.is_empty());
+    assert_eq!(policies.statements.len(), 1);
+    let only = &policies.statements[0];
+    assert_eq!(only.actions, ["lambda:InvokeFunction"]);
+    assert_eq!(
+        only.resources,
+        [json!({"Fn::GetAtt": ["ReleaseFunction", "Arn"]})]
+    );
+}
+
+// ------------------------------------------------------------------ API and event source
+
+#[test]
+fn every_route_except_the_public_sale_page_requires_the_jwt_authorizer() {
+    let body = &stack().expanded_resource("HttpApi")["Properties"]["Body"];
+    let paths = body["paths"].as_object().expect("routes in the API body");
+    let mut seen = 0;
+    for (path, methods) in paths {
+        for (method, operation) in methods.as_object().expect("methods") {
+            seen += 1;
+            let route = format!("{} {path}", method.to_uppercase());
+            let expected = if route == "GET /sales/{sale_id}" {
+                json!([{"NONE": []}])
+            } else {
+                json!([{"JwtAuthorizer": []}])
+            };
+            assert_eq!(operation["security"], expected, "{route}");
+        }
+    }
+    assert_eq!(seen, 8, "the eight routes of the HTTP API contract");
+    let jwt =
+        &body["components"]["securitySchemes"]["JwtAuthorizer"]["x-amazon-apigateway-authorizer"];
+    assert_eq!(jwt["type"], "jwt");
+    assert_eq!(jwt["identitySource"], "$request.header.Authorization");
+}
+
+#[test]
+fn grab_and_token_routes_are_throttled_tighter_than_the_rest() {
+    let stage_id = stack()
+        .expanded_resources_of("AWS::ApiGatewayV2::Stage")
+        .into_iter()
+        .next()
+        .expect("a stage");
+    let stage = &stack().expanded_resource(&stage_id)["Properties"];
+    let default = &stage["DefaultRouteSettings"];
+    let default_rate = param_default_of(&default["ThrottlingRateLimit"]);
+    let default_burst = param_default_of(&default["ThrottlingBurstLimit"]);
+    for route in [
+        "POST /sales/{sale_id}/token",
+        "POST /sales/{sale_id}/grab/{token}",
+    ] {
+        let settings = &stage["RouteSettings"][route];
+        assert!(
+            param_default_of(&settings["ThrottlingRateLimit"]) < default_rate,
+            "{route} rate"
+        );
+        assert!(
+            param_default_of(&settings["ThrottlingBurstLimit"]) < default_burst,
+            "{route} burst"
+        );
+    }
+    assert!(
+        stage["AccessLogSettings"]["DestinationArn"].is_object(),
+        "access logs"
+    );
+}
+
+fn param_default_of(value: &Value) -> f64 {
+    let name = value["Ref"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{value} is a parameter"));
+    stack()
+        .parameter_default_number(name)
+        .unwrap_or_else(|| panic!("{name} has a numeric default"))
+}
+
+#[test]
+fn the_orders_queue_hides_a_message_for_at_least_six_consumer_timeouts() {
+    let raw = stack();
+    let consumer_timeout = raw.raw_resource("OrderConsumerFunction")["Properties"]["Timeout"]
+        .as_f64()
+        .or_else(|| raw.raw["Globals"]["Function"]["Timeout"].as_f64())
+        .expect("a consumer timeout");
+    assert_eq!(
+        raw.raw_resource("OrdersQueue")["Properties"]["VisibilityTimeout"],
+        json!({"Ref": "OrdersVisibilityTimeout"})
+    );
+    let default = raw
+        .parameter_default_number("OrdersVisibilityTimeout")
+        .expect("a default visibility timeout");
+    assert!(
+        default >= 6.0 * consumer_timeout,
+        "{default} < 6 x {consumer_timeout}"
+    );
+
+    let samconfig_path = root_path("samconfig.toml");
+    let samconfig = std::fs::read_to_string(&samconfig_path).expect("samconfig.toml");
+    for (at, _) in samconfig.match_indices("OrdersVisibilityTimeout=") {
+        let value: f64 = samconfig[at + "OrdersVisibilityTimeout=".len()..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect::<String>()
+            .parse()
+            .expect("a number");
+        assert!(
+            value >= 6.0 * consumer_timeout,
+            "samconfig overrides it to {value}"
+        );
+    }
+}
+
+#[test]
+fn the_consumer_reports_partial_batch_failures_with_bounded_concurrency() {
+    let mapping_id = stack()
+        .expanded_resources_of("AWS::Lambda::EventSourceMapping")
+        .into_iter()
+        .next()
+        .expect("the consumer's event source mapping");
+    let mapping = &stack().expanded_resource(&mapping_id)["Properties"];
+    assert_eq!(
+        mapping["FunctionName"],
+        json!({"Ref": "OrderConsumerFunction"})
+    );
+    assert_eq!(
+        mapping["EventSourceArn"],
+        json!({"Fn::GetAtt": ["OrdersQueue", "Arn"]})
+    );
+    assert_eq!(
+        mapping["FunctionResponseTypes"],
+        json!(["ReportBatchItemFailures"])
+    );
+    let batch = mapping["BatchSize"].as_u64().expect("a literal batch size");
+    assert!(
+        (1..=10).contains(&batch),
+        "FIFO queues deliver at most 10 per batch"
+    );
+    assert_eq!(
+        mapping["ScalingConfig"]["MaximumConcurrency"],
+        json!({"Ref": "ConsumerMaxConcurrency"})
+    );
+}
+
+#[test]
+fn grab_reserves_its_concurrency_from_a_parameter() {
+    assert_eq!(
+        stack().expanded_resource("GrabFunction")["Properties"]["ReservedConcurrentExecutions"],
+        json!({"Fn::If": ["HasGrabReservedConcurrency", {"Ref": "GrabReservedConcurrency"}, {"Ref": "AWS::NoValue"}]})
+    );
+}
+
+#[test]
+fn release_retries_then_parks_failed_events_and_every_queue_is_alarmed() {
+    let invoke_config_id = stack()
+        .expanded_resources_of("AWS::Lambda::EventInvokeConfig")
+        .into_iter()
+        .find(|id| {
+            stack().expanded_resource(id)["Properties"]["FunctionName"]
+                == json!({"Ref": "ReleaseFunction"})
+        })
+        .expect("release's async invoke config");
+    let config = &stack().expanded_resource(&invoke_config_id)["Properties"];
+    assert!(
+        config["MaximumRetryAttempts"]
+            .as_u64()
+            .is_some_and(|n| n >= 1)
+    );
+    assert_eq!(
+        config["DestinationConfig"]["OnFailure"]["Destination"],
+        json!({"Fn::GetAtt": ["ReleaseFailuresQueue", "Arn"]})
+    );
+
+    let alarms = stack().raw_resources_of("AWS::CloudWatch::Alarm");
+    let watched: BTreeSet<String> = alarms
+        .iter()
+        .map(|id| &stack().raw_resource(id)["Properties"])
+        .filter(|p| p["MetricName"] == "ApproximateNumberOfMessagesVisible")
+        .flat_map(|p| stack::references(&p["Dimensions"]))
+        .collect();
+    assert_eq!(
+        watched,
+        ["OrdersDLQ".to_owned(), "ReleaseFailuresQueue".to_owned()].into(),
+        "both parking queues raise an alarm when not empty"
+    );
+    for f in functions() {
+        for metric in ["Errors", "Throttles"] {
+            assert!(
+                alarms.iter().any(|id| {
+                    let p = &stack().raw_resource(id)["Properties"];
+                    p["MetricName"] == metric
+                        && stack::references(&p["Dimensions"]).contains(f.logical_id)
+                }),
+                "{} has a {metric} alarm",
+                f.logical_id
+            );
+        }
+    }
+    assert!(alarms.iter().any(|id| {
+        let p = &stack().raw_resource(id)["Properties"];
+        p["MetricName"] == "Duration"
+            && p["ExtendedStatistic"] == "p99"
+            && stack::references(&p["Dimensions"]).contains("GrabFunction")
+    }));
+}
+
+#[test]
+fn the_reconciler_runs_on_a_schedule_one_pass_at_a_time() {
+    let rules: Vec<String> = stack().expanded_resources_of("AWS::Events::Rule");
+    assert!(
+        rules.iter().any(|id| {
+            let rule = &stack().expanded_resource(id)["Properties"];
+            rule["ScheduleExpression"] == json!({"Ref": "ReconcileSchedule"})
+                && stack::references(&rule["Targets"]).contains("ReconcilerFunction")
+        }),
+        "a schedule rule targets the reconciler: {rules:?}"
+    );
+    assert_eq!(
+        stack().expanded_resource("ReconcilerFunction")["Properties"]["ReservedConcurrentExecutions"],
+        json!(1)
+    );
+}
