@@ -12,8 +12,8 @@ use flashsale_domain::service::{CachedCatalog, OrderService, SaleService};
 use flashsale_http::caller::{DEFAULT_ADMIN_CLAIM, DEFAULT_ADMIN_GROUP};
 use flashsale_http::config::{Env, process_env};
 use flashsale_http::{
-    AdminRule, ApiError, CachePolicy, Caller, ConfigError, ensure_within_limit, json, json_body,
-    order_id_param, respond, route_key, sale_id_param, user_of,
+    AdminRule, ApiError, CachePolicy, CallBudget, Caller, ConfigError, ensure_within_limit, json,
+    json_body, order_id_param, respond, route_key, sale_id_param, user_of,
 };
 use lambda_http::http::header::{HeaderValue, LOCATION};
 use lambda_http::http::{Response, StatusCode};
@@ -34,6 +34,18 @@ pub const SALE_PAGE_MAX_AGE_SECS: u32 = 1;
 
 /// Sales the process keeps in memory for the sale page; see the grab's cache.
 pub const SALE_CACHE_CAPACITY: usize = 1024;
+
+/// How long one SDK call of the api may take. The template gives the function 10 s.
+/// A buyer's route makes about five calls one after another at worst (pay after the
+/// window closed: read the hold, the refused pay transaction, its read, the release
+/// transaction, deleting the timer): 5 x 1.5 s leaves 2.5 s spare, so a slow table or
+/// Scheduler answers 503 instead of a Lambda timeout halfway through. The admin stats
+/// read one page per bucket, so there only each page is bounded; that route writes
+/// nothing, so running out of time on it leaves nothing half done.
+pub const SDK_BUDGET: CallBudget = CallBudget {
+    attempt: std::time::Duration::from_millis(700),
+    operation: std::time::Duration::from_millis(1500),
+};
 
 /// The api function's configuration.
 #[derive(Debug, Clone)]
@@ -75,6 +87,22 @@ impl Config {
     }
 }
 
+/// The SDK clients of the api, within [`SDK_BUDGET`].
+struct Clients {
+    dynamodb: aws_sdk_dynamodb::Client,
+    scheduler: aws_sdk_scheduler::Client,
+}
+
+impl Clients {
+    fn new(sdk: &aws_config::SdkConfig) -> Self {
+        let sdk = SDK_BUDGET.bound(sdk);
+        Self {
+            dynamodb: aws_sdk_dynamodb::Client::new(&sdk),
+            scheduler: aws_sdk_scheduler::Client::new(&sdk),
+        }
+    }
+}
+
 /// The ports the api needs. Production fills them from AWS in [`Deps::new`]; tests
 /// pass in-memory fakes, and both go through the same [`Deps::from_ports`].
 pub struct Ports {
@@ -96,7 +124,10 @@ impl Deps {
     /// DynamoDB for sales, stock and orders; Scheduler only to delete release timers
     /// (this function never creates one, so it has no release target).
     pub fn new(config: &Config, sdk: &aws_config::SdkConfig) -> Self {
-        let dynamodb = aws_sdk_dynamodb::Client::new(sdk);
+        let Clients {
+            dynamodb,
+            scheduler,
+        } = Clients::new(sdk);
         let store = Arc::new(DynamoStore::new(dynamodb.clone(), &config.table_name));
         Self::from_ports(
             config,
@@ -108,7 +139,7 @@ impl Deps {
                 ledger: store.clone(),
                 orders: store,
                 scheduler: Arc::new(EventBridgeScheduler::new(
-                    aws_sdk_scheduler::Client::new(sdk),
+                    scheduler,
                     &config.schedule_group_name,
                     None,
                 )),
@@ -220,4 +251,20 @@ async fn cancel_order(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiE
     let order = deps.orders.cancel(&order_id, &user).await?;
     tracing::info!(%order_id, "cancelled");
     json(StatusCode::OK, &order, CachePolicy::NoStore)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_sdk_client_is_built_within_the_budget() {
+        let clients = Clients::new(&aws_config::SdkConfig::builder().build());
+        for timeouts in [
+            clients.dynamodb.config().timeout_config(),
+            clients.scheduler.config().timeout_config(),
+        ] {
+            assert_eq!(timeouts.and_then(CallBudget::of), Some(SDK_BUDGET));
+        }
+    }
 }

@@ -18,7 +18,7 @@ use flashsale_domain::token::GrabTokenSigner;
 use flashsale_domain::{OrderId, OrderStatus};
 use flashsale_http::config::{Env, process_env};
 use flashsale_http::{
-    ApiError, CachePolicy, ConfigError, ensure_within_limit, json, respond, route_key,
+    ApiError, CachePolicy, CallBudget, ConfigError, ensure_within_limit, json, respond, route_key,
     sale_id_param, user_of,
 };
 use lambda_http::http::header::{HeaderValue, LOCATION};
@@ -37,6 +37,19 @@ pub const SALE_CACHE_CAPACITY: usize = 1024;
 /// How long the sold-out gate trusts an "empty" answer when `SOLD_OUT_RECHECK_MS` is
 /// unset.
 pub const DEFAULT_SOLD_OUT_RECHECK_MS: u32 = 1000;
+
+/// How long one SDK call of the grab may take. The template gives the function 5 s.
+/// After its transaction commits, a grab makes at most three more calls one after
+/// another (the send; if that fails, the compensating release and its read), and a
+/// cold sale cache adds a read before the reserve: 4 x 1 s leaves a second spare. So a
+/// stalled table or queue gets the buyer a 503 and the compensation still runs, rather
+/// than the function dying with the unit held. DynamoDB and SQS answer in tens of
+/// milliseconds; an attempt still waiting after 500 ms is stuck, and a retry (with the
+/// same idempotency token) is likelier to succeed than waiting longer.
+pub const SDK_BUDGET: CallBudget = CallBudget {
+    attempt: std::time::Duration::from_millis(500),
+    operation: std::time::Duration::from_secs(1),
+};
 
 /// The grab function's configuration.
 #[derive(Debug, Clone)]
@@ -96,8 +109,7 @@ impl Deps {
     /// DynamoDB behind a per-process sale cache, the SQS orders queue, and the wall
     /// clock.
     pub fn new(config: &Config, sdk: &aws_config::SdkConfig) -> Self {
-        let dynamodb = aws_sdk_dynamodb::Client::new(sdk);
-        let sqs = aws_sdk_sqs::Client::new(sdk);
+        let Clients { dynamodb, sqs } = Clients::new(sdk);
         Self::from_ports(
             config,
             Ports {
@@ -122,6 +134,22 @@ impl Deps {
                 signer: config.signer.clone(),
                 gate: SoldOutGate::new(config.sold_out_recheck),
             },
+        }
+    }
+}
+
+/// The SDK clients of the grab, within [`SDK_BUDGET`].
+struct Clients {
+    dynamodb: aws_sdk_dynamodb::Client,
+    sqs: aws_sdk_sqs::Client,
+}
+
+impl Clients {
+    fn new(sdk: &aws_config::SdkConfig) -> Self {
+        let sdk = SDK_BUDGET.bound(sdk);
+        Self {
+            dynamodb: aws_sdk_dynamodb::Client::new(&sdk),
+            sqs: aws_sdk_sqs::Client::new(&sdk),
         }
     }
 }
@@ -183,4 +211,20 @@ async fn grab(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
         response.headers_mut().insert(LOCATION, location);
     }
     Ok(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_sdk_client_is_built_within_the_budget() {
+        let clients = Clients::new(&aws_config::SdkConfig::builder().build());
+        for timeouts in [
+            clients.dynamodb.config().timeout_config(),
+            clients.sqs.config().timeout_config(),
+        ] {
+            assert_eq!(timeouts.and_then(CallBudget::of), Some(SDK_BUDGET));
+        }
+    }
 }

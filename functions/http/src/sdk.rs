@@ -25,8 +25,8 @@ pub struct CallBudget {
     /// token (so a transaction whose answer was lost is not applied twice); a short
     /// attempt limit is what leaves room for that retry inside the operation limit.
     pub attempt: Duration,
-    /// The whole call: every try and the back-off between them. What a handler's
-    /// worst case is computed from.
+    /// The whole call: every try and the back-off between them. A handler's worst
+    /// case is this times the longest chain of calls it makes one after another.
     pub operation: Duration,
 }
 
@@ -52,12 +52,6 @@ impl CallBudget {
             attempt: timeouts.operation_attempt_timeout()?,
             operation: timeouts.operation_timeout()?,
         })
-    }
-
-    /// How long `calls` calls made one after another may take in all: the bound to
-    /// keep well inside the function's Lambda timeout.
-    pub fn chain(&self, calls: u32) -> Duration {
-        self.operation.saturating_mul(calls)
     }
 }
 
@@ -134,10 +128,5 @@ mod tests {
             .operation_attempt_timeout(Duration::from_secs(1))
             .build();
         assert_eq!(CallBudget::of(&attempt_only), None);
-    }
-
-    #[test]
-    fn a_chain_of_calls_takes_at_most_the_sum_of_their_limits() {
-        assert_eq!(BUDGET.chain(3), Duration::from_millis(4500));
     }
 }

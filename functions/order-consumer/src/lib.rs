@@ -18,9 +18,9 @@ use flashsale_domain::ports::{
 };
 use flashsale_domain::service::OrderService;
 use flashsale_domain::{AppError, OrderId, Reservation};
-use flashsale_http::ConfigError;
 use flashsale_http::config::{Env, process_env};
 use flashsale_http::telemetry::error_chain;
+use flashsale_http::{CallBudget, ConfigError};
 use futures::StreamExt as _;
 use tracing::Instrument as _;
 
@@ -30,6 +30,17 @@ pub use dead_letter::{DeadLetter, DeadLetterQueue, ParkError, SqsDeadLetterQueue
 /// the bound matters if the batch size is ever raised, so one invocation never opens
 /// an unbounded number of connections to the table.
 pub const MAX_CONCURRENT_RECORDS: usize = 10;
+
+/// How long one SDK call of the consumer may take. The template gives the function
+/// 30 s and records run concurrently, so what counts is one record's chain: the open
+/// transaction, its read when refused, creating the timer, and parking a poison record
+/// (four calls): 4 x 5 s leaves 10 s spare. Nobody waits on the consumer, and a record
+/// whose call fails comes back only after the queue's visibility timeout, so a slow
+/// call is given more time than on the HTTP functions before it is abandoned.
+pub const SDK_BUDGET: CallBudget = CallBudget {
+    attempt: std::time::Duration::from_secs(2),
+    operation: std::time::Duration::from_secs(5),
+};
 
 /// The order consumer's configuration.
 #[derive(Debug, Clone)]
@@ -71,6 +82,24 @@ impl Config {
     }
 }
 
+/// The SDK clients of the consumer, within [`SDK_BUDGET`].
+struct Clients {
+    dynamodb: aws_sdk_dynamodb::Client,
+    scheduler: aws_sdk_scheduler::Client,
+    sqs: aws_sdk_sqs::Client,
+}
+
+impl Clients {
+    fn new(sdk: &aws_config::SdkConfig) -> Self {
+        let sdk = SDK_BUDGET.bound(sdk);
+        Self {
+            dynamodb: aws_sdk_dynamodb::Client::new(&sdk),
+            scheduler: aws_sdk_scheduler::Client::new(&sdk),
+            sqs: aws_sdk_sqs::Client::new(&sdk),
+        }
+    }
+}
+
 /// The ports the consumer needs. Production fills them from AWS in [`Deps::new`];
 /// tests pass in-memory fakes, and both go through the same [`Deps::from_ports`].
 pub struct Ports {
@@ -91,22 +120,21 @@ impl Deps {
     /// DynamoDB for orders, Scheduler for release timers (targeting the release
     /// function), and the orders dead-letter queue.
     pub fn new(config: &Config, sdk: &aws_config::SdkConfig) -> Self {
-        let store = Arc::new(DynamoStore::new(
-            aws_sdk_dynamodb::Client::new(sdk),
-            &config.table_name,
-        ));
+        let Clients {
+            dynamodb,
+            scheduler,
+            sqs,
+        } = Clients::new(sdk);
+        let store = Arc::new(DynamoStore::new(dynamodb, &config.table_name));
         Self::from_ports(Ports {
             orders: store.clone(),
             ledger: store,
             scheduler: Arc::new(EventBridgeScheduler::new(
-                aws_sdk_scheduler::Client::new(sdk),
+                scheduler,
                 &config.schedule_group_name,
                 Some(config.release_target.clone()),
             )),
-            dead_letters: Arc::new(SqsDeadLetterQueue::new(
-                aws_sdk_sqs::Client::new(sdk),
-                &config.dlq_url,
-            )),
+            dead_letters: Arc::new(SqsDeadLetterQueue::new(sqs, &config.dlq_url)),
             clock: Arc::new(SystemClock),
         })
     }
@@ -256,6 +284,23 @@ async fn park(deps: &Deps, record: &SqsMessage, reason: &str) -> bool {
         Err(err) => {
             tracing::error!(reason, error = %error_chain(&err), "poison record could not be parked; it will be retried");
             true
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_sdk_client_is_built_within_the_budget() {
+        let clients = Clients::new(&aws_config::SdkConfig::builder().build());
+        for timeouts in [
+            clients.dynamodb.config().timeout_config(),
+            clients.scheduler.config().timeout_config(),
+            clients.sqs.config().timeout_config(),
+        ] {
+            assert_eq!(timeouts.and_then(CallBudget::of), Some(SDK_BUDGET));
         }
     }
 }

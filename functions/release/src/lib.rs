@@ -13,11 +13,21 @@ use flashsale_adapters::DynamoStore;
 use flashsale_domain::ports::{Clock, Settlement, StockLedger, SystemClock};
 use flashsale_domain::service::ExpiryService;
 use flashsale_domain::{AppError, OrderId, OrderStatus, Reservation};
-use flashsale_http::ConfigError;
 use flashsale_http::config::{Env, process_env};
 use flashsale_http::telemetry::error_chain;
+use flashsale_http::{CallBudget, ConfigError};
 use serde::Serialize;
 use serde_json::Value;
+
+/// How long one SDK call of the release may take. The template gives the function
+/// 10 s; an invocation makes at most three calls one after another (the release
+/// transaction and, when it is refused, its two reads): 3 x 2.5 s leaves 2.5 s spare,
+/// so a slow table fails the invocation with an error Scheduler and Lambda retry
+/// rather than a timeout.
+pub const SDK_BUDGET: CallBudget = CallBudget {
+    attempt: std::time::Duration::from_secs(1),
+    operation: std::time::Duration::from_millis(2500),
+};
 
 /// The release function's configuration.
 #[derive(Debug, Clone)]
@@ -42,6 +52,20 @@ impl Config {
     }
 }
 
+/// The SDK client of the release, within [`SDK_BUDGET`].
+struct Clients {
+    dynamodb: aws_sdk_dynamodb::Client,
+}
+
+impl Clients {
+    fn new(sdk: &aws_config::SdkConfig) -> Self {
+        let sdk = SDK_BUDGET.bound(sdk);
+        Self {
+            dynamodb: aws_sdk_dynamodb::Client::new(&sdk),
+        }
+    }
+}
+
 /// The ports the release needs. Production fills them from AWS in [`Deps::new`]; tests
 /// pass in-memory fakes, and both go through the same [`Deps::from_ports`].
 pub struct Ports {
@@ -56,11 +80,9 @@ pub struct Deps {
 
 impl Deps {
     pub fn new(config: &Config, sdk: &aws_config::SdkConfig) -> Self {
+        let Clients { dynamodb } = Clients::new(sdk);
         Self::from_ports(Ports {
-            ledger: Arc::new(DynamoStore::new(
-                aws_sdk_dynamodb::Client::new(sdk),
-                &config.table_name,
-            )),
+            ledger: Arc::new(DynamoStore::new(dynamodb, &config.table_name)),
             clock: Arc::new(SystemClock),
         })
     }
@@ -162,5 +184,23 @@ async fn release(deps: &Deps, event: Value) -> Result<Outcome, ReleaseError> {
             }
             Err(err)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sdk_client_is_built_within_the_budget() {
+        let clients = Clients::new(&aws_config::SdkConfig::builder().build());
+        assert_eq!(
+            clients
+                .dynamodb
+                .config()
+                .timeout_config()
+                .and_then(CallBudget::of),
+            Some(SDK_BUDGET)
+        );
     }
 }
