@@ -1,0 +1,227 @@
+//! The reconciler function: a periodic pass of the domain's [`Reconciler`], the safety
+//! net under the happy path. It sends again the reservations whose queue message was
+//! lost and releases the holds no timer released (see [`Reconciler`] for the rules).
+//!
+//! A schedule invokes it; the event's content (a Scheduler input, an EventBridge
+//! scheduled event) carries nothing it needs and is ignored. Its answer is the pass's
+//! [`ReconcileReport`]. Holds the pass could not repair are left to the next run, which
+//! finds them again: the invocation still succeeds, and says so at error level. Only a
+//! pass that could not run at all fails the invocation.
+
+use std::sync::Arc;
+
+use chrono::Duration;
+use flashsale_adapters::{DynamoStore, SqsOrderQueue};
+use flashsale_domain::AppError;
+use flashsale_domain::ports::{
+    Clock, OrderBook, OrderQueue, SaleCatalog, StockLedger, SystemClock,
+};
+use flashsale_domain::service::{ReconcileReport, Reconciler};
+use flashsale_http::config::{Env, process_env};
+use flashsale_http::telemetry::error_chain;
+use flashsale_http::{CallBudget, ConfigError};
+use serde_json::Value;
+
+/// How long a reservation may stay `reserved` before its queue message counts as lost,
+/// when `RECONCILE_HANDOVER_GRACE_SECS` is unset. The consumer opens an order within
+/// seconds; a minute also covers a consumer that is retrying a throttled batch.
+pub const DEFAULT_HANDOVER_GRACE_SECS: u32 = 60;
+
+/// How long past its deadline an order may stay open before its timer counts as lost,
+/// when `RECONCILE_TIMER_GRACE_SECS` is unset. Scheduler fires within a minute of the
+/// deadline and retries; two minutes leaves it the first word.
+pub const DEFAULT_TIMER_GRACE_SECS: u32 = 120;
+
+/// How long one SDK call of the reconciler may take. A pass makes a call per sale and
+/// per stuck hold, so its length grows with the backlog and only the template's timeout
+/// bounds it; what the budget bounds is one stalled call: a repair that runs out is
+/// counted failed and the pass moves on to the next hold instead of waiting out the
+/// invocation. A release is at most three calls (the transaction and its two reads),
+/// so 3 s per call keeps one repair under ten seconds.
+pub const SDK_BUDGET: CallBudget = CallBudget {
+    attempt: std::time::Duration::from_secs(1),
+    operation: std::time::Duration::from_secs(3),
+};
+
+/// The reconciler's configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub table_name: String,
+    /// Where lost reservations are sent again: the queue the grab sends to.
+    pub orders_queue_url: String,
+    /// See [`DEFAULT_HANDOVER_GRACE_SECS`].
+    pub handover_grace: Duration,
+    /// See [`DEFAULT_TIMER_GRACE_SECS`].
+    pub timer_grace: Duration,
+}
+
+impl Config {
+    /// Every environment variable this function reads (besides `RUST_LOG`, which the
+    /// log setup reads). The two graces are optional.
+    pub const ENV_VARS: &'static [&'static str] = &[
+        "TABLE_NAME",
+        "ORDERS_QUEUE_URL",
+        "RECONCILE_HANDOVER_GRACE_SECS",
+        "RECONCILE_TIMER_GRACE_SECS",
+    ];
+
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_lookup(process_env)
+    }
+
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let env = Env::new(lookup);
+        let handover_secs: u32 =
+            env.parsed_or("RECONCILE_HANDOVER_GRACE_SECS", DEFAULT_HANDOVER_GRACE_SECS)?;
+        let timer_secs: u32 =
+            env.parsed_or("RECONCILE_TIMER_GRACE_SECS", DEFAULT_TIMER_GRACE_SECS)?;
+        Ok(Self {
+            table_name: env.required("TABLE_NAME")?,
+            orders_queue_url: env.required("ORDERS_QUEUE_URL")?,
+            handover_grace: Duration::seconds(i64::from(handover_secs)),
+            timer_grace: Duration::seconds(i64::from(timer_secs)),
+        })
+    }
+}
+
+/// The SDK clients of the reconciler, within [`SDK_BUDGET`].
+struct Clients {
+    dynamodb: aws_sdk_dynamodb::Client,
+    sqs: aws_sdk_sqs::Client,
+}
+
+impl Clients {
+    fn new(sdk: &aws_config::SdkConfig) -> Self {
+        let sdk = SDK_BUDGET.bound(sdk);
+        Self {
+            dynamodb: aws_sdk_dynamodb::Client::new(&sdk),
+            sqs: aws_sdk_sqs::Client::new(&sdk),
+        }
+    }
+}
+
+/// The ports the reconciler needs. Production fills them from AWS in [`Deps::new`];
+/// tests pass in-memory fakes, and both go through the same [`Deps::from_ports`].
+pub struct Ports {
+    pub catalog: Arc<dyn SaleCatalog>,
+    pub orders: Arc<dyn OrderBook>,
+    pub ledger: Arc<dyn StockLedger>,
+    pub queue: Arc<dyn OrderQueue>,
+    pub clock: Arc<dyn Clock>,
+}
+
+/// What the handler needs, built once per process.
+pub struct Deps {
+    reconciler: Reconciler,
+}
+
+impl Deps {
+    /// DynamoDB for sales and holds, the SQS orders queue, and the wall clock. The
+    /// catalog is not cached: the pass lists sales once per run.
+    pub fn new(config: &Config, sdk: &aws_config::SdkConfig) -> Self {
+        let Clients { dynamodb, sqs } = Clients::new(sdk);
+        let store = Arc::new(DynamoStore::new(dynamodb, &config.table_name));
+        Self::from_ports(
+            config,
+            Ports {
+                catalog: store.clone(),
+                orders: store.clone(),
+                ledger: store,
+                queue: Arc::new(SqsOrderQueue::new(sqs, &config.orders_queue_url)),
+                clock: Arc::new(SystemClock),
+            },
+        )
+    }
+
+    pub fn from_ports(config: &Config, ports: Ports) -> Self {
+        Self {
+            reconciler: Reconciler {
+                catalog: ports.catalog,
+                orders: ports.orders,
+                ledger: ports.ledger,
+                queue: ports.queue,
+                clock: ports.clock,
+                handover_grace: config.handover_grace,
+                timer_grace: config.timer_grace,
+            },
+        }
+    }
+}
+
+/// Why an invocation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    /// The pass could not run: the sales or a sale's open holds could not be listed.
+    /// Nothing is lost: the next run (or Lambda's retry of this one) starts over, and
+    /// every repair is conditional on the hold's state, so overlapping passes are safe.
+    #[error("the reconciliation pass could not run")]
+    Pass(#[source] AppError),
+    #[error("could not encode the report")]
+    Encode(#[source] serde_json::Error),
+}
+
+/// The Lambda handler. `event` is ignored: whatever the schedule sends, the pass is
+/// the same.
+pub async fn handler(deps: &Deps, _event: Value) -> Result<Value, lambda_runtime::Error> {
+    let report = reconcile(deps).await?;
+    Ok(serde_json::to_value(report).map_err(ReconcileError::Encode)?)
+}
+
+async fn reconcile(deps: &Deps) -> Result<ReconcileReport, ReconcileError> {
+    let report = match deps.reconciler.run().await {
+        Ok(report) => report,
+        Err(source) => {
+            let expected = source.is_retryable();
+            let err = ReconcileError::Pass(source);
+            if expected {
+                tracing::warn!(error = %error_chain(&err), "reconciliation not done; the next run tries again");
+            } else {
+                tracing::error!(error = %error_chain(&err), "reconciliation failed; it will keep failing until the cause is fixed");
+            }
+            return Err(err);
+        }
+    };
+    let ReconcileReport {
+        sales,
+        open_holds,
+        requeued,
+        expired,
+        failed,
+    } = report;
+    if failed > 0 {
+        tracing::error!(
+            sales,
+            open_holds,
+            requeued,
+            expired,
+            failed,
+            "some stuck holds could not be repaired; the next run tries them again"
+        );
+    } else {
+        tracing::info!(
+            sales,
+            open_holds,
+            requeued,
+            expired,
+            failed,
+            "reconciliation done"
+        );
+    }
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_sdk_client_is_built_within_the_budget() {
+        let clients = Clients::new(&aws_config::SdkConfig::builder().build());
+        for timeouts in [
+            clients.dynamodb.config().timeout_config(),
+            clients.sqs.config().timeout_config(),
+        ] {
+            assert_eq!(timeouts.and_then(CallBudget::of), Some(SDK_BUDGET));
+        }
+    }
+}

@@ -1,0 +1,17 @@
+//! The reconciler Lambda: wiring only. The behaviour lives in the library.
+
+use flashsale_reconciler::{Config, Deps, handler};
+use lambda_runtime::{Error, LambdaEvent, service_fn};
+use serde_json::Value;
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    flashsale_http::telemetry::init()?;
+    let config = Config::from_env().map_err(flashsale_http::telemetry::startup_failure)?;
+    let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    let deps = Deps::new(&config, &sdk);
+    lambda_runtime::run(service_fn(|event: LambdaEvent<Value>| {
+        handler(&deps, event.payload)
+    }))
+    .await
+}

@@ -1,0 +1,404 @@
+//! The reconciler function through its handler, with the scheduled event of
+//! `events/reconciler.json` and the domain's in-memory fakes.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Duration, TimeZone, Utc};
+use flashsale_domain::error::StoreError;
+use flashsale_domain::ports::{Clock, OrderBook, SaleCatalog};
+use flashsale_domain::service::ReconcileReport;
+use flashsale_domain::testing::{InMemoryStore, ManualClock, RecordingQueue};
+use flashsale_domain::{
+    AppError, OrderId, OrderStatus, Reservation, Sale, SaleDraft, SaleId, UserId,
+};
+use flashsale_http::ConfigError;
+use flashsale_http::testing::fixture;
+use flashsale_reconciler::{Config, Deps, Ports, ReconcileError, handler};
+use serde_json::{Value, json};
+
+fn start() -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap()
+}
+
+fn config(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
+    let pairs: Vec<(String, String)> = pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    Config::from_lookup(move |var| pairs.iter().find(|(k, _)| k == var).map(|(_, v)| v.clone()))
+}
+
+fn default_config() -> Config {
+    config(&[("TABLE_NAME", "t"), ("ORDERS_QUEUE_URL", "q")]).unwrap()
+}
+
+struct World {
+    deps: Deps,
+    store: Arc<InMemoryStore>,
+    queue: Arc<RecordingQueue>,
+    clock: Arc<ManualClock>,
+    sale: Sale,
+}
+
+impl World {
+    async fn new() -> Self {
+        Self::build(&default_config(), None).await
+    }
+
+    /// A sale of 10 units in one shard, open from `start()` for an hour with a
+    /// ten-minute payment window; the clock at `start()`.
+    async fn build(config: &Config, catalog: Option<Arc<dyn SaleCatalog>>) -> Self {
+        let store = Arc::new(InMemoryStore::new());
+        let queue = Arc::new(RecordingQueue::default());
+        let clock = Arc::new(ManualClock::new(start()));
+        let sale = Sale::from_draft(SaleDraft {
+            sale_id: Some("phone-launch".to_owned()),
+            name: "Phone launch".to_owned(),
+            stock: 10,
+            starts_at: start(),
+            ends_at: start() + Duration::hours(1),
+            per_user_limit: None,
+            payment_timeout_secs: Some(600),
+            shards: Some(1),
+        })
+        .unwrap();
+        assert!(store.create_sale(&sale).await.unwrap());
+        let deps = Deps::from_ports(
+            config,
+            Ports {
+                catalog: catalog.unwrap_or_else(|| store.clone()),
+                orders: store.clone(),
+                ledger: store.clone(),
+                queue: queue.clone(),
+                clock: clock.clone(),
+            },
+        );
+        Self {
+            deps,
+            store,
+            queue,
+            clock,
+            sale,
+        }
+    }
+
+    /// A reservation made now whose queue message never arrived.
+    fn strand(&self, user: &str) -> Reservation {
+        let now = self.clock.now();
+        let reservation = Reservation {
+            order_id: OrderId::new(self.sale.sale_id.clone()),
+            sale_id: self.sale.sale_id.clone(),
+            user_id: UserId::parse(user).unwrap(),
+            shard: 0,
+            created_at: now,
+            expires_at: self.sale.payment_deadline(now),
+        };
+        self.store.strand(&self.sale, &reservation);
+        reservation
+    }
+
+    async fn run(&self) -> ReconcileReport {
+        report(
+            handler(&self.deps, fixture("reconciler.json"))
+                .await
+                .unwrap(),
+        )
+    }
+
+    fn sent(&self) -> Vec<Reservation> {
+        self.queue.sent.lock().unwrap().clone()
+    }
+
+    fn available(&self) -> u64 {
+        self.store.shard_available(&self.sale.sale_id, 0)
+    }
+
+    async fn status(&self, reservation: &Reservation) -> OrderStatus {
+        self.store
+            .find(&reservation.order_id, &reservation.user_id)
+            .await
+            .unwrap()
+            .unwrap()
+            .0
+            .status
+    }
+}
+
+/// The handler's answer read back as the report it encodes.
+fn report(answer: Value) -> ReconcileReport {
+    let field = |name: &str| {
+        let value = answer[name]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{name} missing from {answer}"));
+        usize::try_from(value).unwrap()
+    };
+    ReconcileReport {
+        sales: field("sales"),
+        open_holds: field("open_holds"),
+        requeued: field("requeued"),
+        expired: field("expired"),
+        failed: field("failed"),
+    }
+}
+
+#[tokio::test]
+async fn a_reservation_whose_message_was_lost_is_sent_to_the_consumer_again() {
+    let world = World::new().await;
+    let lost = world.strand("user-alice");
+    world.clock.advance(Duration::seconds(61));
+
+    let answer = handler(&world.deps, fixture("reconciler.json"))
+        .await
+        .unwrap();
+
+    assert_eq!(
+        answer,
+        json!({"sales": 1, "open_holds": 1, "requeued": 1, "expired": 0, "failed": 0})
+    );
+    assert_eq!(world.sent(), vec![lost.clone()]);
+    assert_eq!(world.available(), 9, "the unit stays held for the order");
+    assert_eq!(world.status(&lost).await, OrderStatus::Reserved);
+}
+
+#[tokio::test]
+async fn a_fresh_reservation_is_left_to_the_consumer() {
+    let world = World::new().await;
+    world.strand("user-alice");
+    world.clock.advance(Duration::seconds(30));
+
+    let report = world.run().await;
+
+    assert_eq!(
+        report,
+        ReconcileReport {
+            sales: 1,
+            open_holds: 1,
+            ..ReconcileReport::default()
+        }
+    );
+    assert!(world.sent().is_empty());
+}
+
+#[tokio::test]
+async fn a_lost_reservation_past_its_deadline_goes_back_to_stock() {
+    let world = World::new().await;
+    let lost = world.strand("user-alice");
+    world.clock.set(lost.expires_at);
+
+    let report = world.run().await;
+
+    assert_eq!((report.expired, report.requeued), (1, 0));
+    assert!(world.sent().is_empty());
+    assert_eq!(world.available(), 10);
+    assert_eq!(world.status(&lost).await, OrderStatus::Expired);
+
+    // Nothing is left for the next run.
+    let again = world.run().await;
+    assert_eq!((again.open_holds, again.expired), (0, 0));
+    assert_eq!(world.available(), 10);
+}
+
+#[tokio::test]
+async fn an_awaiting_order_whose_timer_never_fired_is_released_after_the_default_timer_grace() {
+    let world = World::new().await;
+    let held = world.strand("user-alice");
+    world.store.open(&held).await.unwrap();
+
+    world.clock.set(held.expires_at + Duration::seconds(119));
+    assert_eq!(world.run().await.expired, 0, "the timer still has time");
+    assert_eq!(world.status(&held).await, OrderStatus::PendingPayment);
+
+    world.clock.set(held.expires_at + Duration::seconds(120));
+    assert_eq!(world.run().await.expired, 1);
+    assert_eq!(world.status(&held).await, OrderStatus::Expired);
+    assert_eq!(world.available(), 10);
+}
+
+#[tokio::test]
+async fn a_paid_order_is_never_touched() {
+    let world = World::new().await;
+    let paid = world.strand("user-alice");
+    world.store.open(&paid).await.unwrap();
+    world.store.pay(&paid, world.clock.now()).await.unwrap();
+    world.clock.set(paid.expires_at + Duration::days(1));
+
+    let report = world.run().await;
+
+    assert_eq!((report.open_holds, report.expired), (0, 0));
+    assert_eq!(world.status(&paid).await, OrderStatus::Paid);
+    assert_eq!(world.available(), 9);
+}
+
+#[tokio::test]
+async fn the_graces_come_from_configuration() {
+    let config = config(&[
+        ("TABLE_NAME", "t"),
+        ("ORDERS_QUEUE_URL", "q"),
+        ("RECONCILE_HANDOVER_GRACE_SECS", "10"),
+        ("RECONCILE_TIMER_GRACE_SECS", "5"),
+    ])
+    .unwrap();
+    let world = World::build(&config, None).await;
+    let lost = world.strand("user-alice");
+    let awaiting = world.strand("user-bob");
+    world.store.open(&awaiting).await.unwrap();
+
+    world.clock.advance(Duration::seconds(10));
+    assert_eq!(world.run().await.requeued, 1);
+    assert_eq!(world.sent(), vec![lost]);
+
+    world.clock.set(awaiting.expires_at + Duration::seconds(5));
+    let report = world.run().await;
+    assert_eq!(report.expired, 2, "both are past their deadline by now");
+}
+
+#[tokio::test]
+async fn a_hold_that_cannot_be_sent_is_counted_failed_and_the_invocation_still_succeeds() {
+    let world = World::new().await;
+    let lost = world.strand("user-alice");
+    world.clock.advance(Duration::seconds(61));
+    world.queue.fail.store(true, Ordering::SeqCst);
+
+    let report = world.run().await;
+
+    assert_eq!(
+        (report.open_holds, report.requeued, report.failed),
+        (1, 0, 1)
+    );
+    assert_eq!(world.status(&lost).await, OrderStatus::Reserved);
+
+    // The next run finds the same hold and repairs it.
+    world.queue.fail.store(false, Ordering::SeqCst);
+    let again = world.run().await;
+    assert_eq!((again.requeued, again.failed), (1, 0));
+    assert_eq!(world.sent(), vec![lost]);
+}
+
+#[tokio::test]
+async fn the_event_content_changes_nothing() {
+    for event in [
+        fixture("reconciler.json"),
+        json!({}),
+        Value::Null,
+        json!("garbage"),
+        json!([1, 2, 3]),
+    ] {
+        let world = World::new().await;
+        world.strand("user-alice");
+        world.clock.advance(Duration::seconds(61));
+
+        let answer = handler(&world.deps, event.clone()).await.unwrap();
+
+        assert_eq!(report(answer).requeued, 1, "{event}");
+        assert_eq!(world.sent().len(), 1, "{event}");
+    }
+}
+
+#[tokio::test]
+async fn long_ended_sales_are_not_read() {
+    let world = World::new().await;
+    world.clock.set(start() + Duration::days(3));
+
+    assert_eq!(world.run().await, ReconcileReport::default());
+}
+
+#[tokio::test]
+async fn when_the_sales_cannot_be_listed_the_invocation_fails_whatever_the_kind() {
+    for transient in [true, false] {
+        let world = World::build(
+            &default_config(),
+            Some(Arc::new(UnreachableCatalog { transient })),
+        )
+        .await;
+        world.strand("user-alice");
+        world.clock.advance(Duration::seconds(61));
+
+        let err = handler(&world.deps, fixture("reconciler.json"))
+            .await
+            .unwrap_err();
+
+        let Some(ReconcileError::Pass(AppError::Store(store))) =
+            err.downcast_ref::<ReconcileError>()
+        else {
+            panic!("expected a pass failure from the store, got {err}");
+        };
+        assert_eq!(store.is_retryable(), transient);
+        assert!(world.sent().is_empty());
+    }
+}
+
+#[test]
+fn config_reads_the_table_and_queue_and_defaults_the_graces() {
+    assert_eq!(
+        Config::ENV_VARS,
+        [
+            "TABLE_NAME",
+            "ORDERS_QUEUE_URL",
+            "RECONCILE_HANDOVER_GRACE_SECS",
+            "RECONCILE_TIMER_GRACE_SECS",
+        ]
+    );
+    let config = default_config();
+    assert_eq!(config.table_name, "t");
+    assert_eq!(config.orders_queue_url, "q");
+    assert_eq!(config.handover_grace, Duration::seconds(60));
+    assert_eq!(config.timer_grace, Duration::seconds(120));
+}
+
+#[test]
+fn config_without_the_table_or_the_queue_fails() {
+    assert!(matches!(
+        config(&[("ORDERS_QUEUE_URL", "q")]),
+        Err(ConfigError::Missing("TABLE_NAME"))
+    ));
+    assert!(matches!(
+        config(&[("TABLE_NAME", "t")]),
+        Err(ConfigError::Missing("ORDERS_QUEUE_URL"))
+    ));
+}
+
+#[test]
+fn a_grace_that_is_not_a_whole_number_of_seconds_is_invalid() {
+    for (var, value) in [
+        ("RECONCILE_HANDOVER_GRACE_SECS", "soon"),
+        ("RECONCILE_HANDOVER_GRACE_SECS", "-5"),
+        ("RECONCILE_TIMER_GRACE_SECS", "1.5"),
+    ] {
+        let err =
+            config(&[("TABLE_NAME", "t"), ("ORDERS_QUEUE_URL", "q"), (var, value)]).unwrap_err();
+        assert!(
+            matches!(err, ConfigError::Invalid { var: bad, .. } if bad == var),
+            "{var}={value}: {err:?}"
+        );
+    }
+}
+
+/// A catalog whose listing fails, as an unreachable or misconfigured table would.
+struct UnreachableCatalog {
+    transient: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("the table is unreachable")]
+struct Unreachable;
+
+#[async_trait]
+impl SaleCatalog for UnreachableCatalog {
+    async fn create_sale(&self, _sale: &Sale) -> Result<bool, StoreError> {
+        unreachable!("the reconciler never creates sales")
+    }
+
+    async fn find_sale(&self, _sale_id: &SaleId) -> Result<Option<Sale>, StoreError> {
+        unreachable!("the reconciler lists sales, it does not look them up")
+    }
+
+    async fn sales_ending_after(&self, _cutoff: DateTime<Utc>) -> Result<Vec<Sale>, StoreError> {
+        Err(if self.transient {
+            StoreError::transient("sales_ending_after", Unreachable)
+        } else {
+            StoreError::permanent("sales_ending_after", Unreachable)
+        })
+    }
+}
