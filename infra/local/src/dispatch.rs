@@ -59,6 +59,13 @@ pub fn builtin(
                 flashsale_order_consumer::Deps::new(&config, sdk),
             )))
         }
+        "functions/reconciler" => {
+            let config = flashsale_reconciler::Config::from_lookup(lookup)
+                .map_err(|e| config_error(Box::new(e)))?;
+            Arc::new(ReconcilerFunction(flashsale_reconciler::Deps::new(
+                &config, sdk,
+            )))
+        }
         "functions/release" => {
             let config = flashsale_release::Config::from_lookup(lookup)
                 .map_err(|e| config_error(Box::new(e)))?;
@@ -148,6 +155,14 @@ struct GrabFunction(flashsale_grab::Deps);
 struct ApiFunction(flashsale_api::Deps);
 struct OrderConsumerFunction(Arc<flashsale_order_consumer::Deps>);
 struct ReleaseFunction(flashsale_release::Deps);
+struct ReconcilerFunction(flashsale_reconciler::Deps);
+
+#[async_trait]
+impl LambdaFunction for ReconcilerFunction {
+    async fn invoke(&self, event: Value, _context: InvokeContext) -> Result<Value, FunctionError> {
+        flashsale_reconciler::handler(&self.0, event).await
+    }
+}
 
 #[async_trait]
 impl LambdaFunction for GrabFunction {

@@ -85,6 +85,8 @@ impl Default for AsyncRetryTiming {
 struct Deployed {
     spec: FunctionSpec,
     code: Arc<dyn LambdaFunction>,
+    /// `ReservedConcurrentExecutions` as permits, for asynchronous invocations.
+    reserved: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 /// The stack's functions.
@@ -116,6 +118,9 @@ impl LambdaService {
                         Deployed {
                             spec: spec.clone(),
                             code: code.clone(),
+                            reserved: spec
+                                .reserved_concurrency
+                                .map(|n| Arc::new(tokio::sync::Semaphore::new(n as usize))),
                         },
                     )
                 })
@@ -174,6 +179,7 @@ impl LambdaService {
             .get(logical_id)
             .ok_or_else(|| InvokeError::UnknownFunction(logical_id.to_owned()))?;
         let config = deployed.spec.async_invoke.clone();
+        let reserved = deployed.reserved.clone();
         let function_arn = deployed.spec.arn.clone();
         let service = self.clone();
         let logical_id = logical_id.to_owned();
@@ -184,6 +190,15 @@ impl LambdaService {
             let mut attempt: u32 = 0;
             loop {
                 attempt += 1;
+                // A throttled asynchronous event waits in Lambda's queue (retried, not
+                // failed) until the function has a free slot of its reserved concurrency.
+                let slot = match &reserved {
+                    Some(slots) => tokio::select! {
+                        slot = slots.clone().acquire_owned() => slot.ok(),
+                        _ = shutdown.wait_for(|stop| *stop) => return,
+                    },
+                    None => None,
+                };
                 let error = match service.invoke(&logical_id, event.clone()).await {
                     Ok(_) => return,
                     Err(error) => error,
@@ -196,6 +211,7 @@ impl LambdaService {
                     .or(service.timing.delays.last())
                     .copied()
                     .unwrap_or_default();
+                drop(slot);
                 let too_old = queued.elapsed() + delay > config.maximum_event_age;
                 if retries_left && !too_old {
                     tracing::warn!(function = %logical_id, attempt, error = %error_chain(&error), ?delay, "asynchronous invocation failed; Lambda will retry");

@@ -5,7 +5,8 @@
 //! - [`apigw`]: the HTTP API with its JWT authorizer ([`auth`]), payload format 2.0;
 //! - [`esm`]: the SQS event source mapping, with `ReportBatchItemFailures`;
 //! - [`scheduler`]: EventBridge Scheduler delivery of one-time schedules, invoking
-//!   Lambda asynchronously ([`lambda`]) with Lambda's retries.
+//!   Lambda asynchronously ([`lambda`]) with Lambda's retries;
+//! - [`rules`]: EventBridge `rate(...)` rules from `Schedule` events.
 //!
 //! [`LocalStack::start`] runs all of it in-process for tests; the `flashsale-local`
 //! binary runs it for `make run`.
@@ -18,6 +19,7 @@ pub mod lambda;
 pub mod model;
 pub mod provision;
 pub mod resolve;
+pub mod rules;
 pub mod scheduler;
 pub mod stack;
 pub mod template;

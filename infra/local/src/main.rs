@@ -157,6 +157,17 @@ fn print_banner(stack: &LocalStack) {
             ));
         }
     }
+    for function in &model.functions {
+        for rule in &function.schedules {
+            out.push_str(&format!(
+                "\n  rule {} {} -> {}{}",
+                rule.rule_name,
+                rule.expression,
+                function.logical_id,
+                if rule.enabled { "" } else { " (disabled)" }
+            ));
+        }
+    }
     for group in &model.schedule_groups {
         out.push_str(&format!(
             "\n  schedules in group {} are delivered locally",

@@ -123,6 +123,11 @@ impl StackModel {
         let mut function_decls = Vec::new();
         let mut api_decls = Vec::new();
         for decl in template.resources.values() {
+            if let Some(condition) = &decl.condition
+                && !resolver.condition(condition, &format!("Resources.{}", decl.logical_id))?
+            {
+                continue;
+            }
             match decl.kind.as_str() {
                 "AWS::DynamoDB::Table" => tables.push(table_spec(&mut resolver, decl)?),
                 "AWS::SQS::Queue" => queues.push(queue_spec(&mut resolver, decl)?),
@@ -745,7 +750,38 @@ pub struct FunctionSpec {
     pub environment: BTreeMap<String, String>,
     pub routes: Vec<RouteSpec>,
     pub sqs_sources: Vec<SqsSourceSpec>,
+    /// `Schedule` events: EventBridge rules that invoke the function on a rate.
+    pub schedules: Vec<RuleSpec>,
     pub async_invoke: AsyncInvokeConfig,
+    /// `ReservedConcurrentExecutions`: how many invocations may run at once.
+    pub reserved_concurrency: Option<u32>,
+}
+
+/// A `Schedule` event: an EventBridge rule with a `rate(...)` expression.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RuleSpec {
+    pub event_name: String,
+    pub rule_name: String,
+    pub rule_arn: String,
+    pub expression: String,
+    pub period: Duration,
+    /// The rule's `Input`: sent instead of the Scheduled Event when set.
+    pub input: Option<Value>,
+    pub enabled: bool,
+}
+
+/// The period of an EventBridge `rate(N minute|minutes|hour|hours|day|days)` expression.
+pub fn rate_period(expression: &str) -> Option<Duration> {
+    let inner = expression.trim().strip_prefix("rate(")?.strip_suffix(')')?;
+    let (count, unit) = inner.trim().split_once(' ')?;
+    let count: u64 = count.parse().ok().filter(|n| *n > 0)?;
+    let unit_secs = match (count, unit.trim()) {
+        (1, "minute") | (2.., "minutes") => 60,
+        (1, "hour") | (2.., "hours") => 3600,
+        (1, "day") | (2.., "days") => 86_400,
+        _ => return None,
+    };
+    Some(Duration::from_secs(count * unit_secs))
 }
 
 /// An `SQS` event: an event source mapping.
@@ -826,8 +862,17 @@ fn function_spec(
         )?,
     };
 
+    let reserved_concurrency = match properties.get("ReservedConcurrentExecutions") {
+        Some(node) => match resolver.eval(node, &format!("{at}.ReservedConcurrentExecutions"))? {
+            Value::Null => None,
+            value => Some(u64_value(&value, &at)? as u32),
+        },
+        None => None,
+    };
+
     let mut routes = Vec::new();
     let mut sqs_sources = Vec::new();
+    let mut schedules = Vec::new();
     if let Some(Node::Map(events)) = properties.get("Events") {
         for (event_name, event) in events {
             let event_at = format!("{at}.Events.{event_name}");
@@ -838,6 +883,9 @@ fn function_spec(
                 "HttpApi" => routes.push(route_spec(
                     resolver, template, event_name, props, &event_at, apis,
                 )?),
+                "Schedule" => {
+                    schedules.push(rule_spec(resolver, id, event_name, props, &event_at)?)
+                }
                 "SQS" => sqs_sources.push(sqs_source_spec(
                     resolver, event_name, props, &event_at, queues,
                 )?),
@@ -859,7 +907,72 @@ fn function_spec(
         environment,
         routes,
         sqs_sources,
+        schedules,
         async_invoke,
+        reserved_concurrency,
+    })
+}
+
+fn rule_spec(
+    resolver: &mut Resolver<'_>,
+    function_id: &str,
+    event_name: &str,
+    props: &Node,
+    at: &str,
+) -> Result<RuleSpec, ModelError> {
+    #[derive(Deserialize)]
+    #[serde(rename_all = "PascalCase", deny_unknown_fields)]
+    struct Raw {
+        schedule: String,
+        #[serde(default)]
+        input: Option<String>,
+        #[serde(default, deserialize_with = "lenient_opt_bool")]
+        enabled: Option<bool>,
+        #[serde(default)]
+        state: Option<String>,
+        #[serde(default)]
+        name: Option<String>,
+        #[serde(default, rename = "Description")]
+        _description: Option<String>,
+    }
+    let raw: Raw = from_value(resolver.eval(props, at)?, at)?;
+    let period = rate_period(&raw.schedule).ok_or_else(|| ModelError::Invalid {
+        at: at.to_owned(),
+        what: format!(
+            "schedule {:?}: only rate(...) rules are emulated locally",
+            raw.schedule
+        ),
+    })?;
+    let input = raw
+        .input
+        .map(|text| {
+            serde_json::from_str(&text).map_err(|e| ModelError::Invalid {
+                at: at.to_owned(),
+                what: format!("Input is not JSON: {e}"),
+            })
+        })
+        .transpose()?;
+    let context = resolver.context();
+    let rule_name = raw
+        .name
+        .unwrap_or_else(|| format!("{}-{function_id}{event_name}", context.stack_name));
+    let rule_arn = format!(
+        "arn:aws:events:{}:{}:rule/{rule_name}",
+        context.region, context.account_id
+    );
+    let enabled = match (raw.enabled, raw.state.as_deref()) {
+        (Some(enabled), _) => enabled,
+        (None, Some(state)) => state == "ENABLED",
+        (None, None) => true,
+    };
+    Ok(RuleSpec {
+        event_name: event_name.to_owned(),
+        rule_name,
+        rule_arn,
+        expression: raw.schedule,
+        period,
+        input,
+        enabled,
     })
 }
 
@@ -1334,6 +1447,25 @@ mod tests {
             err.to_string().contains("KinesisStreamSpecification"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn rate_expressions_give_their_period() {
+        assert_eq!(rate_period("rate(1 minute)"), Some(Duration::from_secs(60)));
+        assert_eq!(
+            rate_period("rate(5 minutes)"),
+            Some(Duration::from_secs(300))
+        );
+        assert_eq!(
+            rate_period("rate(2 hours)"),
+            Some(Duration::from_secs(7200))
+        );
+        assert_eq!(
+            rate_period("rate(1 minutes)"),
+            None,
+            "EventBridge wants the singular"
+        );
+        assert_eq!(rate_period("cron(0 * * * ? *)"), None);
     }
 
     #[test]

@@ -48,8 +48,10 @@ pub enum ResolveError {
     UnknownParameter(String),
     #[error("parameter {name} has type {kind}, which the local stack does not support")]
     UnsupportedParameterType { name: String, kind: String },
-    #[error("{at}: resource {target} has a Condition, which the local stack does not evaluate")]
-    Conditional { target: String, at: String },
+    #[error("{at}: resource {target} is not created (its Condition is false)")]
+    NotCreated { target: String, at: String },
+    #[error("{at}: condition {name} is not declared")]
+    UnknownCondition { name: String, at: String },
 }
 
 /// A parameter's value, as `Ref` returns it.
@@ -98,6 +100,7 @@ pub struct Resolver<'t> {
     generated: Vec<String>,
     identities: HashMap<String, Identity>,
     resolving: HashSet<String>,
+    conditions: HashMap<String, bool>,
 }
 
 /// Evaluation result inside a container: `Ref AWS::NoValue` removes the entry.
@@ -146,6 +149,7 @@ impl<'t> Resolver<'t> {
             generated,
             identities: HashMap::new(),
             resolving: HashSet::new(),
+            conditions: HashMap::new(),
         })
     }
 
@@ -309,10 +313,118 @@ impl<'t> Resolver<'t> {
                         .collect(),
                 )))
             }
+            "Fn::If" => {
+                let Node::List(items) = arg else {
+                    return Err(bad("expected [condition, if-true, if-false]"));
+                };
+                let [condition, when_true, when_false] = items.as_slice() else {
+                    return Err(bad("expected [condition, if-true, if-false]"));
+                };
+                let name = condition
+                    .as_str()
+                    .ok_or_else(|| bad("expected a condition name"))?;
+                let branch = if self.condition(name, at)? {
+                    when_true
+                } else {
+                    when_false
+                };
+                self.eval_inner(branch, at)
+            }
+            "Fn::Equals" | "Fn::Not" | "Fn::And" | "Fn::Or" | "Condition" => {
+                let node = Node::Intrinsic {
+                    name: name.to_owned(),
+                    arg: Box::new(arg.clone()),
+                };
+                self.truth(&node, at).map(|b| Eval::Value(Value::Bool(b)))
+            }
             other => Err(ResolveError::UnsupportedIntrinsic {
                 name: other.to_owned(),
                 at: at.to_owned(),
             }),
+        }
+    }
+
+    /// The value of the template condition `name`, evaluated once.
+    pub fn condition(&mut self, name: &str, at: &str) -> Result<bool, ResolveError> {
+        if let Some(value) = self.conditions.get(name) {
+            return Ok(*value);
+        }
+        let template = self.template;
+        let node = template
+            .conditions
+            .get(name)
+            .ok_or_else(|| ResolveError::UnknownCondition {
+                name: name.to_owned(),
+                at: at.to_owned(),
+            })?;
+        let key = format!("Conditions.{name}");
+        if !self.resolving.insert(key.clone()) {
+            return Err(ResolveError::Cycle(key));
+        }
+        let value = self.truth(node, &key);
+        self.resolving.remove(&key);
+        let value = value?;
+        self.conditions.insert(name.to_owned(), value);
+        Ok(value)
+    }
+
+    /// A condition expression: `Fn::Equals`, `Fn::Not`, `Fn::And`, `Fn::Or`, `Condition`.
+    fn truth(&mut self, node: &Node, at: &str) -> Result<bool, ResolveError> {
+        let Node::Intrinsic { name, arg } = node else {
+            return match self.eval(node, at)? {
+                Value::Bool(b) => Ok(b),
+                Value::String(s) if s == "true" || s == "false" => Ok(s == "true"),
+                other => Err(ResolveError::BadArgument {
+                    name: "condition".to_owned(),
+                    at: at.to_owned(),
+                    what: format!("{other} is not a condition"),
+                }),
+            };
+        };
+        let bad = |what: &str| ResolveError::BadArgument {
+            name: name.clone(),
+            at: at.to_owned(),
+            what: what.to_owned(),
+        };
+        let items = || match arg.as_ref() {
+            Node::List(items) => Ok(items.as_slice()),
+            _ => Err(bad("expected a list")),
+        };
+        match name.as_str() {
+            "Condition" => {
+                let name = arg
+                    .as_str()
+                    .ok_or_else(|| bad("expected a condition name"))?;
+                self.condition(name, at)
+            }
+            "Fn::Equals" => {
+                let [a, b] = items()? else {
+                    return Err(bad("expected two values"));
+                };
+                let a = self.eval(a, at)?;
+                let b = self.eval(b, at)?;
+                // CloudFormation compares the values as strings.
+                Ok(value_string(&a).unwrap_or_else(|| a.to_string())
+                    == value_string(&b).unwrap_or_else(|| b.to_string()))
+            }
+            "Fn::Not" => {
+                let [inner] = items()? else {
+                    return Err(bad("expected one condition"));
+                };
+                Ok(!self.truth(inner, at)?)
+            }
+            "Fn::And" | "Fn::Or" => {
+                let mut results = Vec::new();
+                for inner in items()? {
+                    results.push(self.truth(inner, at)?);
+                }
+                Ok(if name == "Fn::And" {
+                    results.iter().all(|b| *b)
+                } else {
+                    results.iter().any(|b| *b)
+                })
+            }
+            _ => Ok(matches!(self.eval(node, at)?, Value::Bool(true))),
         }
     }
 
@@ -420,8 +532,10 @@ impl<'t> Resolver<'t> {
                 target: logical_id.to_owned(),
                 at: at.to_owned(),
             })?;
-        if decl.condition.is_some() {
-            return Err(ResolveError::Conditional {
+        if let Some(condition) = &decl.condition
+            && !self.condition(condition, at)?
+        {
+            return Err(ResolveError::NotCreated {
                 target: logical_id.to_owned(),
                 at: at.to_owned(),
             });
@@ -714,7 +828,7 @@ Resources:
           JOINED: !Join ["-", [!Select [1, !Ref Aud], !Ref Timeout]]
           SUB: !Sub ["${X}/${Q.Arn}/${!Literal}", { X: !Ref "AWS::Region" }]
           GONE: !Ref AWS::NoValue
-          IFF: !If [C, a, b]
+          IMPORTED: !ImportValue shared-thing
   Fn2: { Type: AWS::Serverless::Function }
   Loop1: { Type: AWS::SQS::Queue, Properties: { QueueName: !GetAtt Loop2.QueueName } }
   Loop2: { Type: AWS::SQS::Queue, Properties: { QueueName: !GetAtt Loop1.QueueName } }
@@ -783,10 +897,37 @@ Resources:
     fn an_unsupported_intrinsic_is_a_typed_error_naming_it() {
         let template = Template::parse(TEMPLATE).expect("parses");
         let mut r = Resolver::new(&template, context(), &BTreeMap::new()).expect("binds");
-        match env_var(&mut r, &template, "IFF") {
-            Err(ResolveError::UnsupportedIntrinsic { name, .. }) => assert_eq!(name, "Fn::If"),
+        match env_var(&mut r, &template, "IMPORTED") {
+            Err(ResolveError::UnsupportedIntrinsic { name, .. }) => {
+                assert_eq!(name, "Fn::ImportValue")
+            }
             other => panic!("expected UnsupportedIntrinsic, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn conditions_choose_the_if_branch_and_gate_resources() {
+        let template = Template::parse(
+            "Parameters:\n  N: { Type: Number, Default: 0 }\nConditions:\n  HasN: !Not [!Equals [!Ref N, 0]]\n  Both: !And [!Condition HasN, !Equals [a, a]]\nResources:\n  F:\n    Type: X\n    Properties:\n      R: !If [HasN, !Ref N, !Ref AWS::NoValue]\n      S: !If [Both, yes, no]\n  Q:\n    Type: AWS::SQS::Queue\n    Condition: HasN\n",
+        )
+        .expect("parses");
+        let mut r = Resolver::new(&template, context(), &BTreeMap::new()).expect("binds");
+        let props = r
+            .eval(&template.resources["F"].properties, "F")
+            .expect("evaluates");
+        assert_eq!(props, serde_json::json!({"S": "no"}));
+        assert!(matches!(
+            r.identity("Q", "t"),
+            Err(ResolveError::NotCreated { .. })
+        ));
+
+        let overrides = BTreeMap::from([("N".to_owned(), "3".to_owned())]);
+        let mut r = Resolver::new(&template, context(), &overrides).expect("binds");
+        let props = r
+            .eval(&template.resources["F"].properties, "F")
+            .expect("evaluates");
+        assert_eq!(props, serde_json::json!({"R": "3", "S": "yes"}));
+        assert!(r.identity("Q", "t").is_ok());
     }
 
     #[test]

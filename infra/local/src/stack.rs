@@ -20,6 +20,7 @@ use crate::lambda::{AsyncRetryTiming, LambdaFunction, LambdaService};
 use crate::model::{ModelError, RouteAuth, StackModel};
 use crate::provision::{self, Clients, ProvisionError, ProvisionReport};
 use crate::resolve::{ParamValue, StackContext};
+use crate::rules;
 use crate::scheduler::{self, SchedulerSettings};
 use crate::template::{Template, TemplateError};
 
@@ -300,6 +301,16 @@ impl LocalStack {
                     source.clone(),
                     clients.sqs.clone(),
                     options.poller.clone(),
+                    shutdown_rx.clone(),
+                )));
+            }
+        }
+        for function in &model.functions {
+            for rule in function.schedules.iter().filter(|r| r.enabled) {
+                tasks.push(tokio::spawn(rules::run(
+                    lambda.clone(),
+                    function.logical_id.clone(),
+                    rule.clone(),
                     shutdown_rx.clone(),
                 )));
             }

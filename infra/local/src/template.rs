@@ -93,6 +93,8 @@ pub struct Template {
     pub parameters: BTreeMap<String, ParameterDecl>,
     /// `Globals` (SAM), by section (`Function`, `HttpApi`...).
     pub globals: BTreeMap<String, Node>,
+    /// `Conditions`, by name.
+    pub conditions: BTreeMap<String, Node>,
     pub resources: BTreeMap<String, ResourceDecl>,
 }
 
@@ -127,6 +129,11 @@ impl Template {
             Some(Node::Map(globals)) => globals,
             Some(_) => return Err(shape("Globals", "must be a mapping")),
         };
+        let conditions = match root.remove("Conditions") {
+            None => BTreeMap::new(),
+            Some(Node::Map(conditions)) => conditions,
+            Some(_) => return Err(shape("Conditions", "must be a mapping")),
+        };
         let resources = match root.remove("Resources") {
             Some(Node::Map(resources)) => resources
                 .into_iter()
@@ -140,6 +147,7 @@ impl Template {
         Ok(Self {
             parameters,
             globals,
+            conditions,
             resources,
         })
     }
