@@ -63,6 +63,8 @@ async fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_target(false)
+        // The banner goes to stdout; logs to stderr.
+        .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
     let mut options = StackOptions::new(cli.stack_name);
