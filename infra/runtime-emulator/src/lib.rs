@@ -335,6 +335,7 @@ pub struct Lambda {
     api: RuntimeApi,
     child: Child,
     logs: Arc<Mutex<String>>,
+    readers: Vec<JoinHandle<()>>,
     timeout: Duration,
     exited: Option<ExitStatus>,
 }
@@ -351,16 +352,23 @@ impl Lambda {
             spec.name
         );
         let api = RuntimeApi::start(arn).await?;
+        // The process runs in its task root, so a relative path would not resolve.
+        let bootstrap = spec
+            .bootstrap
+            .canonicalize()
+            .map_err(|source| EmulatorError::Spawn {
+                program: spec.bootstrap.clone(),
+                source,
+            })?;
         let (program, args): (PathBuf, Vec<String>) = match spec.runner.split_first() {
             Some((runner, runner_args)) => {
                 let mut args = runner_args.to_vec();
-                args.push(spec.bootstrap.display().to_string());
+                args.push(bootstrap.display().to_string());
                 (PathBuf::from(runner), args)
             }
-            None => (spec.bootstrap.clone(), Vec::new()),
+            None => (bootstrap.clone(), Vec::new()),
         };
-        let task_root = spec
-            .bootstrap
+        let task_root = bootstrap
             .parent()
             .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
         let mut command = Command::new(&program);
@@ -396,16 +404,18 @@ impl Lambda {
             source,
         })?;
         let logs = Arc::new(Mutex::new(String::new()));
+        let mut readers = Vec::new();
         if let Some(stdout) = child.stdout.take() {
-            collect(stdout, Arc::clone(&logs));
+            readers.push(collect(stdout, Arc::clone(&logs)));
         }
         if let Some(stderr) = child.stderr.take() {
-            collect(stderr, Arc::clone(&logs));
+            readers.push(collect(stderr, Arc::clone(&logs)));
         }
         Ok(Self {
             api,
             child,
             logs,
+            readers,
             timeout: spec.timeout,
             exited: None,
         })
@@ -437,8 +447,10 @@ impl Lambda {
             status = self.child.wait() => {
                 let status = status.map_err(InvokeError::Wait)?;
                 self.exited = Some(status);
-                // Let the output readers drain what the process wrote before dying.
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                // The pipes close with the process: let the readers take the rest.
+                for reader in self.readers.drain(..) {
+                    let _ = tokio::time::timeout(Duration::from_secs(5), reader).await;
+                }
                 Err(InvokeError::Exited { status, logs: String::new() })
             }
         };
@@ -464,7 +476,10 @@ impl Lambda {
     }
 }
 
-fn collect(stream: impl AsyncRead + Unpin + Send + 'static, logs: Arc<Mutex<String>>) {
+fn collect(
+    stream: impl AsyncRead + Unpin + Send + 'static,
+    logs: Arc<Mutex<String>>,
+) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut lines = BufReader::new(stream).lines();
         while let Ok(Some(line)) = lines.next_line().await {
@@ -472,5 +487,5 @@ fn collect(stream: impl AsyncRead + Unpin + Send + 'static, logs: Arc<Mutex<Stri
             logs.push_str(&line);
             logs.push('\n');
         }
-    });
+    })
 }

@@ -530,6 +530,11 @@ async fn run(args: &Args) -> Result<(), SmokeError> {
         &fixtures.load("release.json")?,
     )
     .await?;
+    check(
+        "release with its fixture",
+        fixture_release["outcome"] == "unknown",
+        || fixture_release.to_string(),
+    )?;
     println!("  ok  release with its fixture (an order nobody holds): {fixture_release}");
     let due = reservation["expires_at"]
         .as_str()
@@ -544,8 +549,18 @@ async fn run(args: &Args) -> Result<(), SmokeError> {
         + Duration::from_millis(300);
     tokio::time::sleep(wait).await;
     let released = invoke(&mut release, "release the real reservation", &reservation).await?;
+    check(
+        "release the real reservation",
+        released["outcome"] == "released",
+        || released.to_string(),
+    )?;
     println!("  ok  release the real reservation: {released}");
     let again = invoke(&mut release, "release it again", &reservation).await?;
+    check(
+        "release it again",
+        again["outcome"] == "already_settled" && again["status"] == "expired",
+        || again.to_string(),
+    )?;
     println!("  ok  release it again: {again}");
     let view = invoke_http(
         &mut api,
