@@ -135,6 +135,11 @@ impl OrderId {
         }
     }
 
+    /// The order a grab path names (see [`crate::token`]).
+    pub fn from_parts(sale_id: SaleId, unique: Ulid) -> Self {
+        Self { sale_id, unique }
+    }
+
     pub fn parse(raw: &str) -> Result<Self, ValidationError> {
         let invalid = || ValidationError::new("order_id", "is not an order id");
         let (sale, unique) = raw.rsplit_once('.').ok_or_else(invalid)?;

@@ -53,6 +53,9 @@ pub enum ReserveRefusal {
     ShardEmpty,
     /// The user already holds or bought `per_user_limit` units of this sale.
     LimitReached,
+    /// A hold for this very order exists already: the grab is a retry of one that
+    /// committed. Checked before the limit and the shard.
+    AlreadyHeld,
 }
 
 /// What happened to a hold that was asked to end.
@@ -74,9 +77,10 @@ pub trait StockLedger: Send + Sync {
     ///
     /// The shard must have stock (`available > 0`) and the user must hold fewer than
     /// `sale.per_user_limit` open or paid units. Write contention is retried inside the
-    /// adapter with jitter; a `Transient` error after that means nothing was written.
-    /// Not idempotent: each successful call reserves one more unit, so callers retry
-    /// only on errors, never on success.
+    /// adapter with jitter. Idempotent per order id: once a hold for
+    /// `reservation.order_id` exists (in any status), another call writes nothing and
+    /// answers `AlreadyHeld`, so a caller that cannot tell whether a timed-out call
+    /// committed may simply call again.
     async fn reserve(
         &self,
         sale: &Sale,
@@ -91,7 +95,9 @@ pub trait StockLedger: Send + Sync {
     /// Ends an open hold and gives its unit back to its shard, in one transaction that
     /// also records the order as `reason.final_status()`. Only an open hold
     /// (`reserved`/`pending_payment`) can be released, so the stock comes back at most
-    /// once: a repeated or late call answers `AlreadySettled` and changes nothing.
+    /// once: a repeated or late call answers `AlreadySettled` and changes nothing. The
+    /// hold stays, with its final status and no longer counted against the limit, so
+    /// the order id can never be reserved again.
     async fn release(
         &self,
         reservation: &Reservation,

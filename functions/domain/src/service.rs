@@ -74,6 +74,8 @@ pub struct GrabPass {
 pub struct GrabService {
     pub catalog: Arc<dyn SaleCatalog>,
     pub ledger: Arc<dyn StockLedger>,
+    /// Read only to answer a retried grab; see [`GrabService::grab`].
+    pub orders: Arc<dyn OrderBook>,
     pub queue: Arc<dyn OrderQueue>,
     pub clock: Arc<dyn Clock>,
     pub signer: GrabTokenSigner,
@@ -120,13 +122,19 @@ impl GrabService {
             SalePhase::Ended => return Err(AppError::Ended),
             SalePhase::Active => {}
         }
-        if !self.signer.verify(token, sale_id, user, now) {
-            return Err(AppError::InvalidToken);
-        }
+        let order_id = self
+            .signer
+            .verify(token, sale_id, user, now)
+            .ok_or(AppError::InvalidToken)?;
         let shards = self
             .gate
             .shards_to_try(sale_id, sale.shards, sale.shard_order(user), now);
-        let order_id = OrderId::new(sale_id.clone());
+        if shards.is_empty() {
+            // Sold out as far as this process knows, so no write. But this may be the
+            // retry of a grab that took the last unit: a read tells, and it lands on
+            // the buyer's own key, so it spreads like the buyers do.
+            return self.resume(&order_id, user, AppError::SoldOut).await;
+        }
         for shard in shards {
             let reservation = Reservation {
                 order_id: order_id.clone(),
@@ -146,31 +154,47 @@ impl GrabService {
                     self.gate.mark_empty(sale_id, sale.shards, shard, now);
                 }
                 Err(ReserveRefusal::LimitReached) => return Err(AppError::LimitReached),
+                Err(ReserveRefusal::AlreadyHeld) => {
+                    return self.resume(&order_id, user, AppError::OrderNotFound).await;
+                }
             }
         }
         Err(AppError::SoldOut)
     }
 
-    /// Sends a committed reservation to the order consumer. If that fails, the unit is
-    /// given back at once rather than stranded with no order and no timer; the buyer
-    /// sees an error and can grab again.
+    /// A retried grab: if this path's order is held and open, finish the hand-over
+    /// (the queue deduplicates by order id) and answer it again. A path whose order is
+    /// settled is used up. With no hold at all, answer `otherwise`.
+    async fn resume(
+        &self,
+        order_id: &OrderId,
+        user: &UserId,
+        otherwise: AppError,
+    ) -> Result<Reservation, AppError> {
+        match self.orders.find(order_id, user).await? {
+            Some((order, reservation)) if order.status.is_open() => {
+                self.hand_over(&reservation).await?;
+                Ok(reservation)
+            }
+            Some(_) => Err(AppError::InvalidToken),
+            None => Err(otherwise),
+        }
+    }
+
+    /// Sends a committed reservation to the order consumer. If that fails, the hold
+    /// stays: the buyer's retry of the same grab path resumes it and sends it again
+    /// (the queue deduplicates by order id), and if the buyer never retries, the
+    /// [`Reconciler`] sends it. Releasing it here instead would turn that retry into a
+    /// used-up path.
     async fn hand_over(&self, reservation: &Reservation) -> Result<(), AppError> {
-        let Err(send_error) = self.queue.enqueue(reservation).await else {
-            return Ok(());
-        };
-        tracing::error!(order_id = %reservation.order_id, error = &send_error as &dyn std::error::Error, "enqueue failed; releasing the reservation");
-        if let Err(release_error) = self
-            .ledger
-            .release(reservation, ReleaseReason::Cancelled, self.clock.now())
-            .await
-        {
+        self.queue.enqueue(reservation).await.map_err(|error| {
             tracing::error!(
                 order_id = %reservation.order_id,
-                error = &release_error as &dyn std::error::Error,
-                "compensating release failed; the hold needs reconciliation"
+                error = &error as &dyn std::error::Error,
+                "enqueue failed; the hold waits for a retry or the reconciler"
             );
-        }
-        Err(send_error.into())
+            AppError::from(error)
+        })
     }
 }
 

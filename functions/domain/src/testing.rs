@@ -148,6 +148,9 @@ impl StockLedger for InMemoryStore {
         let mut state = locked(&self.state);
         let shard_key = (sale.sale_id.clone(), shard);
         let user_key = (sale.sale_id.clone(), reservation.user_id.clone());
+        if state.holds.contains_key(&reservation.order_id) {
+            return Ok(Err(ReserveRefusal::AlreadyHeld));
+        }
         if state.shards.get(&shard_key).copied().unwrap_or(0) == 0 {
             return Ok(Err(ReserveRefusal::ShardEmpty));
         }
@@ -179,7 +182,9 @@ impl StockLedger for InMemoryStore {
         let id = &reservation.order_id;
         match state.holds.get(id).map(|(_, status)| *status) {
             Some(status) if status.is_open() => {
-                let (held, _) = state.holds.remove(id).expect("present");
+                let (held, status) = state.holds.get_mut(id).expect("present");
+                *status = reason.final_status();
+                let held = held.clone();
                 *state
                     .active
                     .entry((held.sale_id.clone(), held.user_id.clone()))

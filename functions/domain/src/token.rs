@@ -1,6 +1,11 @@
 //! The dynamic grab path. The grab URL is only handed out once the sale is active, and
-//! its token is an HMAC over (sale, user, expiry), so it cannot be guessed before the
-//! start, nor reused by another user.
+//! its token is an HMAC over (sale, user, order, expiry), so it cannot be guessed before
+//! the start, nor used by another user.
+//!
+//! Each path also names the order it will create. That makes a grab idempotent: a
+//! client that retries after a timeout (whose transaction may well have committed)
+//! reaches the same order instead of a second one or a false "limit reached". One path
+//! buys at most one unit; a buyer allowed more asks for another path.
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -8,7 +13,9 @@ use chrono::{DateTime, Utc};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use crate::ids::{SaleId, UserId};
+use ulid::Ulid;
+
+use crate::ids::{OrderId, SaleId, UserId};
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -39,41 +46,53 @@ impl GrabTokenSigner {
         Ok(Self { key })
     }
 
-    fn mac(&self, sale: &SaleId, user: &UserId, expires_unix: i64) -> HmacSha256 {
+    fn mac(&self, sale: &SaleId, user: &UserId, order: Ulid, expires_unix: i64) -> HmacSha256 {
         let mut mac = HmacSha256::new_from_slice(&self.key).expect("HMAC accepts any key length");
         // Lengths first, so no two (sale, user) pairs can produce the same message.
         for part in [sale.as_str().as_bytes(), user.as_str().as_bytes()] {
             mac.update(&(part.len() as u64).to_be_bytes());
             mac.update(part);
         }
+        mac.update(&order.to_bytes());
         mac.update(&expires_unix.to_be_bytes());
         mac
     }
 
-    /// A token for this user and sale, valid until `expires_at` (second precision).
+    /// A token for this user, sale and a fresh order, valid until `expires_at` (second
+    /// precision): `{expiry}.{order ulid}.{tag}`.
     pub fn issue(&self, sale: &SaleId, user: &UserId, expires_at: DateTime<Utc>) -> String {
         let expires_unix = expires_at.timestamp();
-        let tag = self.mac(sale, user, expires_unix).finalize().into_bytes();
-        format!("{expires_unix}.{}", URL_SAFE_NO_PAD.encode(tag))
+        let order = Ulid::new();
+        let tag = self
+            .mac(sale, user, order, expires_unix)
+            .finalize()
+            .into_bytes();
+        format!("{expires_unix}.{order}.{}", URL_SAFE_NO_PAD.encode(tag))
     }
 
-    /// Whether `token` was issued by this signer to this user for this sale and has not
-    /// expired. The tag is compared in constant time.
-    pub fn verify(&self, token: &str, sale: &SaleId, user: &UserId, now: DateTime<Utc>) -> bool {
-        let Some((expiry, tag)) = token.split_once('.') else {
-            return false;
+    /// The order a token grabs, if `token` was issued by this signer to this user for
+    /// this sale and has not expired. The tag is compared in constant time.
+    pub fn verify(
+        &self,
+        token: &str,
+        sale: &SaleId,
+        user: &UserId,
+        now: DateTime<Utc>,
+    ) -> Option<OrderId> {
+        let mut parts = token.splitn(3, '.');
+        let (Some(expiry), Some(order), Some(tag)) = (parts.next(), parts.next(), parts.next())
+        else {
+            return None;
         };
-        let Ok(expires_unix) = expiry.parse::<i64>() else {
-            return false;
-        };
-        let Ok(tag) = URL_SAFE_NO_PAD.decode(tag) else {
-            return false;
-        };
-        expires_unix > now.timestamp()
-            && self
-                .mac(sale, user, expires_unix)
-                .verify_slice(&tag)
-                .is_ok()
+        let expires_unix = expiry.parse::<i64>().ok()?;
+        let order = Ulid::from_string(order).ok()?;
+        let tag = URL_SAFE_NO_PAD.decode(tag).ok()?;
+        let genuine = self
+            .mac(sale, user, order, expires_unix)
+            .verify_slice(&tag)
+            .is_ok();
+        (genuine && expires_unix > now.timestamp())
+            .then(|| OrderId::from_parts(sale.clone(), order))
     }
 }
 
@@ -95,12 +114,26 @@ mod tests {
         let bob = UserId::parse("bob").unwrap();
         let token = signer().issue(&sale, &alice, now + Duration::seconds(60));
 
-        assert!(signer().verify(&token, &sale, &alice, now));
-        assert!(!signer().verify(&token, &sale, &bob, now));
-        assert!(!signer().verify(&token, &SaleId::parse("s2").unwrap(), &alice, now));
-        assert!(!signer().verify(&token, &sale, &alice, now + Duration::seconds(61)));
+        let order = signer().verify(&token, &sale, &alice, now).expect("valid");
+        assert_eq!(order.sale_id(), &sale);
+        assert_eq!(
+            signer().verify(&token, &sale, &alice, now),
+            Some(order),
+            "stable"
+        );
+        assert!(signer().verify(&token, &sale, &bob, now).is_none());
+        assert!(
+            signer()
+                .verify(&token, &SaleId::parse("s2").unwrap(), &alice, now)
+                .is_none()
+        );
+        assert!(
+            signer()
+                .verify(&token, &sale, &alice, now + Duration::seconds(61))
+                .is_none()
+        );
         let other_key = GrabTokenSigner::new(vec![8u8; 32]).unwrap();
-        assert!(!other_key.verify(&token, &sale, &alice, now));
+        assert!(other_key.verify(&token, &sale, &alice, now).is_none());
     }
 
     #[test]
@@ -111,9 +144,29 @@ mod tests {
         let token = signer().issue(&sale, &alice, now + Duration::seconds(60));
         let later = (now + Duration::seconds(3600)).timestamp();
         let extended = format!("{later}.{}", token.split_once('.').unwrap().1);
-        for forged in ["", "abc", "123.", "x.y", extended.as_str()] {
-            assert!(!signer().verify(forged, &sale, &alice, now), "{forged:?}");
+        let (head, tag) = token.rsplit_once('.').unwrap();
+        let (expiry, _) = head.split_once('.').unwrap();
+        let other_order = format!("{expiry}.{}.{tag}", Ulid::new());
+        for forged in ["", "abc", "123.", "x.y", "1.2.3", &extended, &other_order] {
+            assert!(
+                signer().verify(forged, &sale, &alice, now).is_none(),
+                "{forged:?}"
+            );
         }
+    }
+
+    #[test]
+    fn every_token_names_a_fresh_order() {
+        let now = Utc::now();
+        let sale = SaleId::parse("s1").unwrap();
+        let alice = UserId::parse("alice").unwrap();
+        let expires = now + Duration::seconds(60);
+        let first = signer().issue(&sale, &alice, expires);
+        let second = signer().issue(&sale, &alice, expires);
+        assert_ne!(
+            signer().verify(&first, &sale, &alice, now),
+            signer().verify(&second, &sale, &alice, now)
+        );
     }
 
     #[test]

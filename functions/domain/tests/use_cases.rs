@@ -45,6 +45,7 @@ impl World {
             grabs: GrabService {
                 catalog: store.clone(),
                 ledger: store.clone(),
+                orders: store.clone(),
                 queue: queue.clone(),
                 clock: clock_port.clone(),
                 signer: GrabTokenSigner::new(SECRET).unwrap(),
@@ -90,10 +91,27 @@ impl World {
         sale: &SaleId,
         user: &str,
     ) -> Result<flashsale_domain::Reservation, AppError> {
-        let user = UserId::parse(user).unwrap();
-        let pass = self.grabs.issue_pass(sale, &user).await?;
-        let token = pass.grab_path.rsplit('/').next().unwrap().to_owned();
-        self.grabs.grab(sale, &token, &user).await
+        let token = self.token(sale, user).await?;
+        self.grab_with(sale, user, &token).await
+    }
+
+    async fn token(&self, sale: &SaleId, user: &str) -> Result<String, AppError> {
+        let pass = self
+            .grabs
+            .issue_pass(sale, &UserId::parse(user).unwrap())
+            .await?;
+        Ok(pass.grab_path.rsplit('/').next().unwrap().to_owned())
+    }
+
+    async fn grab_with(
+        &self,
+        sale: &SaleId,
+        user: &str,
+        token: &str,
+    ) -> Result<flashsale_domain::Reservation, AppError> {
+        self.grabs
+            .grab(sale, token, &UserId::parse(user).unwrap())
+            .await
     }
 }
 
@@ -235,16 +253,20 @@ async fn when_the_home_shard_is_empty_the_grab_takes_stock_from_another() {
 }
 
 #[tokio::test]
-async fn a_failed_enqueue_gives_the_unit_back() {
+async fn a_failed_enqueue_keeps_the_hold_for_the_retry_to_resume() {
     let world = World::new();
     let sale = world.sale(1, 1, 1).await;
     world.clock.set(start());
+    let token = world.token(&sale, "a").await.unwrap();
     world.queue.fail.store(true, Ordering::SeqCst);
-    let error = world.grab(&sale, "a").await.unwrap_err();
+    let error = world.grab_with(&sale, "a", &token).await.unwrap_err();
     assert!(error.is_retryable(), "{error:?}");
-    assert_eq!(world.store.shard_available(&sale, 0), 1);
+    assert_eq!(world.store.shard_available(&sale, 0), 0);
+
     world.queue.fail.store(false, Ordering::SeqCst);
-    world.grab(&sale, "a").await.unwrap();
+    let resumed = world.grab_with(&sale, "a", &token).await.unwrap();
+    assert_eq!(world.queue.sent.lock().unwrap().as_slice(), [resumed]);
+    assert_eq!(world.store.shard_available(&sale, 0), 0);
 }
 
 #[tokio::test]
@@ -470,4 +492,56 @@ async fn the_sale_page_shows_the_phase_and_sold_out() {
     assert_eq!((view.status, view.stock_available), ("sold_out", 0));
     world.clock.set(start() + Duration::hours(1));
     assert_eq!(world.sales.view(&sale).await.unwrap().status, "ended");
+}
+
+#[tokio::test]
+async fn a_retried_grab_answers_the_same_order_and_takes_one_unit() {
+    let world = World::new();
+    let sale = world.sale(5, 1, 2).await;
+    world.clock.set(start());
+    let token = world.token(&sale, "a").await.unwrap();
+    let first = world.grab_with(&sale, "a", &token).await.unwrap();
+    let retry = world.grab_with(&sale, "a", &token).await.unwrap();
+    assert_eq!(retry, first);
+    assert_eq!(world.store.shard_available(&sale, 0), 4);
+    // A second unit (the limit is 2) needs a second path.
+    let second = world.grab(&sale, "a").await.unwrap();
+    assert_ne!(second.order_id, first.order_id);
+}
+
+#[tokio::test]
+async fn a_retried_grab_that_took_the_last_unit_still_finds_it_after_sell_out() {
+    let world = World::new();
+    let sale = world.sale(1, 1, 1).await;
+    world.clock.set(start());
+    let token = world.token(&sale, "a").await.unwrap();
+    let first = world.grab_with(&sale, "a", &token).await.unwrap();
+    // Someone else learns it is sold out, arming the gate.
+    assert!(matches!(
+        world.grab(&sale, "b").await,
+        Err(AppError::SoldOut)
+    ));
+    let retry = world.grab_with(&sale, "a", &token).await.unwrap();
+    assert_eq!(retry.order_id, first.order_id);
+}
+
+#[tokio::test]
+async fn a_grab_path_is_used_up_once_its_order_is_settled() {
+    let world = World::new();
+    let sale = world.sale(2, 1, 1).await;
+    world.clock.set(start());
+    let token = world.token(&sale, "a").await.unwrap();
+    let first = world.grab_with(&sale, "a", &token).await.unwrap();
+    world
+        .orders
+        .cancel(&first.order_id, &user("a"))
+        .await
+        .unwrap();
+    assert!(matches!(
+        world.grab_with(&sale, "a", &token).await,
+        Err(AppError::InvalidToken)
+    ));
+    assert_eq!(world.store.shard_available(&sale, 0), 2);
+    // A fresh path works: the limit counts only open and paid units.
+    world.grab(&sale, "a").await.unwrap();
 }

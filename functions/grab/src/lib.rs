@@ -12,7 +12,9 @@ use std::sync::Arc;
 use chrono::{DateTime, Duration, Utc};
 use flashsale_adapters::{DynamoStore, SqsOrderQueue};
 use flashsale_domain::gate::SoldOutGate;
-use flashsale_domain::ports::{Clock, OrderQueue, SaleCatalog, StockLedger, SystemClock};
+use flashsale_domain::ports::{
+    Clock, OrderBook, OrderQueue, SaleCatalog, StockLedger, SystemClock,
+};
 use flashsale_domain::service::{CachedCatalog, GrabService};
 use flashsale_domain::token::GrabTokenSigner;
 use flashsale_domain::{OrderId, OrderStatus};
@@ -96,6 +98,8 @@ impl Config {
 pub struct Ports {
     pub catalog: Arc<dyn SaleCatalog>,
     pub ledger: Arc<dyn StockLedger>,
+    /// Read only when a grab is retried, to answer the order it already holds.
+    pub orders: Arc<dyn OrderBook>,
     pub queue: Arc<dyn OrderQueue>,
     pub clock: Arc<dyn Clock>,
 }
@@ -110,6 +114,7 @@ impl Deps {
     /// clock.
     pub fn new(config: &Config, sdk: &aws_config::SdkConfig) -> Self {
         let Clients { dynamodb, sqs } = Clients::new(sdk);
+        let store = Arc::new(DynamoStore::new(dynamodb.clone(), &config.table_name));
         Self::from_ports(
             config,
             Ports {
@@ -117,7 +122,8 @@ impl Deps {
                     DynamoStore::new(dynamodb.clone(), &config.table_name),
                     SALE_CACHE_CAPACITY,
                 )),
-                ledger: Arc::new(DynamoStore::new(dynamodb, &config.table_name)),
+                ledger: store.clone(),
+                orders: store,
                 queue: Arc::new(SqsOrderQueue::new(sqs, &config.orders_queue_url)),
                 clock: Arc::new(SystemClock),
             },
@@ -129,6 +135,7 @@ impl Deps {
             grab: GrabService {
                 catalog: ports.catalog,
                 ledger: ports.ledger,
+                orders: ports.orders,
                 queue: ports.queue,
                 clock: ports.clock,
                 signer: config.signer.clone(),

@@ -77,6 +77,7 @@ impl World {
             Ports {
                 catalog: store.clone(),
                 ledger: ledger.unwrap_or_else(|| store.clone()),
+                orders: store.clone(),
                 queue: queue.clone(),
                 clock: clock.clone(),
             },
@@ -395,7 +396,7 @@ async fn once_sold_out_the_gate_spares_the_store_until_the_recheck_interval() {
 }
 
 #[tokio::test]
-async fn when_the_queue_fails_the_unit_is_given_back_and_the_answer_is_unavailable() {
+async fn when_the_queue_fails_the_answer_is_unavailable_and_the_retry_resumes_the_same_order() {
     let world = World::with_sale(10, 2).await;
     let token = world.grab_token("user-alice").await;
     world.queue.fail.store(true, Ordering::SeqCst);
@@ -404,11 +405,18 @@ async fn when_the_queue_fails_the_unit_is_given_back_and_the_answer_is_unavailab
     assert_eq!(response.status(), 503);
     assert_eq!(error_code(&response), "unavailable");
     assert_eq!(response.headers()["retry-after"], "1");
-    assert_eq!(world.available(), 10);
+    assert_eq!(world.available(), 9, "the hold is kept for the retry");
 
-    // The buyer is not stuck behind their own failed attempt.
+    // Retrying the same path answers the same order and takes no second unit.
     world.queue.fail.store(false, Ordering::SeqCst);
-    assert_eq!(world.grab_with("user-alice", &token).await.status(), 202);
+    let retried = world.grab_with("user-alice", &token).await;
+    assert_eq!(retried.status(), 202);
+    assert_eq!(world.available(), 9);
+    let again = world.grab_with("user-alice", &token).await;
+    assert_eq!(
+        body_json(&again)["order_id"],
+        body_json(&retried)["order_id"]
+    );
 }
 
 /// A ledger whose every call fails, transiently or permanently.

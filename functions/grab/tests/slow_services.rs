@@ -117,7 +117,7 @@ async fn when_the_table_never_answers_the_buyer_gets_a_503_within_one_call_budge
 }
 
 #[tokio::test(start_paused = true)]
-async fn when_the_queue_never_answers_after_the_reserve_the_unit_goes_back_and_the_buyer_gets_a_503()
+async fn when_the_queue_never_answers_after_the_reserve_the_buyer_gets_a_503_and_the_hold_waits_for_the_retry()
  {
     let store = Arc::new(InMemoryStore::new());
     let sale = Sale::from_draft(SaleDraft {
@@ -140,6 +140,7 @@ async fn when_the_queue_never_answers_after_the_reserve_the_unit_goes_back_and_t
         Ports {
             catalog: store.clone(),
             ledger: store.clone(),
+            orders: store.clone(),
             queue: Arc::new(SqsOrderQueue::new(sqs, QUEUE_URL)),
             clock: Arc::new(ManualClock::new(starts_at() + Duration::minutes(1))),
         },
@@ -169,8 +170,9 @@ async fn when_the_queue_never_answers_after_the_reserve_the_unit_goes_back_and_t
         started.elapsed()
     );
     let sale_id = SaleId::parse(SALE).unwrap();
-    assert_eq!(store.shard_available(&sale_id, 0), 1, "the unit is back");
-    // The compensation cancelled the hold rather than leaving it for the reconciler.
+    assert_eq!(store.shard_available(&sale_id, 0), 0, "the hold is kept");
+    // Kept open for the buyer's retry of the same path, or for the reconciler.
     let open = store.open_holds(&sale).await.unwrap();
-    assert!(open.is_empty(), "no hold is left open: {open:?}");
+    assert_eq!(open.len(), 1, "{open:?}");
+    assert_eq!(open[0].0.user_id.as_str(), "user-alice");
 }
