@@ -23,8 +23,9 @@ pub struct SurgePlan {
     pub attempts: usize,
     /// Buyers' names are `{user_prefix}-{n}`, so runs on one stack do not share buyers.
     pub user_prefix: String,
-    /// How often a buyer repeats an attempt answered 503, as a client honouring
-    /// `Retry-After` would.
+    /// How often a buyer repeats an attempt answered 429 (the gateway's throttle) or
+    /// 503 (a backend over budget), with jittered backoff, as a well-behaved client
+    /// honouring `Retry-After` would. The answer that ends the attempt is counted.
     pub retries_when_unavailable: u32,
     /// How many token and grab-path requests are in flight while preparing.
     pub preparation_concurrency: usize,
@@ -47,8 +48,11 @@ pub struct SurgeReport {
     pub refused: BTreeMap<String, usize>,
     /// From the release of the first grab to the answer of the last.
     pub duration: Duration,
-    /// Latency of each attempt, sorted.
+    /// Latency of each attempt, retries included, sorted.
     pub latencies: Vec<Duration>,
+    /// Answers that were retried: 429 from the gateway's throttle, 503 from the grab.
+    pub throttled: usize,
+    pub unavailable: usize,
 }
 
 impl SurgeReport {
@@ -104,6 +108,11 @@ impl std::fmt::Display for SurgeReport {
         for (refusal, count) in &self.refused {
             writeln!(f, "  {count:>6}  {refusal}")?;
         }
+        writeln!(
+            f,
+            "  retried: {} throttled (429), {} unavailable (503)",
+            self.throttled, self.unavailable
+        )?;
         write!(
             f,
             "latency p50 {:?}  p99 {:?}  max {:?}",
@@ -114,8 +123,11 @@ impl std::fmt::Display for SurgeReport {
     }
 }
 
-struct Buyer {
-    name: String,
+/// One grab attempt, ready to fire: a buyer and a grab path of their own. A buyer's
+/// second attempt has a second path: a path names one order, so reusing it would be
+/// a retry of the first attempt, not a second try at the limit.
+struct Attempt {
+    buyer: String,
     token: String,
     grab_path: String,
 }
@@ -127,29 +139,40 @@ pub async fn run(
     plan: &SurgePlan,
     on_answer: impl Fn(&Outcome) + Send + Sync,
 ) -> Result<SurgeReport, ClientError> {
-    let buyers: Vec<Buyer> = stream::iter(0..plan.buyers)
-        .map(|n| prepare_buyer(client, plan, n))
-        .buffer_unordered(plan.preparation_concurrency.max(1))
+    let concurrency = plan.preparation_concurrency.max(1);
+    let tokens: Vec<(String, String)> = stream::iter(0..plan.buyers)
+        .map(|n| async move {
+            let buyer = format!("{}-{n}", plan.user_prefix);
+            let token = client.local_token(&buyer, false).await?;
+            Ok::<_, ClientError>((buyer, token))
+        })
+        .buffered(concurrency)
         .collect::<Vec<_>>()
         .await
         .into_iter()
         .collect::<Result<_, _>>()?;
-    let buyers: Arc<Vec<Buyer>> = Arc::new(buyers);
+    let prepared: Vec<Attempt> = stream::iter(0..plan.attempts)
+        .map(|attempt| {
+            let (buyer, token) = tokens[attempt % tokens.len().max(1)].clone();
+            prepare_attempt(client, plan, buyer, token)
+        })
+        .buffer_unordered(concurrency)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<_, _>>()?;
 
     let barrier = Arc::new(Barrier::new(plan.attempts + 1));
     let mut attempts = Vec::with_capacity(plan.attempts);
-    for attempt in 0..plan.attempts {
-        let buyer_index = attempt % buyers.len().max(1);
+    for attempt in prepared {
         let client = client.clone();
-        let buyers = Arc::clone(&buyers);
         let barrier = Arc::clone(&barrier);
         let retries = plan.retries_when_unavailable;
         attempts.push(tokio::spawn(async move {
-            let buyer = &buyers[buyer_index];
             barrier.wait().await;
             let started = Instant::now();
-            let outcome = grab_once(&client, buyer, retries).await;
-            (buyer.name.clone(), outcome, started.elapsed())
+            let outcome = grab_once(&client, &attempt, retries).await;
+            (attempt.buyer, outcome, started.elapsed())
         }));
     }
     barrier.wait().await;
@@ -160,8 +183,14 @@ pub async fn run(
         ..SurgeReport::default()
     };
     for attempt in attempts {
-        let (buyer, outcome, latency) = attempt.await.expect("a grab task panicked");
-        let outcome = outcome?;
+        let (buyer, answer, latency) = attempt.await.expect("a grab task panicked");
+        let Answer {
+            outcome,
+            throttled,
+            unavailable,
+        } = answer?;
+        report.throttled += throttled;
+        report.unavailable += unavailable;
         on_answer(&outcome);
         report.latencies.push(latency);
         match outcome {
@@ -181,42 +210,71 @@ pub async fn run(
     Ok(report)
 }
 
-async fn prepare_buyer(
+async fn prepare_attempt(
     client: &ApiClient,
     plan: &SurgePlan,
-    n: usize,
-) -> Result<Buyer, ClientError> {
-    let name = format!("{}-{n}", plan.user_prefix);
-    let token = client.local_token(&name, false).await?;
-    let pass = client.grab_pass(&token, &plan.sale_id).await?;
+    buyer: String,
+    token: String,
+) -> Result<Attempt, ClientError> {
+    let mut retry = 0;
+    let pass = loop {
+        let pass = client.grab_pass(&token, &plan.sale_id).await?;
+        // The token route is throttled like the grab route; come back later.
+        if pass.status == StatusCode::TOO_MANY_REQUESTS && retry < plan.retries_when_unavailable {
+            tokio::time::sleep(backoff(retry)).await;
+            retry += 1;
+            continue;
+        }
+        break pass;
+    };
     expect_status(&pass, StatusCode::OK, "/sales/{sale_id}/token")?;
     let grab_path = pass
         .str_field("grab_path")
         .expect("a 200 token answer carries a grab path")
         .to_owned();
-    Ok(Buyer {
-        name,
+    Ok(Attempt {
+        buyer,
         token,
         grab_path,
     })
 }
 
+/// The final outcome of one attempt and the retried answers on the way.
+struct Answer {
+    outcome: Outcome,
+    throttled: usize,
+    unavailable: usize,
+}
+
 async fn grab_once(
     client: &ApiClient,
-    buyer: &Buyer,
+    attempt: &Attempt,
     retries: u32,
-) -> Result<Outcome, ClientError> {
-    let mut tries = 0;
-    loop {
+) -> Result<Answer, ClientError> {
+    let mut answer = Answer {
+        outcome: Outcome::Refused {
+            status: 0,
+            code: String::new(),
+        },
+        throttled: 0,
+        unavailable: 0,
+    };
+    for retry in 0..=retries {
         let response = client
-            .send(Method::POST, &buyer.grab_path, Some(&buyer.token), None)
+            .send(Method::POST, &attempt.grab_path, Some(&attempt.token), None)
             .await?;
-        if response.status == StatusCode::SERVICE_UNAVAILABLE && tries < retries {
-            tries += 1;
-            tokio::time::sleep(Duration::from_millis(50 * u64::from(tries))).await;
-            continue;
-        }
-        return Ok(match response.str_field("order_id") {
+        let retryable = match response.status {
+            StatusCode::TOO_MANY_REQUESTS => {
+                answer.throttled += 1;
+                true
+            }
+            StatusCode::SERVICE_UNAVAILABLE => {
+                answer.unavailable += 1;
+                true
+            }
+            _ => false,
+        };
+        answer.outcome = match response.str_field("order_id") {
             Some(order_id) if response.status == StatusCode::ACCEPTED => Outcome::Reserved {
                 order_id: order_id.to_owned(),
             },
@@ -224,8 +282,21 @@ async fn grab_once(
                 status: response.status.as_u16(),
                 code: response.error_code().unwrap_or("none").to_owned(),
             },
-        });
+        };
+        if !retryable || retry == retries {
+            break;
+        }
+        tokio::time::sleep(backoff(retry)).await;
     }
+    Ok(answer)
+}
+
+/// Full jitter, doubling from 20 ms up to 1 s: retries spread out instead of
+/// returning to the gateway in step.
+fn backoff(retry: u32) -> Duration {
+    use rand::Rng as _;
+    let ceiling = 20_u64.saturating_mul(1 << retry.min(6)).min(1000);
+    Duration::from_millis(rand::rng().random_range(0..=ceiling))
 }
 
 /// Buyers by how many orders they reserved, for quick assertions.

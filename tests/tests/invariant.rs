@@ -24,7 +24,7 @@ async fn surge_on(
         buyers,
         attempts,
         user_prefix: format!("{sale_id}-buyer"),
-        retries_when_unavailable: 5,
+        retries_when_unavailable: 40,
         preparation_concurrency: 64,
     };
     let report = surge::run(&harness.api, &plan, |_| {})
