@@ -54,7 +54,8 @@ fn assert_reconciles(sale: &Sale, counts: &StockCounts) {
 
 /// What the grab does with one buyer: try the shards in the buyer's order until one
 /// has stock. Transient errors (contention that outlasted the adapter's retries) are
-/// retried here, as a client would, and counted.
+/// retried here, as a client would, and counted; a retry of a call that committed
+/// after all answers `AlreadyHeld`, and the buyer has the unit.
 async fn grab(
     store: &DynamoStore,
     sale: &Sale,
@@ -65,7 +66,7 @@ async fn grab(
         let reservation = support::reservation(sale, user, shard);
         loop {
             match store.reserve(sale, shard, &reservation).await {
-                Ok(Ok(())) => return Some(reservation),
+                Ok(Ok(()) | Err(ReserveRefusal::AlreadyHeld)) => return Some(reservation),
                 Ok(Err(ReserveRefusal::ShardEmpty)) => break,
                 Ok(Err(ReserveRefusal::LimitReached)) => {
                     panic!("a buyer with nothing reserved reached the limit")
@@ -199,22 +200,210 @@ async fn reserve_over_the_per_user_limit_is_refused_as_limit_reached_and_writes_
 }
 
 #[tokio::test]
-async fn reserving_the_same_order_twice_is_refused_and_counted_once() {
-    let (store, _, _) = support::store().await;
+async fn reserving_the_same_order_again_answers_already_held_and_takes_nothing() {
+    let (store, old_items) = support::old_items_store(false).await;
     let sale = support::sale(5, 1, 2);
     created(&store, &sale).await;
     let alice = support::user("alice");
     let first = reserved(&store, &sale, &alice, 0).await;
+    let reads = old_items.reads();
     assert_eq!(
         store.reserve(&sale, 0, &first).await.expect("reserve"),
-        Err(ReserveRefusal::LimitReached)
+        Err(ReserveRefusal::AlreadyHeld)
+    );
+    assert_eq!(
+        old_items.reads(),
+        reads,
+        "the refusal's old item told it apart, without a read"
     );
     assert_eq!(
         store.availability(&sale).await.expect("availability"),
         vec![4]
     );
+    assert_eq!(status_of(&store, &first).await, Some(OrderStatus::Reserved));
     // Her one hold counts once, so her limit of two still allows a second order.
     reserved(&store, &sale, &alice, 0).await;
+    let counts = store.count(&sale).await.expect("count");
+    assert_eq!(counts.reserved, 2);
+    assert_reconciles(&sale, &counts);
+}
+
+/// The order's own hold is checked first: a retry gets its order back, not the
+/// refusal a new order would get now.
+async fn a_held_order_is_already_held_on_an_empty_shard_and_at_the_limit(store: &DynamoStore) {
+    // One shard of one unit, limit one: after alice's order both the shard and her
+    // limit refuse anything else.
+    let sale = support::sale(1, 1, 1);
+    created(store, &sale).await;
+    let alice = support::user("alice");
+    let held = reserved(store, &sale, &alice, 0).await;
+
+    assert_eq!(
+        store.reserve(&sale, 0, &held).await.expect("reserve"),
+        Err(ReserveRefusal::AlreadyHeld),
+        "empty shard and limit reached, but this order is held"
+    );
+    let another = support::reservation(&sale, &alice, 0);
+    assert_eq!(
+        store.reserve(&sale, 0, &another).await.expect("reserve"),
+        Err(ReserveRefusal::LimitReached),
+        "a new order of hers is still at the limit"
+    );
+    let bob = support::user("bob");
+    assert_eq!(
+        store
+            .reserve(&sale, 0, &support::reservation(&sale, &bob, 0))
+            .await
+            .expect("reserve"),
+        Err(ReserveRefusal::ShardEmpty)
+    );
+
+    // Two shards, limit one: her order took shard 0, shard 1 still has stock, and a
+    // retry that tries shard 1 with the same order id finds the order held there too.
+    let sale = support::sale(2, 2, 1);
+    created(store, &sale).await;
+    let held = reserved(store, &sale, &alice, 0).await;
+    let elsewhere = Reservation {
+        shard: 1,
+        ..held.clone()
+    };
+    assert_eq!(
+        store.reserve(&sale, 1, &elsewhere).await.expect("reserve"),
+        Err(ReserveRefusal::AlreadyHeld)
+    );
+    assert_eq!(
+        store.availability(&sale).await.expect("availability"),
+        vec![0, 1],
+        "nothing taken from the shard the retry tried"
+    );
+    assert_eq!(
+        store.count(&sale).await.expect("count").reserved,
+        1,
+        "one hold"
+    );
+}
+
+#[tokio::test]
+async fn a_held_order_answers_already_held_even_when_the_shard_is_empty_and_the_user_at_the_limit()
+{
+    let (store, _, _) = support::store().await;
+    a_held_order_is_already_held_on_an_empty_shard_and_at_the_limit(&store).await;
+}
+
+#[tokio::test]
+async fn without_the_old_item_a_consistent_read_still_tells_already_held_from_limit_reached() {
+    let (store, old_items) = support::old_items_store(true).await;
+    let reads = old_items.reads();
+    a_held_order_is_already_held_on_an_empty_shard_and_at_the_limit(&store).await;
+    assert!(
+        old_items.reads() > reads,
+        "with the old item withheld, the refusals were told apart by reading"
+    );
+}
+
+#[tokio::test]
+async fn after_a_release_the_same_order_id_answers_already_held_and_writes_nothing() {
+    let (store, client, table) = support::store().await;
+    let sale = support::sale(2, 1, 1);
+    created(&store, &sale).await;
+    let alice = support::user("alice");
+    let now = Utc::now();
+    let cancelled = reserved(&store, &sale, &alice, 0).await;
+    assert_eq!(
+        store
+            .release(&cancelled, ReleaseReason::Cancelled, now)
+            .await
+            .expect("release"),
+        Settlement::Applied
+    );
+    let user_item = || async {
+        client
+            .get_item()
+            .table_name(&table)
+            .key(
+                "pk",
+                AttributeValue::S(format!("SALE#{}#USER#{alice}", sale.sale_id)),
+            )
+            .key("sk", AttributeValue::S("HOLDS".to_owned()))
+            .consistent_read(true)
+            .send()
+            .await
+            .expect("read the user item")
+            .item
+            .expect("the user item")
+    };
+    let before = user_item().await;
+    let hold = before
+        .get(&format!("hold#{}", cancelled.order_id))
+        .and_then(|hold| hold.as_m().ok())
+        .expect("the released hold stays");
+    assert_eq!(
+        hold.get("status"),
+        Some(&AttributeValue::S("cancelled".to_owned()))
+    );
+    assert_eq!(
+        before.get("active"),
+        Some(&AttributeValue::N("0".to_owned())),
+        "the released hold no longer counts against the limit"
+    );
+
+    // Shard has stock and alice is under her limit: only the order id refuses.
+    assert_eq!(
+        store.reserve(&sale, 0, &cancelled).await.expect("reserve"),
+        Err(ReserveRefusal::AlreadyHeld)
+    );
+    assert_eq!(user_item().await, before, "nothing written");
+    assert_eq!(
+        store.availability(&sale).await.expect("availability"),
+        vec![2],
+        "stock unchanged"
+    );
+    assert_eq!(
+        status_of(&store, &cancelled).await,
+        Some(OrderStatus::Cancelled)
+    );
+    assert_eq!(
+        store
+            .release(&cancelled, ReleaseReason::Expired, now)
+            .await
+            .expect("release again"),
+        Settlement::AlreadySettled(OrderStatus::Cancelled)
+    );
+    let counts = store.count(&sale).await.expect("count");
+    assert_eq!(
+        counts,
+        StockCounts {
+            available: 2,
+            cancelled: 1,
+            ..StockCounts::default()
+        },
+        "the released unit is counted once, from its order"
+    );
+
+    // Her limit is free again for a new order; expiring it leaves two released holds
+    // on her item, each counted once.
+    let expired = reserved(&store, &sale, &alice, 0).await;
+    store
+        .release(&expired, ReleaseReason::Expired, now)
+        .await
+        .expect("release");
+    assert_eq!(
+        store.reserve(&sale, 0, &expired).await.expect("reserve"),
+        Err(ReserveRefusal::AlreadyHeld)
+    );
+    assert_eq!(
+        store.pay(&expired, now).await.expect("pay"),
+        PayOutcome::Settled(OrderStatus::Expired)
+    );
+    assert_eq!(
+        store.open(&expired).await.expect("open"),
+        OpenOutcome::AlreadySettled(OrderStatus::Expired)
+    );
+    assert_eq!(store.open_holds(&sale).await.expect("open holds"), vec![]);
+    let counts = store.count(&sale).await.expect("count");
+    assert_eq!((counts.cancelled, counts.expired), (1, 1));
+    assert_eq!(counts.available, 2);
+    assert_reconciles(&sale, &counts);
 }
 
 #[tokio::test]
@@ -615,7 +804,8 @@ async fn another_users_order_is_not_found_at_any_stage() {
         .release(&reservation, ReleaseReason::Cancelled, Utc::now())
         .await
         .expect("release");
-    // The hold is gone now; only the order item is left, and it names its owner.
+    // Both the released hold (keyed by its owner) and the order item (naming its
+    // owner) refuse another user.
     assert!(
         store.find(id, &mallory).await.expect("find").is_none(),
         "settled"
@@ -806,6 +996,17 @@ where
             Settlement::Applied
         );
     }
+    // A retried grab of any of them, open, paid or released, gets its order back.
+    for again in [0, 1, 2, 4, 5] {
+        assert_eq!(
+            store
+                .reserve(sale, holds[again].shard, &holds[again])
+                .await
+                .expect("reserve again"),
+            Err(ReserveRefusal::AlreadyHeld),
+            "hold {again}"
+        );
+    }
     let mut open: Vec<(Reservation, OrderStatus)> = [
         (0, OrderStatus::Reserved),
         (1, OrderStatus::PendingPayment),
@@ -865,6 +1066,13 @@ async fn open_holds_returns_reserved_and_pending_holds_with_their_reservations_a
         store.count(&sale).await.expect("count"),
         fake.count(&sale).await.expect("the fake's count"),
         "count, which shares the read, agrees too"
+    );
+    assert_eq!(
+        store.availability(&sale).await.expect("availability"),
+        fake.availability(&sale)
+            .await
+            .expect("the fake's availability"),
+        "the retried grabs took nothing from either"
     );
 }
 

@@ -12,7 +12,10 @@ use std::collections::HashMap;
 use async_trait::async_trait;
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::error::BuildError;
-use aws_sdk_dynamodb::types::{AttributeValue, KeysAndAttributes, Put, TransactWriteItem, Update};
+use aws_sdk_dynamodb::types::{
+    AttributeValue, KeysAndAttributes, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem,
+    Update,
+};
 use chrono::{DateTime, Utc};
 use flashsale_domain::ports::{
     OpenOutcome, OrderBook, PayOutcome, ReserveRefusal, SaleCatalog, Settlement, StockLedger,
@@ -77,9 +80,11 @@ const OPEN_HOLDS: &str = "dynamodb.open_holds";
 
 /// What a sale's stats buckets in `gsi1` hold.
 enum Indexed {
-    /// A hold on a user item: open or paid (a released hold is removed).
+    /// A hold on a user item, in any status: a released hold stays, with its final
+    /// status, so that its order id cannot be reserved again.
     Hold(Reservation, OrderStatus),
-    /// An order item's status. Open and paid orders also have their hold.
+    /// An order item's status. Every order item also has its hold, except orders
+    /// released before holds were kept.
     Order(OrderStatus),
 }
 
@@ -97,6 +102,9 @@ enum Reach {
 /// One difference from the in-memory fake a caller can see: when the shard is empty
 /// *and* the user is at the limit, `reserve` answers `LimitReached` (the fake answers
 /// `ShardEmpty`), so a grab stops at once instead of trying every other shard first.
+/// And `AlreadyHeld` is found on the user's item, so an order id counts as held only for
+/// the user it was reserved for (the fake knows it for any user); the grab token binds
+/// the order id to its user, so no caller sees that.
 #[derive(Debug, Clone)]
 pub struct DynamoStore {
     client: Client,
@@ -225,10 +233,11 @@ impl DynamoStore {
     ) -> Result<Settlement, StoreError> {
         let id = &reservation.order_id;
         match self.read_hold(RELEASE, id, &reservation.user_id).await? {
-            // Only a paid hold outlives its release; an open one that refused names
-            // another shard, so it is not this reservation's.
+            // An open hold that refused names another shard, so it is not this
+            // reservation's.
             Some(hold) if hold.status.is_open() => Ok(Settlement::Unknown),
             Some(hold) => Ok(Settlement::AlreadySettled(hold.status)),
+            // Only orders released before holds were kept have no hold left.
             None => Ok(self
                 .read_order(RELEASE, id)
                 .await?
@@ -500,8 +509,10 @@ impl StockLedger for DynamoStore {
         )?;
         let hold_attribute = item::hold_attribute(&reservation.order_id);
         let bucket = item::bucket_pk(&sale.sale_id, sale.bucket_of(&reservation.user_id));
-        // `attribute_not_exists(#hold)`: the same order reserved twice would count one
-        // hold twice in `active` and strand a unit; refuse it instead.
+        // `attribute_not_exists(#hold)`: a retried grab whose first call committed must
+        // get its order back, not a second unit. `AllOld` returns the user item when a
+        // condition fails, so the refusal itself tells "already held" from "at the
+        // limit" without another read.
         let hold = built(
             RESERVE,
             self.update(item::user_key(&sale.sale_id, &reservation.user_id))
@@ -526,6 +537,7 @@ impl StockLedger for DynamoStore {
                     (":gsi1pk", s(bucket)),
                     (":gsi1sk", s(item::user_gsi_sk(&reservation.user_id))),
                 ]))
+                .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
                 .build(),
         )?;
         let items = vec![
@@ -534,9 +546,25 @@ impl StockLedger for DynamoStore {
         ];
         match self.run(RESERVE, items).await? {
             Ok(()) => Ok(Ok(())),
-            // The user's refusal wins when both failed: a user at the limit is told
-            // so, rather than sent on to try every other shard.
-            Err(refusal) if refusal.failed(1) => Ok(Err(ReserveRefusal::LimitReached)),
+            // The user's refusal wins when both failed: a retry gets its order back
+            // whatever the shard holds now, and a user at the limit is told so rather
+            // than sent on to try every other shard.
+            Err(refusal) if refusal.failed(1) => {
+                let held = match refusal.old_item(1) {
+                    Some(old) => old.contains_key(&hold_attribute),
+                    // The condition cannot fail on a missing user item, so no old item
+                    // means DynamoDB did not send it: ask.
+                    None => self
+                        .read_hold(RESERVE, &reservation.order_id, &reservation.user_id)
+                        .await?
+                        .is_some(),
+                };
+                Ok(Err(if held {
+                    ReserveRefusal::AlreadyHeld
+                } else {
+                    ReserveRefusal::LimitReached
+                }))
+            }
             Err(refusal) if refusal.failed(0) => Ok(Err(ReserveRefusal::ShardEmpty)),
             Err(refusal) => Err(refusal.unexpected(RESERVE)),
         }
@@ -553,10 +581,12 @@ impl StockLedger for DynamoStore {
         now: DateTime<Utc>,
     ) -> Result<Settlement, StoreError> {
         let hold_attribute = item::hold_attribute(&reservation.order_id);
+        // The hold stays, with its final status, so that a late retry of the grab that
+        // made it finds it and cannot reserve the order id again.
         let end_hold = built(
             RELEASE,
             self.update(item::user_key(&reservation.sale_id, &reservation.user_id))
-                .update_expression("REMOVE #hold SET #active = #active - :one")
+                .update_expression("SET #hold.#status = :final, #active = #active - :one")
                 .condition_expression(
                     "#hold.#status IN (:reserved, :pending) AND #hold.#shard = :shard",
                 )
@@ -568,6 +598,7 @@ impl StockLedger for DynamoStore {
                 ]))
                 .set_expression_attribute_values(values([
                     (":one", n(1)),
+                    (":final", s(reason.final_status().as_str())),
                     (":reserved", s(OrderStatus::Reserved.as_str())),
                     (":pending", s(OrderStatus::PendingPayment.as_str())),
                     (":shard", n(reservation.shard)),
@@ -737,8 +768,9 @@ impl OrderBook for DynamoStore {
         order_id: &OrderId,
         user: &UserId,
     ) -> Result<Option<(Order, Reservation)>, StoreError> {
-        // The hold is keyed by the caller, so finding it proves ownership; it also
-        // exists before the consumer has written the order item.
+        // The hold is keyed by the caller, so finding it proves ownership; it exists
+        // before the consumer has written the order item, and a released one carries
+        // the same final status as its order item.
         if let Some(hold) = self.read_hold(FIND, order_id, user).await? {
             let reservation = hold.reservation(order_id, user);
             return Ok(Some((
@@ -784,8 +816,9 @@ impl OrderBook for DynamoStore {
             Indexed::Hold(_, OrderStatus::Paid) => counts.paid += 1,
             Indexed::Order(OrderStatus::Cancelled) => counts.cancelled += 1,
             Indexed::Order(OrderStatus::Expired) => counts.expired += 1,
-            // A released hold is removed, never kept with a final status; open and paid
-            // orders are counted from their holds.
+            // Each unit once: open and paid ones from their holds, released ones from
+            // their order items (a released hold keeps its final status, and orders
+            // released before holds were kept have no hold at all).
             Indexed::Hold(..) | Indexed::Order(_) => {}
         })
         .await?;

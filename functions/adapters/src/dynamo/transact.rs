@@ -4,11 +4,13 @@
 //! each index is what tells "this shard is empty" from "this user is at the limit", and
 //! contention (`TransactionConflict`) from a refusal that retrying cannot change.
 
+use std::collections::HashMap;
+
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::config::http::HttpResponse;
 use aws_sdk_dynamodb::error::SdkError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
-use aws_sdk_dynamodb::types::{CancellationReason, TransactWriteItem};
+use aws_sdk_dynamodb::types::{AttributeValue, CancellationReason, TransactWriteItem};
 use flashsale_domain::StoreError;
 
 use crate::classify::store_error;
@@ -91,6 +93,19 @@ impl Refusal {
     /// Whether the item at `index` (request order) failed its condition.
     pub(crate) fn failed(&self, index: usize) -> bool {
         self.failed.contains(&index)
+    }
+
+    /// The item at `index` as it was when its condition failed, if that item asked for
+    /// it (`ReturnValuesOnConditionCheckFailure::AllOld`) and DynamoDB sent it. `None`
+    /// also for an item that did not exist, so a caller must not read absence into it.
+    pub(crate) fn old_item(&self, index: usize) -> Option<&HashMap<String, AttributeValue>> {
+        match self.error.as_service_error() {
+            Some(TransactWriteItemsError::TransactionCanceledException(cancelled)) => cancelled
+                .cancellation_reasons()
+                .get(index)
+                .and_then(CancellationReason::item),
+            _ => None,
+        }
     }
 
     /// For refusals the data model says cannot happen.

@@ -4,6 +4,7 @@
 #![allow(dead_code)] // each test file uses its own part of this module
 
 pub mod conflicts;
+pub mod old_items;
 pub mod pages;
 
 use aws_sdk_dynamodb::types::{
@@ -17,6 +18,7 @@ use flashsale_adapters::DynamoStore;
 use flashsale_domain::{OrderId, Reservation, Sale, SaleId, UserId};
 
 use self::conflicts::{ConflictInjector, Pattern};
+use self::old_items::OldItems;
 use self::pages::SmallPages;
 
 pub async fn sdk_config() -> aws_config::SdkConfig {
@@ -104,6 +106,18 @@ pub async fn store() -> (DynamoStore, aws_sdk_dynamodb::Client, String) {
     let client = dynamodb().await;
     let table = create_table(&client).await;
     (DynamoStore::new(client.clone(), &table), client, table)
+}
+
+/// A store on a fresh table whose client counts its reads and, if `withhold` says
+/// so, never asks for the old item of a failed condition; and the interceptor.
+pub async fn old_items_store(withhold: bool) -> (DynamoStore, OldItems) {
+    let old_items = OldItems::new(withhold);
+    let config = aws_sdk_dynamodb::config::Builder::from(&sdk_config().await)
+        .interceptor(old_items.clone())
+        .build();
+    let client = aws_sdk_dynamodb::Client::from_conf(config);
+    let table = create_table(&client).await;
+    (DynamoStore::new(client, table), old_items)
 }
 
 /// A store on a fresh table whose queries return at most `limit` items a page, and
