@@ -5,6 +5,7 @@
 #   make smoke-lambdas    runs those very bootstraps under a Lambda Runtime API emulator
 #                         against DynamoDB Local + moto and checks each response
 #   make check-infra      all three
+#   make sam-build        `sam build` as a deployer runs it (not part of make test)
 # The template <-> code consistency tests are an ordinary workspace crate
 # (infra/template-checks), so `cargo test --workspace` runs them.
 
@@ -28,7 +29,7 @@ ARM64_SYSROOT := /usr/aarch64-linux-gnu
 # sam and the SDKs need a region even offline; telemetry would try the network.
 CHECK_ENV := AWS_DEFAULT_REGION=$${AWS_DEFAULT_REGION:-us-east-1} SAM_CLI_TELEMETRY=0
 
-.PHONY: check-infra check-template build-lambdas smoke-lambdas lambda-tools template-tools
+.PHONY: check-infra check-template build-lambdas smoke-lambdas lambda-tools template-tools sam-build
 
 check-infra: check-template build-lambdas smoke-lambdas
 
@@ -110,3 +111,11 @@ smoke-lambdas: build-lambdas
 	$(CHECK_ENV) cargo run --locked -q -p flashsale-runtime-emulator --bin flashsale-smoke -- \
 	  --lambda-dir $(LAMBDA_DIR) --events events --template template.yaml \
 	  $${runner:+--runner "$$runner"}
+
+## --- sam-build (not part of make test) ---------------------------------------------
+
+# `sam build` exactly as a deployer runs it (rust-cargolambda: one cargo lambda build per
+# function, arm64), into .aws-sam/build. Slower than build-lambdas, which builds all the
+# functions in one cargo invocation; offline and without Docker all the same.
+sam-build: template-tools lambda-tools
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(CHECK_ENV) $(VENV)/bin/sam build
