@@ -17,6 +17,11 @@ API_PORT ?= 3000
 DYNAMODB_PORT ?= 8000
 MOTO_PORT ?= 5000
 STACK_NAME ?= flashsale-local
+# DynamoDB Local runs transactions one at a time (about 150 a second here), so the
+# grab and token routes are throttled to what it sustains, as production throttles them
+# to what DynamoDB and the grab's reserved concurrency sustain. The deployed defaults
+# (template.yaml) are far higher.
+LOCAL_PARAMETERS ?= GrabThrottleRateLimit=60 GrabThrottleBurstLimit=30
 
 export AWS_DEFAULT_REGION ?= us-east-1
 export CARGO_TERM_COLOR ?= never
@@ -62,7 +67,8 @@ clean-tools:
 run: tools
 	cargo run -p flashsale-local --bin flashsale-local -- \
 	  --stack-name $(STACK_NAME) --api-port $(API_PORT) \
-	  --dynamodb-port $(DYNAMODB_PORT) --moto-port $(MOTO_PORT)
+	  --dynamodb-port $(DYNAMODB_PORT) --moto-port $(MOTO_PORT) \
+	  --parameter-overrides $(LOCAL_PARAMETERS)
 
 test: tools lint unit check-infra
 

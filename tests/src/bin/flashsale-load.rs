@@ -39,7 +39,7 @@ struct Args {
     #[arg(long, default_value_t = 2000)]
     attempts: usize,
     /// Retries of a 503 answer per attempt.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 400)]
     retries: u32,
 }
 

@@ -25,8 +25,17 @@ pub struct Harness {
 
 impl Harness {
     pub async fn start(name: &str) -> Self {
+        Self::start_with(name, &[]).await
+    }
+
+    /// A stack with template parameters overridden, like `--parameter-overrides`.
+    pub async fn start_with(name: &str, parameters: &[(&str, &str)]) -> Self {
         let stack_name = format!("e2e-{name}-{}", flashsale_emulators::unique_suffix());
-        let options = StackOptions::new(stack_name)
+        let mut options = StackOptions::new(stack_name);
+        for (key, value) in parameters {
+            options = options.parameter(*key, *value);
+        }
+        let options = options
             .parameter("GrabTokenSecret", GRAB_TOKEN_SECRET)
             // Redelivery after a failure in seconds, not the deployed 3 minutes.
             .parameter("OrdersVisibilityTimeout", "2");
