@@ -41,13 +41,12 @@ pub const SALE_CACHE_CAPACITY: usize = 1024;
 pub const DEFAULT_SOLD_OUT_RECHECK_MS: u32 = 1000;
 
 /// How long one SDK call of the grab may take. The template gives the function 5 s.
-/// After its transaction commits, a grab makes at most three more calls one after
-/// another (the send; if that fails, the compensating release and its read), and a
-/// cold sale cache adds a read before the reserve: 4 x 1 s leaves a second spare. So a
-/// stalled table or queue gets the buyer a 503 and the compensation still runs, rather
-/// than the function dying with the unit held. DynamoDB and SQS answer in tens of
-/// milliseconds; an attempt still waiting after 500 ms is stuck, and a retry (with the
-/// same idempotency token) is likelier to succeed than waiting longer.
+/// A grab makes at most four calls one after another (a cold sale read, the reserve,
+/// the read of a retried grab's hold, the send): 4 x 1 s leaves a second spare, so a
+/// stalled table or queue gets the buyer a 503 (and their retry of the same path
+/// resumes the same order) rather than a Lambda timeout. DynamoDB and SQS answer in
+/// tens of milliseconds; an attempt still waiting after 500 ms is stuck, and a retry
+/// (with the same idempotency token) is likelier to succeed than waiting longer.
 pub const SDK_BUDGET: CallBudget = CallBudget {
     attempt: std::time::Duration::from_millis(500),
     operation: std::time::Duration::from_secs(1),
