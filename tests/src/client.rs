@@ -158,14 +158,38 @@ impl ApiClient {
         self.send(Method::POST, &path, Some(user), None).await
     }
 
-    /// Fetches a grab path and grabs through it, as a buyer's page does.
+    /// Fetches a grab path and grabs through it, as a buyer's page does: a throttled
+    /// (429) or busy (503) answer is retried after a jittered pause, on the same path,
+    /// which names one order, so a retry can never buy a second unit.
     pub async fn grab(&self, user: &str, sale_id: &str) -> Result<ApiResponse, ClientError> {
-        let pass = self.grab_pass(user, sale_id).await?;
+        let pass = self.retrying(|| self.grab_pass(user, sale_id)).await?;
         let Some(grab_path) = pass.str_field("grab_path") else {
             return Ok(pass);
         };
         let grab_path = grab_path.to_owned();
-        self.send(Method::POST, &grab_path, Some(user), None).await
+        self.retrying(|| self.send(Method::POST, &grab_path, Some(user), None))
+            .await
+    }
+
+    async fn retrying<F, Fut>(&self, mut call: F) -> Result<ApiResponse, ClientError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<ApiResponse, ClientError>>,
+    {
+        const PATIENCE: u32 = 60;
+        let mut retry = 0;
+        loop {
+            let response = call().await?;
+            let transient = matches!(
+                response.status,
+                StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
+            );
+            if !transient || retry == PATIENCE {
+                return Ok(response);
+            }
+            tokio::time::sleep(crate::surge::backoff(retry)).await;
+            retry += 1;
+        }
     }
 
     pub async fn order(&self, user: &str, order_id: &str) -> Result<ApiResponse, ClientError> {
@@ -173,14 +197,19 @@ impl ApiClient {
         self.send(Method::GET, &path, Some(user), None).await
     }
 
+    /// Pays, retrying a busy answer: paying is idempotent, so the answer that ends the
+    /// retries tells the order's fate even if an earlier attempt committed unseen.
     pub async fn pay(&self, user: &str, order_id: &str) -> Result<ApiResponse, ClientError> {
         let path = format!("/orders/{order_id}/pay");
-        self.send(Method::POST, &path, Some(user), None).await
+        self.retrying(|| self.send(Method::POST, &path, Some(user), None))
+            .await
     }
 
+    /// Cancels, retrying a busy answer (cancelling is idempotent too).
     pub async fn cancel(&self, user: &str, order_id: &str) -> Result<ApiResponse, ClientError> {
         let path = format!("/orders/{order_id}/cancel");
-        self.send(Method::POST, &path, Some(user), None).await
+        self.retrying(|| self.send(Method::POST, &path, Some(user), None))
+            .await
     }
 }
 

@@ -293,7 +293,7 @@ async fn grab_once(
 
 /// Full jitter, doubling from 20 ms up to 2 s: retries spread out instead of
 /// returning to the gateway in step.
-fn backoff(retry: u32) -> Duration {
+pub(crate) fn backoff(retry: u32) -> Duration {
     use rand::Rng as _;
     let ceiling = 20_u64.saturating_mul(1 << retry.min(7)).min(2000);
     Duration::from_millis(rand::rng().random_range(0..=ceiling))
