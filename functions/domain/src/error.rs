@@ -94,6 +94,9 @@ pub enum AppError {
     OrderPaid,
     #[error("administrator rights are required")]
     Forbidden,
+    /// The user is on the blocklist and may not take part in sales.
+    #[error("this user is blocked from taking part in sales")]
+    Blocked,
     /// The release fired before the order's expiry; the scheduler should try again.
     #[error("the order does not expire until later")]
     NotYetDue,

@@ -184,3 +184,22 @@ pub trait ReleaseScheduler: Send + Sync {
     /// by design: a timer that fires anyway finds the order settled and does nothing.
     async fn cancel_release(&self, order_id: &OrderId) -> Result<(), StoreError>;
 }
+
+/// Users barred from every sale (scalpers, bots), managed by admins. Admin writes are
+/// rare and the grab reads the whole list only through a per-process cache
+/// ([`crate::service::CachedBlocklist`]), never once per request.
+#[async_trait]
+pub trait Blocklist: Send + Sync {
+    /// Adds the user. Idempotent: blocking a user who is blocked already succeeds and
+    /// changes nothing.
+    async fn block(&self, user: &UserId) -> Result<(), StoreError>;
+
+    /// Removes the user. Idempotent: unblocking a user who is not blocked succeeds and
+    /// changes nothing.
+    async fn unblock(&self, user: &UserId) -> Result<(), StoreError>;
+
+    /// Every blocked user, each once, in no particular order: a read of the whole list,
+    /// for caching. It may lag a block or unblock made a moment before (the store's
+    /// read consistency), which a cache refreshed every few seconds lags anyway.
+    async fn blocked(&self) -> Result<Vec<UserId>, StoreError>;
+}

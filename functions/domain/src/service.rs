@@ -1,7 +1,8 @@
 //! The use cases. Each service holds only the ports it needs, so each function builds
 //! only the clients it uses.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
 use async_trait::async_trait;
@@ -13,8 +14,8 @@ use crate::gate::SoldOutGate;
 use crate::ids::{OrderId, SaleId, UserId};
 use crate::order::{Order, OrderStatus, ReleaseReason, Reservation};
 use crate::ports::{
-    Clock, OpenOutcome, OrderBook, OrderQueue, PayOutcome, ReleaseScheduler, ReserveRefusal,
-    SaleCatalog, Settlement, StockLedger,
+    Blocklist, Clock, OpenOutcome, OrderBook, OrderQueue, PayOutcome, ReleaseScheduler,
+    ReserveRefusal, SaleCatalog, Settlement, StockLedger,
 };
 use crate::sale::{
     MAX_PAYMENT_TIMEOUT_SECS, Sale, SaleDraft, SalePhase, SaleStats, SaleView, TOKEN_LEAD,
@@ -80,6 +81,8 @@ pub struct GrabService {
     pub clock: Arc<dyn Clock>,
     pub signer: GrabTokenSigner,
     pub gate: SoldOutGate,
+    /// Checked first on both routes, from memory: a blocked user costs no store call.
+    pub blocked_users: CachedBlocklist,
 }
 
 impl GrabService {
@@ -90,10 +93,21 @@ impl GrabService {
             .ok_or(AppError::SaleNotFound)
     }
 
-    /// A grab path for this user, only once the sale is (about to be) active.
+    /// Refuses a blocked user before anything else is looked at.
+    async fn refuse_blocked(&self, user: &UserId, now: DateTime<Utc>) -> Result<(), AppError> {
+        if self.blocked_users.is_blocked(user, now).await? {
+            tracing::debug!(%user, "refused a blocked user");
+            return Err(AppError::Blocked);
+        }
+        Ok(())
+    }
+
+    /// A grab path for this user, only once the sale is (about to be) active, and never
+    /// for a blocked user.
     pub async fn issue_pass(&self, sale_id: &SaleId, user: &UserId) -> Result<GrabPass, AppError> {
-        let sale = self.sale(sale_id).await?;
         let now = self.clock.now();
+        self.refuse_blocked(user, now).await?;
+        let sale = self.sale(sale_id).await?;
         match sale.phase(now + TOKEN_LEAD) {
             SalePhase::Upcoming => return Err(AppError::NotStarted),
             SalePhase::Ended if sale.phase(now) == SalePhase::Ended => return Err(AppError::Ended),
@@ -108,15 +122,17 @@ impl GrabService {
     }
 
     /// Reserves one unit for `user`, or says why not. At most one transaction per shard
-    /// tried; none at all once the gate knows the sale is sold out.
+    /// tried; none at all once the gate knows the sale is sold out, or for a blocked
+    /// user (whose grab path, issued before the block, is refused too).
     pub async fn grab(
         &self,
         sale_id: &SaleId,
         token: &str,
         user: &UserId,
     ) -> Result<Reservation, AppError> {
-        let sale = self.sale(sale_id).await?;
         let now = self.clock.now();
+        self.refuse_blocked(user, now).await?;
+        let sale = self.sale(sale_id).await?;
         match sale.phase(now) {
             SalePhase::Upcoming => return Err(AppError::NotStarted),
             SalePhase::Ended => return Err(AppError::Ended),
@@ -195,6 +211,31 @@ impl GrabService {
             );
             AppError::from(error)
         })
+    }
+}
+
+/// The admins' blocklist of users barred from every sale.
+pub struct BlocklistService {
+    pub blocklist: Arc<dyn Blocklist>,
+}
+
+impl BlocklistService {
+    /// Bars the user. Idempotent. Grabs notice within the grab's cache refresh interval.
+    pub async fn block_user(&self, user: &UserId) -> Result<(), AppError> {
+        Ok(self.blocklist.block(user).await?)
+    }
+
+    /// Lifts the bar. Idempotent: unblocking a user who is not blocked succeeds.
+    pub async fn unblock_user(&self, user: &UserId) -> Result<(), AppError> {
+        Ok(self.blocklist.unblock(user).await?)
+    }
+
+    /// Every blocked user, sorted, so the admin's view is stable.
+    pub async fn blocked_users(&self) -> Result<Vec<UserId>, AppError> {
+        let mut users = self.blocklist.blocked().await?;
+        users.sort();
+        users.dedup();
+        Ok(users)
     }
 }
 
@@ -463,5 +504,110 @@ impl<C: SaleCatalog> SaleCatalog for CachedCatalog<C> {
             sales.insert(sale_id.clone(), sale.clone());
         }
         Ok(found)
+    }
+}
+
+/// The blocklist as the grab sees it: a per-process snapshot of the whole list, read
+/// from the store at most once per `refresh` interval, so checking a user costs no
+/// read per request. A block takes effect within one interval of being written.
+pub struct CachedBlocklist {
+    inner: Arc<dyn Blocklist>,
+    refresh: Duration,
+    snapshot: RwLock<Option<Snapshot>>,
+    /// Set while one request refreshes a stale snapshot, so concurrent requests answer
+    /// from the stale one instead of all reading the store at once.
+    refreshing: AtomicBool,
+}
+
+struct Snapshot {
+    users: HashSet<UserId>,
+    taken_at: DateTime<Utc>,
+}
+
+/// Clears the refreshing flag however the refresh ends, including when the request
+/// is dropped mid-read.
+struct RefreshTurn<'a>(&'a AtomicBool);
+
+impl Drop for RefreshTurn<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
+impl CachedBlocklist {
+    pub fn new(inner: Arc<dyn Blocklist>, refresh: Duration) -> Self {
+        Self {
+            inner,
+            refresh,
+            snapshot: RwLock::new(None),
+            refreshing: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether `user` is blocked, as of a snapshot at most `refresh` old at `now`.
+    ///
+    /// The first call of the process must read the list: if that fails, the error is
+    /// returned (there is nothing to answer from, and letting a blocked user through
+    /// is the failure this exists to prevent). A later refresh that fails keeps the
+    /// last snapshot, logs, and is tried again only after another interval, so a
+    /// failing store is not read once per request either.
+    pub async fn is_blocked(&self, user: &UserId, now: DateTime<Utc>) -> Result<bool, StoreError> {
+        let have_snapshot = match &*self.read_snapshot() {
+            Some(snapshot) if now - snapshot.taken_at < self.refresh => {
+                return Ok(snapshot.users.contains(user));
+            }
+            Some(_) => true,
+            None => false,
+        };
+        let _turn = if have_snapshot {
+            if self.refreshing.swap(true, Ordering::AcqRel) {
+                return Ok(self.snapshot_contains(user));
+            }
+            Some(RefreshTurn(&self.refreshing))
+        } else {
+            None
+        };
+        match self.inner.blocked().await {
+            Ok(users) => {
+                let users: HashSet<UserId> = users.into_iter().collect();
+                let blocked = users.contains(user);
+                *self.write_snapshot() = Some(Snapshot {
+                    users,
+                    taken_at: now,
+                });
+                Ok(blocked)
+            }
+            Err(error) => {
+                let mut snapshot = self.write_snapshot();
+                let Some(snapshot) = snapshot.as_mut() else {
+                    return Err(error);
+                };
+                tracing::warn!(
+                    error = &error as &dyn std::error::Error,
+                    age_secs = (now - snapshot.taken_at).num_seconds(),
+                    "could not refresh the blocklist; answering from the last snapshot"
+                );
+                snapshot.taken_at = now;
+                Ok(snapshot.users.contains(user))
+            }
+        }
+    }
+
+    fn snapshot_contains(&self, user: &UserId) -> bool {
+        self.read_snapshot()
+            .as_ref()
+            .is_some_and(|snapshot| snapshot.users.contains(user))
+    }
+
+    fn read_snapshot(&self) -> std::sync::RwLockReadGuard<'_, Option<Snapshot>> {
+        self.snapshot
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn write_snapshot(&self) -> std::sync::RwLockWriteGuard<'_, Option<Snapshot>> {
+        self.snapshot
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }

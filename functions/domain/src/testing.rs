@@ -1,7 +1,7 @@
 //! In-memory fakes of every port, faithful to the contracts in [`crate::ports`], for
 //! domain tests and for handler tests that do not need the real services.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -12,8 +12,8 @@ use crate::error::StoreError;
 use crate::ids::{OrderId, SaleId, UserId};
 use crate::order::{Order, OrderStatus, ReleaseReason, Reservation};
 use crate::ports::{
-    Clock, OpenOutcome, OrderBook, OrderQueue, PayOutcome, ReleaseScheduler, ReserveRefusal,
-    SaleCatalog, Settlement, StockLedger,
+    Blocklist, Clock, OpenOutcome, OrderBook, OrderQueue, PayOutcome, ReleaseScheduler,
+    ReserveRefusal, SaleCatalog, Settlement, StockLedger,
 };
 use crate::sale::{Sale, StockCounts};
 
@@ -364,5 +364,48 @@ impl ReleaseScheduler for RecordingScheduler {
     async fn cancel_release(&self, order_id: &OrderId) -> Result<(), StoreError> {
         locked(&self.timers).remove(order_id);
         Ok(())
+    }
+}
+
+/// The blocklist in memory. Counts whole-list reads, so tests can prove the grab's
+/// cache spares the store, and can be told to fail.
+#[derive(Debug, Default)]
+pub struct InMemoryBlocklist {
+    users: Mutex<BTreeSet<UserId>>,
+    pub reads: AtomicUsize,
+    pub fail: std::sync::atomic::AtomicBool,
+}
+
+impl InMemoryBlocklist {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn refuse_if_failing(&self, operation: &'static str) -> Result<(), StoreError> {
+        if self.fail.load(Ordering::SeqCst) {
+            return Err(StoreError::transient(operation, InjectedFailure));
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Blocklist for InMemoryBlocklist {
+    async fn block(&self, user: &UserId) -> Result<(), StoreError> {
+        self.refuse_if_failing("block")?;
+        locked(&self.users).insert(user.clone());
+        Ok(())
+    }
+
+    async fn unblock(&self, user: &UserId) -> Result<(), StoreError> {
+        self.refuse_if_failing("unblock")?;
+        locked(&self.users).remove(user);
+        Ok(())
+    }
+
+    async fn blocked(&self) -> Result<Vec<UserId>, StoreError> {
+        self.reads.fetch_add(1, Ordering::SeqCst);
+        self.refuse_if_failing("blocked")?;
+        Ok(locked(&self.users).iter().cloned().collect())
     }
 }

@@ -6,12 +6,19 @@ use std::sync::atomic::Ordering;
 use chrono::{DateTime, Duration, TimeZone, Utc};
 use flashsale_domain::gate::SoldOutGate;
 use flashsale_domain::ports::{Clock, OpenOutcome, Settlement};
-use flashsale_domain::service::{ExpiryService, GrabService, OrderService, SaleService};
-use flashsale_domain::testing::{InMemoryStore, ManualClock, RecordingQueue, RecordingScheduler};
+use flashsale_domain::service::{
+    BlocklistService, CachedBlocklist, ExpiryService, GrabService, OrderService, SaleService,
+};
+use flashsale_domain::testing::{
+    InMemoryBlocklist, InMemoryStore, ManualClock, RecordingQueue, RecordingScheduler,
+};
 use flashsale_domain::token::GrabTokenSigner;
 use flashsale_domain::{AppError, OrderStatus, SaleDraft, SaleId, UserId};
 
 const SECRET: &[u8] = b"an-hmac-key-of-at-least-32-bytes!";
+
+/// How often the grab rereads the blocklist in these tests.
+const BLOCKLIST_REFRESH: Duration = Duration::seconds(5);
 
 fn start() -> DateTime<Utc> {
     Utc.with_ymd_and_hms(2026, 11, 11, 0, 0, 0).unwrap()
@@ -21,8 +28,10 @@ struct World {
     store: Arc<InMemoryStore>,
     queue: Arc<RecordingQueue>,
     scheduler: Arc<RecordingScheduler>,
+    blocklist: Arc<InMemoryBlocklist>,
     clock: Arc<ManualClock>,
     sales: SaleService,
+    admin: BlocklistService,
     grabs: GrabService,
     orders: OrderService,
     expiry: ExpiryService,
@@ -33,6 +42,7 @@ impl World {
         let store = Arc::new(InMemoryStore::new());
         let queue = Arc::new(RecordingQueue::default());
         let scheduler = Arc::new(RecordingScheduler::default());
+        let blocklist = Arc::new(InMemoryBlocklist::new());
         let clock = Arc::new(ManualClock::new(start() - Duration::minutes(10)));
         let clock_port: Arc<dyn Clock> = clock.clone();
         Self {
@@ -50,6 +60,10 @@ impl World {
                 clock: clock_port.clone(),
                 signer: GrabTokenSigner::new(SECRET).unwrap(),
                 gate: SoldOutGate::new(Duration::seconds(1)),
+                blocked_users: CachedBlocklist::new(blocklist.clone(), BLOCKLIST_REFRESH),
+            },
+            admin: BlocklistService {
+                blocklist: blocklist.clone(),
             },
             orders: OrderService {
                 orders: store.clone(),
@@ -64,6 +78,7 @@ impl World {
             store,
             queue,
             scheduler,
+            blocklist,
             clock,
         }
     }
@@ -544,4 +559,159 @@ async fn a_grab_path_is_used_up_once_its_order_is_settled() {
     assert_eq!(world.store.shard_available(&sale, 0), 2);
     // A fresh path works: the limit counts only open and paid units.
     world.grab(&sale, "a").await.unwrap();
+}
+
+#[tokio::test]
+async fn a_blocked_user_gets_no_grab_path_and_their_earlier_path_reserves_nothing() {
+    let world = World::new();
+    let sale = world.sale(10, 1, 1).await;
+    world.clock.set(start());
+    // A path handed out before the block must not outlive it.
+    let token = world.token(&sale, "scalper").await.unwrap();
+    world.admin.block_user(&user("scalper")).await.unwrap();
+    world.clock.advance(BLOCKLIST_REFRESH);
+
+    assert!(matches!(
+        world.token(&sale, "scalper").await,
+        Err(AppError::Blocked)
+    ));
+    assert!(matches!(
+        world.grab_with(&sale, "scalper", &token).await,
+        Err(AppError::Blocked)
+    ));
+    assert_eq!(world.store.reserve_calls.load(Ordering::SeqCst), 0);
+    assert!(world.queue.sent.lock().unwrap().is_empty());
+    assert_eq!(world.store.shard_available(&sale, 0), 10);
+    // Everyone else still buys.
+    world.grab(&sale, "buyer").await.unwrap();
+}
+
+#[tokio::test]
+async fn a_blocked_user_is_refused_even_for_a_sale_that_does_not_exist() {
+    let world = World::new();
+    world.admin.block_user(&user("bot")).await.unwrap();
+    let unknown = SaleId::parse("no-such-sale").unwrap();
+    // Refused before the sale is even looked up.
+    assert!(matches!(
+        world.grabs.issue_pass(&unknown, &user("bot")).await,
+        Err(AppError::Blocked)
+    ));
+}
+
+#[tokio::test]
+async fn the_grab_reads_the_blocklist_at_most_once_per_refresh_interval() {
+    let world = World::new();
+    let sale = world.sale(1000, 4, 1).await;
+    world.clock.set(start());
+    for buyer in 0..50 {
+        world.grab(&sale, &format!("buyer-{buyer}")).await.unwrap();
+    }
+    assert_eq!(world.blocklist.reads.load(Ordering::SeqCst), 1);
+
+    world
+        .clock
+        .advance(BLOCKLIST_REFRESH - Duration::milliseconds(1));
+    world.grab(&sale, "one-more").await.unwrap();
+    assert_eq!(world.blocklist.reads.load(Ordering::SeqCst), 1);
+
+    world.clock.advance(Duration::milliseconds(1));
+    world.grab(&sale, "after-the-interval").await.unwrap();
+    assert_eq!(world.blocklist.reads.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_block_takes_effect_within_one_refresh_interval() {
+    let world = World::new();
+    let sale = world.sale(10, 1, 2).await;
+    world.clock.set(start());
+    world.grab(&sale, "bot").await.unwrap();
+    world.admin.block_user(&user("bot")).await.unwrap();
+    // The snapshot this process took a moment ago does not know yet.
+    world.grab(&sale, "bot").await.unwrap();
+    world.clock.advance(BLOCKLIST_REFRESH);
+    assert!(matches!(
+        world.grab(&sale, "bot").await,
+        Err(AppError::Blocked)
+    ));
+}
+
+#[tokio::test]
+async fn an_unblocked_user_can_grab_again_after_the_refresh() {
+    let world = World::new();
+    let sale = world.sale(10, 1, 1).await;
+    world.clock.set(start());
+    world.admin.block_user(&user("pardoned")).await.unwrap();
+    assert!(matches!(
+        world.grab(&sale, "pardoned").await,
+        Err(AppError::Blocked)
+    ));
+
+    world.admin.unblock_user(&user("pardoned")).await.unwrap();
+    world.clock.advance(BLOCKLIST_REFRESH);
+    let reservation = world.grab(&sale, "pardoned").await.unwrap();
+    assert_eq!(reservation.user_id, user("pardoned"));
+}
+
+#[tokio::test]
+async fn a_failed_refresh_keeps_the_last_snapshot_until_the_next_interval() {
+    let world = World::new();
+    let sale = world.sale(10, 1, 1).await;
+    world.clock.set(start());
+    world.admin.block_user(&user("bot")).await.unwrap();
+    assert!(matches!(
+        world.token(&sale, "bot").await,
+        Err(AppError::Blocked)
+    ));
+
+    world.blocklist.fail.store(true, Ordering::SeqCst);
+    world.clock.advance(BLOCKLIST_REFRESH);
+    assert!(matches!(
+        world.token(&sale, "bot").await,
+        Err(AppError::Blocked)
+    ));
+    world.grab(&sale, "buyer").await.unwrap();
+    // The failed read counts as this interval's read: a failing store is not asked on
+    // every request.
+    assert_eq!(world.blocklist.reads.load(Ordering::SeqCst), 2);
+
+    world.blocklist.fail.store(false, Ordering::SeqCst);
+    world.admin.unblock_user(&user("bot")).await.unwrap();
+    world.clock.advance(BLOCKLIST_REFRESH);
+    world.grab(&sale, "bot").await.unwrap();
+    assert_eq!(world.blocklist.reads.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test]
+async fn with_no_snapshot_yet_a_failed_blocklist_read_is_a_transient_failure() {
+    let world = World::new();
+    let sale = world.sale(10, 1, 1).await;
+    world.clock.set(start());
+    world.blocklist.fail.store(true, Ordering::SeqCst);
+    let refused = world.token(&sale, "anyone").await.unwrap_err();
+    assert!(refused.is_retryable(), "{refused:?}");
+    assert!(matches!(refused, AppError::Store(_)));
+    assert_eq!(world.store.reserve_calls.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn the_blocklist_is_sorted_and_block_and_unblock_are_idempotent() {
+    let world = World::new();
+    for name in ["zed", "amy", "zed"] {
+        world.admin.block_user(&user(name)).await.unwrap();
+    }
+    world
+        .admin
+        .unblock_user(&user("never-blocked"))
+        .await
+        .unwrap();
+    assert_eq!(
+        world.admin.blocked_users().await.unwrap(),
+        vec![user("amy"), user("zed")]
+    );
+    world.admin.unblock_user(&user("zed")).await.unwrap();
+    world.admin.unblock_user(&user("zed")).await.unwrap();
+    assert_eq!(
+        world.admin.blocked_users().await.unwrap(),
+        vec![user("amy")]
+    );
 }

@@ -13,9 +13,9 @@ use chrono::{DateTime, Duration, Utc};
 use flashsale_adapters::{DynamoStore, SqsOrderQueue};
 use flashsale_domain::gate::SoldOutGate;
 use flashsale_domain::ports::{
-    Clock, OrderBook, OrderQueue, SaleCatalog, StockLedger, SystemClock,
+    Blocklist, Clock, OrderBook, OrderQueue, SaleCatalog, StockLedger, SystemClock,
 };
-use flashsale_domain::service::{CachedCatalog, GrabService};
+use flashsale_domain::service::{CachedBlocklist, CachedCatalog, GrabService};
 use flashsale_domain::token::GrabTokenSigner;
 use flashsale_domain::{OrderId, OrderStatus};
 use flashsale_http::config::{Env, process_env};
@@ -40,9 +40,15 @@ pub const SALE_CACHE_CAPACITY: usize = 1024;
 /// unset.
 pub const DEFAULT_SOLD_OUT_RECHECK_MS: u32 = 1000;
 
+/// How long a process answers from its blocklist snapshot when `BLOCKLIST_REFRESH_MS`
+/// is unset: a block reaches every grab within five seconds, for one small read per
+/// process per five seconds.
+pub const DEFAULT_BLOCKLIST_REFRESH_MS: u32 = 5000;
+
 /// How long one SDK call of the grab may take. The template gives the function 5 s.
 /// A grab makes at most four calls one after another (a cold sale read, the reserve,
-/// the read of a retried grab's hold, the send): 4 x 1 s leaves a second spare, so a
+/// the read of a retried grab's hold, the send): 4 x 1 s leaves a second spare, which
+/// the blocklist read a process makes once per refresh interval fits in, so a
 /// stalled table or queue gets the buyer a 503 (and their retry of the same path
 /// resumes the same order) rather than a Lambda timeout. DynamoDB and SQS answer in
 /// tens of milliseconds; an attempt still waiting after 500 ms is stuck, and a retry
@@ -61,6 +67,8 @@ pub struct Config {
     /// fails at start-up rather than on the first grab. Its `Debug` hides the key.
     pub signer: GrabTokenSigner,
     pub sold_out_recheck: Duration,
+    /// How often a process rereads the blocklist.
+    pub blocklist_refresh: Duration,
 }
 
 impl Config {
@@ -71,6 +79,7 @@ impl Config {
         "ORDERS_QUEUE_URL",
         "GRAB_TOKEN_SECRET",
         "SOLD_OUT_RECHECK_MS",
+        "BLOCKLIST_REFRESH_MS",
     ];
 
     pub fn from_env() -> Result<Self, ConfigError> {
@@ -83,11 +92,14 @@ impl Config {
         let signer = GrabTokenSigner::new(secret.into_bytes())
             .map_err(|weak| ConfigError::invalid("GRAB_TOKEN_SECRET", weak))?;
         let recheck_ms: u32 = env.parsed_or("SOLD_OUT_RECHECK_MS", DEFAULT_SOLD_OUT_RECHECK_MS)?;
+        let blocklist_refresh_ms: u32 =
+            env.parsed_or("BLOCKLIST_REFRESH_MS", DEFAULT_BLOCKLIST_REFRESH_MS)?;
         Ok(Self {
             table_name: env.required("TABLE_NAME")?,
             orders_queue_url: env.required("ORDERS_QUEUE_URL")?,
             signer,
             sold_out_recheck: Duration::milliseconds(i64::from(recheck_ms)),
+            blocklist_refresh: Duration::milliseconds(i64::from(blocklist_refresh_ms)),
         })
     }
 }
@@ -101,6 +113,8 @@ pub struct Ports {
     pub orders: Arc<dyn OrderBook>,
     pub queue: Arc<dyn OrderQueue>,
     pub clock: Arc<dyn Clock>,
+    /// Read whole, at most once per `blocklist_refresh`, behind the process's cache.
+    pub blocklist: Arc<dyn Blocklist>,
 }
 
 /// What the handler needs, built once per process.
@@ -122,9 +136,10 @@ impl Deps {
                     SALE_CACHE_CAPACITY,
                 )),
                 ledger: store.clone(),
-                orders: store,
+                orders: store.clone(),
                 queue: Arc::new(SqsOrderQueue::new(sqs, &config.orders_queue_url)),
                 clock: Arc::new(SystemClock),
+                blocklist: store,
             },
         )
     }
@@ -139,6 +154,7 @@ impl Deps {
                 clock: ports.clock,
                 signer: config.signer.clone(),
                 gate: SoldOutGate::new(config.sold_out_recheck),
+                blocked_users: CachedBlocklist::new(ports.blocklist, config.blocklist_refresh),
             },
         }
     }

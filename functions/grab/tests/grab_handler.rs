@@ -8,9 +8,10 @@ use std::sync::atomic::Ordering;
 use async_trait::async_trait;
 use chrono::{DateTime, Duration, TimeZone, Utc};
 use flashsale_domain::error::StoreError;
+use flashsale_domain::ports::Blocklist;
 use flashsale_domain::ports::{ReserveRefusal, SaleCatalog, Settlement, StockLedger};
-use flashsale_domain::testing::{InMemoryStore, ManualClock, RecordingQueue};
-use flashsale_domain::{ReleaseReason, Reservation, Sale, SaleDraft, SaleId};
+use flashsale_domain::testing::{InMemoryBlocklist, InMemoryStore, ManualClock, RecordingQueue};
+use flashsale_domain::{ReleaseReason, Reservation, Sale, SaleDraft, SaleId, UserId};
 use flashsale_grab::{Config, Deps, Ports, handler};
 use flashsale_http::testing::{ApiEvent, body_json, error_code};
 use flashsale_http::{ConfigError, MAX_BODY_BYTES};
@@ -47,6 +48,7 @@ struct World {
     store: Arc<InMemoryStore>,
     queue: Arc<RecordingQueue>,
     clock: Arc<ManualClock>,
+    blocklist: Arc<InMemoryBlocklist>,
 }
 
 impl World {
@@ -72,6 +74,7 @@ impl World {
         assert!(store.create_sale(&sale).await.unwrap());
         let queue = Arc::new(RecordingQueue::default());
         let clock = Arc::new(ManualClock::new(starts_at() + Duration::minutes(1)));
+        let blocklist = Arc::new(InMemoryBlocklist::new());
         let deps = Deps::from_ports(
             &config_with(&[]).unwrap(),
             Ports {
@@ -80,6 +83,7 @@ impl World {
                 orders: store.clone(),
                 queue: queue.clone(),
                 clock: clock.clone(),
+                blocklist: blocklist.clone(),
             },
         );
         Self {
@@ -87,6 +91,7 @@ impl World {
             store,
             queue,
             clock,
+            blocklist,
         }
     }
 
@@ -192,6 +197,42 @@ async fn when_stock_is_gone_grab_returns_sold_out() {
     assert_eq!(error_code(&response), "sold_out");
     assert_eq!(world.available(), 0);
     assert_eq!(world.sent(), 1);
+}
+
+#[tokio::test]
+async fn a_blocked_user_is_refused_403_blocked_on_both_routes_and_nothing_is_reserved() {
+    let world = World::with_sale(10, 2).await;
+    // A grab path handed out before the block.
+    let token = world.grab_token("user-scalper").await;
+    let scalper = UserId::parse("user-scalper").unwrap();
+    world.blocklist.block(&scalper).await.unwrap();
+    world.clock.advance(Duration::milliseconds(5000));
+
+    let refused = world.token("user-scalper").await;
+    assert_eq!(refused.status(), 403);
+    assert_eq!(error_code(&refused), "blocked");
+    let refused = world.grab_with("user-scalper", &token).await;
+    assert_eq!(refused.status(), 403);
+    assert_eq!(error_code(&refused), "blocked");
+    assert_eq!(world.store.reserve_calls.load(Ordering::SeqCst), 0);
+    assert_eq!(world.available(), 10);
+    assert_eq!(world.sent(), 0);
+
+    assert_eq!(world.grab("user-alice").await.status(), 202);
+}
+
+#[tokio::test]
+async fn an_unblocked_user_can_grab_once_the_process_rereads_the_blocklist() {
+    let world = World::with_sale(10, 2).await;
+    let user = UserId::parse("user-pardoned").unwrap();
+    world.blocklist.block(&user).await.unwrap();
+    assert_eq!(world.token("user-pardoned").await.status(), 403);
+
+    world.blocklist.unblock(&user).await.unwrap();
+    world.clock.advance(Duration::milliseconds(5000));
+    assert_eq!(world.grab("user-pardoned").await.status(), 202);
+    // One read when the process first asked, one after the interval.
+    assert_eq!(world.blocklist.reads.load(Ordering::SeqCst), 2);
 }
 
 #[tokio::test]
@@ -535,8 +576,28 @@ fn config_fails_fast_on_a_missing_or_invalid_variable() {
         "{recheck:?}"
     );
 
-    let config = config_with(&[("SOLD_OUT_RECHECK_MS", "250")]).unwrap();
+    let refresh = config_with(&[("BLOCKLIST_REFRESH_MS", "often")]);
+    assert!(
+        matches!(
+            refresh,
+            Err(ConfigError::Invalid {
+                var: "BLOCKLIST_REFRESH_MS",
+                ..
+            })
+        ),
+        "{refresh:?}"
+    );
+
+    let defaults = config_with(&[]).unwrap();
+    assert_eq!(defaults.blocklist_refresh, Duration::milliseconds(5000));
+
+    let config = config_with(&[
+        ("SOLD_OUT_RECHECK_MS", "250"),
+        ("BLOCKLIST_REFRESH_MS", "750"),
+    ])
+    .unwrap();
     assert_eq!(config.sold_out_recheck, Duration::milliseconds(250));
+    assert_eq!(config.blocklist_refresh, Duration::milliseconds(750));
     assert!(
         !format!("{config:?}").contains(SECRET),
         "the secret must not be logged"

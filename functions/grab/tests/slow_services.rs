@@ -21,7 +21,7 @@ use aws_smithy_runtime_api::shared::IntoShared;
 use chrono::{DateTime, Duration, TimeZone, Utc};
 use flashsale_adapters::SqsOrderQueue;
 use flashsale_domain::ports::{OrderBook, SaleCatalog};
-use flashsale_domain::testing::{InMemoryStore, ManualClock};
+use flashsale_domain::testing::{InMemoryBlocklist, InMemoryStore, ManualClock};
 use flashsale_domain::{Sale, SaleDraft, SaleId};
 use flashsale_grab::{Config, Deps, Ports, SDK_BUDGET, handler};
 use flashsale_http::testing::{ApiEvent, body_json, error_code};
@@ -143,6 +143,7 @@ async fn when_the_queue_never_answers_after_the_reserve_the_buyer_gets_a_503_and
             orders: store.clone(),
             queue: Arc::new(SqsOrderQueue::new(sqs, QUEUE_URL)),
             clock: Arc::new(ManualClock::new(starts_at() + Duration::minutes(1))),
+            blocklist: Arc::new(InMemoryBlocklist::new()),
         },
     );
     let token_response = call(&deps, token_request("user-alice")).await;

@@ -107,6 +107,7 @@ fn app_status_and_code(err: &AppError) -> (StatusCode, &'static str) {
         AppError::OrderCancelled => (StatusCode::CONFLICT, "order_cancelled"),
         AppError::OrderPaid => (StatusCode::CONFLICT, "order_paid"),
         AppError::Forbidden => (StatusCode::FORBIDDEN, "forbidden"),
+        AppError::Blocked => (StatusCode::FORBIDDEN, "blocked"),
         // Only the release function's use case answers this; reaching HTTP means a
         // route called the wrong use case, which is our bug, not the client's.
         AppError::NotYetDue => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
@@ -149,6 +150,7 @@ mod tests {
             (AppError::OrderCancelled, 409, "order_cancelled"),
             (AppError::OrderPaid, 409, "order_paid"),
             (AppError::Forbidden, 403, "forbidden"),
+            (AppError::Blocked, 403, "blocked"),
             (
                 AppError::Store(StoreError::transient("reserve", Boom)),
                 503,

@@ -36,6 +36,10 @@ const HOLD_PREFIX: &str = "hold#";
 const USER_GSI_PREFIX: &str = "USER#";
 /// The one `gsi1` partition that indexes every sale by its end.
 const SALES_GSI_PK: &str = "SALES";
+/// The one partition of the blocklist: admins write it rarely and the grab reads it
+/// whole every few seconds per process, far below one partition's limits.
+const BLOCKLIST_PK: &str = "BLOCKLIST";
+const BLOCKED_USER_PREFIX: &str = "USER#";
 
 /// Cancelled and expired orders are kept this long after they settle, then DynamoDB's
 /// TTL removes them; paid ones are kept.
@@ -97,6 +101,34 @@ fn user_item_owner(item: &Item) -> Result<(SaleId, UserId), ItemError> {
         SaleId::parse(sale).map_err(id)?,
         UserId::parse(user).map_err(id)?,
     ))
+}
+
+pub(crate) fn blocklist_pk() -> AttributeValue {
+    s(BLOCKLIST_PK)
+}
+
+/// A blocked user's item is only its key: the user id is in `sk`, so reading the list
+/// needs nothing but the keys.
+pub(crate) fn blocked_user_key(user_id: &UserId) -> Item {
+    key(
+        BLOCKLIST_PK.to_owned(),
+        &format!("{BLOCKED_USER_PREFIX}{user_id}"),
+    )
+}
+
+/// The user a blocklist item bars, from its `sk`.
+pub(crate) fn parse_blocked_user(item: &Item) -> Result<UserId, ItemError> {
+    let sk = Fields::of(item).string(SK)?;
+    let user = sk
+        .strip_prefix(BLOCKED_USER_PREFIX)
+        .ok_or_else(|| ItemError::Form {
+            name: SK.to_owned(),
+            expected: "USER#{user_id}",
+        })?;
+    UserId::parse(user).map_err(|source| ItemError::Id {
+        name: SK.to_owned(),
+        source,
+    })
 }
 
 pub(crate) fn order_key(order_id: &OrderId) -> Item {

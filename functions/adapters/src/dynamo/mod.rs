@@ -18,7 +18,8 @@ use aws_sdk_dynamodb::types::{
 };
 use chrono::{DateTime, Utc};
 use flashsale_domain::ports::{
-    OpenOutcome, OrderBook, PayOutcome, ReserveRefusal, SaleCatalog, Settlement, StockLedger,
+    Blocklist, OpenOutcome, OrderBook, PayOutcome, ReserveRefusal, SaleCatalog, Settlement,
+    StockLedger,
 };
 use flashsale_domain::sale::StockCounts;
 use flashsale_domain::{
@@ -77,6 +78,9 @@ const FIND: &str = "dynamodb.find";
 const COUNT: &str = "dynamodb.count";
 const SALES_ENDING_AFTER: &str = "dynamodb.sales_ending_after";
 const OPEN_HOLDS: &str = "dynamodb.open_holds";
+const BLOCK: &str = "dynamodb.block";
+const UNBLOCK: &str = "dynamodb.unblock";
+const BLOCKED: &str = "dynamodb.blocked";
 
 /// What a sale's stats buckets in `gsi1` hold.
 enum Indexed {
@@ -96,7 +100,7 @@ enum Reach {
     HoldsAndOrders,
 }
 
-/// Implements [`SaleCatalog`], [`StockLedger`] and [`OrderBook`] on one table laid out
+/// Implements [`SaleCatalog`], [`StockLedger`], [`OrderBook`] and [`Blocklist`] on one table laid out
 /// as the brief's data model (`pk`/`sk`, GSI `gsi1`, TTL `ttl`).
 ///
 /// One difference from the in-memory fake a caller can see: when the shard is empty
@@ -823,5 +827,59 @@ impl OrderBook for DynamoStore {
         })
         .await?;
         Ok(counts)
+    }
+}
+
+/// The blocklist: one item per blocked user, pk `BLOCKLIST`, sk `USER#{user_id}`.
+#[async_trait]
+impl Blocklist for DynamoStore {
+    async fn block(&self, user: &UserId) -> Result<(), StoreError> {
+        // Unconditional: putting the same key again is the idempotent block.
+        self.client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(item::blocked_user_key(user)))
+            .send()
+            .await
+            .map_err(|error| store_error(BLOCK, error))?;
+        Ok(())
+    }
+
+    async fn unblock(&self, user: &UserId) -> Result<(), StoreError> {
+        // Deleting a missing key succeeds, which is the idempotent unblock.
+        self.client
+            .delete_item()
+            .table_name(&self.table)
+            .set_key(Some(item::blocked_user_key(user)))
+            .send()
+            .await
+            .map_err(|error| store_error(UNBLOCK, error))?;
+        Ok(())
+    }
+
+    async fn blocked(&self) -> Result<Vec<UserId>, StoreError> {
+        // Consistent, so an admin who lists right after a block sees it; the grab reads
+        // this only once per refresh interval per process, so the double cost is noise.
+        let mut pages = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .key_condition_expression("#pk = :blocklist")
+            .set_expression_attribute_names(names(&[("#pk", PK), ("#sk", item::SK)]))
+            .set_expression_attribute_values(values([(":blocklist", item::blocklist_pk())]))
+            .projection_expression("#pk, #sk")
+            .consistent_read(true)
+            .into_paginator()
+            .items()
+            .send();
+        let mut users = Vec::new();
+        while let Some(found) = pages.next().await {
+            let found = found.map_err(|error| store_error(BLOCKED, error))?;
+            users.push(
+                item::parse_blocked_user(&found)
+                    .map_err(|error| corrupt(BLOCKED, &found, error))?,
+            );
+        }
+        Ok(users)
     }
 }
