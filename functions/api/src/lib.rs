@@ -1,14 +1,14 @@
 //! The api function: every HTTP route but the grab's. The public sale page, sale
-//! administration, and the buyer's own orders (read, pay, cancel).
+//! administration, the blocklist, and the buyer's own orders (read, pay, cancel).
 
 use std::sync::Arc;
 
 use flashsale_adapters::{DynamoStore, EventBridgeScheduler};
-use flashsale_domain::SaleDraft;
 use flashsale_domain::ports::{
-    Clock, OrderBook, ReleaseScheduler, SaleCatalog, StockLedger, SystemClock,
+    Blocklist, Clock, OrderBook, ReleaseScheduler, SaleCatalog, StockLedger, SystemClock,
 };
-use flashsale_domain::service::{CachedCatalog, OrderService, SaleService};
+use flashsale_domain::service::{BlocklistService, CachedCatalog, OrderService, SaleService};
+use flashsale_domain::{SaleDraft, UserId};
 use flashsale_http::caller::{DEFAULT_ADMIN_CLAIM, DEFAULT_ADMIN_GROUP};
 use flashsale_http::config::{Env, process_env};
 use flashsale_http::{
@@ -18,6 +18,7 @@ use flashsale_http::{
 use lambda_http::http::header::{HeaderValue, LOCATION};
 use lambda_http::http::{Response, StatusCode};
 use lambda_http::{Body, Request};
+use serde::Serialize;
 
 /// The routes this function serves, exactly as the API declares them.
 pub const GET_SALE_ROUTE: &str = "GET /sales/{sale_id}";
@@ -26,6 +27,9 @@ pub const SALE_STATS_ROUTE: &str = "GET /admin/sales/{sale_id}/stats";
 pub const GET_ORDER_ROUTE: &str = "GET /orders/{order_id}";
 pub const PAY_ORDER_ROUTE: &str = "POST /orders/{order_id}/pay";
 pub const CANCEL_ORDER_ROUTE: &str = "POST /orders/{order_id}/cancel";
+pub const BLOCK_USER_ROUTE: &str = "PUT /admin/blocklist/{user_id}";
+pub const UNBLOCK_USER_ROUTE: &str = "DELETE /admin/blocklist/{user_id}";
+pub const LIST_BLOCKLIST_ROUTE: &str = "GET /admin/blocklist";
 
 /// How long clients and CDNs may share the public sale page. One second: the page
 /// shows server time and live stock, and during a sale even a second-old count is
@@ -111,12 +115,14 @@ pub struct Ports {
     pub orders: Arc<dyn OrderBook>,
     pub scheduler: Arc<dyn ReleaseScheduler>,
     pub clock: Arc<dyn Clock>,
+    pub blocklist: Arc<dyn Blocklist>,
 }
 
 /// What the handler needs, built once per process.
 pub struct Deps {
     sales: SaleService,
     orders: OrderService,
+    blocklist: BlocklistService,
     admin: AdminRule,
 }
 
@@ -137,13 +143,14 @@ impl Deps {
                     SALE_CACHE_CAPACITY,
                 )),
                 ledger: store.clone(),
-                orders: store,
+                orders: store.clone(),
                 scheduler: Arc::new(EventBridgeScheduler::new(
                     scheduler,
                     &config.schedule_group_name,
                     None,
                 )),
                 clock: Arc::new(SystemClock),
+                blocklist: store,
             },
         )
     }
@@ -161,6 +168,9 @@ impl Deps {
                 ledger: ports.ledger,
                 scheduler: ports.scheduler,
                 clock: ports.clock,
+            },
+            blocklist: BlocklistService {
+                blocklist: ports.blocklist,
             },
             admin: config.admin.clone(),
         }
@@ -182,6 +192,9 @@ async fn route(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
         GET_ORDER_ROUTE => get_order(deps, req).await,
         PAY_ORDER_ROUTE => pay_order(deps, req).await,
         CANCEL_ORDER_ROUTE => cancel_order(deps, req).await,
+        BLOCK_USER_ROUTE => block_user(deps, req).await,
+        UNBLOCK_USER_ROUTE => unblock_user(deps, req).await,
+        LIST_BLOCKLIST_ROUTE => list_blocklist(deps, req).await,
         other => Err(ApiError::RouteNotFound {
             route: other.to_owned(),
         }),
@@ -228,6 +241,62 @@ async fn sale_stats(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiErr
         tracing::warn!(%sale_id, ?stats, "stock does not reconcile");
     }
     json(StatusCode::OK, &stats, CachePolicy::NoStore)
+}
+
+/// The answer to a block or unblock: the user's state after the call, which is the
+/// same whether the call changed it or found it so already.
+#[derive(Debug, Serialize)]
+struct BlockState<'a> {
+    user_id: &'a UserId,
+    blocked: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct Blocklisted {
+    users: Vec<UserId>,
+}
+
+/// The `user_id` path parameter. Unlike sale and order ids it names something the
+/// admin is about to write, so a malformed one is bad input, not a missing thing.
+fn user_id_param(req: &Request) -> Result<UserId, ApiError> {
+    let raw = flashsale_http::path_param(req, "user_id")?;
+    Ok(UserId::parse(raw).map_err(flashsale_domain::AppError::from)?)
+}
+
+async fn block_user(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
+    let caller = admin(deps, req)?;
+    let user = user_id_param(req)?;
+    deps.blocklist.block_user(&user).await?;
+    tracing::info!(%user, admin = %caller.user, "user blocked");
+    json(
+        StatusCode::OK,
+        &BlockState {
+            user_id: &user,
+            blocked: true,
+        },
+        CachePolicy::NoStore,
+    )
+}
+
+async fn unblock_user(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
+    let caller = admin(deps, req)?;
+    let user = user_id_param(req)?;
+    deps.blocklist.unblock_user(&user).await?;
+    tracing::info!(%user, admin = %caller.user, "user unblocked");
+    json(
+        StatusCode::OK,
+        &BlockState {
+            user_id: &user,
+            blocked: false,
+        },
+        CachePolicy::NoStore,
+    )
+}
+
+async fn list_blocklist(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
+    admin(deps, req)?;
+    let users = deps.blocklist.blocked_users().await?;
+    json(StatusCode::OK, &Blocklisted { users }, CachePolicy::NoStore)
 }
 
 async fn get_order(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {

@@ -9,9 +9,11 @@ use chrono::{DateTime, Duration, TimeZone, Utc};
 use flashsale_api::{Config, Deps, Ports, handler};
 use flashsale_domain::error::StoreError;
 use flashsale_domain::ports::{
-    Clock, OrderBook, ReserveRefusal, SaleCatalog, Settlement, StockLedger,
+    Blocklist, Clock, OrderBook, ReserveRefusal, SaleCatalog, Settlement, StockLedger,
 };
-use flashsale_domain::testing::{InMemoryStore, ManualClock, RecordingScheduler};
+use flashsale_domain::testing::{
+    InMemoryBlocklist, InMemoryStore, ManualClock, RecordingScheduler,
+};
 use flashsale_domain::{OrderId, ReleaseReason, Reservation, Sale, SaleDraft, SaleId, UserId};
 use flashsale_http::testing::{ApiEvent, body_json, error_code, fixture};
 use flashsale_http::{ConfigError, MAX_BODY_BYTES};
@@ -49,6 +51,7 @@ struct World {
     store: Arc<InMemoryStore>,
     scheduler: Arc<RecordingScheduler>,
     clock: Arc<ManualClock>,
+    blocklist: Arc<InMemoryBlocklist>,
 }
 
 impl World {
@@ -60,6 +63,7 @@ impl World {
         let store = Arc::new(InMemoryStore::new());
         let scheduler = Arc::new(RecordingScheduler::default());
         let clock = Arc::new(ManualClock::new(starts_at() + Duration::minutes(1)));
+        let blocklist = Arc::new(InMemoryBlocklist::new());
         let deps = Deps::from_ports(
             &config(),
             Ports {
@@ -68,6 +72,7 @@ impl World {
                 orders: store.clone(),
                 scheduler: scheduler.clone(),
                 clock: clock.clone(),
+                blocklist: blocklist.clone(),
             },
         );
         Self {
@@ -75,6 +80,7 @@ impl World {
             store,
             scheduler,
             clock,
+            blocklist,
         }
     }
 
@@ -174,6 +180,28 @@ impl World {
             .unwrap()
             .unwrap();
         order.status.to_string()
+    }
+
+    /// A blocklist route, called by the fixture's admin unless the event is changed.
+    fn blocklist_event(route: &str, user_id: Option<&str>) -> ApiEvent {
+        let event = ApiEvent::fixture("api-sale-stats.json").route(route);
+        match user_id {
+            Some(user_id) => event.path_param("user_id", user_id),
+            None => event,
+        }
+    }
+
+    async fn blocked_now(&self) -> Vec<String> {
+        let mut users: Vec<String> = self
+            .blocklist
+            .blocked()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(String::from)
+            .collect();
+        users.sort();
+        users
     }
 
     fn has_timer(&self, reservation: &Reservation) -> bool {
@@ -773,6 +801,108 @@ async fn a_route_this_function_does_not_serve_is_not_found() {
             .await;
         assert_eq!(response.status(), 404, "{route}");
         assert_eq!(error_code(&response), "not_found", "{route}");
+    }
+}
+
+// ---- /admin/blocklist ---------------------------------------------------------------
+
+const BLOCK: &str = "PUT /admin/blocklist/{user_id}";
+const UNBLOCK: &str = "DELETE /admin/blocklist/{user_id}";
+const LIST: &str = "GET /admin/blocklist";
+
+#[tokio::test]
+async fn an_admin_blocks_lists_and_unblocks_users_idempotently() {
+    let world = World::new();
+    for user in ["user-zed", "user-amy", "user-zed"] {
+        let response = world.call(World::blocklist_event(BLOCK, Some(user))).await;
+        assert_eq!(response.status(), 200, "{user}");
+        assert_eq!(response.headers()["cache-control"], "no-store");
+        assert_eq!(
+            body_json(&response),
+            json!({"user_id": user, "blocked": true})
+        );
+    }
+    let listed = world.call(World::blocklist_event(LIST, None)).await;
+    assert_eq!(listed.status(), 200);
+    assert_eq!(
+        body_json(&listed),
+        json!({"users": ["user-amy", "user-zed"]})
+    );
+
+    for _ in 0..2 {
+        let response = world
+            .call(World::blocklist_event(UNBLOCK, Some("user-zed")))
+            .await;
+        assert_eq!(response.status(), 200);
+        assert_eq!(
+            body_json(&response),
+            json!({"user_id": "user-zed", "blocked": false})
+        );
+    }
+    assert_eq!(world.blocked_now().await, ["user-amy"]);
+    let listed = world.call(World::blocklist_event(LIST, None)).await;
+    assert_eq!(body_json(&listed), json!({"users": ["user-amy"]}));
+}
+
+#[tokio::test]
+async fn the_blocklist_is_for_admins_only_and_a_refused_call_writes_nothing() {
+    let world = World::new();
+    world
+        .call(World::blocklist_event(BLOCK, Some("user-amy")))
+        .await;
+    for (route, user) in [
+        (BLOCK, Some("user-bob")),
+        (UNBLOCK, Some("user-amy")),
+        (LIST, None),
+    ] {
+        let response = world
+            .call(
+                World::blocklist_event(route, user)
+                    .user("user-mallory")
+                    .claim("cognito:groups", "[buyers]"),
+            )
+            .await;
+        assert_eq!(response.status(), 403, "{route}");
+        assert_eq!(error_code(&response), "forbidden", "{route}");
+
+        let response = world
+            .call(World::blocklist_event(route, user).anonymous())
+            .await;
+        assert_eq!(response.status(), 401, "{route}");
+        assert_eq!(error_code(&response), "unauthorized", "{route}");
+    }
+    assert_eq!(world.blocked_now().await, ["user-amy"]);
+}
+
+#[tokio::test]
+async fn a_malformed_user_id_is_invalid_input_and_writes_nothing() {
+    let world = World::new();
+    for bad in ["x".repeat(129), "user\u{7}bell".to_owned()] {
+        for route in [BLOCK, UNBLOCK] {
+            let response = world.call(World::blocklist_event(route, Some(&bad))).await;
+            assert_eq!(response.status(), 400, "{route} {bad:?}");
+            assert_eq!(error_code(&response), "invalid_input", "{route} {bad:?}");
+        }
+    }
+    assert!(world.blocked_now().await.is_empty());
+}
+
+#[tokio::test]
+async fn a_failing_blocklist_store_is_unavailable_with_retry_after() {
+    let world = World::new();
+    world
+        .blocklist
+        .fail
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    for (route, user) in [
+        (BLOCK, Some("user-amy")),
+        (UNBLOCK, Some("user-amy")),
+        (LIST, None),
+    ] {
+        let response = world.call(World::blocklist_event(route, user)).await;
+        assert_eq!(response.status(), 503, "{route}");
+        assert_eq!(error_code(&response), "unavailable", "{route}");
+        assert!(response.headers().contains_key("retry-after"), "{route}");
     }
 }
 
