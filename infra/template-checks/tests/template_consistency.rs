@@ -45,6 +45,9 @@ fn functions() -> [Function; 5] {
                 ("OrderService", "get"),
                 ("OrderService", "pay"),
                 ("OrderService", "cancel"),
+                ("BlocklistService", "block_user"),
+                ("BlocklistService", "unblock_user"),
+                ("BlocklistService", "blocked_users"),
             ],
         },
         Function {
@@ -69,7 +72,19 @@ fn functions() -> [Function; 5] {
 }
 
 /// The fields through which the domain's services hold their ports.
-const PORT_FIELDS: [&str; 6] = ["catalog", "ledger", "orders", "queue", "scheduler", "inner"];
+const PORT_FIELDS: [&str; 7] = [
+    "catalog",
+    "ledger",
+    "orders",
+    "queue",
+    "scheduler",
+    "inner",
+    "blocklist",
+];
+
+/// The fields through which the domain's services hold a domain cache in front of a
+/// port: calls on them are followed into the cache's own methods in the domain.
+const CACHE_FIELDS: [&str; 1] = ["blocked_users"];
 
 /// Env vars every function gets for the platform, not for its `Config`.
 const PLATFORM_ENV_VARS: [&str; 1] = ["RUST_LOG"];
@@ -345,15 +360,32 @@ fn actions_of_calls(calls: &BTreeSet<(String, String)>) -> BTreeSet<String> {
 fn port_methods_of(f: &Function) -> BTreeSet<String> {
     let domain = code_of(&["functions/domain/src/service.rs"]);
     let mut ports = BTreeSet::new();
+    let mut roots: Vec<String> = Vec::new();
     for (service, method) in f.use_cases {
         assert!(
             domain.functions.contains_key(*method),
             "{service}::{method} is not a function of the domain's services"
         );
-        for name in domain.reachable(method) {
+        roots.push((*method).to_owned());
+    }
+    let mut followed = BTreeSet::new();
+    while let Some(root) = roots.pop() {
+        if !followed.insert(root.clone()) {
+            continue;
+        }
+        for name in domain.reachable(&root) {
             for body in domain.functions.get(&name).into_iter().flatten() {
                 for field in PORT_FIELDS {
                     ports.extend(rust_source::field_calls(&body.body, field));
+                }
+                for field in CACHE_FIELDS {
+                    for method in rust_source::field_calls(&body.body, field) {
+                        assert!(
+                            domain.functions.contains_key(&method),
+                            "the cache's {method} is not a function of the domain's services"
+                        );
+                        roots.push(method);
+                    }
                 }
             }
         }
@@ -536,16 +568,31 @@ fn each_permission_names_only_the_resources_the_function_is_configured_with() {
             );
             assert_eq!(named, expected, "{what}: resources");
             if statement.actions.iter().any(|a| a == "dynamodb:Query") {
+                let on_the_index = statement
+                    .resources
+                    .iter()
+                    .all(|r| r.to_string().contains("/index/gsi1"));
                 assert!(
-                    statement
-                        .resources
-                        .iter()
-                        .all(|r| r.to_string().contains("/index/gsi1")),
-                    "{what}: queries only the gsi1 index"
+                    on_the_index || confined_to_the_blocklist(statement),
+                    "{what}: queries only the gsi1 index, or the base table's blocklist partition"
+                );
+            }
+            if statement.actions.iter().any(|a| a == "dynamodb:DeleteItem") {
+                assert!(
+                    confined_to_the_blocklist(statement),
+                    "{what}: deletes only blocklist items; everything else ends by TTL or stays"
                 );
             }
         }
     }
+}
+
+/// Whether the statement's `dynamodb:LeadingKeys` condition confines it to the
+/// blocklist's one partition (`pk = BLOCKLIST`), the only base-table partition a
+/// function may query or delete from.
+fn confined_to_the_blocklist(statement: &Statement) -> bool {
+    statement.condition
+        == Some(json!({"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": ["BLOCKLIST"]}}))
 }
 
 #[test]
@@ -661,7 +708,7 @@ fn every_route_except_the_public_sale_page_requires_the_jwt_authorizer() {
             assert_eq!(operation["security"], expected, "{route}");
         }
     }
-    assert_eq!(seen, 8, "the eight routes of the HTTP API contract");
+    assert_eq!(seen, 11, "the eleven routes of the HTTP API contract");
     let jwt =
         &body["components"]["securitySchemes"]["JwtAuthorizer"]["x-amazon-apigateway-authorizer"];
     assert_eq!(jwt["type"], "jwt");
