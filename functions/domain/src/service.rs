@@ -509,7 +509,9 @@ impl<C: SaleCatalog> SaleCatalog for CachedCatalog<C> {
 
 /// The blocklist as the grab sees it: a per-process snapshot of the whole list, read
 /// from the store at most once per `refresh` interval, so checking a user costs no
-/// read per request. A block takes effect within one interval of being written.
+/// read per request. A block takes effect within one interval of being written (plus
+/// the time of the one read that refreshes it, during which the process's other
+/// requests still answer from the old snapshot).
 pub struct CachedBlocklist {
     inner: Arc<dyn Blocklist>,
     refresh: Duration,
