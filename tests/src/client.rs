@@ -179,7 +179,17 @@ impl ApiClient {
         const PATIENCE: u32 = 60;
         let mut retry = 0;
         loop {
-            let response = call().await?;
+            let response = match call().await {
+                Ok(response) => response,
+                // Every call retried here is idempotent, so a request lost with its
+                // connection can be sent again.
+                Err(ClientError::Http { .. }) if retry < PATIENCE => {
+                    tokio::time::sleep(crate::surge::backoff(retry)).await;
+                    retry += 1;
+                    continue;
+                }
+                Err(error) => return Err(error),
+            };
             let transient = matches!(
                 response.status,
                 StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE

@@ -53,6 +53,8 @@ pub struct SurgeReport {
     /// Answers that were retried: 429 from the gateway's throttle, 503 from the grab.
     pub throttled: usize,
     pub unavailable: usize,
+    /// Requests that never got an answer (a reset connection) and were sent again.
+    pub transport_errors: usize,
 }
 
 impl SurgeReport {
@@ -110,8 +112,8 @@ impl std::fmt::Display for SurgeReport {
         }
         writeln!(
             f,
-            "  retried: {} throttled (429), {} unavailable (503)",
-            self.throttled, self.unavailable
+            "  retried: {} throttled (429), {} unavailable (503), {} connection errors",
+            self.throttled, self.unavailable, self.transport_errors
         )?;
         write!(
             f,
@@ -188,9 +190,11 @@ pub async fn run(
             outcome,
             throttled,
             unavailable,
+            transport_errors,
         } = answer?;
         report.throttled += throttled;
         report.unavailable += unavailable;
+        report.transport_errors += transport_errors;
         on_answer(&outcome);
         report.latencies.push(latency);
         match outcome {
@@ -218,7 +222,15 @@ async fn prepare_attempt(
 ) -> Result<Attempt, ClientError> {
     let mut retry = 0;
     let pass = loop {
-        let pass = client.grab_pass(&token, &plan.sale_id).await?;
+        let pass = match client.grab_pass(&token, &plan.sale_id).await {
+            Ok(pass) => pass,
+            Err(ClientError::Http { .. }) if retry < plan.retries_when_unavailable => {
+                tokio::time::sleep(backoff(retry)).await;
+                retry += 1;
+                continue;
+            }
+            Err(error) => return Err(error),
+        };
         // The token route is throttled like the grab route; come back later.
         if pass.status == StatusCode::TOO_MANY_REQUESTS && retry < plan.retries_when_unavailable {
             tokio::time::sleep(backoff(retry)).await;
@@ -244,6 +256,7 @@ struct Answer {
     outcome: Outcome,
     throttled: usize,
     unavailable: usize,
+    transport_errors: usize,
 }
 
 async fn grab_once(
@@ -258,11 +271,23 @@ async fn grab_once(
         },
         throttled: 0,
         unavailable: 0,
+        transport_errors: 0,
     };
     for retry in 0..=retries {
-        let response = client
+        let sent = client
             .send(Method::POST, &attempt.grab_path, Some(&attempt.token), None)
-            .await?;
+            .await;
+        let response = match sent {
+            Ok(response) => response,
+            // A connection reset under the surge: the path names one order, so sending
+            // it again is safe whether or not the first one arrived.
+            Err(ClientError::Http { .. }) if retry < retries => {
+                answer.transport_errors += 1;
+                tokio::time::sleep(backoff(retry)).await;
+                continue;
+            }
+            Err(error) => return Err(error),
+        };
         let retryable = match response.status {
             StatusCode::TOO_MANY_REQUESTS => {
                 answer.throttled += 1;

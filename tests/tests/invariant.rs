@@ -22,6 +22,10 @@ const LOCAL_GRAB_THROTTLE: [(&str, &str); 2] = [
     ("GrabThrottleBurstLimit", "30"),
 ];
 
+/// One surge at a time: the stacks share one DynamoDB Local, which runs transactions one
+/// at a time, so surges side by side would measure each other rather than the system.
+static ONE_SURGE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 async fn surge_on(
     harness: &Harness,
     sale_id: &str,
@@ -29,6 +33,7 @@ async fn surge_on(
     buyers: usize,
     attempts: usize,
 ) -> flashsale_e2e::SurgeReport {
+    let _turn = ONE_SURGE_AT_A_TIME.lock().await;
     harness.active_sale(sale_id, STOCK, shards, 900).await;
     let plan = SurgePlan {
         sale_id: sale_id.to_owned(),
