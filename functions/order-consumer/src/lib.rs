@@ -193,11 +193,14 @@ pub async fn handler(
     deps: &Deps,
     event: SqsEvent,
 ) -> Result<SqsBatchResponse, lambda_runtime::Error> {
-    let failed: Vec<String> = futures::stream::iter(&event.records)
+    let records = event.records.len();
+    // Owned records, not borrowed ones: a stream of futures borrowing the event is not
+    // provably `Send`, and the handler's future must be, to run on any runtime worker.
+    let failed: Vec<String> = futures::stream::iter(event.records)
         .map(|record| async move {
             let message_id = record.message_id.clone().unwrap_or_default();
             let span = tracing::info_span!("record", message_id = %message_id);
-            let retry = handle(deps, record).instrument(span).await;
+            let retry = handle(deps, &record).instrument(span).await;
             retry.then_some(message_id)
         })
         .buffer_unordered(MAX_CONCURRENT_RECORDS)
@@ -207,7 +210,7 @@ pub async fn handler(
     if !failed.is_empty() {
         tracing::warn!(
             failed = failed.len(),
-            records = event.records.len(),
+            records,
             "records left for redelivery"
         );
     }
@@ -286,6 +289,13 @@ async fn park(deps: &Deps, record: &SqsMessage, reason: &str) -> bool {
             true
         }
     }
+}
+
+/// Compile-time proof that the handler's future is `Send`, so any runtime (the Lambda
+/// runtime, the local stack) may run it on any worker thread. Never called.
+#[allow(dead_code)]
+fn handler_future_is_send(deps: &'static Deps) -> impl Send {
+    handler(deps, SqsEvent::default())
 }
 
 #[cfg(test)]

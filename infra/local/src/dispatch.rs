@@ -55,8 +55,8 @@ pub fn builtin(
         "functions/order-consumer" => {
             let config = flashsale_order_consumer::Config::from_lookup(lookup)
                 .map_err(|e| config_error(Box::new(e)))?;
-            Arc::new(OrderConsumerFunction(Arc::new(
-                flashsale_order_consumer::Deps::new(&config, sdk),
+            Arc::new(OrderConsumerFunction(flashsale_order_consumer::Deps::new(
+                &config, sdk,
             )))
         }
         "functions/reconciler" => {
@@ -136,24 +136,9 @@ fn lambda_context(context: &InvokeContext) -> lambda_runtime::Context {
     lambda
 }
 
-/// Runs a handler whose future is not `Send` (lambda_runtime does not require it to be:
-/// each Lambda environment runs one invocation at a time) on a thread of its own, as
-/// its execution environment would, driven by the stack's runtime.
-async fn run_unsendable<F, Fut, T>(make: F) -> Result<T, FunctionError>
-where
-    F: FnOnce() -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = Result<T, FunctionError>>,
-    T: Send + 'static,
-{
-    let runtime = tokio::runtime::Handle::current();
-    tokio::task::spawn_blocking(move || runtime.block_on(make()))
-        .await
-        .map_err(|e| Box::new(e) as FunctionError)?
-}
-
 struct GrabFunction(flashsale_grab::Deps);
 struct ApiFunction(flashsale_api::Deps);
-struct OrderConsumerFunction(Arc<flashsale_order_consumer::Deps>);
+struct OrderConsumerFunction(flashsale_order_consumer::Deps);
 struct ReleaseFunction(flashsale_release::Deps);
 struct ReconcilerFunction(flashsale_reconciler::Deps);
 
@@ -184,12 +169,7 @@ impl LambdaFunction for ApiFunction {
 impl LambdaFunction for OrderConsumerFunction {
     async fn invoke(&self, event: Value, _context: InvokeContext) -> Result<Value, FunctionError> {
         let event = serde_json::from_value(event)?;
-        let deps = self.0.clone();
-        let response =
-            run_unsendable(
-                move || async move { flashsale_order_consumer::handler(&deps, event).await },
-            )
-            .await?;
+        let response = flashsale_order_consumer::handler(&self.0, event).await?;
         Ok(serde_json::to_value(response)?)
     }
 }
