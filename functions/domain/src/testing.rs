@@ -321,6 +321,48 @@ impl OrderBook for InMemoryStore {
     }
 }
 
+/// A ledger whose every call fails, transiently or permanently: for proving how a
+/// caller answers a store it cannot reach.
+#[derive(Debug, Clone, Copy)]
+pub struct FailingLedger {
+    pub transient: bool,
+}
+
+impl FailingLedger {
+    fn error(self, operation: &'static str) -> StoreError {
+        if self.transient {
+            StoreError::transient(operation, InjectedFailure)
+        } else {
+            StoreError::permanent(operation, InjectedFailure)
+        }
+    }
+}
+
+#[async_trait]
+impl StockLedger for FailingLedger {
+    async fn reserve(
+        &self,
+        _sale: &Sale,
+        _shard: u16,
+        _reservation: &Reservation,
+    ) -> Result<Result<(), ReserveRefusal>, StoreError> {
+        Err(self.error("reserve"))
+    }
+
+    async fn availability(&self, _sale: &Sale) -> Result<Vec<u64>, StoreError> {
+        Err(self.error("availability"))
+    }
+
+    async fn release(
+        &self,
+        _reservation: &Reservation,
+        _reason: ReleaseReason,
+        _now: DateTime<Utc>,
+    ) -> Result<Settlement, StoreError> {
+        Err(self.error("release"))
+    }
+}
+
 /// A queue that records what was sent, and can be told to fail.
 #[derive(Debug, Default)]
 pub struct RecordingQueue {

@@ -5,13 +5,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use async_trait::async_trait;
 use chrono::{DateTime, Duration, TimeZone, Utc};
-use flashsale_domain::error::StoreError;
 use flashsale_domain::ports::Blocklist;
-use flashsale_domain::ports::{ReserveRefusal, SaleCatalog, Settlement, StockLedger};
-use flashsale_domain::testing::{InMemoryBlocklist, InMemoryStore, ManualClock, RecordingQueue};
-use flashsale_domain::{ReleaseReason, Reservation, Sale, SaleDraft, SaleId, UserId};
+use flashsale_domain::ports::{SaleCatalog, StockLedger};
+use flashsale_domain::testing::{
+    FailingLedger, InMemoryBlocklist, InMemoryStore, ManualClock, RecordingQueue,
+};
+use flashsale_domain::{Sale, SaleDraft, SaleId, UserId};
 use flashsale_grab::{Config, Deps, Ports, handler};
 use flashsale_http::testing::{ApiEvent, body_json, error_code};
 use flashsale_http::{ConfigError, MAX_BODY_BYTES};
@@ -460,53 +460,9 @@ async fn when_the_queue_fails_the_answer_is_unavailable_and_the_retry_resumes_th
     );
 }
 
-/// A ledger whose every call fails, transiently or permanently.
-struct BrokenLedger {
-    transient: bool,
-}
-
-#[derive(Debug, thiserror::Error)]
-#[error("connection reset by table flashsale-prod-table")]
-struct Reset;
-
-impl BrokenLedger {
-    fn error(&self, operation: &'static str) -> StoreError {
-        if self.transient {
-            StoreError::transient(operation, Reset)
-        } else {
-            StoreError::permanent(operation, Reset)
-        }
-    }
-}
-
-#[async_trait]
-impl StockLedger for BrokenLedger {
-    async fn reserve(
-        &self,
-        _sale: &Sale,
-        _shard: u16,
-        _reservation: &Reservation,
-    ) -> Result<Result<(), ReserveRefusal>, StoreError> {
-        Err(self.error("reserve"))
-    }
-
-    async fn availability(&self, _sale: &Sale) -> Result<Vec<u64>, StoreError> {
-        Err(self.error("availability"))
-    }
-
-    async fn release(
-        &self,
-        _reservation: &Reservation,
-        _reason: ReleaseReason,
-        _now: DateTime<Utc>,
-    ) -> Result<Settlement, StoreError> {
-        Err(self.error("release"))
-    }
-}
-
 #[tokio::test]
 async fn a_transient_store_failure_is_unavailable_with_retry_after() {
-    let world = World::with_ledger(10, 2, Some(Arc::new(BrokenLedger { transient: true }))).await;
+    let world = World::with_ledger(10, 2, Some(Arc::new(FailingLedger { transient: true }))).await;
     let response = world.grab("user-alice").await;
     assert_eq!(response.status(), 503);
     assert_eq!(error_code(&response), "unavailable");
@@ -516,7 +472,7 @@ async fn a_transient_store_failure_is_unavailable_with_retry_after() {
 
 #[tokio::test]
 async fn a_permanent_store_failure_is_internal_and_hides_its_details() {
-    let world = World::with_ledger(10, 2, Some(Arc::new(BrokenLedger { transient: false }))).await;
+    let world = World::with_ledger(10, 2, Some(Arc::new(FailingLedger { transient: false }))).await;
     let response = world.grab("user-alice").await;
     assert_eq!(response.status(), 500);
     let body = body_json(&response);

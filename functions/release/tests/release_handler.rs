@@ -3,13 +3,9 @@
 
 use std::sync::Arc;
 
-use async_trait::async_trait;
-use chrono::{DateTime, Duration, TimeZone, Utc};
-use flashsale_domain::error::StoreError;
-use flashsale_domain::ports::{
-    Clock, OrderBook, ReserveRefusal, SaleCatalog, Settlement, StockLedger,
-};
-use flashsale_domain::testing::{InMemoryStore, ManualClock};
+use chrono::{Duration, TimeZone, Utc};
+use flashsale_domain::ports::{Clock, OrderBook, SaleCatalog, StockLedger};
+use flashsale_domain::testing::{FailingLedger, InMemoryStore, ManualClock};
 use flashsale_domain::{AppError, OrderStatus, ReleaseReason, Reservation, Sale, SaleDraft};
 use flashsale_http::ConfigError;
 use flashsale_http::testing::fixture;
@@ -181,7 +177,7 @@ async fn a_release_before_the_expiry_fails_so_the_scheduler_retries() {
 #[tokio::test]
 async fn a_store_failure_fails_so_the_scheduler_retries_whatever_its_kind() {
     for transient in [true, false] {
-        let world = World::with_ledger(Some(Arc::new(BrokenLedger { transient }))).await;
+        let world = World::with_ledger(Some(Arc::new(FailingLedger { transient }))).await;
 
         let err = handler(&world.deps, world.event()).await.unwrap_err();
 
@@ -258,48 +254,4 @@ fn config_needs_only_the_table() {
         Config::from_lookup(|_| None),
         Err(ConfigError::Missing("TABLE_NAME"))
     ));
-}
-
-/// A ledger whose every call fails.
-struct BrokenLedger {
-    transient: bool,
-}
-
-#[derive(Debug, thiserror::Error)]
-#[error("the table is unreachable")]
-struct Unreachable;
-
-impl BrokenLedger {
-    fn error(&self, operation: &'static str) -> StoreError {
-        if self.transient {
-            StoreError::transient(operation, Unreachable)
-        } else {
-            StoreError::permanent(operation, Unreachable)
-        }
-    }
-}
-
-#[async_trait]
-impl StockLedger for BrokenLedger {
-    async fn reserve(
-        &self,
-        _sale: &Sale,
-        _shard: u16,
-        _reservation: &Reservation,
-    ) -> Result<Result<(), ReserveRefusal>, StoreError> {
-        Err(self.error("reserve"))
-    }
-
-    async fn availability(&self, _sale: &Sale) -> Result<Vec<u64>, StoreError> {
-        Err(self.error("availability"))
-    }
-
-    async fn release(
-        &self,
-        _reservation: &Reservation,
-        _reason: ReleaseReason,
-        _now: DateTime<Utc>,
-    ) -> Result<Settlement, StoreError> {
-        Err(self.error("release"))
-    }
 }
