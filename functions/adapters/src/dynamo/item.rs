@@ -475,16 +475,9 @@ pub(crate) fn parse_holds(item: &Item) -> Result<Vec<(Reservation, OrderStatus)>
         .collect()
 }
 
-pub(crate) fn is_order_item(item: &Item) -> bool {
-    item.get(SK)
-        .and_then(|sk| sk.as_s().ok())
-        .map(String::as_str)
-        == Some(ORDER_SK)
-}
-
-/// The order item with `status`. Its stats bucket is the reservation's shard: any
-/// value in `0..sale.shards` is found by `count`, and the shard is the one such value
-/// known without reading the sale (release, pay and open are not given it).
+/// The order item with `status`. It is not indexed: holds, written in the same
+/// transactions with the same status, are what stats and the reconciler read, so
+/// indexing orders too would only double the index's writes.
 pub(crate) fn order_item(
     reservation: &Reservation,
     status: OrderStatus,
@@ -500,14 +493,6 @@ pub(crate) fn order_item(
         ("created_at".to_owned(), time(reservation.created_at)),
         ("expires_at".to_owned(), time(reservation.expires_at)),
         ("updated_at".to_owned(), time(now)),
-        (
-            GSI1_PK.to_owned(),
-            s(bucket_pk(&reservation.sale_id, reservation.shard)),
-        ),
-        (
-            GSI1_SK.to_owned(),
-            s(format!("ORDER#{}", reservation.order_id)),
-        ),
     ]);
     if matches!(status, OrderStatus::Cancelled | OrderStatus::Expired) {
         item.insert(TTL.to_owned(), n((now + SETTLED_RETENTION).timestamp()));
@@ -526,11 +511,6 @@ pub(crate) fn parse_order(item: &Item) -> Result<(Reservation, OrderStatus), Ite
         expires_at: fields.time("expires_at")?,
     };
     Ok((reservation, fields.status()?))
-}
-
-/// Only the status, for `count`, which does not need the rest.
-pub(crate) fn parse_order_status(item: &Item) -> Result<OrderStatus, ItemError> {
-    Fields::of(item).status()
 }
 
 #[cfg(test)]

@@ -82,24 +82,6 @@ const BLOCK: &str = "dynamodb.block";
 const UNBLOCK: &str = "dynamodb.unblock";
 const BLOCKED: &str = "dynamodb.blocked";
 
-/// What a sale's stats buckets in `gsi1` hold.
-enum Indexed {
-    /// A hold on a user item, in any status: a released hold stays, with its final
-    /// status, so that its order id cannot be reserved again.
-    Hold(Reservation, OrderStatus),
-    /// An order item's status. Every order item also has its hold, except orders
-    /// released before holds were kept.
-    Order(OrderStatus),
-}
-
-/// Which of a sale's indexed items a read needs.
-#[derive(Debug, Clone, Copy)]
-enum Reach {
-    /// User items only: the key condition skips the order items.
-    Holds,
-    HoldsAndOrders,
-}
-
 /// Implements [`SaleCatalog`], [`StockLedger`], [`OrderBook`] and [`Blocklist`] on one table laid out
 /// as the brief's data model (`pk`/`sk`, GSI `gsi1`, TTL `ttl`).
 ///
@@ -241,13 +223,8 @@ impl DynamoStore {
             // reservation's.
             Some(hold) if hold.status.is_open() => Ok(Settlement::Unknown),
             Some(hold) => Ok(Settlement::AlreadySettled(hold.status)),
-            // Only orders released before holds were kept have no hold left.
-            None => Ok(self
-                .read_order(RELEASE, id)
-                .await?
-                .map_or(Settlement::Unknown, |(_, status)| {
-                    Settlement::AlreadySettled(status)
-                })),
+            // Holds are kept once settled, so no hold means no such reservation.
+            None => Ok(Settlement::Unknown),
         }
     }
 
@@ -277,47 +254,35 @@ impl DynamoStore {
         Ok(())
     }
 
-    /// Every hold of the sale and, if `reach` says so, every order item's status, read
-    /// from the sale's stats buckets `0..sale.shards` in `gsi1`. DynamoDB updates the
-    /// index asynchronously, so this may miss the last few writes.
-    async fn read_indexed(
+    /// Every hold of the sale, in any status, read from the user items in the sale's
+    /// stats buckets `0..sale.shards` of `gsi1`. Holds are the whole record: every order
+    /// item is written in the same transaction as its hold and carries the same status,
+    /// so the order items are skipped by the key condition. DynamoDB updates the index
+    /// asynchronously, so this may miss the last few writes.
+    async fn read_holds(
         &self,
         operation: &'static str,
         sale: &Sale,
-        reach: Reach,
-        mut visit: impl FnMut(Indexed) + Send,
+        mut visit: impl FnMut(Reservation, OrderStatus) + Send,
     ) -> Result<(), StoreError> {
-        let (key_condition, attribute_names): (&str, &[(&str, &str)]) = match reach {
-            Reach::Holds => (
-                "#gsi1pk = :bucket AND begins_with(#gsi1sk, :users)",
-                &[("#gsi1pk", GSI1_PK), ("#gsi1sk", GSI1_SK)],
-            ),
-            Reach::HoldsAndOrders => ("#gsi1pk = :bucket", &[("#gsi1pk", GSI1_PK)]),
-        };
         for bucket in 0..sale.shards {
-            let mut attribute_values = HashMap::from([(
-                ":bucket".to_owned(),
-                s(item::bucket_pk(&sale.sale_id, bucket)),
-            )]);
-            if matches!(reach, Reach::Holds) {
-                attribute_values.insert(":users".to_owned(), item::user_gsi_prefix());
-            }
+            let attribute_values = HashMap::from([
+                (
+                    ":bucket".to_owned(),
+                    s(item::bucket_pk(&sale.sale_id, bucket)),
+                ),
+                (":users".to_owned(), item::user_gsi_prefix()),
+            ]);
             self.query_index(
                 operation,
-                key_condition,
-                attribute_names,
+                "#gsi1pk = :bucket AND begins_with(#gsi1sk, :users)",
+                &[("#gsi1pk", GSI1_PK), ("#gsi1sk", GSI1_SK)],
                 Some(attribute_values),
                 |found| {
-                    if item::is_order_item(&found) {
-                        let status = item::parse_order_status(&found)
-                            .map_err(|error| corrupt(operation, &found, error))?;
-                        visit(Indexed::Order(status));
-                        return Ok(());
-                    }
                     for (reservation, status) in item::parse_holds(&found)
                         .map_err(|error| corrupt(operation, &found, error))?
                     {
-                        visit(Indexed::Hold(reservation, status));
+                        visit(reservation, status);
                     }
                     Ok(())
                 },
@@ -758,12 +723,7 @@ impl OrderBook for DynamoStore {
             }
             Some(hold) if hold.status.is_open() => Ok(PayOutcome::Unknown),
             Some(hold) => Ok(PayOutcome::Settled(hold.status)),
-            None => Ok(self
-                .read_order(PAY, id)
-                .await?
-                .map_or(PayOutcome::Unknown, |(_, status)| {
-                    PayOutcome::Settled(status)
-                })),
+            None => Ok(PayOutcome::Unknown),
         }
     }
 
@@ -772,32 +732,23 @@ impl OrderBook for DynamoStore {
         order_id: &OrderId,
         user: &UserId,
     ) -> Result<Option<(Order, Reservation)>, StoreError> {
-        // The hold is keyed by the caller, so finding it proves ownership; it exists
-        // before the consumer has written the order item, and a released one carries
-        // the same final status as its order item.
-        if let Some(hold) = self.read_hold(FIND, order_id, user).await? {
+        // The hold is keyed by the caller, so finding it proves ownership (another
+        // user's order is simply not there); it exists before the consumer has written
+        // the order item, and a settled one keeps its final status. One read.
+        Ok(self.read_hold(FIND, order_id, user).await?.map(|hold| {
             let reservation = hold.reservation(order_id, user);
-            return Ok(Some((
+            (
                 Order::from_reservation(&reservation, hold.status),
                 reservation,
-            )));
-        }
-        Ok(self
-            .read_order(FIND, order_id)
-            .await?
-            .filter(|(reservation, _)| &reservation.user_id == user)
-            .map(|(reservation, status)| {
-                (Order::from_reservation(&reservation, status), reservation)
-            }))
+            )
+        }))
     }
 
     /// Only user items are read, so paid holds are read too but settled orders are not.
     async fn open_holds(&self, sale: &Sale) -> Result<Vec<(Reservation, OrderStatus)>, StoreError> {
         let mut open = Vec::new();
-        self.read_indexed(OPEN_HOLDS, sale, Reach::Holds, |record| {
-            if let Indexed::Hold(reservation, status) = record
-                && status.is_open()
-            {
+        self.read_holds(OPEN_HOLDS, sale, |reservation, status| {
+            if status.is_open() {
                 open.push((reservation, status));
             }
         })
@@ -806,24 +757,23 @@ impl OrderBook for DynamoStore {
         Ok(open)
     }
 
-    /// Shards are read consistently; holds and orders through `gsi1`, which DynamoDB
-    /// updates asynchronously, so a count taken mid-surge may miss the last few writes
-    /// (and not reconcile) until the index catches up.
+    /// Shards are read consistently; holds through `gsi1`, which DynamoDB updates
+    /// asynchronously, so a count taken mid-surge may miss the last few writes (and not
+    /// reconcile) until the index catches up. Every unit is counted once, from its hold.
     async fn count(&self, sale: &Sale) -> Result<StockCounts, StoreError> {
         let mut counts = StockCounts {
             available: self.shard_stock(COUNT, sale).await?.iter().sum(),
             ..StockCounts::default()
         };
-        self.read_indexed(COUNT, sale, Reach::HoldsAndOrders, |record| match record {
-            Indexed::Hold(_, OrderStatus::Reserved) => counts.reserved += 1,
-            Indexed::Hold(_, OrderStatus::PendingPayment) => counts.pending_payment += 1,
-            Indexed::Hold(_, OrderStatus::Paid) => counts.paid += 1,
-            Indexed::Order(OrderStatus::Cancelled) => counts.cancelled += 1,
-            Indexed::Order(OrderStatus::Expired) => counts.expired += 1,
-            // Each unit once: open and paid ones from their holds, released ones from
-            // their order items (a released hold keeps its final status, and orders
-            // released before holds were kept have no hold at all).
-            Indexed::Hold(..) | Indexed::Order(_) => {}
+        self.read_holds(COUNT, sale, |_, status| {
+            let counter = match status {
+                OrderStatus::Reserved => &mut counts.reserved,
+                OrderStatus::PendingPayment => &mut counts.pending_payment,
+                OrderStatus::Paid => &mut counts.paid,
+                OrderStatus::Cancelled => &mut counts.cancelled,
+                OrderStatus::Expired => &mut counts.expired,
+            };
+            *counter += 1;
         })
         .await?;
         Ok(counts)
