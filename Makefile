@@ -26,7 +26,7 @@ LOCAL_PARAMETERS ?= GrabThrottleRateLimit=60 GrabThrottleBurstLimit=30
 export AWS_DEFAULT_REGION ?= us-east-1
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: help tools java run test lint unit clean-tools
+.PHONY: help tools java run test lint unit clean-tools disk-space
 
 # Deployability checks of template.yaml and the real bootstraps (issue 4).
 include infra/checks.mk
@@ -70,7 +70,18 @@ run: tools
 	  --dynamodb-port $(DYNAMODB_PORT) --moto-port $(MOTO_PORT) \
 	  --parameter-overrides $(LOCAL_PARAMETERS)
 
-test: tools lint unit check-infra
+test: disk-space tools lint unit check-infra
+
+# A full disk shows up as a linker killed by SIGBUS half-way through the build, which
+# reads like a toolchain bug. Say what it is up front. A cold `make test` (CI, fresh
+# clone, CARGO_INCREMENTAL=0) peaks at about 4.5 GB of target/ and .tools/.
+DISK_NEEDED_MB ?= 5500
+disk-space:
+	@free_mb=$$(df -Pm . | awk 'NR == 2 { print $$4 }'); \
+	if [ "$$free_mb" -lt $(DISK_NEEDED_MB) ]; then \
+	  echo "warning: $$free_mb MB free here; a cold make test needs about $(DISK_NEEDED_MB) MB" \
+	       "(target/ and .tools/). Expect the build to fail for want of disk." >&2; \
+	fi
 
 lint:
 	cargo fmt --all -- --check
