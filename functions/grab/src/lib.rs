@@ -45,18 +45,22 @@ pub const DEFAULT_SOLD_OUT_RECHECK_MS: u32 = 1000;
 /// process per five seconds.
 pub const DEFAULT_BLOCKLIST_REFRESH_MS: u32 = 5000;
 
-/// How long one SDK call of the grab may take. The template gives the function 5 s.
-/// A grab makes at most four calls one after another (a cold sale read, the reserve,
-/// the read of a retried grab's hold, the send): 4 x 1 s leaves a second spare, which
-/// the blocklist read a process makes once per refresh interval fits in, so a
-/// stalled table or queue gets the buyer a 503 (and their retry of the same path
-/// resumes the same order) rather than a Lambda timeout. DynamoDB and SQS answer in
-/// tens of milliseconds; an attempt still waiting after 500 ms is stuck, and a retry
-/// (with the same idempotency token) is likelier to succeed than waiting longer.
+/// How long one SDK call of the grab may take. DynamoDB and SQS answer in tens of
+/// milliseconds; an attempt still waiting after 500 ms is stuck, and a retry (with the
+/// same idempotency token) is likelier to succeed than waiting longer.
 pub const SDK_BUDGET: CallBudget = CallBudget {
     attempt: std::time::Duration::from_millis(500),
     operation: std::time::Duration::from_secs(1),
 };
+
+/// How long a request may take before the buyer gets a 503 to retry; the template
+/// gives the function 5 s. Most grabs make two calls, but one can make many more: a
+/// reserve per shard until one has stock (up to 64), each retried on transaction
+/// conflicts. Answering first keeps the process, with its sale cache and sold-out gate,
+/// which a Lambda timeout would throw away. Whatever the abandoned request committed is
+/// safe: the retry of the same path resumes its order (reserve is idempotent per order
+/// id), and the reconciler sends it on if the buyer never comes back.
+pub const REQUEST_DEADLINE: std::time::Duration = std::time::Duration::from_secs(4);
 
 /// The grab function's configuration.
 #[derive(Debug, Clone)]
@@ -187,7 +191,10 @@ struct Reserved {
 /// The Lambda handler. Never fails as a Lambda invocation: every error becomes an
 /// HTTP answer, so API Gateway never turns one into an opaque 500.
 pub async fn handler(deps: &Deps, req: Request) -> Result<Response<Body>, lambda_http::Error> {
-    Ok(respond(route(deps, &req).await))
+    let answer = tokio::time::timeout(REQUEST_DEADLINE, route(deps, &req))
+        .await
+        .unwrap_or(Err(ApiError::DeadlineExceeded(REQUEST_DEADLINE)));
+    Ok(respond(answer))
 }
 
 async fn route(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {

@@ -1,7 +1,7 @@
-//! The grab when AWS stops answering: its SDK calls give up within the function's
-//! [`SDK_BUDGET`], the buyer gets a 503 to retry, and a committed reservation whose
-//! order could not be sent is given back, instead of the function dying at its Lambda
-//! timeout with the unit held.
+//! The grab when AWS stops answering or answers slowly: its SDK calls give up within
+//! the function's [`SDK_BUDGET`], a request as a whole within [`REQUEST_DEADLINE`], and
+//! the buyer gets a 503 to retry instead of the function dying at its Lambda timeout. A
+//! committed reservation whose order could not be sent stays held for that retry.
 //!
 //! The services are real SDK clients over an HTTP client that never answers, on
 //! tokio's paused clock: the timeouts fire as soon as nothing else can run, so these
@@ -10,6 +10,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use async_trait::async_trait;
 use aws_sdk_sqs::config::{Credentials, Region, SharedCredentialsProvider};
 use aws_smithy_runtime_api::client::http::{
     HttpClient, HttpConnector, HttpConnectorFuture, HttpConnectorSettings, SharedHttpConnector,
@@ -20,10 +21,11 @@ use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
 use aws_smithy_runtime_api::shared::IntoShared;
 use chrono::{DateTime, Duration, TimeZone, Utc};
 use flashsale_adapters::SqsOrderQueue;
-use flashsale_domain::ports::{OrderBook, SaleCatalog};
+use flashsale_domain::error::StoreError;
+use flashsale_domain::ports::{OrderBook, ReserveRefusal, SaleCatalog, Settlement, StockLedger};
 use flashsale_domain::testing::{InMemoryBlocklist, InMemoryStore, ManualClock};
-use flashsale_domain::{Sale, SaleDraft, SaleId};
-use flashsale_grab::{Config, Deps, Ports, SDK_BUDGET, handler};
+use flashsale_domain::{ReleaseReason, Reservation, Sale, SaleDraft, SaleId};
+use flashsale_grab::{Config, Deps, Ports, REQUEST_DEADLINE, SDK_BUDGET, handler};
 use flashsale_http::testing::{ApiEvent, body_json, error_code};
 use lambda_http::Body;
 use lambda_http::http::Response;
@@ -116,21 +118,98 @@ async fn when_the_table_never_answers_the_buyer_gets_a_503_within_one_call_budge
     );
 }
 
-#[tokio::test(start_paused = true)]
-async fn when_the_queue_never_answers_after_the_reserve_the_buyer_gets_a_503_and_the_hold_waits_for_the_retry()
- {
-    let store = Arc::new(InMemoryStore::new());
-    let sale = Sale::from_draft(SaleDraft {
+/// A table whose every shard turns out empty, each after a second's worth of
+/// transaction conflicts and retries.
+struct SlowEmptyShards;
+
+#[async_trait]
+impl StockLedger for SlowEmptyShards {
+    async fn reserve(
+        &self,
+        _sale: &Sale,
+        _shard: u16,
+        _reservation: &Reservation,
+    ) -> Result<Result<(), ReserveRefusal>, StoreError> {
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        Ok(Err(ReserveRefusal::ShardEmpty))
+    }
+
+    async fn availability(&self, sale: &Sale) -> Result<Vec<u64>, StoreError> {
+        Ok(vec![0; usize::from(sale.shards)])
+    }
+
+    async fn release(
+        &self,
+        _reservation: &Reservation,
+        _reason: ReleaseReason,
+        _now: DateTime<Utc>,
+    ) -> Result<Settlement, StoreError> {
+        Ok(Settlement::Unknown)
+    }
+}
+
+fn sale(stock: i64, shards: i64) -> Sale {
+    Sale::from_draft(SaleDraft {
         sale_id: Some(SALE.to_owned()),
         name: "Phone launch".to_owned(),
-        stock: 1,
+        stock,
         starts_at: starts_at(),
         ends_at: starts_at() + Duration::hours(1),
         per_user_limit: None,
         payment_timeout_secs: Some(900),
-        shards: Some(1),
+        shards: Some(shards),
     })
-    .unwrap();
+    .unwrap()
+}
+
+async fn grab_path(deps: &Deps, user: &str) -> String {
+    let token_response = call(deps, token_request(user)).await;
+    assert_eq!(token_response.status(), 200);
+    body_json(&token_response)["grab_path"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+fn grab_request(grab_path: &str, user: &str) -> ApiEvent {
+    let token = grab_path.rsplit_once('/').unwrap().1;
+    ApiEvent::fixture("grab.json")
+        .path_param("sale_id", SALE)
+        .path_param("token", token)
+        .user(user)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_grab_that_would_outlast_its_lambda_timeout_answers_503_at_its_deadline() {
+    let store = Arc::new(InMemoryStore::new());
+    let sale = sale(64, 64);
+    assert!(store.create_sale(&sale).await.unwrap());
+    let deps = Deps::from_ports(
+        &config(),
+        Ports {
+            catalog: store.clone(),
+            ledger: Arc::new(SlowEmptyShards),
+            orders: store.clone(),
+            queue: Arc::new(flashsale_domain::testing::RecordingQueue::default()),
+            clock: Arc::new(ManualClock::new(starts_at() + Duration::minutes(1))),
+            blocklist: Arc::new(InMemoryBlocklist::new()),
+        },
+    );
+    let grab_path = grab_path(&deps, "user-alice").await;
+    let started = Instant::now();
+
+    let response = call(&deps, grab_request(&grab_path, "user-alice")).await;
+
+    // 64 shards at a second each would take a minute; the buyer hears at the deadline.
+    assert_unavailable(&response);
+    assert_eq!(started.elapsed(), REQUEST_DEADLINE);
+}
+
+#[tokio::test(start_paused = true)]
+async fn when_the_queue_never_answers_after_the_reserve_the_buyer_gets_a_503_and_the_hold_waits_for_the_retry()
+ {
+    let store = Arc::new(InMemoryStore::new());
+    let sale = sale(1, 1);
     assert!(store.create_sale(&sale).await.unwrap());
     // The queue is the production adapter over a client built within the grab's budget,
     // as `Deps::new` builds it; the table is in memory and answers at once.
@@ -146,23 +225,10 @@ async fn when_the_queue_never_answers_after_the_reserve_the_buyer_gets_a_503_and
             blocklist: Arc::new(InMemoryBlocklist::new()),
         },
     );
-    let token_response = call(&deps, token_request("user-alice")).await;
-    assert_eq!(token_response.status(), 200);
-    let grab_path = body_json(&token_response)["grab_path"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let token = grab_path.rsplit_once('/').unwrap().1;
+    let grab_path = grab_path(&deps, "user-alice").await;
     let started = Instant::now();
 
-    let response = call(
-        &deps,
-        ApiEvent::fixture("grab.json")
-            .path_param("sale_id", SALE)
-            .path_param("token", token)
-            .user("user-alice"),
-    )
-    .await;
+    let response = call(&deps, grab_request(&grab_path, "user-alice")).await;
 
     assert_unavailable(&response);
     assert!(

@@ -41,6 +41,10 @@ pub enum ApiError {
     /// between the API configuration and the function.
     #[error("path parameter {0} is missing")]
     MissingPathParameter(&'static str),
+    /// The function gave up on the request to answer before its own timeout would
+    /// end it. What it had begun may or may not have happened; retrying is safe.
+    #[error("the request did not finish within {0:?}; try again")]
+    DeadlineExceeded(std::time::Duration),
     #[error("could not encode the response")]
     Encode {
         #[source]
@@ -63,6 +67,7 @@ impl ApiError {
                 (StatusCode::UNAUTHORIZED, "unauthorized")
             }
             Self::RouteNotFound { .. } => (StatusCode::NOT_FOUND, "not_found"),
+            Self::DeadlineExceeded(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             Self::Encode { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
             Self::App(err) => app_status_and_code(err),
         }
@@ -80,7 +85,7 @@ impl ApiError {
     pub fn is_transient(&self) -> bool {
         matches!(
             self,
-            Self::App(AppError::Store(StoreError::Transient { .. }))
+            Self::DeadlineExceeded(_) | Self::App(AppError::Store(StoreError::Transient { .. }))
         )
     }
 }

@@ -756,6 +756,21 @@ fn param_default_of(value: &Value) -> f64 {
 }
 
 #[test]
+fn the_grab_answers_before_its_lambda_timeout_would_end_it() {
+    let raw = stack();
+    let timeout = raw.raw_resource("GrabFunction")["Properties"]["Timeout"]
+        .as_f64()
+        .or_else(|| raw.raw["Globals"]["Function"]["Timeout"].as_f64())
+        .expect("a grab timeout");
+    let deadline = flashsale_grab::REQUEST_DEADLINE.as_secs_f64();
+    // Room for the response to leave and for the runtime's own overhead.
+    assert!(
+        deadline + 0.5 <= timeout,
+        "the grab's deadline {deadline} s leaves no room under its {timeout} s timeout"
+    );
+}
+
+#[test]
 fn the_orders_queue_hides_a_message_for_at_least_six_consumer_timeouts() {
     let raw = stack();
     let consumer_timeout = raw.raw_resource("OrderConsumerFunction")["Properties"]["Timeout"]
