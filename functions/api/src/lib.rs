@@ -42,10 +42,11 @@ pub const SALE_CACHE_CAPACITY: usize = 1024;
 /// How long one SDK call of the api may take. The template gives the function 10 s.
 /// A buyer's route makes about five calls one after another at worst (pay after the
 /// window closed: read the hold, the refused pay transaction, its read, the release
-/// transaction, deleting the timer): 5 x 1.5 s leaves 2.5 s spare, so a slow table or
-/// Scheduler answers 503 instead of a Lambda timeout halfway through. The admin stats
-/// read one page per bucket, so there only each page is bounded; that route writes
-/// nothing, so running out of time on it leaves nothing half done.
+/// transaction and, if the timer won that race, its read): 5 x 1.5 s leaves 2.5 s
+/// spare, so a slow table or Scheduler answers 503 instead of a Lambda timeout halfway
+/// through. The admin stats read one page per bucket, so there only each page is
+/// bounded; that route writes nothing, so running out of time on it leaves nothing
+/// half done.
 pub const SDK_BUDGET: CallBudget = CallBudget {
     attempt: std::time::Duration::from_millis(700),
     operation: std::time::Duration::from_millis(1500),

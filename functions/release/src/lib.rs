@@ -3,9 +3,13 @@
 //! payment window has closed, the unit goes back to its shard and the order becomes
 //! `expired`, unless pay or cancel got there first.
 //!
-//! Returning an error makes Scheduler retry (its retry policy is bounded: 185 attempts
-//! within a day), so an error is returned only when a retry can help. An event that
-//! can never succeed is answered with a `rejected` outcome and logged at error level.
+//! Scheduler invokes this function asynchronously and deletes the schedule once the
+//! invocation is handed over, whatever the function then answers. A returned error
+//! gets Lambda's asynchronous retries (two, per the template's `EventInvokeConfig`),
+//! after which the event lands in `ReleaseFailuresQueue`, which is alarmed; and the
+//! reconciler releases any hold still open two minutes past its deadline. So an error
+//! is returned only when a retry can help. An event that can never succeed is
+//! answered with a `rejected` outcome and logged at error level.
 
 use std::sync::Arc;
 
@@ -20,9 +24,9 @@ use serde::Serialize;
 use serde_json::Value;
 
 /// How long one SDK call of the release may take. The template gives the function
-/// 10 s; an invocation makes at most three calls one after another (the release
-/// transaction and, when it is refused, its two reads): 3 x 2.5 s leaves 2.5 s spare,
-/// so a slow table fails the invocation with an error Scheduler and Lambda retry
+/// 10 s; an invocation makes at most two calls one after another (the release
+/// transaction and, when it is refused, the read of what settled the order): 2 x 2.5 s
+/// leaves room, so a slow table fails the invocation with an error Lambda retries
 /// rather than a timeout.
 pub const SDK_BUDGET: CallBudget = CallBudget {
     attempt: std::time::Duration::from_secs(1),
@@ -118,10 +122,10 @@ pub enum Outcome {
     },
 }
 
-/// A release that may succeed if Scheduler tries again.
+/// A release that may succeed if Lambda tries the event again.
 #[derive(Debug, thiserror::Error)]
 pub enum ReleaseError {
-    #[error("releasing order {order_id} failed; the schedule will retry")]
+    #[error("releasing order {order_id} failed; it will be retried")]
     Retry {
         order_id: OrderId,
         #[source]
@@ -172,8 +176,9 @@ async fn release(deps: &Deps, event: Value) -> Result<Outcome, ReleaseError> {
             Ok(Outcome::Unknown { order_id })
         }
         // Whatever the failure, releasing later is right: too early, the store busy,
-        // or even misconfigured (a deployment fixes that within the retry policy's
-        // day). Answering success would delete the schedule and strand the unit.
+        // or even misconfigured. Answering success would end the retries, leaving the
+        // unit to the reconciler; an error keeps the event (retries, then the alarmed
+        // failure queue) in sight.
         Err(source) => {
             let expected = source.is_retryable();
             let err = ReleaseError::Retry { order_id, source };
