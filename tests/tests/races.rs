@@ -102,7 +102,7 @@ async fn pay_against_the_timeout_has_exactly_one_winner_every_time() {
                         release(harness, &timer).await
                     };
                     let (paid, released) = tokio::join!(pay, fire);
-                    (user, order_id, paid, Some(released))
+                    (user, order_id, paid, released)
                 }
             });
     let outcomes = join_all(races).await;
@@ -114,18 +114,13 @@ async fn pay_against_the_timeout_has_exactly_one_winner_every_time() {
             StatusCode::OK => {
                 paid_wins += 1;
                 assert_eq!(final_status, "paid", "pay said paid");
-                assert_ne!(
-                    released.as_ref().map(|r| r["outcome"].clone()),
-                    Some(json!("released"))
-                );
+                assert_ne!(released["outcome"], json!("released"));
             }
             StatusCode::CONFLICT => {
                 timeout_wins += 1;
                 assert_eq!(paid.error_code(), Some("order_expired"), "{}", paid.body);
-                // The timer that lost the race to itself may still be on its way.
-                harness
-                    .wait_for_status(user, order_id, "expired", Duration::from_secs(10))
-                    .await;
+                // A refused pay settles the order before it answers (the timer, or pay
+                // itself releasing a hold whose window closed), so this is not a lag.
                 assert_eq!(final_status, "expired", "pay said expired");
             }
             other => panic!("pay answered {other}: {}", paid.body),
