@@ -15,7 +15,7 @@ use flashsale_adapters::{ContentionExhausted, CorruptItem, DynamoStore, ItemErro
 use flashsale_domain::ports::{
     OpenOutcome, OrderBook, PayOutcome, ReserveRefusal, SaleCatalog, Settlement, StockLedger,
 };
-use flashsale_domain::sale::StockCounts;
+use flashsale_domain::sale::{MAX_ABANDONED_HOLDS, StockCounts};
 use flashsale_domain::testing::InMemoryStore;
 use flashsale_domain::{OrderStatus, ReleaseReason, Reservation, Sale, SaleId, StoreError, UserId};
 
@@ -197,6 +197,42 @@ async fn reserve_over_the_per_user_limit_is_refused_as_limit_reached_and_writes_
         store.reserve(&sale, 0, &both).await.expect("reserve"),
         Err(ReserveRefusal::LimitReached)
     );
+}
+
+#[tokio::test]
+async fn a_buyer_who_abandoned_the_most_holds_is_refused_as_limit_reached_and_writes_nothing() {
+    let (store, _, _) = support::store().await;
+    let sale = support::sale(3, 1, 1);
+    created(&store, &sale).await;
+    let alice = support::user("alice");
+    for n in 0..MAX_ABANDONED_HOLDS {
+        let reservation = reserved(&store, &sale, &alice, 0).await;
+        let reason = if n % 2 == 0 {
+            ReleaseReason::Cancelled
+        } else {
+            ReleaseReason::Expired
+        };
+        assert_eq!(
+            store
+                .release(&reservation, reason, Utc::now())
+                .await
+                .expect("release"),
+            Settlement::Applied
+        );
+    }
+
+    let one_more = support::reservation(&sale, &alice, 0);
+    assert_eq!(
+        store.reserve(&sale, 0, &one_more).await.expect("reserve"),
+        Err(ReserveRefusal::LimitReached)
+    );
+    assert_eq!(
+        store.availability(&sale).await.expect("availability"),
+        vec![3]
+    );
+    assert!(status_of(&store, &one_more).await.is_none());
+    // The limit is alice's alone.
+    reserved(&store, &sale, &support::user("bob"), 0).await;
 }
 
 #[tokio::test]

@@ -76,7 +76,9 @@ pub trait StockLedger: Send + Sync {
     /// `reserved` hold on the user's item, or does neither.
     ///
     /// The shard must have stock (`available > 0`) and the user must hold fewer than
-    /// `sale.per_user_limit` open or paid units. Write contention is retried inside the
+    /// `sale.per_user_limit` open or paid units and have cancelled or let lapse fewer
+    /// than [`MAX_ABANDONED_HOLDS`](crate::sale::MAX_ABANDONED_HOLDS) holds of this
+    /// sale; either limit answers `LimitReached`. Write contention is retried inside the
     /// adapter with jitter. Idempotent per order id: once a hold for
     /// `reservation.order_id` exists (in any status), another call writes nothing and
     /// answers `AlreadyHeld`, so a caller that cannot tell whether a timed-out call
@@ -88,8 +90,9 @@ pub trait StockLedger: Send + Sync {
         reservation: &Reservation,
     ) -> Result<Result<(), ReserveRefusal>, StoreError>;
 
-    /// Units left in each shard, index = shard. A read: it writes nothing, so the
-    /// sold-out gate can ask it as often as it needs to.
+    /// Units left in each shard, index = shard, for the public sale page: it writes
+    /// nothing and may lag the latest grabs and releases by a moment (an eventually
+    /// consistent read on AWS), so it is never used to decide a grab.
     async fn availability(&self, sale: &Sale) -> Result<Vec<u64>, StoreError>;
 
     /// Ends an open hold and gives its unit back to its shard, in one transaction that

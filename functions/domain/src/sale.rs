@@ -12,9 +12,23 @@ pub const MAX_PER_USER_LIMIT: u32 = 100;
 pub const MAX_PAYMENT_TIMEOUT_SECS: u32 = 86_400;
 pub const DEFAULT_PAYMENT_TIMEOUT_SECS: u32 = 900;
 const MAX_NAME_LEN: usize = 200;
+/// Reservations of one sale a buyer may let lapse or cancel before further grabs of it
+/// are refused as `LimitReached`. Every settled hold stays on the buyer's item (that
+/// is what makes a grab path single-use), so without a bound a grab-and-cancel loop
+/// would grow the item, and the cost of every write to it, towards DynamoDB's 400 KB
+/// item limit; and one buyer could keep a unit out of everyone else's reach by
+/// cycling it.
+pub const MAX_ABANDONED_HOLDS: u32 = 20;
 /// A grab token may be fetched this long before the start, so clients whose clocks
 /// are slightly off can still be first at the start instant, but never earlier.
 pub const TOKEN_LEAD: Duration = Duration::seconds(1);
+
+/// Sale times must fall in this range. Past year 9999 a time no longer fits RFC 3339's
+/// four-digit year, so it could be written but not read back (an offset can push a
+/// valid-looking `9999-12-31T23:59:59-05:00` there), and an order's deadline lies up to
+/// a day past the sale's end.
+const EARLIEST_SALE_TIME: DateTime<Utc> = DateTime::UNIX_EPOCH;
+const LATEST_SALE_TIME_SECS: i64 = 253_370_764_800; // 9999-01-01T00:00:00Z
 
 /// A sale as an administrator asks for it, before validation.
 #[derive(Debug, Clone, Deserialize)]
@@ -70,6 +84,17 @@ fn in_range(field: &'static str, value: i64, min: i64, max: i64) -> Result<u32, 
     }
 }
 
+fn within_sale_calendar(field: &'static str, value: DateTime<Utc>) -> Result<(), ValidationError> {
+    if (EARLIEST_SALE_TIME.timestamp()..LATEST_SALE_TIME_SECS).contains(&value.timestamp()) {
+        Ok(())
+    } else {
+        Err(ValidationError::new(
+            field,
+            "must be between 1970-01-01T00:00:00Z and 9999-01-01T00:00:00Z",
+        ))
+    }
+}
+
 impl Sale {
     pub fn from_draft(draft: SaleDraft) -> Result<Self, ValidationError> {
         let sale_id = match draft.sale_id {
@@ -84,6 +109,8 @@ impl Sale {
             ));
         }
         let stock_total = in_range("stock", draft.stock, 1, i64::from(MAX_STOCK))?;
+        within_sale_calendar("starts_at", draft.starts_at)?;
+        within_sale_calendar("ends_at", draft.ends_at)?;
         if draft.ends_at <= draft.starts_at {
             return Err(ValidationError::new("ends_at", "must be after starts_at"));
         }

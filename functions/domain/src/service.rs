@@ -151,15 +151,16 @@ impl GrabService {
             // the buyer's own key, so it spreads like the buyers do.
             return self.resume(&order_id, user, AppError::SoldOut).await;
         }
+        let mut reservation = Reservation {
+            order_id,
+            sale_id: sale_id.clone(),
+            user_id: user.clone(),
+            shard: 0,
+            created_at: now,
+            expires_at: sale.payment_deadline(now),
+        };
         for shard in shards {
-            let reservation = Reservation {
-                order_id: order_id.clone(),
-                sale_id: sale_id.clone(),
-                user_id: user.clone(),
-                shard,
-                created_at: now,
-                expires_at: sale.payment_deadline(now),
-            };
+            reservation.shard = shard;
             match self.ledger.reserve(&sale, shard, &reservation).await? {
                 Ok(()) => {
                     self.gate.mark_stocked(sale_id, sale.shards, shard);
@@ -171,7 +172,9 @@ impl GrabService {
                 }
                 Err(ReserveRefusal::LimitReached) => return Err(AppError::LimitReached),
                 Err(ReserveRefusal::AlreadyHeld) => {
-                    return self.resume(&order_id, user, AppError::OrderNotFound).await;
+                    return self
+                        .resume(&reservation.order_id, user, AppError::OrderNotFound)
+                        .await;
                 }
             }
         }
@@ -239,6 +242,15 @@ impl BlocklistService {
     }
 }
 
+/// What the consumer's step left behind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Opened {
+    /// The order awaits payment and its release timer is set.
+    AwaitingPayment,
+    /// Cancelled or expired before the consumer came; nothing to do.
+    AlreadySettled(OrderStatus),
+}
+
 /// Orders after the grab: the consumer, the owner's pay and cancel, and the timeout.
 pub struct OrderService {
     pub orders: Arc<dyn OrderBook>,
@@ -265,18 +277,26 @@ impl OrderService {
 
     /// The consumer's step: the order awaits payment and its release timer is set.
     /// Safe to repeat for the same reservation.
-    pub async fn open(&self, reservation: &Reservation) -> Result<OpenOutcome, AppError> {
-        let outcome = self.orders.open(reservation).await?;
-        match outcome {
-            OpenOutcome::AwaitingPayment => self.scheduler.schedule_release(reservation).await?,
-            OpenOutcome::AlreadySettled(_) => {}
-            OpenOutcome::Unknown => return Err(AppError::OrderNotFound),
+    pub async fn open(&self, reservation: &Reservation) -> Result<Opened, AppError> {
+        match self.orders.open(reservation).await? {
+            OpenOutcome::AwaitingPayment => {
+                self.scheduler.schedule_release(reservation).await?;
+                Ok(Opened::AwaitingPayment)
+            }
+            OpenOutcome::AlreadySettled(status) => Ok(Opened::AlreadySettled(status)),
+            OpenOutcome::Unknown => Err(AppError::OrderNotFound),
         }
-        Ok(outcome)
     }
 
     pub async fn pay(&self, order_id: &OrderId, user: &UserId) -> Result<Order, AppError> {
         let (order, reservation) = self.owned(order_id, user).await?;
+        // The read is consistent and a settled order never moves again, so its answer
+        // needs no write (a retried pay, or one after the timer fired).
+        match order.status {
+            OrderStatus::Paid => return Ok(order),
+            settled if !settled.is_open() => return Err(settled_error(settled)),
+            _ => {}
+        }
         match self.orders.pay(&reservation, self.clock.now()).await? {
             PayOutcome::Paid => {
                 self.forget_timer(order_id).await;
@@ -300,6 +320,11 @@ impl OrderService {
 
     pub async fn cancel(&self, order_id: &OrderId, user: &UserId) -> Result<Order, AppError> {
         let (order, reservation) = self.owned(order_id, user).await?;
+        match order.status {
+            OrderStatus::Cancelled => return Ok(order),
+            settled if !settled.is_open() => return Err(settled_error(settled)),
+            _ => {}
+        }
         let now = self.clock.now();
         let reason = if now >= reservation.expires_at {
             ReleaseReason::Expired
@@ -361,6 +386,8 @@ pub struct ReconcileReport {
     pub expired: usize,
     /// Holds an action failed on; the next pass tries them again.
     pub failed: usize,
+    /// Sales whose open holds could not be read; the next pass tries them again.
+    pub failed_sales: usize,
 }
 
 /// The safety net under the happy path (the seeds' reconciliation). A grab can commit
@@ -391,7 +418,21 @@ impl Reconciler {
         let mut report = ReconcileReport::default();
         for sale in self.catalog.sales_ending_after(cutoff).await? {
             report.sales += 1;
-            for (reservation, status) in self.orders.open_holds(&sale).await? {
+            // One sale whose holds cannot be read must not leave every other sale's
+            // stuck holds unrepaired; the next pass tries it again.
+            let holds = match self.orders.open_holds(&sale).await {
+                Ok(holds) => holds,
+                Err(error) => {
+                    report.failed_sales += 1;
+                    tracing::error!(
+                        sale_id = %sale.sale_id,
+                        error = &error as &dyn std::error::Error,
+                        "reading a sale's open holds failed"
+                    );
+                    continue;
+                }
+            };
+            for (reservation, status) in holds {
                 report.open_holds += 1;
                 match self.settle_if_stuck(&reservation, status, now).await {
                     Ok(Some(Repair::Requeued)) => report.requeued += 1,

@@ -15,7 +15,7 @@ use crate::ports::{
     Blocklist, Clock, OpenOutcome, OrderBook, OrderQueue, PayOutcome, ReleaseScheduler,
     ReserveRefusal, SaleCatalog, Settlement, StockLedger,
 };
-use crate::sale::{Sale, StockCounts};
+use crate::sale::{MAX_ABANDONED_HOLDS, Sale, StockCounts};
 
 fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
@@ -53,6 +53,8 @@ struct State {
     shards: HashMap<(SaleId, u16), u64>,
     /// Units each user holds or bought, per sale: what the per-user limit counts.
     active: HashMap<(SaleId, UserId), u32>,
+    /// Holds each user cancelled or let lapse, per sale.
+    abandoned: HashMap<(SaleId, UserId), u32>,
     /// The open or paid holds, by order.
     holds: HashMap<OrderId, (Reservation, OrderStatus)>,
     /// Order items: created by the consumer, pay or release.
@@ -154,7 +156,9 @@ impl StockLedger for InMemoryStore {
         if state.shards.get(&shard_key).copied().unwrap_or(0) == 0 {
             return Ok(Err(ReserveRefusal::ShardEmpty));
         }
-        if state.active.get(&user_key).copied().unwrap_or(0) >= sale.per_user_limit {
+        if state.active.get(&user_key).copied().unwrap_or(0) >= sale.per_user_limit
+            || state.abandoned.get(&user_key).copied().unwrap_or(0) >= MAX_ABANDONED_HOLDS
+        {
             return Ok(Err(ReserveRefusal::LimitReached));
         }
         *state.shards.entry(shard_key).or_default() -= 1;
@@ -185,10 +189,9 @@ impl StockLedger for InMemoryStore {
                 let (held, status) = state.holds.get_mut(id).expect("present");
                 *status = reason.final_status();
                 let held = held.clone();
-                *state
-                    .active
-                    .entry((held.sale_id.clone(), held.user_id.clone()))
-                    .or_default() -= 1;
+                let user_key = (held.sale_id.clone(), held.user_id.clone());
+                *state.active.entry(user_key.clone()).or_default() -= 1;
+                *state.abandoned.entry(user_key).or_default() += 1;
                 *state
                     .shards
                     .entry((held.sale_id.clone(), held.shard))

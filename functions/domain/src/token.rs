@@ -24,7 +24,9 @@ pub const MIN_SECRET_LEN: usize = 32;
 
 #[derive(Clone)]
 pub struct GrabTokenSigner {
-    key: Vec<u8>,
+    /// The MAC with the key already absorbed (HMAC hashes a padded key first); each
+    /// token starts from a clone of it, so the hot path never redoes that work.
+    keyed: HmacSha256,
 }
 
 impl std::fmt::Debug for GrabTokenSigner {
@@ -43,11 +45,12 @@ impl GrabTokenSigner {
         if key.len() < MIN_SECRET_LEN {
             return Err(WeakSecret);
         }
-        Ok(Self { key })
+        let keyed = HmacSha256::new_from_slice(&key).expect("HMAC accepts any key length");
+        Ok(Self { keyed })
     }
 
     fn mac(&self, sale: &SaleId, user: &UserId, order: Ulid, expires_unix: i64) -> HmacSha256 {
-        let mut mac = HmacSha256::new_from_slice(&self.key).expect("HMAC accepts any key length");
+        let mut mac = self.keyed.clone();
         // Lengths first, so no two (sale, user) pairs can produce the same message.
         for part in [sale.as_str().as_bytes(), user.as_str().as_bytes()] {
             mac.update(&(part.len() as u64).to_be_bytes());

@@ -2,11 +2,16 @@
 
 use std::sync::Arc;
 
+use async_trait::async_trait;
 use chrono::{DateTime, Duration, TimeZone, Utc};
-use flashsale_domain::ports::{Clock, SaleCatalog, StockLedger};
+use flashsale_domain::error::StoreError;
+use flashsale_domain::ports::{
+    Clock, OpenOutcome, OrderBook, PayOutcome, SaleCatalog, StockLedger,
+};
+use flashsale_domain::sale::StockCounts;
 use flashsale_domain::service::{ReconcileReport, Reconciler};
-use flashsale_domain::testing::{InMemoryStore, ManualClock, RecordingQueue};
-use flashsale_domain::{OrderId, OrderStatus, Reservation, Sale, SaleDraft, UserId};
+use flashsale_domain::testing::{InMemoryStore, InjectedFailure, ManualClock, RecordingQueue};
+use flashsale_domain::{Order, OrderId, OrderStatus, Reservation, Sale, SaleDraft, SaleId, UserId};
 
 fn start() -> DateTime<Utc> {
     Utc.with_ymd_and_hms(2026, 11, 11, 0, 0, 0).unwrap()
@@ -146,4 +151,65 @@ async fn long_ended_sales_are_not_read() {
     let world = world().await;
     world.clock.set(start() + Duration::days(3));
     assert_eq!(world.reconciler.run().await.unwrap().sales, 0);
+}
+
+/// The in-memory order book, except that one sale's holds cannot be read.
+struct UnreadableSale {
+    store: Arc<InMemoryStore>,
+    unreadable: SaleId,
+}
+
+#[async_trait]
+impl OrderBook for UnreadableSale {
+    async fn open(&self, reservation: &Reservation) -> Result<OpenOutcome, StoreError> {
+        self.store.open(reservation).await
+    }
+
+    async fn pay(
+        &self,
+        reservation: &Reservation,
+        now: DateTime<Utc>,
+    ) -> Result<PayOutcome, StoreError> {
+        self.store.pay(reservation, now).await
+    }
+
+    async fn find(
+        &self,
+        order_id: &OrderId,
+        user: &UserId,
+    ) -> Result<Option<(Order, Reservation)>, StoreError> {
+        self.store.find(order_id, user).await
+    }
+
+    async fn open_holds(&self, sale: &Sale) -> Result<Vec<(Reservation, OrderStatus)>, StoreError> {
+        if sale.sale_id == self.unreadable {
+            return Err(StoreError::permanent("open_holds", InjectedFailure));
+        }
+        self.store.open_holds(sale).await
+    }
+
+    async fn count(&self, sale: &Sale) -> Result<StockCounts, StoreError> {
+        self.store.count(sale).await
+    }
+}
+
+#[tokio::test]
+async fn a_sale_whose_holds_cannot_be_read_does_not_stop_the_others_being_repaired() {
+    let mut world = world().await;
+    let unreadable = Sale {
+        sale_id: SaleId::parse("unreadable").unwrap(),
+        ..world.sale.clone()
+    };
+    world.store.create_sale(&unreadable).await.unwrap();
+    world.reconciler.orders = Arc::new(UnreadableSale {
+        store: world.store.clone(),
+        unreadable: unreadable.sale_id.clone(),
+    });
+    let lost = reservation(&world, "a");
+    world.store.strand(&world.sale, &lost);
+    world.clock.advance(Duration::seconds(61));
+    let report = world.reconciler.run().await.unwrap();
+    assert_eq!((report.sales, report.failed_sales), (2, 1));
+    assert_eq!(report.requeued, 1);
+    assert_eq!(*world.queue.sent.lock().unwrap(), vec![lost]);
 }

@@ -5,9 +5,11 @@ use std::sync::atomic::Ordering;
 
 use chrono::{DateTime, Duration, TimeZone, Utc};
 use flashsale_domain::gate::SoldOutGate;
-use flashsale_domain::ports::{Clock, OpenOutcome, Settlement};
+use flashsale_domain::ports::{Clock, Settlement};
+use flashsale_domain::sale::MAX_ABANDONED_HOLDS;
 use flashsale_domain::service::{
-    BlocklistService, CachedBlocklist, ExpiryService, GrabService, OrderService, SaleService,
+    BlocklistService, CachedBlocklist, ExpiryService, GrabService, Opened, OrderService,
+    SaleService,
 };
 use flashsale_domain::testing::{
     InMemoryBlocklist, InMemoryStore, ManualClock, RecordingQueue, RecordingScheduler,
@@ -240,6 +242,28 @@ async fn released_stock_is_grabbable_again_once_the_gate_rechecks() {
 }
 
 #[tokio::test]
+async fn a_buyer_who_abandons_too_many_reservations_reaches_the_limit() {
+    let world = World::new();
+    let sale = world.sale(10, 1, 1).await;
+    world.clock.set(start());
+    for _ in 0..MAX_ABANDONED_HOLDS {
+        let reservation = world.grab(&sale, "a").await.unwrap();
+        world
+            .orders
+            .cancel(&reservation.order_id, &user("a"))
+            .await
+            .unwrap();
+    }
+    assert!(matches!(
+        world.grab(&sale, "a").await,
+        Err(AppError::LimitReached)
+    ));
+    // Every unit is back for everyone else.
+    assert_eq!(world.store.shard_available(&sale, 0), 10);
+    world.grab(&sale, "b").await.unwrap();
+}
+
+#[tokio::test]
 async fn a_user_cannot_exceed_the_per_user_limit() {
     let world = World::new();
     let sale = world.sale(10, 2, 2).await;
@@ -293,7 +317,7 @@ async fn the_consumer_opens_an_order_once_however_often_it_is_delivered() {
     for _ in 0..3 {
         assert_eq!(
             world.orders.open(&reservation).await.unwrap(),
-            OpenOutcome::AwaitingPayment
+            Opened::AwaitingPayment
         );
     }
     assert_eq!(world.store.order_count(), 1);
@@ -406,7 +430,7 @@ async fn cancelling_returns_stock_at_once_and_is_idempotent() {
     // The consumer arriving late opens nothing and sets no timer.
     assert_eq!(
         world.orders.open(&reservation).await.unwrap(),
-        OpenOutcome::AlreadySettled(OrderStatus::Cancelled)
+        Opened::AlreadySettled(OrderStatus::Cancelled)
     );
     assert_eq!(world.scheduler.created.load(Ordering::SeqCst), 0);
     let stats = world.sales.stats(&sale).await.unwrap();
@@ -473,7 +497,17 @@ async fn creating_a_sale_twice_is_a_conflict_and_invalid_drafts_write_nothing() 
         payment_timeout_secs: None,
         shards: None,
     };
-    for (stock, hours) in [(0, 1), (-5, 1), (1_000_001, 1), (10, 0), (10, -1)] {
+    // The last one ends in year 10000, which RFC 3339 cannot write back.
+    let year_10000 = Utc.with_ymd_and_hms(10_000, 1, 1, 0, 0, 0).unwrap();
+    let hours_to_year_10000 = (year_10000 - start()).num_hours();
+    for (stock, hours) in [
+        (0, 1),
+        (-5, 1),
+        (1_000_001, 1),
+        (10, 0),
+        (10, -1),
+        (10, hours_to_year_10000),
+    ] {
         assert!(matches!(
             world.sales.create(draft(stock, hours)).await,
             Err(AppError::Invalid(_))

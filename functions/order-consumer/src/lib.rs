@@ -13,10 +13,8 @@ use std::sync::Arc;
 
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use flashsale_adapters::{DynamoStore, EventBridgeScheduler, ReleaseTarget};
-use flashsale_domain::ports::{
-    Clock, OpenOutcome, OrderBook, ReleaseScheduler, StockLedger, SystemClock,
-};
-use flashsale_domain::service::OrderService;
+use flashsale_domain::ports::{Clock, OrderBook, ReleaseScheduler, StockLedger, SystemClock};
+use flashsale_domain::service::{Opened, OrderService};
 use flashsale_domain::{AppError, OrderId, Reservation};
 use flashsale_http::config::{Env, process_env};
 use flashsale_http::telemetry::error_chain;
@@ -219,7 +217,7 @@ pub async fn handler(
     Ok(response)
 }
 
-async fn consume(deps: &Deps, record: &SqsMessage) -> Result<OpenOutcome, RecordError> {
+async fn consume(deps: &Deps, record: &SqsMessage) -> Result<Opened, RecordError> {
     let body = record
         .body
         .as_deref()
@@ -239,18 +237,13 @@ async fn consume(deps: &Deps, record: &SqsMessage) -> Result<OpenOutcome, Record
 /// Consumes one record; `true` when it must be redelivered.
 async fn handle(deps: &Deps, record: &SqsMessage) -> bool {
     match consume(deps, record).await {
-        Ok(OpenOutcome::AwaitingPayment) => {
+        Ok(Opened::AwaitingPayment) => {
             tracing::info!(outcome = "awaiting_payment", "order opened");
             false
         }
-        Ok(OpenOutcome::AlreadySettled(status)) => {
+        Ok(Opened::AlreadySettled(status)) => {
             tracing::info!(outcome = "already_settled", %status, "order settled before the consumer");
             false
-        }
-        Ok(OpenOutcome::Unknown) => {
-            // `OrderService::open` turns Unknown into OrderNotFound; should that ever
-            // change, an unmatched record still must not vanish silently.
-            park(deps, record, "no hold matches this reservation").await
         }
         Err(err) if err.is_poison() => park(deps, record, &error_chain(&err)).await,
         Err(err) => {

@@ -36,8 +36,8 @@ pub const DEFAULT_TIMER_GRACE_SECS: u32 = 120;
 /// per stuck hold, so its length grows with the backlog and only the template's timeout
 /// bounds it; what the budget bounds is one stalled call: a repair that runs out is
 /// counted failed and the pass moves on to the next hold instead of waiting out the
-/// invocation. A release is at most three calls (the transaction and its two reads),
-/// so 3 s per call keeps one repair under ten seconds.
+/// invocation. A release is at most two calls (the transaction and, when it is
+/// refused, one read), so 3 s per call keeps one repair under six seconds.
 pub const SDK_BUDGET: CallBudget = CallBudget {
     attempt: std::time::Duration::from_secs(1),
     operation: std::time::Duration::from_secs(3),
@@ -187,14 +187,16 @@ async fn reconcile(deps: &Deps) -> Result<ReconcileReport, ReconcileError> {
         requeued,
         expired,
         failed,
+        failed_sales,
     } = report;
-    if failed > 0 {
+    if failed > 0 || failed_sales > 0 {
         tracing::error!(
             sales,
             open_holds,
             requeued,
             expired,
             failed,
+            failed_sales,
             "some stuck holds could not be repaired; the next run tries them again"
         );
     } else {
@@ -204,6 +206,7 @@ async fn reconcile(deps: &Deps) -> Result<ReconcileReport, ReconcileError> {
             requeued,
             expired,
             failed,
+            failed_sales,
             "reconciliation done"
         );
     }

@@ -140,6 +140,7 @@ fn report(answer: Value) -> ReconcileReport {
         requeued: field("requeued"),
         expired: field("expired"),
         failed: field("failed"),
+        failed_sales: field("failed_sales"),
     }
 }
 

@@ -24,6 +24,8 @@ pub(crate) const TTL: &str = "ttl";
 pub(crate) const AVAILABLE: &str = "available";
 pub(crate) const TOTAL: &str = "total";
 pub(crate) const ACTIVE: &str = "active";
+/// On a user item: holds of the sale the user cancelled or let lapse.
+pub(crate) const ABANDONED: &str = "abandoned";
 pub(crate) const STATUS: &str = "status";
 pub(crate) const SHARD: &str = "shard";
 pub(crate) const EXPIRES_AT_MS: &str = "expires_at_ms";

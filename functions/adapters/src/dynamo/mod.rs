@@ -21,13 +21,14 @@ use flashsale_domain::ports::{
     Blocklist, OpenOutcome, OrderBook, PayOutcome, ReserveRefusal, SaleCatalog, Settlement,
     StockLedger,
 };
-use flashsale_domain::sale::StockCounts;
+use flashsale_domain::sale::{MAX_ABANDONED_HOLDS, StockCounts};
 use flashsale_domain::{
     Order, OrderId, OrderStatus, ReleaseReason, Reservation, Sale, SaleId, StoreError, UserId,
 };
 
 use self::item::{
-    ACTIVE, AVAILABLE, EXPIRES_AT_MS, GSI1, GSI1_PK, GSI1_SK, Hold, Item, PK, SHARD, STATUS, n, s,
+    ABANDONED, ACTIVE, AVAILABLE, EXPIRES_AT_MS, GSI1, GSI1_PK, GSI1_SK, Hold, Item, PK, SHARD,
+    STATUS, n, s,
 };
 pub use self::item::{CorruptItem, ItemError};
 pub use self::transact::{ContentionExhausted, UnexpectedRefusal};
@@ -81,6 +82,15 @@ const OPEN_HOLDS: &str = "dynamodb.open_holds";
 const BLOCK: &str = "dynamodb.block";
 const UNBLOCK: &str = "dynamodb.unblock";
 const BLOCKED: &str = "dynamodb.blocked";
+
+/// How fresh a read of the shards must be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Consistency {
+    /// Sees every write acknowledged before it; twice the read cost.
+    Strong,
+    /// May miss the last second's writes.
+    Eventual,
+}
 
 /// Implements [`SaleCatalog`], [`StockLedger`], [`OrderBook`] and [`Blocklist`] on one table laid out
 /// as the brief's data model (`pk`/`sk`, GSI `gsi1`, TTL `ttl`).
@@ -292,11 +302,12 @@ impl DynamoStore {
         Ok(())
     }
 
-    /// Reads every shard's `available`, consistently, in one or a few batches.
+    /// Reads every shard's `available` in one or a few batches.
     async fn shard_stock(
         &self,
         operation: &'static str,
         sale: &Sale,
+        read: Consistency,
     ) -> Result<Vec<u64>, StoreError> {
         let shard_of: HashMap<String, u16> = (0..sale.shards)
             .map(|shard| (item::shard_pk(&sale.sale_id, shard), shard))
@@ -309,7 +320,7 @@ impl DynamoStore {
                         .map(|shard| item::shard_key(&sale.sale_id, shard))
                         .collect(),
                 ))
-                .consistent_read(true)
+                .consistent_read(read == Consistency::Strong)
                 .projection_expression("#pk, #available")
                 .set_expression_attribute_names(names(&[("#pk", PK), ("#available", AVAILABLE)]))
                 .build(),
@@ -490,10 +501,13 @@ impl StockLedger for DynamoStore {
                      #gsi1pk = :gsi1pk, #gsi1sk = :gsi1sk",
                 )
                 .condition_expression(
-                    "(attribute_not_exists(#active) OR #active < :limit) AND attribute_not_exists(#hold)",
+                    "(attribute_not_exists(#active) OR #active < :limit) \
+                     AND (attribute_not_exists(#abandoned) OR #abandoned < :abandon_limit) \
+                     AND attribute_not_exists(#hold)",
                 )
                 .set_expression_attribute_names(names(&[
                     ("#active", ACTIVE),
+                    ("#abandoned", ABANDONED),
                     ("#hold", &hold_attribute),
                     ("#gsi1pk", GSI1_PK),
                     ("#gsi1sk", GSI1_SK),
@@ -502,11 +516,14 @@ impl StockLedger for DynamoStore {
                     (":zero", n(0)),
                     (":one", n(1)),
                     (":limit", n(sale.per_user_limit)),
+                    (":abandon_limit", n(MAX_ABANDONED_HOLDS)),
                     (":hold", Hold::reserved(reservation).to_value()),
                     (":gsi1pk", s(bucket)),
                     (":gsi1sk", s(item::user_gsi_sk(&reservation.user_id))),
                 ]))
-                .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+                .return_values_on_condition_check_failure(
+                    ReturnValuesOnConditionCheckFailure::AllOld,
+                )
                 .build(),
         )?;
         let items = vec![
@@ -540,7 +557,10 @@ impl StockLedger for DynamoStore {
     }
 
     async fn availability(&self, sale: &Sale) -> Result<Vec<u64>, StoreError> {
-        self.shard_stock(AVAILABILITY, sale).await
+        // The public sale page's number, read on every view: half the read cost,
+        // served by any replica instead of the shard leaders the grabs are writing to.
+        self.shard_stock(AVAILABILITY, sale, Consistency::Eventual)
+            .await
     }
 
     async fn release(
@@ -555,13 +575,16 @@ impl StockLedger for DynamoStore {
         let end_hold = built(
             RELEASE,
             self.update(item::user_key(&reservation.sale_id, &reservation.user_id))
-                .update_expression("SET #hold.#status = :final, #active = #active - :one")
+                .update_expression(
+                    "SET #hold.#status = :final, #active = #active - :one ADD #abandoned :one",
+                )
                 .condition_expression(
                     "#hold.#status IN (:reserved, :pending) AND #hold.#shard = :shard",
                 )
                 .set_expression_attribute_names(names(&[
                     ("#hold", &hold_attribute),
                     ("#active", ACTIVE),
+                    ("#abandoned", ABANDONED),
                     ("#status", STATUS),
                     ("#shard", SHARD),
                 ]))
@@ -762,7 +785,11 @@ impl OrderBook for DynamoStore {
     /// reconcile) until the index catches up. Every unit is counted once, from its hold.
     async fn count(&self, sale: &Sale) -> Result<StockCounts, StoreError> {
         let mut counts = StockCounts {
-            available: self.shard_stock(COUNT, sale).await?.iter().sum(),
+            available: self
+                .shard_stock(COUNT, sale, Consistency::Strong)
+                .await?
+                .iter()
+                .sum(),
             ..StockCounts::default()
         };
         self.read_holds(COUNT, sale, |_, status| {
