@@ -602,7 +602,9 @@ async fn run(args: &Args) -> Result<(), SmokeError> {
     .await?;
     check(
         "reconciler with its fixture",
-        report["sales"].as_u64().is_some_and(|sales| sales >= 1) && report["failed"] == 0,
+        report["sales"].as_u64().is_some_and(|sales| sales >= 1)
+            && report["failed"] == 0
+            && report["failed_sales"] == 0,
         || format!("{report}\n--- logs ---\n{}", reconciler.logs()),
     )?;
     println!("  ok  reconciler with its fixture: {report}");
