@@ -153,6 +153,31 @@ impl DynamoStore {
         Put::builder().table_name(&self.table).set_item(Some(item))
     }
 
+    /// Writes the order item in its final `status`, unless it is already settled: the
+    /// order's part of a pay or release transaction. The item may not exist yet (the
+    /// consumer has not opened the order), hence the put.
+    fn settle_order_item(
+        &self,
+        operation: &'static str,
+        reservation: &Reservation,
+        status: OrderStatus,
+        now: DateTime<Utc>,
+    ) -> Result<Put, StoreError> {
+        built(
+            operation,
+            self.put(item::order_item(reservation, status, now))
+                .condition_expression(
+                    "attribute_not_exists(#pk) OR #status IN (:reserved, :pending)",
+                )
+                .set_expression_attribute_names(names(&[("#pk", PK), ("#status", STATUS)]))
+                .set_expression_attribute_values(values([
+                    (":reserved", s(OrderStatus::Reserved.as_str())),
+                    (":pending", s(OrderStatus::PendingPayment.as_str())),
+                ]))
+                .build(),
+        )
+    }
+
     async fn run(
         &self,
         operation: &'static str,
@@ -597,19 +622,7 @@ impl StockLedger for DynamoStore {
                 ]))
                 .build(),
         )?;
-        let record = built(
-            RELEASE,
-            self.put(item::order_item(reservation, reason.final_status(), now))
-                .condition_expression(
-                    "attribute_not_exists(#pk) OR #status IN (:reserved, :pending)",
-                )
-                .set_expression_attribute_names(names(&[("#pk", PK), ("#status", STATUS)]))
-                .set_expression_attribute_values(values([
-                    (":reserved", s(OrderStatus::Reserved.as_str())),
-                    (":pending", s(OrderStatus::PendingPayment.as_str())),
-                ]))
-                .build(),
-        )?;
+        let record = self.settle_order_item(RELEASE, reservation, reason.final_status(), now)?;
         let give_back = built(
             RELEASE,
             self.update(item::shard_key(&reservation.sale_id, reservation.shard))
@@ -711,19 +724,7 @@ impl OrderBook for DynamoStore {
                 ]))
                 .build(),
         )?;
-        let record = built(
-            PAY,
-            self.put(item::order_item(reservation, OrderStatus::Paid, now))
-                .condition_expression(
-                    "attribute_not_exists(#pk) OR #status IN (:reserved, :pending)",
-                )
-                .set_expression_attribute_names(names(&[("#pk", PK), ("#status", STATUS)]))
-                .set_expression_attribute_values(values([
-                    (":reserved", s(OrderStatus::Reserved.as_str())),
-                    (":pending", s(OrderStatus::PendingPayment.as_str())),
-                ]))
-                .build(),
-        )?;
+        let record = self.settle_order_item(PAY, reservation, OrderStatus::Paid, now)?;
         let items = vec![
             TransactWriteItem::builder().update(settle_hold).build(),
             TransactWriteItem::builder().put(record).build(),
