@@ -911,6 +911,51 @@ fn the_reconciler_runs_on_a_schedule_one_pass_at_a_time() {
     );
     assert_eq!(
         stack().expanded_resource("ReconcilerFunction")["Properties"]["ReservedConcurrentExecutions"],
-        json!(1)
+        json!({"Fn::If": ["HasGrabReservedConcurrency", 1, {"Ref": "AWS::NoValue"}]})
+    );
+}
+
+#[test]
+fn the_grab_routes_burst_no_further_than_the_grab_functions_reserved_concurrency() {
+    let stack = stack();
+    let burst = stack
+        .parameter_default_number("GrabThrottleBurstLimit")
+        .expect("a default grab burst");
+    let reserved = stack
+        .parameter_default_number("GrabReservedConcurrency")
+        .expect("a default reserved concurrency");
+    // Every route the grab function serves shares its concurrency.
+    let events = stack.raw_resource("GrabFunction")["Properties"]["Events"]
+        .as_object()
+        .expect("the grab's events");
+    for (name, event) in events {
+        assert_eq!(
+            event["Properties"]["RouteSettings"]["ThrottlingBurstLimit"],
+            json!({"Ref": "GrabThrottleBurstLimit"}),
+            "the grab's {name} route takes the grab burst"
+        );
+    }
+    let routes = f64::from(u32::try_from(events.len()).unwrap());
+    assert!(
+        routes * burst <= reserved,
+        "{routes} routes x burst {burst} > reserved concurrency {reserved}"
+    );
+
+    let samconfig = std::fs::read_to_string(root_path("samconfig.toml")).expect("samconfig.toml");
+    let overridden = |name: &str| -> Option<f64> {
+        let key = format!("{name}=");
+        let at = samconfig.find(&key)? + key.len();
+        samconfig[at..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect::<String>()
+            .parse()
+            .ok()
+    };
+    let burst = overridden("GrabThrottleBurstLimit").unwrap_or(burst);
+    let reserved = overridden("GrabReservedConcurrency").unwrap_or(reserved);
+    assert!(
+        routes * burst <= reserved,
+        "samconfig.toml: {routes} routes x burst {burst} > reserved concurrency {reserved}"
     );
 }
