@@ -7,7 +7,7 @@ use aws_sdk_scheduler::operation::delete_schedule::DeleteScheduleError;
 use aws_sdk_scheduler::types::{
     ActionAfterCompletion, FlexibleTimeWindow, FlexibleTimeWindowMode, RetryPolicy, Target,
 };
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, DurationRound, TimeDelta, Utc};
 use flashsale_domain::ports::ReleaseScheduler;
 use flashsale_domain::{OrderId, Reservation, StoreError};
 
@@ -64,15 +64,17 @@ impl EventBridgeScheduler {
         format!("release-{}", order_id.unique_part())
     }
 
-    /// `at(...)` has whole seconds in the given time zone; rounding a sub-second expiry
-    /// up means the timer never fires before the order has expired.
+    /// Scheduler fires with 60-second precision: a schedule `at(01:00:30)` runs at
+    /// some point between 01:00:00 and 01:00:59, possibly before the order has expired,
+    /// which the release would refuse (a failed invocation, a retry a minute later, an
+    /// alarm). Rounding the expiry up to the next whole minute makes every firing land
+    /// after it, at most 119 s late; a buyer paying after the deadline is refused
+    /// whatever the timer's lag, and pay releases the unit itself then.
     pub fn at_expression(expires_at: DateTime<Utc>) -> String {
-        let whole = if expires_at.timestamp_subsec_nanos() > 0 {
-            DateTime::from_timestamp(expires_at.timestamp() + 1, 0).unwrap_or(expires_at)
-        } else {
-            expires_at
-        };
-        format!("at({})", whole.format("%Y-%m-%dT%H:%M:%S"))
+        let fires_from = expires_at
+            .duration_round_up(TimeDelta::minutes(1))
+            .unwrap_or(expires_at);
+        format!("at({})", fires_from.format("%Y-%m-%dT%H:%M:%S"))
     }
 }
 
@@ -159,15 +161,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_at_expression_is_utc_whole_seconds_never_early() {
-        let whole = Utc.with_ymd_and_hms(2026, 3, 4, 5, 6, 7).unwrap();
+    fn the_at_expression_is_the_first_whole_utc_minute_not_before_the_expiry() {
+        let minute = Utc.with_ymd_and_hms(2026, 3, 4, 5, 6, 0).unwrap();
         assert_eq!(
-            EventBridgeScheduler::at_expression(whole),
-            "at(2026-03-04T05:06:07)"
+            EventBridgeScheduler::at_expression(minute),
+            "at(2026-03-04T05:06:00)"
         );
+        for later in [
+            Duration::milliseconds(1),
+            Duration::seconds(7),
+            Duration::milliseconds(59_999),
+        ] {
+            assert_eq!(
+                EventBridgeScheduler::at_expression(minute + later),
+                "at(2026-03-04T05:07:00)",
+                "{later}"
+            );
+        }
+        let year_end = Utc.with_ymd_and_hms(2026, 12, 31, 23, 59, 30).unwrap();
         assert_eq!(
-            EventBridgeScheduler::at_expression(whole + Duration::milliseconds(1)),
-            "at(2026-03-04T05:06:08)"
+            EventBridgeScheduler::at_expression(year_end),
+            "at(2027-01-01T00:00:00)"
         );
     }
 

@@ -85,10 +85,17 @@ async fn scheduling_twice_makes_one_self_deleting_one_time_schedule() {
         schedule.schedule_expression(),
         Some(EventBridgeScheduler::at_expression(reservation.expires_at).as_str())
     );
-    assert_eq!(
-        schedule.schedule_expression(),
-        Some(format!("at({})", reservation.expires_at.format("%Y-%m-%dT%H:%M:%S")).as_str()),
-        "the grab's deadline is whole seconds, so the timer fires exactly then"
+    // Scheduler fires within the minute its at() names: the first whole minute not
+    // before the deadline, so never early, and less than two minutes late.
+    let expression = schedule.schedule_expression().expect("an expression");
+    let fires_from = chrono::NaiveDateTime::parse_from_str(expression, "at(%Y-%m-%dT%H:%M:%S)")
+        .expect("an at() expression")
+        .and_utc();
+    assert_eq!(fires_from.timestamp() % 60, 0, "{expression}");
+    assert!(fires_from >= reservation.expires_at, "{expression}");
+    assert!(
+        fires_from < reservation.expires_at + chrono::Duration::minutes(1),
+        "{expression}"
     );
     assert_eq!(schedule.schedule_expression_timezone(), Some("UTC"));
     assert_eq!(

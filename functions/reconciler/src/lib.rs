@@ -28,9 +28,10 @@ use serde_json::Value;
 pub const DEFAULT_HANDOVER_GRACE_SECS: u32 = 60;
 
 /// How long past its deadline an order may stay open before its timer counts as lost,
-/// when `RECONCILE_TIMER_GRACE_SECS` is unset. Scheduler fires within a minute of the
-/// deadline and retries; two minutes leaves it the first word.
-pub const DEFAULT_TIMER_GRACE_SECS: u32 = 120;
+/// when `RECONCILE_TIMER_GRACE_SECS` is unset. A timer fires at most 119 s after the
+/// deadline (its `at()` is rounded up to a whole minute, and Scheduler fires within
+/// that minute); three minutes leaves it the first word.
+pub const DEFAULT_TIMER_GRACE_SECS: u32 = 180;
 
 /// How long one SDK call of the reconciler may take. A pass makes a call per sale and
 /// per stuck hold, so its length grows with the backlog and only the template's timeout

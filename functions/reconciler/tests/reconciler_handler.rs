@@ -207,11 +207,11 @@ async fn an_awaiting_order_whose_timer_never_fired_is_released_after_the_default
     let held = world.strand("user-alice");
     world.store.open(&held).await.unwrap();
 
-    world.clock.set(held.expires_at + Duration::seconds(119));
+    world.clock.set(held.expires_at + Duration::seconds(179));
     assert_eq!(world.run().await.expired, 0, "the timer still has time");
     assert_eq!(world.status(&held).await, OrderStatus::PendingPayment);
 
-    world.clock.set(held.expires_at + Duration::seconds(120));
+    world.clock.set(held.expires_at + Duration::seconds(180));
     assert_eq!(world.run().await.expired, 1);
     assert_eq!(world.status(&held).await, OrderStatus::Expired);
     assert_eq!(world.available(), 10);
@@ -345,7 +345,7 @@ fn config_reads_the_table_and_queue_and_defaults_the_graces() {
     assert_eq!(config.table_name, "t");
     assert_eq!(config.orders_queue_url, "q");
     assert_eq!(config.handover_grace, Duration::seconds(60));
-    assert_eq!(config.timer_grace, Duration::seconds(120));
+    assert_eq!(config.timer_grace, Duration::seconds(180));
 }
 
 #[test]

@@ -7,7 +7,7 @@
 //! invocation is handed over, whatever the function then answers. A returned error
 //! gets Lambda's asynchronous retries (two, per the template's `EventInvokeConfig`),
 //! after which the event lands in `ReleaseFailuresQueue`, which is alarmed; and the
-//! reconciler releases any hold still open two minutes past its deadline. So an error
+//! reconciler releases any hold still open three minutes past its deadline. So an error
 //! is returned only when a retry can help. An event that can never succeed is
 //! answered with a `rejected` outcome and logged at error level.
 
