@@ -1,8 +1,10 @@
 //! Bad input gets its 4xx with `{"error", "message"}`, never a 5xx, and writes nothing.
+//! Requests API Gateway refuses itself (no valid token) never reach a function; they
+//! get the gateway's own `{"message"}`.
 
 mod common;
 
-use common::{Harness, assert_error};
+use common::{Harness, RefusedBy, assert_refused};
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 
@@ -13,7 +15,7 @@ async fn assert_refused_without_writing(
     token: Option<&str>,
     body: Option<Vec<u8>>,
     status: StatusCode,
-    code: &str,
+    by: impl Into<RefusedBy>,
 ) {
     let before = harness.item_count().await;
     let response = harness
@@ -21,7 +23,7 @@ async fn assert_refused_without_writing(
         .send_raw(method.clone(), path, token, body)
         .await
         .expect("an answer");
-    assert_error(&response, status, code);
+    assert_refused(&response, status, by);
     assert_eq!(
         harness.item_count().await,
         before,
@@ -258,7 +260,7 @@ async fn without_a_valid_token_protected_routes_are_401_and_users_are_not_admins
         None,
         body.clone(),
         StatusCode::UNAUTHORIZED,
-        "unauthorized",
+        RefusedBy::Gateway("Unauthorized"),
     )
     .await;
     assert_refused_without_writing(
@@ -268,7 +270,7 @@ async fn without_a_valid_token_protected_routes_are_401_and_users_are_not_admins
         Some("not.a.jwt"),
         body.clone(),
         StatusCode::UNAUTHORIZED,
-        "unauthorized",
+        RefusedBy::Gateway("Unauthorized"),
     )
     .await;
     assert_refused_without_writing(

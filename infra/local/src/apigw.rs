@@ -259,8 +259,25 @@ fn json_response(status: StatusCode, body: Value) -> Response {
     response
 }
 
+/// An error of the local-only token route, in the functions' `{"error", "message"}`.
 fn error_response(status: StatusCode, code: &str, message: &str) -> Response {
     json_response(status, json!({"error": code, "message": message}))
+}
+
+/// What API Gateway itself answers when it refuses a request (no route, throttled,
+/// authorizer refusal) or its integration fails: an HTTP API's own responses are `{"message": ...}` only and
+/// cannot be customised, so clients must be ready for them; emulating anything nicer
+/// would hide that.
+fn gateway_refusal(status: StatusCode) -> Response {
+    let message = match status {
+        StatusCode::NOT_FOUND => "Not Found",
+        StatusCode::TOO_MANY_REQUESTS => "Too Many Requests",
+        StatusCode::PAYLOAD_TOO_LARGE => "Request Entity Too Large",
+        StatusCode::UNAUTHORIZED => "Unauthorized",
+        StatusCode::FORBIDDEN => "Forbidden",
+        _ => "Internal Server Error",
+    };
+    json_response(status, json!({ "message": message }))
 }
 
 #[derive(serde::Deserialize)]
@@ -381,31 +398,17 @@ async fn route_request(
     let (parts, body) = request.into_parts();
     let path = parts.uri.path().to_owned();
     let Some((route, path_parameters)) = gateway.find(&parts.method, &path) else {
-        return error_response(
-            StatusCode::NOT_FOUND,
-            "not_found",
-            &format!("no route for {} {}", parts.method, path),
-        );
+        return gateway_refusal(StatusCode::NOT_FOUND);
     };
     if let Some(bucket) = &route.bucket {
         let admitted = bucket.lock().map(|mut b| b.admit()).unwrap_or(true);
         if !admitted {
-            return error_response(
-                StatusCode::TOO_MANY_REQUESTS,
-                "too_many_requests",
-                "Too Many Requests",
-            );
+            return gateway_refusal(StatusCode::TOO_MANY_REQUESTS);
         }
     }
     let body = match axum::body::to_bytes(body, MAX_PAYLOAD).await {
         Ok(body) => body,
-        Err(_) => {
-            return error_response(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "payload_too_large",
-                "the request body exceeds 10 MB",
-            );
-        }
+        Err(_) => return gateway_refusal(StatusCode::PAYLOAD_TOO_LARGE),
     };
     let authorizer = match &route.spec.auth {
         RouteAuth::Public => None,
@@ -421,12 +424,9 @@ async fn route_request(
                 Err(e) => {
                     let status =
                         StatusCode::from_u16(e.status()).unwrap_or(StatusCode::UNAUTHORIZED);
-                    let code = if status == StatusCode::FORBIDDEN {
-                        "forbidden"
-                    } else {
-                        "unauthorized"
-                    };
-                    let mut response = error_response(status, code, &e.to_string());
+                    // The reason goes only where API Gateway puts it: the
+                    // WWW-Authenticate header.
+                    let mut response = gateway_refusal(status);
                     if status == StatusCode::UNAUTHORIZED
                         && let Ok(value) = HeaderValue::from_str(&format!(
                             "Bearer error=\"invalid_token\" error_description=\"{e}\""
@@ -464,10 +464,7 @@ async fn route_request(
         Err(e) => {
             // What API Gateway answers when the integration fails.
             tracing::error!(route = %route.spec.route_key(), error = %error_chain(&e), "function failed");
-            json_response(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                json!({"message": "Internal Server Error"}),
-            )
+            gateway_refusal(StatusCode::INTERNAL_SERVER_ERROR)
         }
     };
     if let Ok(value) = HeaderValue::from_str(&request_id) {
@@ -611,10 +608,7 @@ fn gateway_response(payload: Value) -> Response {
         .and_then(|s| StatusCode::from_u16(s).ok());
     let Some(status) = status else {
         tracing::error!(?payload, "function returned an invalid statusCode");
-        return json_response(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            json!({"message": "Internal Server Error"}),
-        );
+        return gateway_refusal(StatusCode::INTERNAL_SERVER_ERROR);
     };
     let body = match object.get("body") {
         Some(Value::String(text)) if object.get("isBase64Encoded") == Some(&Value::Bool(true)) => {
@@ -622,10 +616,7 @@ fn gateway_response(payload: Value) -> Response {
                 Ok(bytes) => bytes,
                 Err(e) => {
                     tracing::error!(error = %e, "function returned invalid base64");
-                    return json_response(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        json!({"message": "Internal Server Error"}),
-                    );
+                    return gateway_refusal(StatusCode::INTERNAL_SERVER_ERROR);
                 }
             }
         }

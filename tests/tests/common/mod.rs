@@ -261,6 +261,31 @@ where
 }
 
 /// Asserts an error response: its status, its code, and a message.
+/// Who refused a request, which decides what its body looks like.
+pub enum RefusedBy {
+    /// A function: `{"error": code, "message": text}`.
+    Function(&'static str),
+    /// API Gateway itself (the authorizer, a throttle, no such route): an HTTP API's own
+    /// answers are exactly `{"message": text}` and cannot be customised.
+    Gateway(&'static str),
+}
+
+impl From<&'static str> for RefusedBy {
+    fn from(code: &'static str) -> Self {
+        Self::Function(code)
+    }
+}
+
+pub fn assert_refused(response: &ApiResponse, status: StatusCode, by: impl Into<RefusedBy>) {
+    match by.into() {
+        RefusedBy::Function(code) => assert_error(response, status, code),
+        RefusedBy::Gateway(message) => {
+            assert_eq!(response.status, status, "{}", response.body);
+            assert_eq!(response.body, json!({ "message": message }));
+        }
+    }
+}
+
 pub fn assert_error(response: &ApiResponse, status: StatusCode, code: &str) {
     assert_eq!(response.status, status, "{}", response.body);
     assert_eq!(response.error_code(), Some(code), "{}", response.body);
