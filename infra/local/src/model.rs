@@ -1412,7 +1412,7 @@ mod tests {
             grab.1.throttle,
             Some(Throttle {
                 rate_limit: 300.0,
-                burst_limit: 600
+                burst_limit: 50
             }),
             "the route's settings win over the API default"
         );
