@@ -23,6 +23,11 @@ STACK_NAME ?= flashsale-local
 # (template.yaml) are far higher.
 LOCAL_PARAMETERS ?= GrabThrottleRateLimit=60 GrabThrottleBurstLimit=30
 
+# The steps share one venv (each tool is its own pip install, with common dependencies)
+# and one cargo target dir, and the tests need the tools: `make -j` must not interleave
+# them.
+.NOTPARALLEL:
+
 export AWS_DEFAULT_REGION ?= us-east-1
 export CARGO_TERM_COLOR ?= never
 
