@@ -148,9 +148,11 @@ impl ApiClient {
             .await
     }
 
+    /// Reads the stats, retrying a busy answer (a read is safe to repeat).
     pub async fn stats(&self, admin: &str, sale_id: &str) -> Result<ApiResponse, ClientError> {
         let path = format!("/admin/sales/{sale_id}/stats");
-        self.send(Method::GET, &path, Some(admin), None).await
+        self.retrying(|| self.send(Method::GET, &path, Some(admin), None))
+            .await
     }
 
     pub async fn grab_pass(&self, user: &str, sale_id: &str) -> Result<ApiResponse, ClientError> {
@@ -202,9 +204,11 @@ impl ApiClient {
         }
     }
 
+    /// Reads an order, retrying a busy answer (a read is safe to repeat).
     pub async fn order(&self, user: &str, order_id: &str) -> Result<ApiResponse, ClientError> {
         let path = format!("/orders/{order_id}");
-        self.send(Method::GET, &path, Some(user), None).await
+        self.retrying(|| self.send(Method::GET, &path, Some(user), None))
+            .await
     }
 
     /// Pays, retrying a busy answer: paying is idempotent, so the answer that ends the

@@ -80,23 +80,43 @@ impl Harness {
         payment_timeout_secs: u32,
     ) {
         let now = Utc::now();
-        let created = self
-            .api
-            .create_sale(
-                &self.admin,
-                &json!({
-                    "sale_id": sale_id,
-                    "name": format!("e2e {sale_id}"),
-                    "stock": stock,
-                    "shards": shards,
-                    "payment_timeout_secs": payment_timeout_secs,
-                    "starts_at": now - chrono::Duration::seconds(1),
-                    "ends_at": now + chrono::Duration::hours(1),
-                }),
-            )
-            .await
-            .expect("create sale answers");
-        assert_eq!(created.status, StatusCode::CREATED, "{}", created.body);
+        let sale = json!({
+            "sale_id": sale_id,
+            "name": format!("e2e {sale_id}"),
+            "stock": stock,
+            "shards": shards,
+            "payment_timeout_secs": payment_timeout_secs,
+            "starts_at": now - chrono::Duration::seconds(1),
+            "ends_at": now + chrono::Duration::hours(1),
+        });
+        // A busy DynamoDB Local (another test's surge) can make the create answer 503,
+        // which means "try again". The attempt may still have committed, so after a 503
+        // a retry's 409 sale_exists is that attempt's sale; without one it is a failure.
+        let mut answered_busy = false;
+        for _ in 0..20 {
+            let created = self
+                .api
+                .create_sale(&self.admin, &sale)
+                .await
+                .expect("create sale answers");
+            match created.status {
+                StatusCode::CREATED => return,
+                StatusCode::CONFLICT
+                    if answered_busy && created.error_code() == Some("sale_exists") =>
+                {
+                    return;
+                }
+                StatusCode::SERVICE_UNAVAILABLE => {
+                    answered_busy = true;
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                _ => panic!(
+                    "creating the sale answered {}: {}",
+                    created.status, created.body
+                ),
+            }
+        }
+        panic!("creating the sale stayed busy");
     }
 
     /// `available` of every stock shard, read straight from the table.
