@@ -4,17 +4,13 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use async_trait::async_trait;
 use chrono::{DateTime, Duration, TimeZone, Utc};
 use flashsale_api::{Config, Deps, Ports, handler};
-use flashsale_domain::error::StoreError;
-use flashsale_domain::ports::{
-    Blocklist, Clock, OrderBook, ReserveRefusal, SaleCatalog, Settlement, StockLedger,
-};
+use flashsale_domain::ports::{Blocklist, Clock, OrderBook, SaleCatalog, StockLedger};
 use flashsale_domain::testing::{
-    InMemoryBlocklist, InMemoryStore, ManualClock, RecordingScheduler,
+    FailingLedger, InMemoryBlocklist, InMemoryStore, ManualClock, RecordingScheduler,
 };
-use flashsale_domain::{OrderId, ReleaseReason, Reservation, Sale, SaleDraft, SaleId, UserId};
+use flashsale_domain::{OrderId, Reservation, Sale, SaleDraft, SaleId, UserId};
 use flashsale_http::testing::{ApiEvent, body_json, error_code, fixture};
 use flashsale_http::{ConfigError, MAX_BODY_BYTES};
 use lambda_http::Body;
@@ -525,7 +521,7 @@ async fn an_unknown_or_malformed_sale_is_sale_not_found() {
 
 #[tokio::test]
 async fn a_transient_store_failure_is_unavailable_with_retry_after() {
-    let world = World::with_ledger(Some(Arc::new(UnavailableLedger)));
+    let world = World::with_ledger(Some(Arc::new(FailingLedger { transient: true })));
     world.create_sale_in_store(10, 1).await;
     let response = world.call(ApiEvent::fixture("api-get-sale.json")).await;
     assert_eq!(response.status(), 503);
@@ -930,36 +926,4 @@ fn config_fails_fast_without_its_schedule_group() {
         matches!(result, Err(ConfigError::Missing("SCHEDULE_GROUP_NAME"))),
         "{result:?}"
     );
-}
-
-/// A ledger that is always throttled.
-struct UnavailableLedger;
-
-#[derive(Debug, thiserror::Error)]
-#[error("throttled")]
-struct Throttled;
-
-#[async_trait]
-impl StockLedger for UnavailableLedger {
-    async fn reserve(
-        &self,
-        _sale: &Sale,
-        _shard: u16,
-        _reservation: &Reservation,
-    ) -> Result<Result<(), ReserveRefusal>, StoreError> {
-        Err(StoreError::transient("reserve", Throttled))
-    }
-
-    async fn availability(&self, _sale: &Sale) -> Result<Vec<u64>, StoreError> {
-        Err(StoreError::transient("availability", Throttled))
-    }
-
-    async fn release(
-        &self,
-        _reservation: &Reservation,
-        _reason: ReleaseReason,
-        _now: DateTime<Utc>,
-    ) -> Result<Settlement, StoreError> {
-        Err(StoreError::transient("release", Throttled))
-    }
 }
