@@ -27,8 +27,8 @@ pub const TOKEN_LEAD: Duration = Duration::seconds(1);
 /// four-digit year, so it could be written but not read back (an offset can push a
 /// valid-looking `9999-12-31T23:59:59-05:00` there), and an order's deadline lies up to
 /// a day past the sale's end.
-const EARLIEST_SALE_TIME: DateTime<Utc> = DateTime::UNIX_EPOCH;
-const LATEST_SALE_TIME_SECS: i64 = 253_370_764_800; // 9999-01-01T00:00:00Z
+/// Unix seconds: 1970-01-01T00:00:00Z up to 9999-01-01T00:00:00Z.
+const SALE_CALENDAR_SECS: std::ops::Range<i64> = 0..253_370_764_800;
 
 /// A sale as an administrator asks for it, before validation.
 #[derive(Debug, Clone, Deserialize)]
@@ -85,7 +85,7 @@ fn in_range(field: &'static str, value: i64, min: i64, max: i64) -> Result<u32, 
 }
 
 fn within_sale_calendar(field: &'static str, value: DateTime<Utc>) -> Result<(), ValidationError> {
-    if (EARLIEST_SALE_TIME.timestamp()..LATEST_SALE_TIME_SECS).contains(&value.timestamp()) {
+    if SALE_CALENDAR_SECS.contains(&value.timestamp()) {
         Ok(())
     } else {
         Err(ValidationError::new(

@@ -290,12 +290,8 @@ impl OrderService {
 
     pub async fn pay(&self, order_id: &OrderId, user: &UserId) -> Result<Order, AppError> {
         let (order, reservation) = self.owned(order_id, user).await?;
-        // The read is consistent and a settled order never moves again, so its answer
-        // needs no write (a retried pay, or one after the timer fired).
-        match order.status {
-            OrderStatus::Paid => return Ok(order),
-            settled if !settled.is_open() => return Err(settled_error(settled)),
-            _ => {}
+        if let Some(answer) = answer_if_settled(&order, OrderStatus::Paid) {
+            return answer;
         }
         match self.orders.pay(&reservation, self.clock.now()).await? {
             PayOutcome::Paid => {
@@ -320,10 +316,8 @@ impl OrderService {
 
     pub async fn cancel(&self, order_id: &OrderId, user: &UserId) -> Result<Order, AppError> {
         let (order, reservation) = self.owned(order_id, user).await?;
-        match order.status {
-            OrderStatus::Cancelled => return Ok(order),
-            settled if !settled.is_open() => return Err(settled_error(settled)),
-            _ => {}
+        if let Some(answer) = answer_if_settled(&order, OrderStatus::Cancelled) {
+            return answer;
         }
         let now = self.clock.now();
         let reason = if now >= reservation.expires_at {
@@ -484,6 +478,17 @@ impl Reconciler {
 enum Repair {
     Requeued,
     Expired,
+}
+
+/// The answer to pay or cancel (`wanted`) of an order read consistently, if it is
+/// settled: a settled order never moves again, so no write can change the answer (a
+/// retried call, or one after the timer fired). `None` while the order is open.
+fn answer_if_settled(order: &Order, wanted: OrderStatus) -> Option<Result<Order, AppError>> {
+    match order.status {
+        status if status == wanted => Some(Ok(order.clone())),
+        status if !status.is_open() => Some(Err(settled_error(status))),
+        _ => None,
+    }
 }
 
 fn settled_error(status: OrderStatus) -> AppError {
