@@ -22,8 +22,10 @@ use aws_smithy_runtime_api::shared::IntoShared;
 use chrono::{DateTime, Duration, TimeZone, Utc};
 use flashsale_adapters::SqsOrderQueue;
 use flashsale_domain::error::StoreError;
-use flashsale_domain::ports::{OrderBook, ReserveRefusal, SaleCatalog, Settlement, StockLedger};
-use flashsale_domain::testing::{InMemoryBlocklist, InMemoryStore, ManualClock};
+use flashsale_domain::ports::{
+    OrderBook, OrderQueue, ReserveRefusal, SaleCatalog, Settlement, StockLedger,
+};
+use flashsale_domain::testing::{InMemoryBlocklist, InMemoryStore, ManualClock, RecordingQueue};
 use flashsale_domain::{ReleaseReason, Reservation, Sale, SaleDraft, SaleId};
 use flashsale_grab::{Config, Deps, Ports, REQUEST_DEADLINE, SDK_BUDGET, handler};
 use flashsale_http::testing::{ApiEvent, body_json, error_code};
@@ -162,6 +164,26 @@ fn sale(stock: i64, shards: i64) -> Sale {
     .unwrap()
 }
 
+/// The grab over an in-memory catalog and order book, with the stock ledger and queue
+/// under test, a minute into the sale.
+fn deps(
+    store: &Arc<InMemoryStore>,
+    ledger: Arc<dyn StockLedger>,
+    queue: Arc<dyn OrderQueue>,
+) -> Deps {
+    Deps::from_ports(
+        &config(),
+        Ports {
+            catalog: store.clone(),
+            ledger,
+            orders: store.clone(),
+            queue,
+            clock: Arc::new(ManualClock::new(starts_at() + Duration::minutes(1))),
+            blocklist: Arc::new(InMemoryBlocklist::new()),
+        },
+    )
+}
+
 async fn grab_path(deps: &Deps, user: &str) -> String {
     let token_response = call(deps, token_request(user)).await;
     assert_eq!(token_response.status(), 200);
@@ -184,16 +206,10 @@ async fn a_grab_that_would_outlast_its_lambda_timeout_answers_503_at_its_deadlin
     let store = Arc::new(InMemoryStore::new());
     let sale = sale(64, 64);
     assert!(store.create_sale(&sale).await.unwrap());
-    let deps = Deps::from_ports(
-        &config(),
-        Ports {
-            catalog: store.clone(),
-            ledger: Arc::new(SlowEmptyShards),
-            orders: store.clone(),
-            queue: Arc::new(flashsale_domain::testing::RecordingQueue::default()),
-            clock: Arc::new(ManualClock::new(starts_at() + Duration::minutes(1))),
-            blocklist: Arc::new(InMemoryBlocklist::new()),
-        },
+    let deps = deps(
+        &store,
+        Arc::new(SlowEmptyShards),
+        Arc::new(RecordingQueue::default()),
     );
     let grab_path = grab_path(&deps, "user-alice").await;
     let started = Instant::now();
@@ -214,16 +230,10 @@ async fn when_the_queue_never_answers_after_the_reserve_the_buyer_gets_a_503_and
     // The queue is the production adapter over a client built within the grab's budget,
     // as `Deps::new` builds it; the table is in memory and answers at once.
     let sqs = aws_sdk_sqs::Client::new(&SDK_BUDGET.bound(&stalled_aws()));
-    let deps = Deps::from_ports(
-        &config(),
-        Ports {
-            catalog: store.clone(),
-            ledger: store.clone(),
-            orders: store.clone(),
-            queue: Arc::new(SqsOrderQueue::new(sqs, QUEUE_URL)),
-            clock: Arc::new(ManualClock::new(starts_at() + Duration::minutes(1))),
-            blocklist: Arc::new(InMemoryBlocklist::new()),
-        },
+    let deps = deps(
+        &store,
+        store.clone(),
+        Arc::new(SqsOrderQueue::new(sqs, QUEUE_URL)),
     );
     let grab_path = grab_path(&deps, "user-alice").await;
     let started = Instant::now();
