@@ -1,10 +1,14 @@
-//! The real AWS emulators on loopback: DynamoDB Local (AWS's own, run on the machine's
-//! Java) and moto (SQS and EventBridge Scheduler).
+//! The AWS emulators on loopback: DynamoDB Local (AWS's own, run on the machine's
+//! Java), moto (EventBridge Scheduler) and the project's own SQS emulator
+//! (`flashsale-sqs-emulator`, in-process).
 //!
-//! Tests and the local stack either start their own pair on free ports, or reuse a
-//! running pair named by `FLASHSALE_DYNAMODB_ENDPOINT` / `FLASHSALE_MOTO_ENDPOINT`.
+//! Tests and the local stack either start their own set on free ports, or reuse a
+//! running pair named by `FLASHSALE_DYNAMODB_ENDPOINT` / `FLASHSALE_MOTO_ENDPOINT`
+//! (with SQS at `FLASHSALE_SQS_ENDPOINT`, or an SQS emulator of their own when unset).
 //! DynamoDB is never emulated with moto: moto loses updates under concurrent
-//! transactions, which would make every oversell test meaningless.
+//! transactions, which would make every oversell test meaningless. Nor is SQS any more:
+//! moto's FIFO `SendMessage` slows down as messages wait (29/s with 500 waiting, 5/s
+//! with 1,500), which capped the whole local grab path.
 //!
 //! Every emulator runs in its own process group behind a small shell guard that reads
 //! its stdin: dropping [`Emulators`] kills the group, and if this process dies without
@@ -22,6 +26,7 @@ use std::time::{Duration, Instant};
 use aws_config::{BehaviorVersion, Region, SdkConfig};
 use aws_credential_types::Credentials;
 use aws_types::service_config::{LoadServiceConfig, ServiceConfigKey};
+use flashsale_sqs_emulator::SqsEmulator;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 
@@ -59,6 +64,12 @@ pub enum EmulatorError {
     },
     #[error("could not find a free loopback port")]
     NoFreePort(#[source] io::Error),
+    #[error("could not start the SQS emulator on port {port}")]
+    Sqs {
+        port: u16,
+        #[source]
+        source: io::Error,
+    },
 }
 
 /// Which ports to use; 0 picks a free one.
@@ -66,22 +77,40 @@ pub enum EmulatorError {
 pub struct EmulatorOptions {
     pub dynamodb_port: u16,
     pub moto_port: u16,
+    pub sqs_port: u16,
     /// The `.tools` folder; found from the current directory upwards when `None`.
     pub tools_dir: Option<PathBuf>,
 }
 
-/// A running (or reused) pair of emulators.
+/// A running (or reused) set of emulators.
 #[derive(Debug)]
 pub struct Emulators {
     pub dynamodb_endpoint: String,
+    /// moto: EventBridge Scheduler.
     pub moto_endpoint: String,
+    /// SQS, and the prefix of every queue URL.
+    pub sqs_endpoint: String,
     processes: Vec<GuardedProcess>,
+    /// The SQS emulator started here (none when `FLASHSALE_SQS_ENDPOINT` names one).
+    sqs: Option<SqsEmulator>,
 }
 
 impl Emulators {
-    /// Reuses the emulators named by the environment if both are set, otherwise starts
-    /// both and waits until they accept connections.
+    /// Reuses the emulators named by the environment if DynamoDB's and moto's are both
+    /// set, otherwise starts both and waits until they accept connections. SQS is the
+    /// one `FLASHSALE_SQS_ENDPOINT` names, else an emulator started here.
     pub fn start(options: &EmulatorOptions) -> Result<Self, EmulatorError> {
+        let (sqs_endpoint, sqs) = match std::env::var("FLASHSALE_SQS_ENDPOINT") {
+            Ok(endpoint) => (endpoint, None),
+            Err(_) => {
+                let started =
+                    SqsEmulator::start(options.sqs_port).map_err(|source| EmulatorError::Sqs {
+                        port: options.sqs_port,
+                        source,
+                    })?;
+                (started.endpoint().to_owned(), Some(started))
+            }
+        };
         if let (Ok(dynamodb_endpoint), Ok(moto_endpoint)) = (
             std::env::var("FLASHSALE_DYNAMODB_ENDPOINT"),
             std::env::var("FLASHSALE_MOTO_ENDPOINT"),
@@ -89,7 +118,9 @@ impl Emulators {
             return Ok(Self {
                 dynamodb_endpoint,
                 moto_endpoint,
+                sqs_endpoint,
                 processes: Vec::new(),
+                sqs,
             });
         }
         let tools = options.tools_dir.clone().unwrap_or_else(find_tools_dir);
@@ -124,18 +155,26 @@ impl Emulators {
         for process in &mut processes {
             process.wait_until_ready()?;
         }
-        tracing::info!(dynamodb_port, moto_port, "emulators ready");
+        tracing::info!(dynamodb_port, moto_port, sqs = %sqs_endpoint, "emulators ready");
         Ok(Self {
             dynamodb_endpoint: format!("http://127.0.0.1:{dynamodb_port}"),
             moto_endpoint: format!("http://127.0.0.1:{moto_port}"),
+            sqs_endpoint,
             processes,
+            sqs,
         })
     }
 
-    /// An SDK configuration whose DynamoDB client talks to DynamoDB Local and whose SQS
-    /// and Scheduler clients talk to moto, with static test credentials.
+    /// An SDK configuration whose DynamoDB client talks to DynamoDB Local, whose SQS
+    /// client talks to the SQS emulator and whose Scheduler client talks to moto, with
+    /// static test credentials.
     pub async fn sdk_config(&self) -> SdkConfig {
-        sdk_config_for(&self.dynamodb_endpoint, &self.moto_endpoint).await
+        sdk_config_for(LocalEndpoints {
+            dynamodb: self.dynamodb_endpoint.clone(),
+            sqs: self.sqs_endpoint.clone(),
+            moto: self.moto_endpoint.clone(),
+        })
+        .await
     }
 
     /// The environment that points an unmodified binary (a Lambda `bootstrap`, the AWS
@@ -143,7 +182,7 @@ impl Emulators {
     pub fn client_env(&self) -> Vec<(&'static str, String)> {
         vec![
             ("AWS_ENDPOINT_URL_DYNAMODB", self.dynamodb_endpoint.clone()),
-            ("AWS_ENDPOINT_URL_SQS", self.moto_endpoint.clone()),
+            ("AWS_ENDPOINT_URL_SQS", self.sqs_endpoint.clone()),
             ("AWS_ENDPOINT_URL_SCHEDULER", self.moto_endpoint.clone()),
             ("AWS_REGION", REGION.to_owned()),
             ("AWS_DEFAULT_REGION", REGION.to_owned()),
@@ -168,7 +207,7 @@ impl Emulators {
 }
 
 /// Builds the local SDK configuration for the given endpoints.
-pub async fn sdk_config_for(dynamodb_endpoint: &str, moto_endpoint: &str) -> SdkConfig {
+pub async fn sdk_config_for(endpoints: LocalEndpoints) -> SdkConfig {
     let base = aws_config::defaults(BehaviorVersion::latest())
         .region(Region::new(REGION))
         .credentials_provider(Credentials::new(
@@ -180,19 +219,16 @@ pub async fn sdk_config_for(dynamodb_endpoint: &str, moto_endpoint: &str) -> Sdk
         ))
         .load()
         .await;
-    base.into_builder()
-        .service_config(LocalEndpoints {
-            dynamodb: dynamodb_endpoint.to_owned(),
-            moto: moto_endpoint.to_owned(),
-        })
-        .build()
+    base.into_builder().service_config(endpoints).build()
 }
 
 /// Per-service endpoints, the programmatic twin of `AWS_ENDPOINT_URL_<SERVICE>`.
 #[derive(Debug, Clone)]
-struct LocalEndpoints {
-    dynamodb: String,
-    moto: String,
+pub struct LocalEndpoints {
+    pub dynamodb: String,
+    pub sqs: String,
+    /// Every other service (Scheduler).
+    pub moto: String,
 }
 
 impl LoadServiceConfig for LocalEndpoints {
@@ -202,6 +238,7 @@ impl LoadServiceConfig for LocalEndpoints {
         }
         match key.service_id() {
             "DynamoDB" => Some(self.dynamodb.clone()),
+            "SQS" => Some(self.sqs.clone()),
             _ => Some(self.moto.clone()),
         }
     }

@@ -38,9 +38,20 @@ async fn started_emulators_serve_their_apis_and_leave_nothing_behind_when_droppe
         .list_queues()
         .send()
         .await
-        .expect("moto answers ListQueues");
+        .expect("the SQS emulator answers ListQueues");
+    let sqs_address = emulators
+        .sqs_endpoint
+        .trim_start_matches("http://")
+        .to_owned();
+    let sqs_started_here = std::env::var_os("FLASHSALE_SQS_ENDPOINT").is_none();
 
     drop(emulators);
+    if sqs_started_here {
+        assert!(
+            std::net::TcpStream::connect(&sqs_address).is_err(),
+            "the SQS emulator stops with its Emulators"
+        );
+    }
     for pgid in groups {
         let mut alive = group_alive(pgid);
         for _ in 0..50 {
