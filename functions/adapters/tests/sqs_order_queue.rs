@@ -1,4 +1,4 @@
-//! `SqsOrderQueue` against moto's SQS.
+//! `SqsOrderQueue` against the SQS emulator.
 
 mod support;
 

@@ -1,4 +1,4 @@
-//! [`SqsDeadLetterQueue`] against a real SQS API (moto, via flashsale-emulators): a
+//! [`SqsDeadLetterQueue`] against a real SQS API (the SQS emulator, via flashsale-emulators): a
 //! parked record lands in a FIFO queue with its body, group and reason, once.
 
 use aws_sdk_sqs::types::{MessageSystemAttributeName, QueueAttributeName};
@@ -96,7 +96,7 @@ async fn parking_in_a_missing_queue_fails_with_the_sdk_error_as_source() {
     let client = aws_sdk_sqs::Client::new(&emulators.sdk_config().await);
     let missing = format!(
         "{}/123456789012/flashsale-no-such-queue-{}.fifo",
-        emulators.moto_endpoint,
+        emulators.sqs_endpoint,
         flashsale_emulators::unique_suffix()
     );
     let err = SqsDeadLetterQueue::new(client, missing)

@@ -91,8 +91,9 @@ pub struct Emulators {
     /// SQS, and the prefix of every queue URL.
     pub sqs_endpoint: String,
     processes: Vec<GuardedProcess>,
-    /// The SQS emulator started here (none when `FLASHSALE_SQS_ENDPOINT` names one).
-    sqs: Option<SqsEmulator>,
+    /// The SQS emulator started here (none when `FLASHSALE_SQS_ENDPOINT` names one),
+    /// held for its `Drop`, which stops it.
+    _sqs: Option<SqsEmulator>,
 }
 
 impl Emulators {
@@ -120,7 +121,7 @@ impl Emulators {
                 moto_endpoint,
                 sqs_endpoint,
                 processes: Vec::new(),
-                sqs,
+                _sqs: sqs,
             });
         }
         let tools = options.tools_dir.clone().unwrap_or_else(find_tools_dir);
@@ -161,7 +162,7 @@ impl Emulators {
             moto_endpoint: format!("http://127.0.0.1:{moto_port}"),
             sqs_endpoint,
             processes,
-            sqs,
+            _sqs: sqs,
         })
     }
 

@@ -2,7 +2,7 @@
 //! like AWS's, and deletes what the function processed.
 //!
 //! Failed records are not deleted: they become visible again after the queue's
-//! visibility timeout, and SQS's redrive policy (which moto applies on receive: a
+//! visibility timeout, and SQS's redrive policy (which the SQS emulator applies on receive: a
 //! message already received `maxReceiveCount` times moves to the DLQ instead of being
 //! delivered) takes them to the dead-letter queue, exactly as on AWS.
 

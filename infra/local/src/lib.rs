@@ -1,5 +1,5 @@
 //! The local stack behind `make run`: `template.yaml` provisioned on real emulators
-//! (DynamoDB Local, moto) and the functions run in-process behind emulations of the
+//! (DynamoDB Local, moto, the SQS emulator) and the functions run in-process behind emulations of the
 //! managed triggers AWS would put in front of them:
 //!
 //! - [`apigw`]: the HTTP API with its JWT authorizer ([`auth`]), payload format 2.0;

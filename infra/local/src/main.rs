@@ -11,7 +11,7 @@ use flashsale_local::lambda::error_chain;
 use flashsale_local::model::RouteAuth;
 use flashsale_local::{EmulatorSource, LocalStack, StackOptions};
 
-/// Runs template.yaml locally: DynamoDB Local + moto, the HTTP API with its JWT
+/// Runs template.yaml locally: DynamoDB Local, the SQS emulator and moto, the HTTP API with its JWT
 /// authorizer, the SQS event source mapping and EventBridge Scheduler delivery.
 #[derive(Debug, Parser)]
 #[command(name = "flashsale-local", version)]
@@ -31,9 +31,12 @@ struct Cli {
     /// Port of DynamoDB Local (0: any free port).
     #[arg(long, env = "FLASHSALE_DYNAMODB_PORT", default_value_t = 8000)]
     dynamodb_port: u16,
-    /// Port of moto, for SQS and Scheduler (0: any free port).
+    /// Port of moto, for Scheduler (0: any free port).
     #[arg(long, env = "FLASHSALE_MOTO_PORT", default_value_t = 5000)]
     moto_port: u16,
+    /// Port of the SQS emulator (0: any free port).
+    #[arg(long, env = "FLASHSALE_SQS_PORT", default_value_t = 9324)]
+    sqs_port: u16,
     /// Template parameters, like `sam deploy --parameter-overrides`: Key=Value ...
     #[arg(
         long,
@@ -79,6 +82,7 @@ async fn main() -> ExitCode {
     options.emulators = EmulatorSource::Own(EmulatorOptions {
         dynamodb_port: cli.dynamodb_port,
         moto_port: cli.moto_port,
+        sqs_port: cli.sqs_port,
         tools_dir: None,
     });
 
@@ -123,7 +127,8 @@ fn print_banner(stack: &LocalStack) {
     ));
     out.push_str(&format!("  HTTP API   {}\n", stack.api_url));
     out.push_str(&format!("  DynamoDB   {}\n", stack.dynamodb_endpoint));
-    out.push_str(&format!("  SQS/Sched  {}\n\n", stack.moto_endpoint));
+    out.push_str(&format!("  SQS        {}\n", stack.sqs_endpoint));
+    out.push_str(&format!("  Scheduler  {}\n\n", stack.moto_endpoint));
     for resource in &stack.provisioned.resources {
         out.push_str(&format!(
             "  {:<30} {:<32} {}\n",

@@ -58,7 +58,8 @@ pub enum StackError {
 #[derive(Debug, Clone)]
 pub enum EmulatorSource {
     /// The pair shared by the whole test process (`flashsale_emulators::shared`), or the
-    /// running pair `FLASHSALE_DYNAMODB_ENDPOINT`/`FLASHSALE_MOTO_ENDPOINT` name.
+    /// running pair `FLASHSALE_DYNAMODB_ENDPOINT`/`FLASHSALE_MOTO_ENDPOINT` name (SQS:
+    /// `FLASHSALE_SQS_ENDPOINT`, or an SQS emulator of its own).
     Shared,
     /// A pair owned by this stack and stopped with it (`make run`); ports 0 = free.
     Own(EmulatorOptions),
@@ -163,6 +164,7 @@ pub struct LocalStack {
     pub sdk_config: SdkConfig,
     pub dynamodb_endpoint: String,
     pub moto_endpoint: String,
+    pub sqs_endpoint: String,
     lambda: LambdaService,
     jwt: LocalJwt,
     shutdown: watch::Sender<bool>,
@@ -178,6 +180,7 @@ impl std::fmt::Debug for LocalStack {
             .field("stack_name", &self.model.stack_name)
             .field("dynamodb_endpoint", &self.dynamodb_endpoint)
             .field("moto_endpoint", &self.moto_endpoint)
+            .field("sqs_endpoint", &self.sqs_endpoint)
             .finish_non_exhaustive()
     }
 }
@@ -218,6 +221,7 @@ impl LocalStack {
             .expect("one of the two is set");
         let dynamodb_endpoint = running.dynamodb_endpoint.clone();
         let moto_endpoint = running.moto_endpoint.clone();
+        let sqs_endpoint = running.sqs_endpoint.clone();
         let emulator_groups = emulators
             .as_ref()
             .map(Emulators::process_groups)
@@ -229,7 +233,7 @@ impl LocalStack {
             stack_name: options.stack_name.clone(),
             region: REGION.to_owned(),
             account_id: ACCOUNT_ID.to_owned(),
-            sqs_endpoint: moto_endpoint.clone(),
+            sqs_endpoint: sqs_endpoint.clone(),
         };
         let model = Arc::new(StackModel::build(
             &template,
@@ -336,6 +340,7 @@ impl LocalStack {
             sdk_config,
             dynamodb_endpoint,
             moto_endpoint,
+            sqs_endpoint,
             lambda,
             jwt,
             shutdown,

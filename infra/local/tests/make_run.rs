@@ -63,6 +63,8 @@ async fn make_run_serves_the_api_and_leaves_no_process_after_sigterm() {
             "0",
             "--moto-port",
             "0",
+            "--sqs-port",
+            "0",
         ])
         .arg("--stack-name")
         .arg(format!("smoke-{}", flashsale_emulators::unique_suffix()))
@@ -71,6 +73,7 @@ async fn make_run_serves_the_api_and_leaves_no_process_after_sigterm() {
         // Start its own emulators, as `make run` on a fresh machine does.
         .env_remove("FLASHSALE_DYNAMODB_ENDPOINT")
         .env_remove("FLASHSALE_MOTO_ENDPOINT")
+        .env_remove("FLASHSALE_SQS_ENDPOINT")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()

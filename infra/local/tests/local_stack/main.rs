@@ -1,4 +1,4 @@
-//! The local stack against the real emulators (DynamoDB Local + moto, shared by this
+//! The local stack against the real emulators (DynamoDB Local + moto + the SQS emulator, shared by this
 //! test process, or the running pair FLASHSALE_*_ENDPOINT names). Every test starts its
 //! own stack under a unique stack name, so no test sees another's resources.
 

@@ -1,6 +1,6 @@
 //! `make smoke-lambdas`: runs the release `bootstrap` binaries that `make
-//! build-lambdas` produced under the Runtime API emulator, against DynamoDB Local and
-//! moto provisioned from template.yaml (by flashsale-local, as `make run` does), and
+//! build-lambdas` produced under the Runtime API emulator, against DynamoDB Local, the
+//! SQS emulator and moto provisioned from template.yaml (by flashsale-local, as `make run` does), and
 //! walks one sale through them with the `events/` fixtures:
 //!
 //! 1. api: GET an unknown sale -> 404 `sale_not_found`;
@@ -313,14 +313,15 @@ async fn run(args: &Args) -> Result<(), SmokeError> {
         stack_name: format!("smoke-{suffix}"),
         region: flashsale_emulators::REGION.to_owned(),
         account_id: flashsale_emulators::ACCOUNT_ID.to_owned(),
-        sqs_endpoint: emulators.moto_endpoint.clone(),
+        sqs_endpoint: emulators.sqs_endpoint.clone(),
     };
     let model = StackModel::build(&template, context, &BTreeMap::new())?;
     let report = provision(&model, &Clients::new(&sdk)).await?;
     println!(
-        "smoke-lambdas: provisioned {} resources of template.yaml on DynamoDB Local {} and moto {}",
+        "smoke-lambdas: provisioned {} resources of template.yaml on DynamoDB Local {}, SQS {} and moto {}",
         report.resources.len(),
         emulators.dynamodb_endpoint,
+        emulators.sqs_endpoint,
         emulators.moto_endpoint
     );
     let client_env = emulators.client_env();
