@@ -332,7 +332,7 @@ async fn a_message_received_max_receive_count_times_moves_to_the_dead_letter_que
     let emulator = emulator();
     let client = client(&emulator);
     let dlq = fifo(&client, "work-dlq.fifo").await;
-    let dlq_arn = format!("arn:aws:sqs:us-east-1:123456789012:work-dlq.fifo");
+    let dlq_arn = "arn:aws:sqs:us-east-1:123456789012:work-dlq.fifo";
     let url = queue(
         &client,
         "work.fifo",
@@ -393,7 +393,7 @@ async fn a_message_received_max_receive_count_times_moves_to_the_dead_letter_que
         .expect("the policy");
     let policy: serde_json::Value = serde_json::from_str(&policy).expect("JSON");
     assert_eq!(policy["maxReceiveCount"], 2);
-    assert_eq!(policy["deadLetterTargetArn"], dlq_arn.as_str());
+    assert_eq!(policy["deadLetterTargetArn"], dlq_arn);
 }
 
 #[tokio::test]
