@@ -232,6 +232,19 @@ impl Harness {
         .await;
     }
 
+    /// Waits until the consumer has opened the order: it awaits payment, or has already
+    /// expired. A short window's timer may fire the instant it is set (a random second
+    /// of the current minute), so `pending_payment` alone could come and go unseen.
+    pub async fn wait_until_opened(&self, user: &str, order_id: &str) -> String {
+        eventually(CONSUMER_LAG, || async {
+            let current = self.order_status(user, order_id).await;
+            matches!(current.as_str(), "pending_payment" | "expired")
+                .then(|| current.clone())
+                .ok_or(current)
+        })
+        .await
+    }
+
     /// The event the order's release timer carries: its reservation, read back through
     /// the adapter that wrote it. Read from the store rather than from the schedule,
     /// which may have fired and deleted itself at any second of its minute.
