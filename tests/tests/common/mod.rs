@@ -109,7 +109,9 @@ impl Harness {
         // which means "try again". The attempt may still have committed, so after a 503
         // a retry's 409 sale_exists is that attempt's sale; without one it is a failure.
         let mut answered_busy = false;
-        for _ in 0..20 {
+        // For a time, not a count: a loaded machine keeps DynamoDB Local busy for long.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
+        while tokio::time::Instant::now() < deadline {
             let created = self
                 .api
                 .create_sale(&self.admin, &sale)
