@@ -178,14 +178,18 @@ impl ApiClient {
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<ApiResponse, ClientError>>,
     {
-        const PATIENCE: u32 = 60;
+        // A time, not a count: a loaded machine (DynamoDB Local behind a dozen builds)
+        // can stay busy for minutes, and every call retried here is safe to repeat.
+        const PATIENCE: std::time::Duration = std::time::Duration::from_secs(300);
+        let started = std::time::Instant::now();
         let mut retry = 0;
         loop {
+            let patient = started.elapsed() < PATIENCE;
             let response = match call().await {
                 Ok(response) => response,
                 // Every call retried here is idempotent, so a request lost with its
                 // connection can be sent again.
-                Err(ClientError::Http { .. }) if retry < PATIENCE => {
+                Err(ClientError::Http { .. }) if patient => {
                     tokio::time::sleep(crate::surge::backoff(retry)).await;
                     retry += 1;
                     continue;
@@ -196,7 +200,7 @@ impl ApiClient {
                 response.status,
                 StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
             );
-            if !transient || retry == PATIENCE {
+            if !transient || !patient {
                 return Ok(response);
             }
             tokio::time::sleep(crate::surge::backoff(retry)).await;

@@ -209,12 +209,7 @@ async fn another_users_order_is_404_whatever_is_asked() {
     let mallory = harness.user("mallory");
     let (order_id, _) = harness.grab_ok(&alice, "not-yours").await;
     harness
-        .wait_for_status(
-            &alice,
-            &order_id,
-            "pending_payment",
-            std::time::Duration::from_secs(15),
-        )
+        .wait_for_status(&alice, &order_id, "pending_payment", common::CONSUMER_LAG)
         .await;
     for (method, path) in [
         (Method::GET, format!("/orders/{order_id}")),

@@ -16,5 +16,7 @@ pub use dynamo::{
     ContentionExhausted, CorruptItem, DynamoStore, Inconsistency, InvalidRequest, ItemError,
     UnexpectedRefusal, UnprocessedKeys,
 };
-pub use scheduler::{EventBridgeScheduler, NoReleaseTarget, ReleaseTarget};
+pub use scheduler::{
+    EventBridgeScheduler, FIRING_SLACK, MAX_EARLY_FIRING, NoReleaseTarget, ReleaseTarget,
+};
 pub use sqs::SqsOrderQueue;

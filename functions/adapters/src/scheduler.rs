@@ -16,6 +16,16 @@ use crate::classify::store_error;
 const SCHEDULE: &str = "scheduler.schedule_release";
 const CANCEL: &str = "scheduler.cancel_release";
 
+/// How long after an order's deadline its timer may fire at the latest. The rest of the
+/// 5 s promise (a lapsed unit back on sale within 5 s of its deadline) is left for the
+/// asynchronous invocation to start the release and for its transaction.
+pub const FIRING_SLACK: TimeDelta = TimeDelta::seconds(3);
+
+/// How long before an order's deadline its timer may fire at the most: the whole
+/// firing minute, when it begins `60 s - FIRING_SLACK` before the deadline. The release
+/// function must be able to wait that long within its Lambda timeout.
+pub const MAX_EARLY_FIRING: TimeDelta = TimeDelta::seconds(2 * 60 - 3);
+
 /// Scheduler's own ceilings: a release that keeps failing is retried for a day.
 const MAX_RETRY_ATTEMPTS: i32 = 185;
 const MAX_EVENT_AGE_SECS: i32 = 86_400;
@@ -64,17 +74,32 @@ impl EventBridgeScheduler {
         format!("release-{}", order_id.unique_part())
     }
 
-    /// Scheduler fires with 60-second precision: a schedule `at(01:00:30)` runs at
-    /// some point between 01:00:00 and 01:00:59, possibly before the order has expired,
-    /// which the release would refuse (a failed invocation, a retry a minute later, an
-    /// alarm). Rounding the expiry up to the next whole minute makes every firing land
-    /// after it, at most 119 s late; a buyer paying after the deadline is refused
-    /// whatever the timer's lag, and pay releases the unit itself then.
-    pub fn at_expression(expires_at: DateTime<Utc>) -> String {
-        let fires_from = expires_at
-            .duration_round_up(TimeDelta::minutes(1))
+    /// The `at()` of an order's timer, created at `now`, so that the release is on time
+    /// whatever second of its minute Scheduler picks.
+    ///
+    /// Scheduler fires a one-time schedule anywhere in the minute of its `at()` ("if you
+    /// set your schedule to run at 1:00, it will invoke the target API between 1:00:00
+    /// and 1:00:59"), and the release function waits out what is left of the payment
+    /// window when it is invoked early (at most [`MAX_EARLY_FIRING`]). So the minute is
+    /// the latest one whose whole firing window ends by `expires_at +`
+    /// [`FIRING_SLACK`]: fired at its first second, the release waits for the
+    /// deadline; fired at its last, it runs at most `FIRING_SLACK` after it.
+    ///
+    /// It is never a minute that has already ended when the timer is created: what
+    /// Scheduler does with a past `at()` is not documented. A minute that has begun is
+    /// taken as the earliest: it can only fire from its creation to its end. That is
+    /// the case of payment windows shorter than about a minute (or of a consumer that
+    /// opens the order late): their release can come up to `60 s - window` late, 45 s
+    /// for a 15 s window, since a minute-precision timer cannot do better with one
+    /// schedule. A buyer paying after the deadline is refused whatever the timer's
+    /// lag, and pay gives the unit back itself then.
+    pub fn at_expression(expires_at: DateTime<Utc>, now: DateTime<Utc>) -> String {
+        let minute = TimeDelta::minutes(1);
+        let ideal = (expires_at + FIRING_SLACK - minute)
+            .duration_trunc(minute)
             .unwrap_or(expires_at);
-        format!("at({})", fires_from.format("%Y-%m-%dT%H:%M:%S"))
+        let current = now.duration_trunc(minute).unwrap_or(now);
+        format!("at({})", ideal.max(current).format("%Y-%m-%dT%H:%M:%S"))
     }
 }
 
@@ -108,7 +133,7 @@ impl ReleaseScheduler for EventBridgeScheduler {
             .create_schedule()
             .name(Self::schedule_name(&reservation.order_id))
             .group_name(&self.group_name)
-            .schedule_expression(Self::at_expression(reservation.expires_at))
+            .schedule_expression(Self::at_expression(reservation.expires_at, Utc::now()))
             .schedule_expression_timezone("UTC")
             .flexible_time_window(window)
             .target(target)
@@ -160,28 +185,100 @@ mod tests {
 
     use super::*;
 
-    #[test]
-    fn the_at_expression_is_the_first_whole_utc_minute_not_before_the_expiry() {
-        let minute = Utc.with_ymd_and_hms(2026, 3, 4, 5, 6, 0).unwrap();
-        assert_eq!(
-            EventBridgeScheduler::at_expression(minute),
-            "at(2026-03-04T05:06:00)"
+    fn minute_of(expression: &str) -> DateTime<Utc> {
+        let inner = &expression["at(".len()..expression.len() - 1];
+        chrono::NaiveDateTime::parse_from_str(inner, "%Y-%m-%dT%H:%M:%S")
+            .expect("at(yyyy-mm-ddThh:mm:ss)")
+            .and_utc()
+    }
+
+    /// The earliest and the latest instant Scheduler may fire a timer created at
+    /// `created` for `deadline`: its minute, from the creation on if it has begun.
+    fn firings(deadline: DateTime<Utc>, created: DateTime<Utc>) -> [DateTime<Utc>; 2] {
+        let minute = minute_of(&EventBridgeScheduler::at_expression(deadline, created));
+        assert!(
+            minute + Duration::minutes(1) > created,
+            "a minute already over"
         );
-        for later in [
-            Duration::milliseconds(1),
-            Duration::seconds(7),
-            Duration::milliseconds(59_999),
-        ] {
-            assert_eq!(
-                EventBridgeScheduler::at_expression(minute + later),
-                "at(2026-03-04T05:07:00)",
-                "{later}"
-            );
-        }
-        let year_end = Utc.with_ymd_and_hms(2026, 12, 31, 23, 59, 30).unwrap();
+        [
+            minute.max(created),
+            minute + Duration::minutes(1) - Duration::milliseconds(1),
+        ]
+    }
+
+    #[test]
+    fn the_at_expression_is_the_latest_minute_whose_firings_all_end_by_the_slack() {
+        let created = Utc.with_ymd_and_hms(2026, 3, 4, 5, 0, 0).unwrap();
+        // Deadline 05:15:57: the minute 05:15 fires by 05:15:59.999, 3 s late at most.
+        let deadline = Utc.with_ymd_and_hms(2026, 3, 4, 5, 15, 57).unwrap();
         assert_eq!(
-            EventBridgeScheduler::at_expression(year_end),
-            "at(2027-01-01T00:00:00)"
+            EventBridgeScheduler::at_expression(deadline, created),
+            "at(2026-03-04T05:15:00)"
+        );
+        // A millisecond earlier, 05:15 could fire 3.001 s late: 05:14.
+        assert_eq!(
+            EventBridgeScheduler::at_expression(deadline - Duration::milliseconds(1), created),
+            "at(2026-03-04T05:14:00)"
+        );
+        let new_year = Utc.with_ymd_and_hms(2027, 1, 1, 0, 0, 30).unwrap();
+        assert_eq!(
+            EventBridgeScheduler::at_expression(new_year, created),
+            "at(2026-12-31T23:59:00)"
+        );
+    }
+
+    #[test]
+    fn every_firing_of_a_window_of_a_minute_or_more_is_within_the_slack_and_the_wait() {
+        let start = Utc.with_ymd_and_hms(2026, 3, 4, 5, 6, 0).unwrap();
+        // Creation at every 0.7 s of a minute, windows from 57 s to 16 min.
+        for created_ms in (0..60_000).step_by(700) {
+            let created = start + Duration::milliseconds(created_ms);
+            for window_ms in (57_000..960_000).step_by(1_300) {
+                let deadline = created + Duration::milliseconds(window_ms);
+                for fired in firings(deadline, created) {
+                    assert!(
+                        fired <= deadline + FIRING_SLACK,
+                        "created {created}, deadline {deadline}: fired {fired}"
+                    );
+                    assert!(
+                        deadline - fired < MAX_EARLY_FIRING,
+                        "created {created}, deadline {deadline}: fired {fired}, too early"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_short_window_fires_no_earlier_than_its_creation_minute_and_at_most_a_minute_late() {
+        let start = Utc.with_ymd_and_hms(2026, 3, 4, 5, 6, 0).unwrap();
+        for created_ms in (0..60_000).step_by(500) {
+            let created = start + Duration::milliseconds(created_ms);
+            let current = minute_of(&EventBridgeScheduler::at_expression(created, created));
+            assert_eq!(current, start, "never a minute that has ended");
+            for window_secs in [0, 1, 2, 15, 30, 56] {
+                let deadline = created + Duration::seconds(window_secs);
+                let bound = Duration::seconds((60 - window_secs).max(3));
+                for fired in firings(deadline, created) {
+                    assert!(fired - deadline <= bound, "{window_secs} s: fired {fired}");
+                    assert!(deadline - fired < MAX_EARLY_FIRING);
+                }
+            }
+        }
+        // A consumer that opens the order after its deadline sets a timer for now.
+        let late = start + Duration::seconds(90);
+        assert_eq!(
+            EventBridgeScheduler::at_expression(start, late),
+            "at(2026-03-04T05:07:00)"
+        );
+    }
+
+    #[test]
+    fn the_longest_early_firing_leaves_the_slack_of_two_minutes() {
+        assert_eq!(
+            MAX_EARLY_FIRING + FIRING_SLACK,
+            Duration::minutes(2),
+            "a firing minute starts at most 2 min - slack before the deadline"
         );
     }
 

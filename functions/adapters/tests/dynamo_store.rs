@@ -423,6 +423,21 @@ async fn after_a_release_the_same_order_id_answers_already_held_and_writes_nothi
         .release(&expired, ReleaseReason::Expired, now)
         .await
         .expect("release");
+    // The expiry is recorded on the order its owner reads; a cancel is not an expiry.
+    let expired_at = |reservation: Reservation| {
+        let store = &store;
+        async move {
+            store
+                .find(&reservation.order_id, &reservation.user_id)
+                .await
+                .expect("find")
+                .expect("held")
+                .0
+                .expired_at
+        }
+    };
+    assert_eq!(expired_at(expired.clone()).await, Some(now));
+    assert_eq!(expired_at(cancelled.clone()).await, None);
     assert_eq!(
         store.reserve(&sale, 0, &expired).await.expect("reserve"),
         Err(ReserveRefusal::AlreadyHeld)

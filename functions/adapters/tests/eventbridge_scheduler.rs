@@ -6,7 +6,9 @@ use std::error::Error as _;
 
 use aws_sdk_scheduler::operation::get_schedule::GetScheduleError;
 use aws_sdk_scheduler::types::{ActionAfterCompletion, FlexibleTimeWindowMode};
-use flashsale_adapters::{EventBridgeScheduler, NoReleaseTarget, ReleaseTarget};
+use flashsale_adapters::{
+    EventBridgeScheduler, FIRING_SLACK, MAX_EARLY_FIRING, NoReleaseTarget, ReleaseTarget,
+};
 use flashsale_domain::ports::ReleaseScheduler;
 use flashsale_domain::{Reservation, StoreError};
 
@@ -62,6 +64,7 @@ async fn scheduling_twice_makes_one_self_deleting_one_time_schedule() {
     let group = group(&client).await;
     let scheduler = scheduler(&client, &group);
     let reservation = a_reservation();
+    let before = chrono::Utc::now();
 
     scheduler
         .schedule_release(&reservation)
@@ -81,20 +84,26 @@ async fn scheduling_twice_makes_one_self_deleting_one_time_schedule() {
         .send()
         .await
         .expect("the schedule exists");
-    assert_eq!(
-        schedule.schedule_expression(),
-        Some(EventBridgeScheduler::at_expression(reservation.expires_at).as_str())
-    );
-    // Scheduler fires within the minute its at() names: the first whole minute not
-    // before the deadline, so never early, and less than two minutes late.
     let expression = schedule.schedule_expression().expect("an expression");
-    let fires_from = chrono::NaiveDateTime::parse_from_str(expression, "at(%Y-%m-%dT%H:%M:%S)")
+    let after = chrono::Utc::now();
+    assert!(
+        [before, after]
+            .map(|now| EventBridgeScheduler::at_expression(reservation.expires_at, now))
+            .contains(&expression.to_owned()),
+        "{expression}"
+    );
+    // Scheduler fires anywhere in the minute its at() names: that minute ends by the
+    // deadline plus the slack, and starts no more than the release can wait before it.
+    let minute = chrono::NaiveDateTime::parse_from_str(expression, "at(%Y-%m-%dT%H:%M:%S)")
         .expect("an at() expression")
         .and_utc();
-    assert_eq!(fires_from.timestamp() % 60, 0, "{expression}");
-    assert!(fires_from >= reservation.expires_at, "{expression}");
+    assert_eq!(minute.timestamp() % 60, 0, "{expression}");
     assert!(
-        fires_from < reservation.expires_at + chrono::Duration::minutes(1),
+        minute + chrono::Duration::minutes(1) <= reservation.expires_at + FIRING_SLACK,
+        "{expression}"
+    );
+    assert!(
+        reservation.expires_at - minute <= MAX_EARLY_FIRING,
         "{expression}"
     );
     assert_eq!(schedule.schedule_expression_timezone(), Some("UTC"));

@@ -683,6 +683,19 @@ async fn paying_after_the_window_closed_is_order_expired_and_the_stock_is_back()
     assert_eq!(error_code(&response), "order_expired");
     assert_eq!(world.status_of(&reservation).await, "expired");
     assert_eq!(world.available().await, 100);
+
+    // The order says when its unit came back: the release that the refused pay made.
+    let response = world
+        .order_call("api-get-order.json", "user-alice", &reservation.order_id)
+        .await;
+    assert_eq!(response.status(), 200);
+    let body = body_json(&response);
+    assert_eq!(body["status"], "expired");
+    assert_eq!(
+        body["expired_at"],
+        json!(reservation.expires_at + Duration::seconds(1)),
+        "{body}"
+    );
 }
 
 #[tokio::test]

@@ -126,9 +126,16 @@ pub struct Order {
     pub user_id: UserId,
     pub status: OrderStatus,
     pub expires_at: DateTime<Utc>,
+    /// When the release that expired the order committed: how late after `expires_at`
+    /// the unit came back, measurable from outside. Only on an `expired` order, and
+    /// only on those released since it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expired_at: Option<DateTime<Utc>>,
 }
 
 impl Order {
+    /// The order of `reservation` in `status`; `expired_at` is set by the store that
+    /// knows it.
     pub fn from_reservation(reservation: &Reservation, status: OrderStatus) -> Self {
         Self {
             order_id: reservation.order_id.clone(),
@@ -136,6 +143,7 @@ impl Order {
             user_id: reservation.user_id.clone(),
             status,
             expires_at: reservation.expires_at,
+            expired_at: None,
         }
     }
 }

@@ -59,6 +59,8 @@ struct State {
     holds: HashMap<OrderId, (Reservation, OrderStatus)>,
     /// Order items: created by the consumer, pay or release.
     orders: HashMap<OrderId, (Reservation, OrderStatus)>,
+    /// When each expired order's release committed.
+    expired_at: HashMap<OrderId, DateTime<Utc>>,
 }
 
 /// Sales, stock and orders in one mutex: every operation is trivially atomic.
@@ -180,12 +182,15 @@ impl StockLedger for InMemoryStore {
         &self,
         reservation: &Reservation,
         reason: ReleaseReason,
-        _now: DateTime<Utc>,
+        now: DateTime<Utc>,
     ) -> Result<Settlement, StoreError> {
         let mut state = locked(&self.state);
         let id = &reservation.order_id;
         match state.holds.get(id).map(|(_, status)| *status) {
             Some(status) if status.is_open() => {
+                if reason == ReleaseReason::Expired {
+                    state.expired_at.insert(id.clone(), now);
+                }
                 let (held, status) = state.holds.get_mut(id).expect("present");
                 *status = reason.final_status();
                 let held = held.clone();
@@ -275,7 +280,13 @@ impl OrderBook for InMemoryStore {
             .or_else(|| state.orders.get(order_id));
         Ok(found
             .filter(|(held, _)| &held.user_id == user)
-            .map(|(held, status)| (Order::from_reservation(held, *status), held.clone())))
+            .map(|(held, status)| {
+                let order = Order {
+                    expired_at: state.expired_at.get(order_id).copied(),
+                    ..Order::from_reservation(held, *status)
+                };
+                (order, held.clone())
+            }))
     }
 
     async fn open_holds(&self, sale: &Sale) -> Result<Vec<(Reservation, OrderStatus)>, StoreError> {

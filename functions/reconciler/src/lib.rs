@@ -28,9 +28,12 @@ use serde_json::Value;
 pub const DEFAULT_HANDOVER_GRACE_SECS: u32 = 60;
 
 /// How long past its deadline an order may stay open before its timer counts as lost,
-/// when `RECONCILE_TIMER_GRACE_SECS` is unset. A timer fires at most 119 s after the
-/// deadline (its `at()` is rounded up to a whole minute, and Scheduler fires within
-/// that minute); three minutes leaves it the first word.
+/// when `RECONCILE_TIMER_GRACE_SECS` is unset. A timer releases at most 3 s after the
+/// deadline for a payment window of a minute or more, and at most a minute after the
+/// order was opened for a shorter one (see `EventBridgeScheduler::at_expression`); a
+/// release that fails is retried by Lambda about a minute later. Three minutes leaves
+/// the timer and its first retry the first word; the reconciler only repairs what
+/// they lost.
 pub const DEFAULT_TIMER_GRACE_SECS: u32 = 180;
 
 /// How long one SDK call of the reconciler may take. A pass makes a call per sale and

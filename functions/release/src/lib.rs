@@ -3,6 +3,16 @@
 //! payment window has closed, the unit goes back to its shard and the order becomes
 //! `expired`, unless pay or cancel got there first.
 //!
+//! Scheduler fires with minute precision, so the order's schedule is set for a minute
+//! that ends by the deadline plus a few seconds (see
+//! [`EventBridgeScheduler::at_expression`](flashsale_adapters::EventBridgeScheduler::at_expression)),
+//! and may fire up to [`MAX_WAIT`] before the deadline: the release then sleeps until
+//! the deadline and releases at it, never before. That keeps one schedule per order and
+//! puts a lapsed unit back on sale within seconds of its deadline, for every second of
+//! the minute Scheduler may pick. Sleeping costs Lambda time (at most two minutes at
+//! the template's memory size, per order that lapses), which is the price of a
+//! minute-precision timer with a seconds promise.
+//!
 //! Scheduler invokes this function asynchronously and deletes the schedule once the
 //! invocation is handed over, whatever the function then answers. A returned error
 //! gets Lambda's asynchronous retries (two, per the template's `EventInvokeConfig`),
@@ -13,6 +23,7 @@
 
 use std::sync::Arc;
 
+use chrono::{DateTime, Utc};
 use flashsale_adapters::DynamoStore;
 use flashsale_domain::ports::{Clock, Settlement, StockLedger, SystemClock};
 use flashsale_domain::service::ExpiryService;
@@ -23,15 +34,22 @@ use flashsale_http::{CallBudget, ConfigError};
 use serde::Serialize;
 use serde_json::Value;
 
-/// How long one SDK call of the release may take. The template gives the function
-/// 10 s; an invocation makes at most two calls one after another (the release
-/// transaction and, when it is refused, the read of what settled the order): 2 x 2.5 s
-/// leaves room, so a slow table fails the invocation with an error Lambda retries
-/// rather than a timeout.
+/// How long one SDK call of the release may take. An invocation makes at most two calls
+/// one after another (the release transaction and, when it is refused, the read of
+/// what settled the order), after waiting at most [`MAX_WAIT`]: the template's timeout
+/// leaves room for all of it (checked by `infra/template-checks`), so a slow table
+/// fails the invocation with an error Lambda retries rather than a timeout.
 pub const SDK_BUDGET: CallBudget = CallBudget {
     attempt: std::time::Duration::from_secs(1),
     operation: std::time::Duration::from_millis(2500),
 };
+
+/// The longest the release waits for its deadline when fired early: the earliest a
+/// timer can fire ([`flashsale_adapters::MAX_EARLY_FIRING`], 117 s) and 3 s for the
+/// clocks of Scheduler and Lambda to disagree. An event even earlier than that is not
+/// a timer of ours firing on time; it is refused with a retryable error, so Lambda
+/// tries it again later.
+pub const MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// The release function's configuration.
 #[derive(Debug, Clone)]
@@ -80,6 +98,7 @@ pub struct Ports {
 /// What the handler needs, built once per process.
 pub struct Deps {
     expiry: ExpiryService,
+    clock: Arc<dyn Clock>,
 }
 
 impl Deps {
@@ -95,8 +114,9 @@ impl Deps {
         Self {
             expiry: ExpiryService {
                 ledger: ports.ledger,
-                clock: ports.clock,
+                clock: ports.clock.clone(),
             },
+            clock: ports.clock,
         }
     }
 }
@@ -162,9 +182,12 @@ async fn release(deps: &Deps, event: Value) -> Result<Outcome, ReleaseError> {
         }
     };
     let order_id = reservation.order_id.clone();
+    let waited = wait_for_deadline(deps.clock.as_ref(), reservation.expires_at).await;
+    let late_ms = (deps.clock.now() - reservation.expires_at).num_milliseconds();
+    tracing::debug!(%order_id, waited_ms = waited.as_millis() as u64, late_ms, "the deadline has come");
     match deps.expiry.expire(&reservation).await {
         Ok(Settlement::Applied) => {
-            tracing::info!(%order_id, outcome = "released", "order expired; unit back in stock");
+            tracing::info!(%order_id, outcome = "released", waited_ms = waited.as_millis() as u64, late_ms, "order expired; unit back in stock");
             Ok(Outcome::Released { order_id })
         }
         Ok(Settlement::AlreadySettled(status)) => {
@@ -192,9 +215,36 @@ async fn release(deps: &Deps, event: Value) -> Result<Outcome, ReleaseError> {
     }
 }
 
+/// Sleeps until `deadline` by `clock` when it is at most [`MAX_WAIT`] away, and answers
+/// how long it slept. A deadline further away is not waited for: the expiry that
+/// follows refuses it as not yet due. Sleeps again if the clock is still short of the
+/// deadline on waking (a timer may wake a little early by the wall clock), so the
+/// release never runs before the deadline.
+async fn wait_for_deadline(clock: &dyn Clock, deadline: DateTime<Utc>) -> std::time::Duration {
+    let mut waited = std::time::Duration::ZERO;
+    loop {
+        let Ok(left) = (deadline - clock.now()).to_std() else {
+            return waited;
+        };
+        if left.is_zero() || waited + left > MAX_WAIT {
+            return waited;
+        }
+        tokio::time::sleep(left).await;
+        waited += left;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_release_waits_for_the_earliest_firing_and_some_clock_skew() {
+        let earliest = flashsale_adapters::MAX_EARLY_FIRING
+            .to_std()
+            .expect("positive");
+        assert!(MAX_WAIT >= earliest + std::time::Duration::from_secs(3));
+    }
 
     #[test]
     fn the_sdk_client_is_built_within_the_budget() {

@@ -3,13 +3,14 @@
 
 use std::sync::Arc;
 
-use chrono::{Duration, TimeZone, Utc};
-use flashsale_domain::ports::{Clock, OrderBook, SaleCatalog, StockLedger};
+use chrono::{DateTime, Duration, NaiveDateTime, TimeZone, Utc};
+use flashsale_adapters::{EventBridgeScheduler, FIRING_SLACK};
+use flashsale_domain::ports::{Clock, OrderBook, PayOutcome, SaleCatalog, StockLedger};
 use flashsale_domain::testing::{FailingLedger, InMemoryStore, ManualClock};
 use flashsale_domain::{AppError, OrderStatus, ReleaseReason, Reservation, Sale, SaleDraft};
 use flashsale_http::ConfigError;
 use flashsale_http::testing::fixture;
-use flashsale_release::{Config, Deps, Ports, ReleaseError, handler};
+use flashsale_release::{Config, Deps, MAX_WAIT, Ports, ReleaseError, handler};
 use serde_json::{Value, json};
 
 struct World {
@@ -20,6 +21,19 @@ struct World {
     reservation: Reservation,
 }
 
+/// The wall clock as tokio's paused clock moves it: what the release sees while it
+/// sleeps, without a test waiting for real.
+struct PausedClock {
+    start: DateTime<Utc>,
+    origin: tokio::time::Instant,
+}
+
+impl Clock for PausedClock {
+    fn now(&self) -> DateTime<Utc> {
+        self.start + Duration::from_std(self.origin.elapsed()).expect("a short test")
+    }
+}
+
 impl World {
     /// The fixture's reservation, held in the store, and the clock at its expiry.
     async fn new() -> Self {
@@ -28,6 +42,29 @@ impl World {
 
     async fn with_ledger(ledger: Option<Arc<dyn StockLedger>>) -> Self {
         let reservation: Reservation = serde_json::from_value(fixture("release.json")).unwrap();
+        let clock = Arc::new(ManualClock::new(reservation.expires_at));
+        Self::build(reservation, ledger, clock.clone(), clock).await
+    }
+
+    /// The fixture's reservation with its deadline at `expires_at`, and a release
+    /// whose clock reads `fired_at` when tokio's paused clock starts.
+    async fn fired_at(expires_at: DateTime<Utc>, fired_at: DateTime<Utc>) -> Self {
+        let mut reservation: Reservation = serde_json::from_value(fixture("release.json")).unwrap();
+        reservation.expires_at = expires_at;
+        let paused = Arc::new(PausedClock {
+            start: fired_at,
+            origin: tokio::time::Instant::now(),
+        });
+        let manual = Arc::new(ManualClock::new(fired_at));
+        Self::build(reservation, None, paused, manual).await
+    }
+
+    async fn build(
+        reservation: Reservation,
+        ledger: Option<Arc<dyn StockLedger>>,
+        release_clock: Arc<dyn Clock>,
+        clock: Arc<ManualClock>,
+    ) -> Self {
         let start = Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap();
         let store = Arc::new(InMemoryStore::new());
         let sale = Sale::from_draft(SaleDraft {
@@ -47,10 +84,9 @@ impl World {
             .await
             .unwrap()
             .unwrap();
-        let clock = Arc::new(ManualClock::new(reservation.expires_at));
         let deps = Deps::from_ports(Ports {
             ledger: ledger.unwrap_or_else(|| store.clone()),
-            clock: clock.clone(),
+            clock: release_clock,
         });
         Self {
             deps,
@@ -59,6 +95,17 @@ impl World {
             sale,
             reservation,
         }
+    }
+
+    /// When the order's release committed, as its owner reads it.
+    async fn expired_at(&self) -> Option<DateTime<Utc>> {
+        self.store
+            .find(&self.reservation.order_id, &self.reservation.user_id)
+            .await
+            .unwrap()
+            .unwrap()
+            .0
+            .expired_at
     }
 
     fn event(&self) -> Value {
@@ -155,23 +202,168 @@ async fn the_timer_of_a_cancelled_order_changes_nothing() {
     assert_eq!(world.available().await, 100);
 }
 
-#[tokio::test]
-async fn a_release_before_the_expiry_fails_so_the_scheduler_retries() {
-    let world = World::new().await;
-    world
-        .clock
-        .set(world.reservation.expires_at - Duration::milliseconds(300));
+/// The first and the last instant at which Scheduler may fire the timer the adapter
+/// sets for `expires_at`.
+fn firing_minute(expires_at: DateTime<Utc>) -> [DateTime<Utc>; 2] {
+    let created = expires_at - Duration::minutes(15);
+    let expression = EventBridgeScheduler::at_expression(expires_at, created);
+    let minute = NaiveDateTime::parse_from_str(
+        expression.trim_start_matches("at(").trim_end_matches(')'),
+        "%Y-%m-%dT%H:%M:%S",
+    )
+    .unwrap()
+    .and_utc();
+    [minute, minute + Duration::milliseconds(59_999)]
+}
+
+/// Deadlines at the two ends of a minute: the one whose timer may fire latest after
+/// it (:57), and the one whose timer may fire earliest before it (:56.999).
+fn deadlines() -> [DateTime<Utc>; 2] {
+    let minute = Utc.with_ymd_and_hms(2026, 1, 1, 0, 15, 0).unwrap();
+    [
+        minute + Duration::seconds(57),
+        minute + Duration::milliseconds(56_999),
+    ]
+}
+
+#[tokio::test(start_paused = true)]
+async fn fired_at_the_first_second_of_its_minute_the_release_waits_for_the_deadline() {
+    for expires_at in deadlines() {
+        let [first, _] = firing_minute(expires_at);
+        let world = World::fired_at(expires_at, first).await;
+        let started = tokio::time::Instant::now();
+
+        let answer = handler(&world.deps, world.event()).await.unwrap();
+
+        assert_eq!(answer["outcome"], "released", "{expires_at}");
+        let waited = started.elapsed();
+        assert_eq!(
+            Duration::from_std(waited).unwrap().num_seconds(),
+            (expires_at - first).num_seconds(),
+            "slept until the deadline"
+        );
+        assert!(waited <= MAX_WAIT, "{waited:?}");
+        let expired_at = world.expired_at().await.expect("recorded");
+        assert!(
+            expired_at >= expires_at,
+            "released early: {expired_at} < {expires_at}"
+        );
+        assert!(expired_at - expires_at < Duration::milliseconds(10));
+        assert_eq!(world.available().await, 100);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn fired_at_the_last_second_of_its_minute_the_release_is_at_once_and_within_5_s() {
+    for expires_at in deadlines() {
+        let [_, last] = firing_minute(expires_at);
+        let world = World::fired_at(expires_at, last).await;
+        let started = tokio::time::Instant::now();
+
+        let answer = handler(&world.deps, world.event()).await.unwrap();
+
+        assert_eq!(answer["outcome"], "released");
+        let expired_at = world.expired_at().await.expect("recorded");
+        assert!(expired_at >= expires_at, "{expired_at} < {expires_at}");
+        assert!(
+            expired_at - expires_at <= FIRING_SLACK,
+            "{expired_at} is more than the slack after {expires_at}"
+        );
+        assert!(expired_at - expires_at < Duration::seconds(5));
+        if last >= expires_at {
+            assert_eq!(started.elapsed(), std::time::Duration::ZERO, "no wait");
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_release_fired_earlier_than_any_timer_can_fire_is_retried_not_waited_for() {
+    let expires_at = deadlines()[0];
+    let too_early = expires_at - Duration::from_std(MAX_WAIT).unwrap() - Duration::seconds(1);
+    let world = World::fired_at(expires_at, too_early).await;
+    let started = tokio::time::Instant::now();
 
     let err = handler(&world.deps, world.event()).await.unwrap_err();
 
     assert!(matches!(retry_source(&err), AppError::NotYetDue));
+    assert_eq!(started.elapsed(), std::time::Duration::ZERO);
     assert_eq!(world.available().await, 99);
     assert_eq!(world.status().await, OrderStatus::Reserved);
+}
 
-    // The retry, once due, does the release.
-    world.clock.set(world.reservation.expires_at);
-    let answer = handler(&world.deps, world.event()).await.unwrap();
-    assert_eq!(answer["outcome"], "released");
+#[tokio::test(start_paused = true)]
+async fn a_buyer_paying_while_the_early_release_waits_wins_and_the_release_changes_nothing() {
+    let expires_at = deadlines()[0];
+    let [first, _] = firing_minute(expires_at);
+    let world = World::fired_at(expires_at, first).await;
+    let clock = PausedClock {
+        start: first,
+        origin: tokio::time::Instant::now(),
+    };
+
+    let pay = async {
+        tokio::time::sleep(
+            (expires_at - first - Duration::seconds(1))
+                .to_std()
+                .unwrap(),
+        )
+        .await;
+        world
+            .store
+            .pay(&world.reservation, clock.now())
+            .await
+            .unwrap()
+    };
+    let (paid, released) = tokio::join!(pay, handler(&world.deps, world.event()));
+
+    assert_eq!(paid, PayOutcome::Paid);
+    let released = released.unwrap();
+    assert_eq!(released["outcome"], "already_settled", "{released}");
+    assert_eq!(released["status"], "paid");
+    assert_eq!(world.available().await, 99);
+    assert_eq!(world.status().await, OrderStatus::Paid);
+    assert_eq!(world.expired_at().await, None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn deliveries_early_late_and_twice_give_the_unit_back_once() {
+    let expires_at = deadlines()[1];
+    let [first, last] = firing_minute(expires_at);
+    let world = World::fired_at(expires_at, first).await;
+    let late = last - first;
+
+    // One delivery at the minute's start (waits), one at its end (a Lambda retry or
+    // a duplicate), and one at the deadline itself: all in flight together.
+    let at = |offset: Duration| {
+        let world = &world;
+        async move {
+            tokio::time::sleep(offset.to_std().unwrap()).await;
+            handler(&world.deps, world.event()).await.unwrap()
+        }
+    };
+    let (early, on_time, late) =
+        tokio::join!(at(Duration::zero()), at(expires_at - first), at(late));
+
+    let outcomes = [&early, &on_time, &late].map(|answer| answer["outcome"].clone());
+    assert_eq!(
+        outcomes
+            .iter()
+            .filter(|outcome| **outcome == "released")
+            .count(),
+        1,
+        "{outcomes:?}"
+    );
+    assert_eq!(
+        outcomes
+            .iter()
+            .filter(|outcome| **outcome == "already_settled")
+            .count(),
+        2,
+        "{outcomes:?}"
+    );
+    assert_eq!(world.available().await, 100);
+    assert_eq!(world.status().await, OrderStatus::Expired);
+    assert!(world.expired_at().await.expect("recorded") >= expires_at);
 }
 
 #[tokio::test]

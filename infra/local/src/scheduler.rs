@@ -2,7 +2,13 @@
 //! loop does what the service does for one-time `at(...)` schedules.
 //!
 //! AWS semantics emulated:
-//! - a schedule fires no earlier than its `at` time (in `ScheduleExpressionTimezone`);
+//! - a schedule fires with 60-second precision, as AWS documents ("if you set your
+//!   schedule to run at 1:00, it will invoke the target API between 1:00:00 and
+//!   1:00:59"): at a uniformly random instant of the minute of its `at` time (in
+//!   `ScheduleExpressionTimezone`), never before that minute nor before the schedule was
+//!   created, never after the minute's end (a schedule created after its minute has
+//!   ended fires at once). The instant is drawn from [`SchedulerSettings::seed`], random
+//!   unless a seed is given, so code is exercised against every second AWS may pick;
 //! - a Lambda target is invoked *asynchronously*: delivery succeeds once Lambda has
 //!   queued the event, and a failing function is retried by Lambda's asynchronous
 //!   retries (see [`crate::lambda::LambdaService::invoke_async`]), not by the schedule;
@@ -17,7 +23,9 @@ use std::time::{Duration, Instant};
 
 use aws_sdk_scheduler::types::{ActionAfterCompletion, ScheduleState};
 use aws_sdk_sqs::types::MessageAttributeValue;
-use chrono::{DateTime, NaiveDateTime, Utc};
+use chrono::{DateTime, DurationRound, NaiveDateTime, TimeDelta, Utc};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use serde_json::Value;
 use tokio::sync::watch;
 
@@ -55,9 +63,33 @@ pub fn due_time(
     }
 }
 
+/// The environment variable that seeds the firing instants of `make run` and the e2e
+/// stacks, to replay a run; unset, they are random.
+pub const SEED_VAR: &str = "LOCAL_SCHEDULER_SEED";
+
+/// When, within the minute of its `at()`, a schedule created at `created` fires:
+/// `draw` (in `[0, 1)`) of the way through what is left of the minute after the
+/// creation. A minute that ended before the creation fires at the creation.
+pub fn firing_instant(due: DateTime<Utc>, created: DateTime<Utc>, draw: f64) -> DateTime<Utc> {
+    let minute = TimeDelta::minutes(1);
+    let start = due.duration_trunc(minute).unwrap_or(due);
+    let end = start + minute;
+    let from = start.max(created);
+    if from >= end {
+        return created;
+    }
+    let span_ms = (end - from).num_milliseconds();
+    // Whole milliseconds below the span: never at the next minute's first instant.
+    let offset_ms = ((span_ms as f64 * draw.clamp(0.0, 1.0)) as i64).min(span_ms - 1);
+    from + TimeDelta::milliseconds(offset_ms)
+}
+
 /// Timing of the delivery loop.
 #[derive(Debug, Clone)]
 pub struct SchedulerSettings {
+    /// Seeds the second of its minute at which each schedule fires. `None` (the
+    /// default, unless [`SEED_VAR`] is set) draws from the OS, so runs differ.
+    pub seed: Option<u64>,
     /// How often schedules are listed (at least once a second).
     pub poll_interval: Duration,
     /// First delivery retry delay; doubled per attempt up to `retry_cap`.
@@ -68,6 +100,9 @@ pub struct SchedulerSettings {
 impl Default for SchedulerSettings {
     fn default() -> Self {
         Self {
+            seed: std::env::var(SEED_VAR)
+                .ok()
+                .and_then(|seed| seed.trim().parse().ok()),
             poll_interval: Duration::from_millis(500),
             retry_base: Duration::from_secs(1),
             retry_cap: Duration::from_secs(60),
@@ -82,6 +117,7 @@ const DEFAULT_MAX_EVENT_AGE: Duration = Duration::from_secs(86_400);
 /// What delivery needs of a schedule, read once per version of it.
 #[derive(Debug, Clone)]
 struct Details {
+    /// When this version of the schedule fires (see [`firing_instant`]).
     due: Result<DateTime<Utc>, ExpressionError>,
     enabled: bool,
     target_arn: String,
@@ -111,6 +147,7 @@ struct Delivery {
     sqs: aws_sdk_sqs::Client,
     settings: SchedulerSettings,
     tracked: HashMap<Key, Tracked>,
+    firing: StdRng,
 }
 
 /// Delivers the due schedules of `groups` until `shutdown` turns true.
@@ -122,14 +159,20 @@ pub async fn run(
     settings: SchedulerSettings,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let seed = settings.seed.unwrap_or_else(rand::random);
     let mut delivery = Delivery {
         lambda,
         scheduler,
         sqs,
         settings,
         tracked: HashMap::new(),
+        firing: StdRng::seed_from_u64(seed),
     };
-    tracing::info!(?groups, "scheduler delivery started");
+    tracing::info!(
+        ?groups,
+        seed,
+        "scheduler delivery started (set {SEED_VAR} to replay its firing instants)"
+    );
     loop {
         let mut seen = BTreeSet::new();
         for group in &groups {
@@ -228,11 +271,17 @@ impl Delivery {
         };
         let target = schedule.target();
         let policy = target.and_then(|t| t.retry_policy());
+        let created = schedule
+            .creation_date()
+            .and_then(|date| DateTime::from_timestamp(date.secs(), date.subsec_nanos()))
+            .unwrap_or_else(Utc::now);
+        let draw: f64 = self.firing.random();
         let details = Details {
             due: due_time(
                 schedule.schedule_expression().unwrap_or_default(),
                 schedule.schedule_expression_timezone(),
-            ),
+            )
+            .map(|due| firing_instant(due, created, draw)),
             enabled: schedule.state() != Some(&ScheduleState::Disabled),
             target_arn: target.map(|t| t.arn().to_owned()).unwrap_or_default(),
             // A Lambda target without Input receives an empty JSON object.
@@ -416,7 +465,56 @@ impl Delivery {
 
 #[cfg(test)]
 mod tests {
+    use chrono::TimeZone;
+
     use super::*;
+
+    #[test]
+    fn a_schedule_fires_within_its_minute_never_before_its_creation() {
+        let due = Utc.with_ymd_and_hms(2030, 1, 2, 3, 4, 30).unwrap();
+        let minute = Utc.with_ymd_and_hms(2030, 1, 2, 3, 4, 0).unwrap();
+        let earlier = minute - TimeDelta::minutes(5);
+        assert_eq!(firing_instant(due, earlier, 0.0), minute);
+        assert_eq!(
+            firing_instant(due, earlier, 0.999_999_9),
+            minute + TimeDelta::milliseconds(59_999)
+        );
+        assert_eq!(
+            firing_instant(due, earlier, 0.5),
+            minute + TimeDelta::seconds(30)
+        );
+        // Created within the minute: from the creation to the minute's end.
+        let created = minute + TimeDelta::seconds(40);
+        assert_eq!(firing_instant(due, created, 0.0), created);
+        assert_eq!(
+            firing_instant(due, created, 0.5),
+            created + TimeDelta::seconds(10)
+        );
+        // Created after the minute: at once.
+        let late = minute + TimeDelta::seconds(75);
+        assert_eq!(firing_instant(due, late, 0.7), late);
+    }
+
+    #[test]
+    fn seeded_draws_cover_the_whole_minute() {
+        let due = Utc.with_ymd_and_hms(2030, 1, 2, 3, 4, 0).unwrap();
+        let mut rng = StdRng::seed_from_u64(7);
+        let seconds: BTreeSet<i64> = (0..2_000)
+            .map(|_| {
+                let fired = firing_instant(due, due - TimeDelta::hours(1), rng.random());
+                assert!(
+                    fired >= due && fired < due + TimeDelta::minutes(1),
+                    "{fired}"
+                );
+                (fired - due).num_seconds()
+            })
+            .collect();
+        assert_eq!(
+            seconds,
+            (0..60).collect(),
+            "every second of the minute is drawn"
+        );
+    }
 
     #[test]
     fn an_at_expression_in_utc_is_due_at_that_second() {

@@ -771,6 +771,22 @@ fn the_grab_answers_before_its_lambda_timeout_would_end_it() {
 }
 
 #[test]
+fn the_release_can_wait_for_its_deadline_and_still_release_within_its_timeout() {
+    let raw = stack();
+    let timeout = raw.raw_resource("ReleaseFunction")["Properties"]["Timeout"]
+        .as_f64()
+        .or_else(|| raw.raw["Globals"]["Function"]["Timeout"].as_f64())
+        .expect("a release timeout");
+    let wait = flashsale_release::MAX_WAIT.as_secs_f64();
+    // After the wait: the release transaction and, when it is refused, one read.
+    let work = 2.0 * flashsale_release::SDK_BUDGET.operation.as_secs_f64();
+    assert!(
+        wait + work + 1.0 <= timeout,
+        "waiting {wait} s then {work} s of calls does not fit the release's {timeout} s timeout"
+    );
+}
+
+#[test]
 fn the_orders_queue_hides_a_message_for_at_least_six_consumer_timeouts() {
     let raw = stack();
     let consumer_timeout = raw.raw_resource("OrderConsumerFunction")["Properties"]["Timeout"]

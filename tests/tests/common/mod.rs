@@ -8,12 +8,28 @@ use std::time::Duration;
 
 use aws_sdk_dynamodb::types::{AttributeValue, Select};
 use chrono::{DateTime, Utc};
+use flashsale_adapters::DynamoStore;
+use flashsale_domain::ports::OrderBook;
+use flashsale_domain::{OrderId, UserId};
 use flashsale_e2e::{ApiClient, ApiResponse};
 use flashsale_local::{LocalStack, StackOptions};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 pub const GRAB_TOKEN_SECRET: &str = "e2e-grab-token-secret-of-at-least-32-bytes";
+
+/// How long the consumer may take to open an order (or set its timer) before a test
+/// fails. Generous: it only bounds a failure, and a loaded machine running other
+/// builds delays the event source emulation's polls by seconds.
+pub const CONSUMER_LAG: Duration = Duration::from_secs(90);
+
+/// How long an order with a payment window of `window_secs` may take to expire before a
+/// test fails. The timer's minute ends at most 3 s after the deadline for a window of
+/// a minute or more, and at most a minute after the order was opened for a shorter one
+/// (see `EventBridgeScheduler::at_expression`); the rest is room for a loaded machine.
+pub fn expiry_lag(window_secs: u64) -> Duration {
+    Duration::from_secs(window_secs.max(60) + 120)
+}
 
 pub struct Harness {
     pub stack: LocalStack,
@@ -93,7 +109,9 @@ impl Harness {
         // which means "try again". The attempt may still have committed, so after a 503
         // a retry's 409 sale_exists is that attempt's sale; without one it is a failure.
         let mut answered_busy = false;
-        for _ in 0..20 {
+        // For a time, not a count: a loaded machine keeps DynamoDB Local busy for long.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
+        while tokio::time::Instant::now() < deadline {
             let created = self
                 .api
                 .create_sale(&self.admin, &sale)
@@ -216,6 +234,64 @@ impl Harness {
         .await;
     }
 
+    /// Waits until the consumer has opened the order: it awaits payment, or has already
+    /// expired. A short window's timer may fire the instant it is set (a random second
+    /// of the current minute), so `pending_payment` alone could come and go unseen.
+    pub async fn wait_until_opened(&self, user: &str, order_id: &str) -> String {
+        eventually(CONSUMER_LAG, || async {
+            let current = self.order_status(user, order_id).await;
+            matches!(current.as_str(), "pending_payment" | "expired")
+                .then(|| current.clone())
+                .ok_or(current)
+        })
+        .await
+    }
+
+    /// The event the order's release timer carries: its reservation, read back through
+    /// the adapter that wrote it. Read from the store rather than from the schedule,
+    /// which may have fired and deleted itself at any second of its minute.
+    pub async fn release_event(&self, user_id: &str, order_id: &str) -> Value {
+        let store = DynamoStore::new(self.dynamodb.clone(), self.table());
+        let order_id = OrderId::parse(order_id).expect("an order id");
+        let user_id = UserId::parse(user_id).expect("a user id");
+        let (_, reservation) = store
+            .find(&order_id, &user_id)
+            .await
+            .expect("reading the order")
+            .expect("the buyer holds the order");
+        serde_json::to_value(reservation).expect("a reservation is JSON")
+    }
+
+    /// An order's `expires_at` and `expired_at` (when its release committed), as
+    /// GET /orders/{order_id} answers them.
+    pub async fn expiry_times(
+        &self,
+        user: &str,
+        order_id: &str,
+    ) -> (DateTime<Utc>, Option<DateTime<Utc>>) {
+        let order = self.api.order(user, order_id).await.expect("order answers");
+        assert_eq!(order.status, StatusCode::OK, "{}", order.body);
+        let time = |field: &str| {
+            order
+                .str_field(field)
+                .map(|raw| raw.parse::<DateTime<Utc>>().expect("RFC 3339"))
+        };
+        (time("expires_at").expect("expires_at"), time("expired_at"))
+    }
+
+    /// Waits until the consumer has created the order's release timer, and answers its
+    /// Target.Input. Only for windows long enough that the timer's minute is still
+    /// ahead (about two minutes or more): a shorter one may fire and delete itself
+    /// before it is looked at.
+    pub async fn wait_for_release_timer(&self, order_id: &str) -> Value {
+        eventually(CONSUMER_LAG, || async {
+            self.release_timer_input(order_id)
+                .await
+                .ok_or("no timer yet")
+        })
+        .await
+    }
+
     /// The release timer of an order, if it exists: its Target.Input is the event the
     /// release function will get.
     pub async fn release_timer_input(&self, order_id: &str) -> Option<Value> {
@@ -259,6 +335,34 @@ impl Harness {
             .expect("ListSchedules");
         listed.schedules().len()
     }
+}
+
+/// An SQS event of the orders queue, as the event source mapping hands it to the
+/// consumer: one record per message id, each carrying `reservation`.
+pub fn orders_queue_event(order_id: &str, reservation: &Value, message_ids: &[&str]) -> Value {
+    let records: Vec<Value> = message_ids
+        .iter()
+        .map(|message_id| {
+            json!({
+                "messageId": message_id,
+                "receiptHandle": format!("handle-{message_id}"),
+                "body": reservation.to_string(),
+                "attributes": {
+                    "ApproximateReceiveCount": "2",
+                    "SentTimestamp": "1764400000000",
+                    "MessageGroupId": order_id,
+                    "MessageDeduplicationId": order_id,
+                    "SequenceNumber": "18890000000000000001",
+                },
+                "messageAttributes": {},
+                "md5OfBody": "",
+                "eventSource": "aws:sqs",
+                "eventSourceARN": "arn:aws:sqs:us-east-1:123456789012:orders.fifo",
+                "awsRegion": "us-east-1",
+            })
+        })
+        .collect();
+    json!({ "Records": records })
 }
 
 /// Polls `probe` until it answers `Ok`, failing with its last answer after `within`.

@@ -10,7 +10,9 @@ use std::num::ParseIntError;
 use aws_sdk_dynamodb::types::AttributeValue;
 use chrono::{DateTime, Datelike, Duration, SecondsFormat, Utc};
 use flashsale_domain::order::UnknownStatus;
-use flashsale_domain::{OrderId, OrderStatus, Reservation, Sale, SaleId, UserId, ValidationError};
+use flashsale_domain::{
+    Order, OrderId, OrderStatus, ReleaseReason, Reservation, Sale, SaleId, UserId, ValidationError,
+};
 
 pub(crate) type Item = HashMap<String, AttributeValue>;
 
@@ -29,6 +31,18 @@ pub(crate) const ABANDONED: &str = "abandoned";
 pub(crate) const STATUS: &str = "status";
 pub(crate) const SHARD: &str = "shard";
 pub(crate) const EXPIRES_AT_MS: &str = "expires_at_ms";
+/// On a hold: when the release that expired it committed.
+pub(crate) const EXPIRED_AT: &str = "expired_at";
+/// On a hold: when the cancel that released it committed.
+const CANCELLED_AT: &str = "cancelled_at";
+
+/// The hold's attribute that records when a release for `reason` committed.
+pub(crate) fn settled_at_attribute(reason: ReleaseReason) -> &'static str {
+    match reason {
+        ReleaseReason::Expired => EXPIRED_AT,
+        ReleaseReason::Cancelled => CANCELLED_AT,
+    }
+}
 
 const META_SK: &str = "META";
 const STOCK_SK: &str = "STOCK";
@@ -55,7 +69,7 @@ pub(crate) fn n(value: impl ToString) -> AttributeValue {
     AttributeValue::N(value.to_string())
 }
 
-fn time(value: DateTime<Utc>) -> AttributeValue {
+pub(crate) fn time(value: DateTime<Utc>) -> AttributeValue {
     s(value.to_rfc3339_opts(SecondsFormat::AutoSi, true))
 }
 
@@ -279,6 +293,10 @@ impl<'a> Fields<'a> {
         }
     }
 
+    fn has(&self, attribute: &str) -> bool {
+        self.item.contains_key(attribute)
+    }
+
     fn get(&self, attribute: &str) -> Result<&'a AttributeValue, ItemError> {
         self.item
             .get(attribute)
@@ -397,6 +415,8 @@ pub(crate) struct Hold {
     pub status: OrderStatus,
     pub created_at: DateTime<Utc>,
     pub expires_at: DateTime<Utc>,
+    /// When the release that expired it committed; set by that release only.
+    pub expired_at: Option<DateTime<Utc>>,
 }
 
 impl Hold {
@@ -406,11 +426,12 @@ impl Hold {
             status: OrderStatus::Reserved,
             created_at: reservation.created_at,
             expires_at: reservation.expires_at,
+            expired_at: None,
         }
     }
 
     pub(crate) fn to_value(&self) -> AttributeValue {
-        AttributeValue::M(HashMap::from([
+        let mut map = HashMap::from([
             (SHARD.to_owned(), n(self.shard)),
             (STATUS.to_owned(), s(self.status.as_str())),
             ("created_at".to_owned(), time(self.created_at)),
@@ -421,7 +442,11 @@ impl Hold {
                 EXPIRES_AT_MS.to_owned(),
                 n(self.expires_at.timestamp_millis()),
             ),
-        ]))
+        ]);
+        if let Some(expired_at) = self.expired_at {
+            map.insert(EXPIRED_AT.to_owned(), time(expired_at));
+        }
+        AttributeValue::M(map)
     }
 
     pub(crate) fn parse(name: &str, value: &AttributeValue) -> Result<Self, ItemError> {
@@ -435,7 +460,21 @@ impl Hold {
             status: fields.status()?,
             created_at: fields.time("created_at")?,
             expires_at: fields.time("expires_at")?,
+            expired_at: fields
+                .has(EXPIRED_AT)
+                .then(|| fields.time(EXPIRED_AT))
+                .transpose()?,
         })
+    }
+
+    /// The order this hold is, as its owner sees it.
+    pub(crate) fn order(&self, order_id: &OrderId, user_id: &UserId) -> (Order, Reservation) {
+        let reservation = self.reservation(order_id, user_id);
+        let order = Order {
+            expired_at: self.expired_at,
+            ..Order::from_reservation(&reservation, self.status)
+        };
+        (order, reservation)
     }
 
     pub(crate) fn reservation(&self, order_id: &OrderId, user_id: &UserId) -> Reservation {

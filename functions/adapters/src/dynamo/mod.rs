@@ -596,12 +596,14 @@ impl StockLedger for DynamoStore {
     ) -> Result<Settlement, StoreError> {
         let hold_attribute = item::hold_attribute(&reservation.order_id);
         // The hold stays, with its final status, so that a late retry of the grab that
-        // made it finds it and cannot reserve the order id again.
+        // made it finds it and cannot reserve the order id again. An expiry records
+        // when it committed, so its lateness can be read back with the order.
         let end_hold = built(
             RELEASE,
             self.update(item::user_key(&reservation.sale_id, &reservation.user_id))
                 .update_expression(
-                    "SET #hold.#status = :final, #active = #active - :one ADD #abandoned :one",
+                    "SET #hold.#status = :final, #hold.#settled = :settled, \
+                     #active = #active - :one ADD #abandoned :one",
                 )
                 .condition_expression(
                     "#hold.#status IN (:reserved, :pending) AND #hold.#shard = :shard",
@@ -612,9 +614,11 @@ impl StockLedger for DynamoStore {
                     ("#abandoned", ABANDONED),
                     ("#status", STATUS),
                     ("#shard", SHARD),
+                    ("#settled", item::settled_at_attribute(reason)),
                 ]))
                 .set_expression_attribute_values(values([
                     (":one", n(1)),
+                    (":settled", item::time(now)),
                     (":final", s(reason.final_status().as_str())),
                     (":reserved", s(OrderStatus::Reserved.as_str())),
                     (":pending", s(OrderStatus::PendingPayment.as_str())),
@@ -759,13 +763,10 @@ impl OrderBook for DynamoStore {
         // The hold is keyed by the caller, so finding it proves ownership (another
         // user's order is simply not there); it exists before the consumer has written
         // the order item, and a settled one keeps its final status. One read.
-        Ok(self.read_hold(FIND, order_id, user).await?.map(|hold| {
-            let reservation = hold.reservation(order_id, user);
-            (
-                Order::from_reservation(&reservation, hold.status),
-                reservation,
-            )
-        }))
+        Ok(self
+            .read_hold(FIND, order_id, user)
+            .await?
+            .map(|hold| hold.order(order_id, user)))
     }
 
     /// Only user items are read, so paid holds are read too but settled orders are not.
