@@ -45,6 +45,10 @@ pub enum ClientError {
     },
 }
 
+/// The header that marks a retry of the same grab path (`N` on the N-th retry), so the
+/// grab spends a lookup of the order a lost answer may have made only on retries.
+pub const RETRY_ATTEMPT_HEADER: &str = "X-Retry-Attempt";
+
 #[derive(Debug, Clone)]
 pub struct ApiClient {
     base_url: String,
@@ -75,9 +79,24 @@ impl ApiClient {
         token: Option<&str>,
         body: Option<Vec<u8>>,
     ) -> Result<ApiResponse, ClientError> {
+        self.send_marked(method, path, token, body, 0).await
+    }
+
+    /// [`ApiClient::send_raw`], marked with [`RETRY_ATTEMPT_HEADER`] when `retry > 0`.
+    async fn send_marked(
+        &self,
+        method: Method,
+        path: &str,
+        token: Option<&str>,
+        body: Option<Vec<u8>>,
+        retry: u32,
+    ) -> Result<ApiResponse, ClientError> {
         let mut request = self
             .http
             .request(method, format!("{}{path}", self.base_url));
+        if retry > 0 {
+            request = request.header(RETRY_ATTEMPT_HEADER, retry);
+        }
         if let Some(token) = token {
             request = request.bearer_auth(token);
         }
@@ -151,7 +170,7 @@ impl ApiClient {
     /// Reads the stats, retrying a busy answer (a read is safe to repeat).
     pub async fn stats(&self, admin: &str, sale_id: &str) -> Result<ApiResponse, ClientError> {
         let path = format!("/admin/sales/{sale_id}/stats");
-        self.retrying(|| self.send(Method::GET, &path, Some(admin), None))
+        self.retrying(|_| self.send(Method::GET, &path, Some(admin), None))
             .await
     }
 
@@ -162,20 +181,23 @@ impl ApiClient {
 
     /// Fetches a grab path and grabs through it, as a buyer's page does: a throttled
     /// (429) or busy (503) answer is retried after a jittered pause, on the same path,
-    /// which names one order, so a retry can never buy a second unit.
+    /// which names one order, so a retry can never buy a second unit. Retries carry
+    /// `X-Retry-Attempt`, so one whose first answer was lost gets its order back even
+    /// after the sale sold out.
     pub async fn grab(&self, user: &str, sale_id: &str) -> Result<ApiResponse, ClientError> {
-        let pass = self.retrying(|| self.grab_pass(user, sale_id)).await?;
+        let pass = self.retrying(|_| self.grab_pass(user, sale_id)).await?;
         let Some(grab_path) = pass.str_field("grab_path") else {
             return Ok(pass);
         };
         let grab_path = grab_path.to_owned();
-        self.retrying(|| self.send(Method::POST, &grab_path, Some(user), None))
+        self.retrying(|retry| self.send_marked(Method::POST, &grab_path, Some(user), None, retry))
             .await
     }
 
+    /// Calls `call(retry)` (0 first, then 1, 2, ...) until the answer is not transient.
     async fn retrying<F, Fut>(&self, mut call: F) -> Result<ApiResponse, ClientError>
     where
-        F: FnMut() -> Fut,
+        F: FnMut(u32) -> Fut,
         Fut: std::future::Future<Output = Result<ApiResponse, ClientError>>,
     {
         // A time, not a count: a loaded machine (DynamoDB Local behind a dozen builds)
@@ -185,7 +207,7 @@ impl ApiClient {
         let mut retry = 0;
         loop {
             let patient = started.elapsed() < PATIENCE;
-            let response = match call().await {
+            let response = match call(retry).await {
                 Ok(response) => response,
                 // Every call retried here is idempotent, so a request lost with its
                 // connection can be sent again.
@@ -211,7 +233,7 @@ impl ApiClient {
     /// Reads an order, retrying a busy answer (a read is safe to repeat).
     pub async fn order(&self, user: &str, order_id: &str) -> Result<ApiResponse, ClientError> {
         let path = format!("/orders/{order_id}");
-        self.retrying(|| self.send(Method::GET, &path, Some(user), None))
+        self.retrying(|_| self.send(Method::GET, &path, Some(user), None))
             .await
     }
 
@@ -219,14 +241,14 @@ impl ApiClient {
     /// retries tells the order's fate even if an earlier attempt committed unseen.
     pub async fn pay(&self, user: &str, order_id: &str) -> Result<ApiResponse, ClientError> {
         let path = format!("/orders/{order_id}/pay");
-        self.retrying(|| self.send(Method::POST, &path, Some(user), None))
+        self.retrying(|_| self.send(Method::POST, &path, Some(user), None))
             .await
     }
 
     /// Cancels, retrying a busy answer (cancelling is idempotent too).
     pub async fn cancel(&self, user: &str, order_id: &str) -> Result<ApiResponse, ClientError> {
         let path = format!("/orders/{order_id}/cancel");
-        self.retrying(|| self.send(Method::POST, &path, Some(user), None))
+        self.retrying(|_| self.send(Method::POST, &path, Some(user), None))
             .await
     }
 }

@@ -1,30 +1,56 @@
 //! The in-memory sold-out gate: the last funnel layer before the database.
 //!
 //! After a sale sells out, most grabs would still reach DynamoDB and fail a condition,
-//! which costs a write each. The gate remembers, per process, which shards answered
-//! "empty" and when. While every shard of a sale is known empty, grabs are refused in
-//! memory. Released stock must not be stranded, so a mark only lasts `recheck_after`;
-//! the first grab to see a stale mark re-arms it and tries that shard for real, so a
-//! process spends at most one write per shard per interval on a sold-out sale.
+//! which costs a write each. The gate remembers, per process, which shards are known
+//! to be empty and since when. Grabs only write to shards not known empty; while every
+//! shard of a sale is known empty, grabs are refused in memory, at no cost.
+//!
+//! Released stock must not be stranded, so a mark goes stale after `recheck_after`.
+//! The grab that first sees a stale mark gets the sale's one [`Recheck`] turn: a single
+//! read of every shard's stock (which the caller runs in the background, never on a
+//! rejected request's critical path), whose answer clears the marks of the shards with
+//! stock and renews the others. So a process spends at most one read per sale per
+//! interval on a sold-out sale, no write at all, and stock that comes back is tried
+//! within about one interval (plus the read).
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use chrono::{DateTime, Duration, Utc};
 
 use crate::ids::SaleId;
+use crate::ports::{Clock, StockLedger};
+use crate::sale::Sale;
 
-#[derive(Debug)]
+/// One process's marks, shared with the background rechecks it starts.
+#[derive(Debug, Clone)]
 pub struct SoldOutGate {
     recheck_after: Duration,
-    empty_since: Mutex<HashMap<SaleId, Vec<Option<DateTime<Utc>>>>>,
+    sales: Arc<Mutex<HashMap<SaleId, SaleMarks>>>,
+}
+
+#[derive(Debug, Default)]
+struct SaleMarks {
+    /// Per shard: when it was last seen empty, or `None` if it is worth a write.
+    empty_since: Vec<Option<DateTime<Utc>>>,
+    /// A [`Recheck`] of this sale is out, so no other is handed out.
+    rechecking: bool,
+}
+
+/// What the gate lets one grab do.
+#[derive(Debug)]
+pub struct GatePlan {
+    /// The shards worth a write, in the grab's order of preference. Empty: refuse.
+    pub shards: Vec<u16>,
+    /// This grab's turn to recheck the sale's stale marks, if it has it.
+    pub recheck: Option<Recheck>,
 }
 
 impl SoldOutGate {
     pub fn new(recheck_after: Duration) -> Self {
         Self {
             recheck_after,
-            empty_since: Mutex::new(HashMap::new()),
+            sales: Arc::new(Mutex::new(HashMap::new())),
         }
     }
 
@@ -32,88 +58,178 @@ impl SoldOutGate {
         &self,
         sale_id: &SaleId,
         shards: u16,
-        f: impl FnOnce(&mut Vec<Option<DateTime<Utc>>>) -> T,
+        f: impl FnOnce(&mut SaleMarks) -> T,
     ) -> T {
-        // A poisoned lock only means another grab panicked mid-update; the marks are
-        // hints, so carry on with whatever they hold.
-        let mut sales = self
-            .empty_since
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let marks = sales
-            .entry(sale_id.clone())
-            .or_insert_with(|| vec![None; usize::from(shards)]);
-        marks.resize(usize::from(shards), None);
+        let mut sales = lock(&self.sales);
+        let marks = sales.entry(sale_id.clone()).or_default();
+        marks.empty_since.resize(usize::from(shards), None);
         f(marks)
     }
 
-    /// The shards of `preference` worth a write now, in that order: those not known to
-    /// be empty, and those whose mark has gone stale (re-armed, so concurrent grabs in
-    /// this process keep being refused while this one checks).
-    pub fn shards_to_try(
+    /// The shards of `preference` not known to be empty, and, if some mark of the sale
+    /// has gone stale and no recheck is out, the turn to recheck them.
+    pub fn plan(
         &self,
         sale_id: &SaleId,
         shards: u16,
         preference: impl Iterator<Item = u16>,
         now: DateTime<Utc>,
-    ) -> Vec<u16> {
+    ) -> GatePlan {
         self.with_marks(sale_id, shards, |marks| {
-            preference
-                .filter(|&shard| {
-                    let mark = &mut marks[usize::from(shard)];
-                    match mark {
-                        Some(since) if now - *since < self.recheck_after => false,
-                        Some(since) => {
-                            *since = now;
-                            true
-                        }
-                        None => true,
-                    }
-                })
-                .collect()
+            let shards = preference
+                .filter(|&shard| marks.empty_since[usize::from(shard)].is_none())
+                .collect();
+            let stale = marks
+                .empty_since
+                .iter()
+                .flatten()
+                .any(|since| now - *since >= self.recheck_after);
+            let recheck = (stale && !marks.rechecking).then(|| {
+                marks.rechecking = true;
+                Recheck {
+                    gate: self.clone(),
+                    sale_id: sale_id.clone(),
+                }
+            });
+            GatePlan { shards, recheck }
         })
     }
 
     pub fn mark_empty(&self, sale_id: &SaleId, shards: u16, shard: u16, now: DateTime<Utc>) {
         self.with_marks(sale_id, shards, |marks| {
-            marks[usize::from(shard)] = Some(now);
+            marks.empty_since[usize::from(shard)] = Some(now);
         });
     }
 
     pub fn mark_stocked(&self, sale_id: &SaleId, shards: u16, shard: u16) {
-        self.with_marks(sale_id, shards, |marks| marks[usize::from(shard)] = None);
+        self.with_marks(sale_id, shards, |marks| {
+            marks.empty_since[usize::from(shard)] = None;
+        });
     }
+
+    /// Whether a [`Recheck`] of the sale is out (handed out and not yet over).
+    pub fn recheck_pending(&self, sale_id: &SaleId) -> bool {
+        lock(&self.sales)
+            .get(sale_id)
+            .is_some_and(|marks| marks.rechecking)
+    }
+
+    /// Takes in what a recheck read, `units[shard]` left in each shard at `now`.
+    fn apply(&self, sale_id: &SaleId, units: &[u64], now: DateTime<Utc>) {
+        let shards = u16::try_from(units.len()).unwrap_or(u16::MAX);
+        self.with_marks(sale_id, shards, |marks| {
+            for (mark, &left) in marks.empty_since.iter_mut().zip(units) {
+                *mark = (left == 0).then_some(now);
+            }
+        });
+    }
+
+    /// A recheck that could not read: the marks are trusted for one more interval, so
+    /// a failing store is asked once per interval, not once per grab.
+    fn postpone(&self, sale_id: &SaleId, now: DateTime<Utc>) {
+        if let Some(marks) = lock(&self.sales).get_mut(sale_id) {
+            for since in marks.empty_since.iter_mut().flatten() {
+                *since = now;
+            }
+        }
+    }
+}
+
+/// The one outstanding recheck of a sale in this process. Dropping it, whether it ran
+/// or not, lets the next stale grab take another turn.
+#[derive(Debug)]
+pub struct Recheck {
+    gate: SoldOutGate,
+    sale_id: SaleId,
+}
+
+impl Recheck {
+    /// Reads the stock of every shard of `sale` (one read that writes nothing; it may
+    /// lag by a moment, which only delays a reopening to the next interval or costs one
+    /// refused write) and updates the marks from it.
+    pub async fn run(self, sale: &Sale, ledger: &dyn StockLedger, clock: &dyn Clock) {
+        match ledger.availability(sale).await {
+            Ok(units) => self.gate.apply(&self.sale_id, &units, clock.now()),
+            Err(error) => {
+                tracing::warn!(
+                    sale_id = %self.sale_id,
+                    error = &error as &dyn std::error::Error,
+                    "the sold-out recheck could not read the stock; trying again next interval"
+                );
+                self.gate.postpone(&self.sale_id, clock.now());
+            }
+        }
+    }
+}
+
+impl Drop for Recheck {
+    fn drop(&mut self) {
+        if let Some(marks) = lock(&self.gate.sales).get_mut(&self.sale_id) {
+            marks.rechecking = false;
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A poisoned lock only means another grab panicked mid-update; the marks are
+    // hints, so carry on with whatever they hold.
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn plan(gate: &SoldOutGate, sale: &SaleId, now: DateTime<Utc>) -> GatePlan {
+        gate.plan(sale, 3, [1, 2, 0].into_iter(), now)
+    }
+
     #[test]
-    fn empty_shards_are_skipped_until_their_mark_goes_stale() {
+    fn empty_shards_are_skipped_and_a_stale_mark_hands_out_one_recheck() {
         let gate = SoldOutGate::new(Duration::seconds(1));
         let sale = SaleId::parse("s").unwrap();
         let t0 = Utc::now();
-        assert_eq!(
-            gate.shards_to_try(&sale, 3, [1, 2, 0].into_iter(), t0),
-            [1, 2, 0]
-        );
+        assert_eq!(plan(&gate, &sale, t0).shards, [1, 2, 0]);
 
         gate.mark_empty(&sale, 3, 2, t0);
-        assert_eq!(
-            gate.shards_to_try(&sale, 3, [1, 2, 0].into_iter(), t0),
-            [1, 0]
-        );
+        let fresh = plan(&gate, &sale, t0);
+        assert_eq!(fresh.shards, [1, 0]);
+        assert!(fresh.recheck.is_none());
 
+        // Stale: still skipped (no write on the request path), and exactly one grab
+        // gets the turn to recheck until that turn is over.
         let later = t0 + Duration::milliseconds(1500);
-        assert_eq!(gate.shards_to_try(&sale, 3, [2].into_iter(), later), [2]);
-        // Re-armed by the grab that took it: its peers in the same instant skip it.
-        assert!(
-            gate.shards_to_try(&sale, 3, [2].into_iter(), later)
-                .is_empty()
-        );
+        let first = plan(&gate, &sale, later);
+        assert_eq!(first.shards, [1, 0]);
+        assert!(first.recheck.is_some());
+        assert!(plan(&gate, &sale, later).recheck.is_none());
+        drop(first);
+        assert!(plan(&gate, &sale, later).recheck.is_some());
+    }
 
-        gate.mark_stocked(&sale, 3, 2);
-        assert_eq!(gate.shards_to_try(&sale, 3, [2].into_iter(), later), [2]);
+    #[test]
+    fn a_recheck_reopens_stocked_shards_and_renews_empty_ones() {
+        let gate = SoldOutGate::new(Duration::seconds(1));
+        let sale = SaleId::parse("s").unwrap();
+        let t0 = Utc::now();
+        for shard in 0..3 {
+            gate.mark_empty(&sale, 3, shard, t0);
+        }
+        assert!(plan(&gate, &sale, t0).shards.is_empty());
+
+        let later = t0 + Duration::seconds(2);
+        gate.apply(&sale, &[0, 4, 0], later);
+        let after = plan(&gate, &sale, later);
+        assert_eq!(after.shards, [1]);
+        assert!(after.recheck.is_none(), "the empty shards were just seen");
+
+        gate.postpone(&sale, later + Duration::milliseconds(900));
+        assert!(
+            plan(&gate, &sale, later + Duration::milliseconds(1500))
+                .recheck
+                .is_none()
+        );
     }
 }

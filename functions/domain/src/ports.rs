@@ -90,9 +90,12 @@ pub trait StockLedger: Send + Sync {
         reservation: &Reservation,
     ) -> Result<Result<(), ReserveRefusal>, StoreError>;
 
-    /// Units left in each shard, index = shard, for the public sale page: it writes
-    /// nothing and may lag the latest grabs and releases by a moment (an eventually
-    /// consistent read on AWS), so it is never used to decide a grab.
+    /// Units left in each shard, index = shard, in one read that writes nothing, for
+    /// the public sale page and the sold-out gate's recheck (at most once per process
+    /// per interval, off the request path). It may lag the latest grabs and releases by
+    /// a moment (an eventually consistent read on AWS), so it is never used to decide a
+    /// grab: at most it makes the gate try a shard's write (whose condition decides)
+    /// or wait one more interval before trying it.
     async fn availability(&self, sale: &Sale) -> Result<Vec<u64>, StoreError>;
 
     /// Ends an open hold and gives its unit back to its shard, in one transaction that

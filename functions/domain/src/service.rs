@@ -10,7 +10,7 @@ use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
 
 use crate::error::{AppError, StoreError};
-use crate::gate::SoldOutGate;
+use crate::gate::{Recheck, SoldOutGate};
 use crate::ids::{OrderId, SaleId, UserId};
 use crate::order::{Order, OrderStatus, ReleaseReason, Reservation};
 use crate::ports::{
@@ -71,6 +71,16 @@ pub struct GrabPass {
     pub expires_at: DateTime<Utc>,
 }
 
+/// Which try of one grab path a grab is, as the client says (the `X-Retry-Attempt`
+/// header over HTTP).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attempt {
+    /// The first request on this path: it cannot have taken a unit before.
+    First,
+    /// A repeat of a request on the same path whose answer the client did not get.
+    Retry,
+}
+
 /// The hot path: hand out grab paths, and turn a grab into a reservation.
 pub struct GrabService {
     pub catalog: Arc<dyn SaleCatalog>,
@@ -124,11 +134,18 @@ impl GrabService {
     /// Reserves one unit for `user`, or says why not. At most one transaction per shard
     /// tried; none at all once the gate knows the sale is sold out, or for a blocked
     /// user (whose grab path, issued before the block, is refused too).
+    ///
+    /// A refused first attempt reads nothing. Only a [`Attempt::Retry`] may be the
+    /// retry of a grab whose answer was lost after it took a unit, so only a retry that
+    /// the gate refuses pays one read, on the buyer's own key, to answer that order. A
+    /// database answer that this path's order is held is itself proof of a retry, and
+    /// is answered the same way whatever the client said.
     pub async fn grab(
         &self,
         sale_id: &SaleId,
         token: &str,
         user: &UserId,
+        attempt: Attempt,
     ) -> Result<Reservation, AppError> {
         let now = self.clock.now();
         self.refuse_blocked(user, now).await?;
@@ -142,14 +159,18 @@ impl GrabService {
             .signer
             .verify(token, sale_id, user, now)
             .ok_or(AppError::InvalidToken)?;
-        let shards = self
+        let plan = self
             .gate
-            .shards_to_try(sale_id, sale.shards, sale.shard_order(user), now);
-        if shards.is_empty() {
-            // Sold out as far as this process knows, so no write. But this may be the
-            // retry of a grab that took the last unit: a read tells, and it lands on
-            // the buyer's own key, so it spreads like the buyers do.
-            return self.resume(&order_id, user, AppError::SoldOut).await;
+            .plan(sale_id, sale.shards, sale.shard_order(user), now);
+        if let Some(recheck) = plan.recheck {
+            self.recheck_in_background(recheck, &sale);
+        }
+        if plan.shards.is_empty() {
+            // Sold out as far as this process knows, so no write.
+            return match attempt {
+                Attempt::First => Err(AppError::SoldOut),
+                Attempt::Retry => self.resume(&order_id, user, AppError::SoldOut).await,
+            };
         }
         let mut reservation = Reservation {
             order_id,
@@ -159,7 +180,7 @@ impl GrabService {
             created_at: now,
             expires_at: sale.payment_deadline(now),
         };
-        for shard in shards {
+        for shard in plan.shards {
             reservation.shard = shard;
             match self.ledger.reserve(&sale, shard, &reservation).await? {
                 Ok(()) => {
@@ -179,6 +200,17 @@ impl GrabService {
             }
         }
         Err(AppError::SoldOut)
+    }
+
+    /// Runs the gate's recheck on its own task: the grab that drew the turn answers
+    /// at once, and the read's answer serves the grabs after it. On Lambda the task
+    /// runs while the environment serves invocations; if it is frozen in between, the
+    /// turn stays taken until the read finishes or times out, so rechecks never pile up.
+    fn recheck_in_background(&self, recheck: Recheck, sale: &Sale) {
+        let ledger = Arc::clone(&self.ledger);
+        let clock = Arc::clone(&self.clock);
+        let sale = sale.clone();
+        tokio::spawn(async move { recheck.run(&sale, ledger.as_ref(), clock.as_ref()).await });
     }
 
     /// A retried grab: if this path's order is held and open, finish the hand-over

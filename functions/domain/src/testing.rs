@@ -69,6 +69,10 @@ pub struct InMemoryStore {
     state: Mutex<State>,
     /// Counts `reserve` calls, so tests can prove that the gate spared the store.
     pub reserve_calls: AtomicUsize,
+    /// Counts `availability` reads (the sale page's and the sold-out gate's).
+    pub availability_reads: AtomicUsize,
+    /// Counts `find` reads (a retried grab's lookup of its order, among others).
+    pub find_calls: AtomicUsize,
 }
 
 impl InMemoryStore {
@@ -173,6 +177,7 @@ impl StockLedger for InMemoryStore {
     }
 
     async fn availability(&self, sale: &Sale) -> Result<Vec<u64>, StoreError> {
+        self.availability_reads.fetch_add(1, Ordering::SeqCst);
         Ok((0..sale.shards)
             .map(|shard| self.shard_available(&sale.sale_id, shard))
             .collect())
@@ -273,6 +278,7 @@ impl OrderBook for InMemoryStore {
         order_id: &OrderId,
         user: &UserId,
     ) -> Result<Option<(Order, Reservation)>, StoreError> {
+        self.find_calls.fetch_add(1, Ordering::SeqCst);
         let state = locked(&self.state);
         let found = state
             .holds

@@ -8,7 +8,7 @@ use flashsale_domain::gate::SoldOutGate;
 use flashsale_domain::ports::{Clock, Settlement};
 use flashsale_domain::sale::MAX_ABANDONED_HOLDS;
 use flashsale_domain::service::{
-    BlocklistService, CachedBlocklist, ExpiryService, GrabService, Opened, OrderService,
+    Attempt, BlocklistService, CachedBlocklist, ExpiryService, GrabService, Opened, OrderService,
     SaleService,
 };
 use flashsale_domain::testing::{
@@ -127,8 +127,42 @@ impl World {
         token: &str,
     ) -> Result<flashsale_domain::Reservation, AppError> {
         self.grabs
-            .grab(sale, token, &UserId::parse(user).unwrap())
+            .grab(sale, token, &UserId::parse(user).unwrap(), Attempt::First)
             .await
+    }
+
+    /// The same path again, marked as a retry, as a client whose answer was lost does.
+    async fn retry_with(
+        &self,
+        sale: &SaleId,
+        user: &str,
+        token: &str,
+    ) -> Result<flashsale_domain::Reservation, AppError> {
+        self.grabs
+            .grab(sale, token, &UserId::parse(user).unwrap(), Attempt::Retry)
+            .await
+    }
+
+    /// Every call the grab could make to the store or the queue, by kind.
+    fn store_calls(&self) -> [usize; 4] {
+        [
+            self.store.reserve_calls.load(Ordering::SeqCst),
+            self.store.find_calls.load(Ordering::SeqCst),
+            self.store.availability_reads.load(Ordering::SeqCst),
+            self.queue.sent.lock().unwrap().len(),
+        ]
+    }
+
+    /// Waits until the sold-out gate's background recheck of `sale` is over.
+    async fn recheck_done(&self, sale: &SaleId) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while self.grabs.gate.recheck_pending(sale) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the recheck never finished"
+            );
+            tokio::task::yield_now().await;
+        }
     }
 }
 
@@ -157,7 +191,10 @@ async fn a_grab_before_the_start_is_not_started_even_with_a_valid_token() {
     let pass = world.grabs.issue_pass(&sale, &user("u")).await.unwrap();
     let token = pass.grab_path.rsplit('/').next().unwrap();
     assert!(matches!(
-        world.grabs.grab(&sale, token, &user("u")).await,
+        world
+            .grabs
+            .grab(&sale, token, &user("u"), Attempt::First)
+            .await,
         Err(AppError::NotStarted)
     ));
 }
@@ -178,7 +215,10 @@ async fn another_users_token_is_invalid() {
     let pass = world.grabs.issue_pass(&sale, &user("alice")).await.unwrap();
     let token = pass.grab_path.rsplit('/').next().unwrap();
     assert!(matches!(
-        world.grabs.grab(&sale, token, &user("mallory")).await,
+        world
+            .grabs
+            .grab(&sale, token, &user("mallory"), Attempt::First)
+            .await,
         Err(AppError::InvalidToken)
     ));
     assert_eq!(world.store.reserve_calls.load(Ordering::SeqCst), 0);
@@ -200,7 +240,7 @@ async fn when_stock_is_gone_grab_returns_sold_out() {
 }
 
 #[tokio::test]
-async fn after_sell_out_rejections_cost_no_store_write() {
+async fn after_sell_out_first_attempts_cost_no_store_or_queue_call_at_all() {
     let world = World::new();
     let sale = world.sale(2, 2, 1).await;
     world.clock.set(start());
@@ -211,14 +251,57 @@ async fn after_sell_out_rejections_cost_no_store_write() {
         world.grab(&sale, "c").await,
         Err(AppError::SoldOut)
     ));
-    let writes = world.store.reserve_calls.load(Ordering::SeqCst);
-    for late in 0..100 {
+    let tokens: Vec<String> = late_buyers_tokens(&world, &sale, 100).await;
+    let before = world.store_calls();
+    for (late, token) in tokens.iter().enumerate() {
         assert!(matches!(
-            world.grab(&sale, &format!("late-{late}")).await,
+            world.grab_with(&sale, &format!("late-{late}"), token).await,
             Err(AppError::SoldOut)
         ));
     }
-    assert_eq!(world.store.reserve_calls.load(Ordering::SeqCst), writes);
+    assert_eq!(
+        world.store_calls(),
+        before,
+        "[reserve, find, availability, sent]"
+    );
+}
+
+/// Grab paths for `count` buyers `late-0`.., fetched before the counting starts.
+async fn late_buyers_tokens(world: &World, sale: &SaleId, count: usize) -> Vec<String> {
+    let mut tokens = Vec::with_capacity(count);
+    for late in 0..count {
+        tokens.push(world.token(sale, &format!("late-{late}")).await.unwrap());
+    }
+    tokens
+}
+
+#[tokio::test]
+async fn a_marked_retry_after_sell_out_reads_once_and_gets_its_order_back() {
+    let world = World::new();
+    let sale = world.sale(1, 1, 1).await;
+    world.clock.set(start());
+    let token = world.token(&sale, "a").await.unwrap();
+    // The grab commits, but suppose its answer never reached the buyer.
+    let lost = world.grab_with(&sale, "a", &token).await.unwrap();
+    assert!(matches!(
+        world.grab(&sale, "b").await,
+        Err(AppError::SoldOut)
+    ));
+    let [reserves, finds, reads, sent] = world.store_calls();
+
+    let retry = world.retry_with(&sale, "a", &token).await.unwrap();
+    assert_eq!(retry, lost);
+    // One read on the buyer's own key, no write; the order is sent again, which the
+    // queue deduplicates by order id.
+    assert_eq!(world.store_calls(), [reserves, finds + 1, reads, sent + 1]);
+
+    // A marked retry of a path that never took a unit: still one read, then sold out.
+    let never = world.token(&sale, "c").await.unwrap();
+    assert!(matches!(
+        world.retry_with(&sale, "c", &never).await,
+        Err(AppError::SoldOut)
+    ));
+    assert_eq!(world.store_calls(), [reserves, finds + 2, reads, sent + 1]);
 }
 
 #[tokio::test]
@@ -231,14 +314,56 @@ async fn released_stock_is_grabbable_again_once_the_gate_rechecks() {
         world.grab(&sale, "b").await,
         Err(AppError::SoldOut)
     ));
-
     world
         .orders
         .cancel(&reservation.order_id, &user("a"))
         .await
         .unwrap();
+    let writes = world.store.reserve_calls.load(Ordering::SeqCst);
+
+    // Within the interval the gate trusts its mark: refused without a call.
+    assert!(matches!(
+        world.grab(&sale, "b").await,
+        Err(AppError::SoldOut)
+    ));
+    assert_eq!(world.store.availability_reads.load(Ordering::SeqCst), 0);
+
+    // Past it, the next grab is still answered from memory at once, and starts the
+    // one read that reopens the shard for the grabs after it.
     world.clock.advance(Duration::seconds(2));
+    assert!(matches!(
+        world.grab(&sale, "c").await,
+        Err(AppError::SoldOut)
+    ));
+    world.recheck_done(&sale).await;
+    assert_eq!(world.store.availability_reads.load(Ordering::SeqCst), 1);
+    assert_eq!(world.store.reserve_calls.load(Ordering::SeqCst), writes);
     world.grab(&sale, "b").await.unwrap();
+}
+
+#[tokio::test]
+async fn a_sold_out_sale_costs_one_read_per_recheck_interval_however_many_grabs() {
+    let world = World::new();
+    let sale = world.sale(1, 1, 1).await;
+    world.clock.set(start());
+    world.grab(&sale, "a").await.unwrap();
+    assert!(matches!(
+        world.grab(&sale, "b").await,
+        Err(AppError::SoldOut)
+    ));
+    let tokens = late_buyers_tokens(&world, &sale, 40).await;
+    let [reserves, finds, _, sent] = world.store_calls();
+    for interval in 1..=4 {
+        world.clock.advance(Duration::milliseconds(1100));
+        for (late, token) in tokens.iter().enumerate().skip(10 * (interval - 1)).take(10) {
+            assert!(matches!(
+                world.grab_with(&sale, &format!("late-{late}"), token).await,
+                Err(AppError::SoldOut)
+            ));
+        }
+        world.recheck_done(&sale).await;
+        assert_eq!(world.store_calls(), [reserves, finds, interval, sent]);
+    }
 }
 
 #[tokio::test]
@@ -303,7 +428,7 @@ async fn a_failed_enqueue_keeps_the_hold_for_the_retry_to_resume() {
     assert_eq!(world.store.shard_available(&sale, 0), 0);
 
     world.queue.fail.store(false, Ordering::SeqCst);
-    let resumed = world.grab_with(&sale, "a", &token).await.unwrap();
+    let resumed = world.retry_with(&sale, "a", &token).await.unwrap();
     assert_eq!(world.queue.sent.lock().unwrap().as_slice(), [resumed]);
     assert_eq!(world.store.shard_available(&sale, 0), 0);
 }
@@ -550,28 +675,15 @@ async fn a_retried_grab_answers_the_same_order_and_takes_one_unit() {
     world.clock.set(start());
     let token = world.token(&sale, "a").await.unwrap();
     let first = world.grab_with(&sale, "a", &token).await.unwrap();
-    let retry = world.grab_with(&sale, "a", &token).await.unwrap();
+    let retry = world.retry_with(&sale, "a", &token).await.unwrap();
     assert_eq!(retry, first);
+    // Even unmarked, the database's "already held" proves it a retry: same answer.
+    let unmarked = world.grab_with(&sale, "a", &token).await.unwrap();
+    assert_eq!(unmarked, first);
     assert_eq!(world.store.shard_available(&sale, 0), 4);
     // A second unit (the limit is 2) needs a second path.
     let second = world.grab(&sale, "a").await.unwrap();
     assert_ne!(second.order_id, first.order_id);
-}
-
-#[tokio::test]
-async fn a_retried_grab_that_took_the_last_unit_still_finds_it_after_sell_out() {
-    let world = World::new();
-    let sale = world.sale(1, 1, 1).await;
-    world.clock.set(start());
-    let token = world.token(&sale, "a").await.unwrap();
-    let first = world.grab_with(&sale, "a", &token).await.unwrap();
-    // Someone else learns it is sold out, arming the gate.
-    assert!(matches!(
-        world.grab(&sale, "b").await,
-        Err(AppError::SoldOut)
-    ));
-    let retry = world.grab_with(&sale, "a", &token).await.unwrap();
-    assert_eq!(retry.order_id, first.order_id);
 }
 
 #[tokio::test]

@@ -15,9 +15,9 @@ use flashsale_domain::gate::SoldOutGate;
 use flashsale_domain::ports::{
     Blocklist, Clock, OrderBook, OrderQueue, SaleCatalog, StockLedger, SystemClock,
 };
-use flashsale_domain::service::{CachedBlocklist, CachedCatalog, GrabService};
+use flashsale_domain::service::{Attempt, CachedBlocklist, CachedCatalog, GrabService};
 use flashsale_domain::token::GrabTokenSigner;
-use flashsale_domain::{OrderId, OrderStatus};
+use flashsale_domain::{AppError, OrderId, OrderStatus, ValidationError};
 use flashsale_http::config::{Env, process_env};
 use flashsale_http::{
     ApiError, CachePolicy, CallBudget, ConfigError, ensure_within_limit, json, respond, route_key,
@@ -31,6 +31,11 @@ use serde::Serialize;
 /// The routes this function serves, exactly as the API declares them.
 pub const TOKEN_ROUTE: &str = "POST /sales/{sale_id}/token";
 pub const GRAB_ROUTE: &str = "POST /sales/{sale_id}/grab/{token}";
+
+/// The request header by which a client marks a retry of the same grab path: `N >= 1`
+/// on the N-th retry, absent or `0` on the first attempt. Only a marked retry pays for
+/// looking up an order the lost first answer may have created.
+pub const RETRY_ATTEMPT_HEADER: &str = "x-retry-attempt";
 
 /// Sales one process keeps in memory. A flash sale process serves a handful of sales;
 /// the bound only stops a stream of distinct ids from growing the cache without limit.
@@ -219,7 +224,8 @@ async fn grab(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
     let user = user_of(req)?;
     let sale_id = sale_id_param(req)?;
     let token = flashsale_http::path_param(req, "token")?;
-    let reservation = deps.grab.grab(&sale_id, token, &user).await?;
+    let attempt = attempt_of(req)?;
+    let reservation = deps.grab.grab(&sale_id, token, &user, attempt).await?;
     tracing::info!(
         order_id = %reservation.order_id,
         sale_id = %sale_id,
@@ -240,6 +246,28 @@ async fn grab(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
         response.headers_mut().insert(LOCATION, location);
     }
     Ok(response)
+}
+
+/// Which try of its grab path the client says this is ([`RETRY_ATTEMPT_HEADER`]).
+fn attempt_of(req: &Request) -> Result<Attempt, ApiError> {
+    let Some(value) = req.headers().get(RETRY_ATTEMPT_HEADER) else {
+        return Ok(Attempt::First);
+    };
+    let retries: u32 = value
+        .to_str()
+        .ok()
+        .and_then(|text| text.trim().parse().ok())
+        .ok_or_else(|| {
+            AppError::Invalid(ValidationError::new(
+                "X-Retry-Attempt",
+                "must be a whole number: 0 on a first attempt, N on the N-th retry",
+            ))
+        })?;
+    Ok(if retries == 0 {
+        Attempt::First
+    } else {
+        Attempt::Retry
+    })
 }
 
 #[cfg(test)]

@@ -12,11 +12,11 @@ use flashsale_domain::testing::{
     FailingLedger, InMemoryBlocklist, InMemoryStore, ManualClock, RecordingQueue,
 };
 use flashsale_domain::{Sale, SaleDraft, SaleId, UserId};
-use flashsale_grab::{Config, Deps, Ports, handler};
+use flashsale_grab::{Config, Deps, Ports, RETRY_ATTEMPT_HEADER, handler};
 use flashsale_http::testing::{ApiEvent, body_json, error_code};
 use flashsale_http::{ConfigError, MAX_BODY_BYTES};
 use lambda_http::Body;
-use lambda_http::http::Response;
+use lambda_http::http::{HeaderValue, Response};
 
 const SECRET: &str = "0123456789abcdef0123456789abcdef-test-only";
 const SALE: &str = "phone-launch";
@@ -127,6 +127,20 @@ impl World {
                 .user(user),
         )
         .await
+    }
+
+    /// The same path again, with `X-Retry-Attempt: attempt`.
+    async fn retry_with(&self, user: &str, token: &str, attempt: &str) -> Response<Body> {
+        let mut request = ApiEvent::fixture("grab.json")
+            .path_param("sale_id", SALE)
+            .path_param("token", token)
+            .user(user)
+            .into_request();
+        request.headers_mut().insert(
+            RETRY_ATTEMPT_HEADER,
+            HeaderValue::from_str(attempt).unwrap(),
+        );
+        handler(&self.deps, request).await.unwrap()
     }
 
     async fn grab(&self, user: &str) -> Response<Body> {
@@ -421,19 +435,65 @@ async fn an_oversize_body_is_payload_too_large_and_reserves_nothing() {
 }
 
 #[tokio::test]
-async fn once_sold_out_the_gate_spares_the_store_until_the_recheck_interval() {
+async fn once_sold_out_first_attempts_cost_nothing_and_a_recheck_reads_once_per_interval() {
     let world = World::with_sale(1, 1).await;
     assert_eq!(world.grab("user-alice").await.status(), 202);
     assert_eq!(error_code(&world.grab("user-bob").await), "sold_out");
-    let calls = world.store.reserve_calls.load(Ordering::SeqCst);
+    let writes = world.store.reserve_calls.load(Ordering::SeqCst);
 
-    assert_eq!(error_code(&world.grab("user-carol").await), "sold_out");
-    assert_eq!(world.store.reserve_calls.load(Ordering::SeqCst), calls);
+    let carol = world.grab_token("user-carol").await;
+    assert_eq!(
+        error_code(&world.grab_with("user-carol", &carol).await),
+        "sold_out"
+    );
+    assert_eq!(
+        error_code(&world.retry_with("user-carol", &carol, "0").await),
+        "sold_out"
+    );
+    assert_eq!(world.store.reserve_calls.load(Ordering::SeqCst), writes);
+    assert_eq!(world.store.find_calls.load(Ordering::SeqCst), 0);
+    assert_eq!(world.store.availability_reads.load(Ordering::SeqCst), 0);
 
-    // SOLD_OUT_RECHECK_MS defaults to 1000: after that the store is asked again.
+    // SOLD_OUT_RECHECK_MS defaults to 1000: after that one grab starts a read of the
+    // shards in the background, and is itself answered from memory.
     world.clock.advance(Duration::milliseconds(1500));
     assert_eq!(error_code(&world.grab("user-dave").await), "sold_out");
-    assert_eq!(world.store.reserve_calls.load(Ordering::SeqCst), calls + 1);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while world.store.availability_reads.load(Ordering::SeqCst) == 0 {
+        assert!(std::time::Instant::now() < deadline, "no recheck");
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(world.store.reserve_calls.load(Ordering::SeqCst), writes);
+}
+
+#[tokio::test]
+async fn a_marked_retry_after_sell_out_answers_the_order_its_lost_answer_held() {
+    let world = World::with_sale(1, 1).await;
+    let token = world.grab_token("user-alice").await;
+    let lost = world.grab_with("user-alice", &token).await;
+    assert_eq!(lost.status(), 202);
+    assert_eq!(error_code(&world.grab("user-bob").await), "sold_out");
+
+    let retried = world.retry_with("user-alice", &token, "1").await;
+    assert_eq!(retried.status(), 202);
+    assert_eq!(
+        body_json(&retried)["order_id"],
+        body_json(&lost)["order_id"]
+    );
+    assert_eq!(world.store.find_calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_malformed_retry_attempt_is_invalid_input_and_reserves_nothing() {
+    let world = World::with_sale(10, 2).await;
+    let token = world.grab_token("user-alice").await;
+    for bad in ["-1", "one", "1.5", ""] {
+        let response = world.retry_with("user-alice", &token, bad).await;
+        assert_eq!(response.status(), 400, "{bad:?}");
+        assert_eq!(error_code(&response), "invalid_input", "{bad:?}");
+    }
+    assert_eq!(world.store.reserve_calls.load(Ordering::SeqCst), 0);
+    assert_eq!(world.available(), 10);
 }
 
 #[tokio::test]
@@ -450,10 +510,10 @@ async fn when_the_queue_fails_the_answer_is_unavailable_and_the_retry_resumes_th
 
     // Retrying the same path answers the same order and takes no second unit.
     world.queue.fail.store(false, Ordering::SeqCst);
-    let retried = world.grab_with("user-alice", &token).await;
+    let retried = world.retry_with("user-alice", &token, "1").await;
     assert_eq!(retried.status(), 202);
     assert_eq!(world.available(), 9);
-    let again = world.grab_with("user-alice", &token).await;
+    let again = world.retry_with("user-alice", &token, "2").await;
     assert_eq!(
         body_json(&again)["order_id"],
         body_json(&retried)["order_id"]

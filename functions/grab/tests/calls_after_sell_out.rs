@@ -1,0 +1,288 @@
+//! What a sold-out sale costs, counted where it is paid: the HTTP requests the SDK
+//! really sends to DynamoDB Local and moto's SQS, by `X-Amz-Target`, from the grab's
+//! own [`Deps::new`] (the production wiring) through its handler.
+//!
+//! After the sale has sold out and this process knows it, a first attempt must cost no
+//! request at all; a retry marked with `X-Retry-Attempt` at most one read, on the
+//! buyer's own key, and one whose first answer was lost gets its order back.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+use aws_sdk_dynamodb::types::{
+    AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
+};
+use aws_smithy_http_client::tls::Provider;
+use aws_smithy_http_client::tls::rustls_provider::CryptoMode;
+use aws_smithy_runtime_api::client::http::{
+    HttpClient, HttpConnector, HttpConnectorFuture, HttpConnectorSettings, SharedHttpClient,
+    SharedHttpConnector,
+};
+use aws_smithy_runtime_api::client::orchestrator::HttpRequest;
+use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
+use chrono::{Duration, Utc};
+use flashsale_adapters::DynamoStore;
+use flashsale_domain::ports::SaleCatalog;
+use flashsale_domain::{Sale, SaleId};
+use flashsale_grab::{Config, Deps, RETRY_ATTEMPT_HEADER, handler};
+use flashsale_http::testing::{ApiEvent, body_json, error_code};
+use lambda_http::Body;
+use lambda_http::http::{HeaderValue, Response};
+
+const SECRET: &str = "0123456789abcdef0123456789abcdef-test-only";
+
+/// Requests by `X-Amz-Target` (e.g. `DynamoDB_20120810.GetItem`, `AmazonSQS.SendMessage`).
+type Counts = BTreeMap<String, u64>;
+
+/// An HTTP client that forwards every request and counts it by its target.
+#[derive(Debug, Clone)]
+struct CountingClient {
+    inner: SharedHttpClient,
+    counts: Arc<Mutex<Counts>>,
+}
+
+impl CountingClient {
+    fn new() -> Self {
+        let transport = aws_smithy_http_client::Builder::new()
+            .tls_provider(Provider::Rustls(CryptoMode::AwsLc))
+            .build_https();
+        Self {
+            inner: transport,
+            counts: Arc::default(),
+        }
+    }
+
+    /// The counts so far, and a fresh start.
+    fn take(&self) -> Counts {
+        std::mem::take(&mut *self.counts.lock().unwrap())
+    }
+}
+
+impl HttpClient for CountingClient {
+    fn http_connector(
+        &self,
+        settings: &HttpConnectorSettings,
+        components: &RuntimeComponents,
+    ) -> SharedHttpConnector {
+        SharedHttpConnector::new(CountingConnector {
+            inner: self.inner.http_connector(settings, components),
+            counts: self.counts.clone(),
+        })
+    }
+}
+
+#[derive(Debug)]
+struct CountingConnector {
+    inner: SharedHttpConnector,
+    counts: Arc<Mutex<Counts>>,
+}
+
+impl HttpConnector for CountingConnector {
+    fn call(&self, request: HttpRequest) -> HttpConnectorFuture {
+        let target = request
+            .headers()
+            .get("x-amz-target")
+            .unwrap_or("(no X-Amz-Target)")
+            .to_owned();
+        *self.counts.lock().unwrap().entry(target).or_default() += 1;
+        self.inner.call(request)
+    }
+}
+
+/// A table with the template's key schema (`pk`/`sk`), which is all the grab touches.
+async fn create_table(client: &aws_sdk_dynamodb::Client) -> String {
+    let name = format!("grab-calls-{}", flashsale_emulators::unique_suffix());
+    let attribute = |name: &str| {
+        AttributeDefinition::builder()
+            .attribute_name(name)
+            .attribute_type(ScalarAttributeType::S)
+            .build()
+            .unwrap()
+    };
+    let key = |name: &str, kind| {
+        KeySchemaElement::builder()
+            .attribute_name(name)
+            .key_type(kind)
+            .build()
+            .unwrap()
+    };
+    client
+        .create_table()
+        .table_name(&name)
+        .billing_mode(BillingMode::PayPerRequest)
+        .attribute_definitions(attribute("pk"))
+        .attribute_definitions(attribute("sk"))
+        .key_schema(key("pk", KeyType::Hash))
+        .key_schema(key("sk", KeyType::Range))
+        .send()
+        .await
+        .expect("create the table");
+    name
+}
+
+/// A FIFO queue like the template's `OrdersQueue` (explicit deduplication ids).
+async fn create_queue(client: &aws_sdk_sqs::Client) -> String {
+    use aws_sdk_sqs::types::QueueAttributeName;
+    client
+        .create_queue()
+        .queue_name(format!(
+            "grab-calls-{}.fifo",
+            flashsale_emulators::unique_suffix()
+        ))
+        .attributes(QueueAttributeName::FifoQueue, "true")
+        .attributes(QueueAttributeName::ContentBasedDeduplication, "false")
+        .send()
+        .await
+        .expect("create the queue")
+        .queue_url
+        .expect("a queue url")
+}
+
+struct Stack {
+    deps: Deps,
+    sale_id: SaleId,
+    counter: CountingClient,
+}
+
+impl Stack {
+    /// The grab as deployed, on the emulators, with the SDK's requests counted, and
+    /// an active sale of `stock` units in `shards` shards.
+    async fn start(stock: u32, shards: u16) -> Self {
+        let plain = flashsale_emulators::shared().await.sdk_config().await;
+        let dynamodb = aws_sdk_dynamodb::Client::new(&plain);
+        let table = create_table(&dynamodb).await;
+        let queue_url = create_queue(&aws_sdk_sqs::Client::new(&plain)).await;
+        let now = Utc::now();
+        let sale = Sale {
+            sale_id: SaleId::generate(),
+            name: "Counted sale".to_owned(),
+            stock_total: stock,
+            starts_at: now - Duration::minutes(1),
+            ends_at: now + Duration::hours(1),
+            per_user_limit: 1,
+            payment_timeout_secs: 900,
+            shards,
+        };
+        assert!(
+            DynamoStore::new(dynamodb, &table)
+                .create_sale(&sale)
+                .await
+                .unwrap()
+        );
+
+        let vars: HashMap<&str, String> = [
+            ("TABLE_NAME", table),
+            ("ORDERS_QUEUE_URL", queue_url),
+            ("GRAB_TOKEN_SECRET", SECRET.to_owned()),
+            // Long enough that no background recheck of the gate and no refresh of
+            // the blocklist snapshot (each a read per process per interval, whatever
+            // the traffic) falls inside a test: what is counted is the requests' cost.
+            ("SOLD_OUT_RECHECK_MS", "600000".to_owned()),
+            ("BLOCKLIST_REFRESH_MS", "600000".to_owned()),
+        ]
+        .into_iter()
+        .collect();
+        let config = Config::from_lookup(|var| vars.get(var).cloned()).unwrap();
+        let counter = CountingClient::new();
+        let counted = plain.into_builder().http_client(counter.clone()).build();
+        Self {
+            deps: Deps::new(&config, &counted),
+            sale_id: sale.sale_id,
+            counter,
+        }
+    }
+
+    async fn call(&self, request: lambda_http::Request) -> Response<Body> {
+        handler(&self.deps, request).await.unwrap()
+    }
+
+    async fn grab_token(&self, user: &str) -> String {
+        let response = self
+            .call(
+                ApiEvent::fixture("grab-token.json")
+                    .path_param("sale_id", self.sale_id.as_str())
+                    .user(user)
+                    .into_request(),
+            )
+            .await;
+        assert_eq!(response.status(), 200);
+        let path = body_json(&response)["grab_path"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        path.rsplit_once('/').unwrap().1.to_owned()
+    }
+
+    /// A grab through `token`; `retry` > 0 marks it `X-Retry-Attempt: retry`.
+    async fn grab(&self, user: &str, token: &str, retry: u32) -> Response<Body> {
+        let mut request = ApiEvent::fixture("grab.json")
+            .path_param("sale_id", self.sale_id.as_str())
+            .path_param("token", token)
+            .user(user)
+            .into_request();
+        if retry > 0 {
+            request
+                .headers_mut()
+                .insert(RETRY_ATTEMPT_HEADER, HeaderValue::from(retry));
+        }
+        self.call(request).await
+    }
+}
+
+fn counts(pairs: &[(&str, u64)]) -> Counts {
+    pairs.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect()
+}
+
+#[tokio::test]
+async fn after_sell_out_first_attempts_send_no_request_and_a_marked_retry_one_read() {
+    let stack = Stack::start(2, 2).await;
+    let alice = stack.grab_token("buyer-alice").await;
+    // Alice's grab commits, but suppose its answer is lost on the way back.
+    let lost = stack.grab("buyer-alice", &alice, 0).await;
+    assert_eq!(lost.status(), 202);
+    let bob = stack.grab_token("buyer-bob").await;
+    assert_eq!(stack.grab("buyer-bob", &bob, 0).await.status(), 202);
+    // The first loser learns from the table that every shard is empty.
+    let carol = stack.grab_token("buyer-carol").await;
+    assert_eq!(
+        error_code(&stack.grab("buyer-carol", &carol, 0).await),
+        "sold_out"
+    );
+
+    let mut late = Vec::new();
+    for buyer in 0..50 {
+        let user = format!("late-{buyer}");
+        let token = stack.grab_token(&user).await;
+        late.push((user, token));
+    }
+    stack.counter.take();
+
+    for (user, token) in &late {
+        assert_eq!(error_code(&stack.grab(user, token, 0).await), "sold_out");
+    }
+    assert_eq!(stack.counter.take(), Counts::new(), "50 first attempts");
+
+    // Alice retries, marked: one read of her own item finds the order, which is sent
+    // to the queue again (deduplicated there by order id).
+    let retried = stack.grab("buyer-alice", &alice, 1).await;
+    assert_eq!(retried.status(), 202);
+    assert_eq!(
+        body_json(&retried)["order_id"],
+        body_json(&lost)["order_id"]
+    );
+    assert_eq!(
+        stack.counter.take(),
+        counts(&[
+            ("DynamoDB_20120810.GetItem", 1),
+            ("AmazonSQS.SendMessage", 1)
+        ])
+    );
+
+    // A marked retry of a path that never took a unit: one read, and sold out.
+    let (user, token) = &late[0];
+    assert_eq!(error_code(&stack.grab(user, token, 3).await), "sold_out");
+    assert_eq!(
+        stack.counter.take(),
+        counts(&[("DynamoDB_20120810.GetItem", 1)])
+    );
+}
