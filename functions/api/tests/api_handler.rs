@@ -299,7 +299,7 @@ async fn every_bad_sale_body_is_a_4xx_naming_the_problem_and_writes_nothing() {
             "an array",
             "[]".to_owned(),
             "invalid_input",
-            "expected struct",
+            "the request body must be a JSON object",
         ),
         (
             "a missing name",
@@ -317,13 +317,37 @@ async fn every_bad_sale_body_is_a_4xx_naming_the_problem_and_writes_nothing() {
             "stock as a string",
             with("stock", json!("ten")),
             "invalid_input",
-            "`stock`",
+            "`stock` must be an integer, not a string",
         ),
         (
             "stock as a fraction",
             with("stock", json!(1.5)),
             "invalid_input",
-            "`stock`",
+            "`stock` must be an integer",
+        ),
+        (
+            "a null sale id",
+            with("sale_id", Value::Null),
+            "invalid_input",
+            "`sale_id` must be a string, not null",
+        ),
+        (
+            "a null per-user limit",
+            with("per_user_limit", Value::Null),
+            "invalid_input",
+            "`per_user_limit` must be an integer, not null",
+        ),
+        (
+            "a null payment timeout",
+            with("payment_timeout_secs", Value::Null),
+            "invalid_input",
+            "`payment_timeout_secs` must be an integer, not null",
+        ),
+        (
+            "null shards",
+            with("shards", Value::Null),
+            "invalid_input",
+            "`shards` must be an integer, not null",
         ),
         (
             "stock 0",
@@ -347,7 +371,7 @@ async fn every_bad_sale_body_is_a_4xx_naming_the_problem_and_writes_nothing() {
             "a date that is not a date",
             with("starts_at", json!("tomorrow")),
             "invalid_input",
-            "`starts_at`",
+            "`starts_at` must be an RFC 3339 date-time",
         ),
         (
             "an end before the start",
@@ -386,10 +410,34 @@ async fn every_bad_sale_body_is_a_4xx_naming_the_problem_and_writes_nothing() {
             "sale_id",
         ),
         (
-            "an empty name",
+            "a blank name",
             with("name", json!("   ")),
             "invalid_input",
-            "name",
+            "name must be 1 to 200 characters, not all blank",
+        ),
+        (
+            "a name too long before trimming",
+            with("name", json!(format!("     {}     ", "x".repeat(200)))),
+            "invalid_input",
+            "name must be 1 to 200 characters",
+        ),
+        (
+            "a name with NUL",
+            with("name", json!("Phone\u{0}")),
+            "invalid_input",
+            "control or bidirectional formatting characters (found U+0000)",
+        ),
+        (
+            "a name with an escape sequence",
+            with("name", json!("\u{1b}[2JPhone")),
+            "invalid_input",
+            "(found U+001B)",
+        ),
+        (
+            "a name with a right-to-left override",
+            with("name", json!("Phone \u{202e}gpj.exe")),
+            "invalid_input",
+            "(found U+202E)",
         ),
         (
             "an unknown field",
@@ -401,7 +449,7 @@ async fn every_bad_sale_body_is_a_4xx_naming_the_problem_and_writes_nothing() {
             "a null name",
             with("name", Value::Null),
             "invalid_input",
-            "`name`",
+            "`name` must be a string, not null",
         ),
     ];
     for (what, body, code, hint) in cases {
@@ -412,7 +460,59 @@ async fn every_bad_sale_body_is_a_4xx_naming_the_problem_and_writes_nothing() {
         assert_eq!(error_code(&response), code, "{what}");
         let message = body_json(&response)["message"].as_str().unwrap().to_owned();
         assert!(message.contains(hint), "{what}: {message:?} lacks {hint:?}");
+        for rust_word in ["i64", "struct", "SaleDraft", "DateTime"] {
+            assert!(!message.contains(rust_word), "{what}: {message:?}");
+        }
         assert!(!world.sale_exists().await, "{what} wrote a sale");
+    }
+}
+
+#[tokio::test]
+async fn a_name_is_kept_exactly_as_sent() {
+    let world = World::new();
+    let mut body = sale_body();
+    body["name"] = json!("  Phone \u{1F4F1} launch ");
+    let response = world.create(&body).await;
+    assert_eq!(response.status(), 201);
+    assert_eq!(body_json(&response)["name"], "  Phone \u{1F4F1} launch ");
+}
+
+#[tokio::test]
+async fn a_sale_body_not_sent_as_json_is_unsupported_media_type_and_writes_nothing() {
+    let world = World::new();
+    for content_type in [Some("text/plain"), Some("application/xml"), None] {
+        let mut event = ApiEvent::fixture("api-create-sale.json").json(&sale_body());
+        event = match content_type {
+            Some(content_type) => event.header("content-type", content_type),
+            None => event.without_header("content-type"),
+        };
+        let response = world.call(event).await;
+        assert_eq!(response.status(), 415, "{content_type:?}");
+        assert_eq!(error_code(&response), "unsupported_media_type");
+        assert!(!world.sale_exists().await, "{content_type:?} wrote a sale");
+    }
+    let charset = ApiEvent::fixture("api-create-sale.json")
+        .json(&sale_body())
+        .header("content-type", "application/json; charset=utf-8");
+    assert_eq!(world.call(charset).await.status(), 201);
+}
+
+#[tokio::test]
+async fn every_route_answers_an_oversize_body_with_payload_too_large() {
+    let world = World::with_sale().await;
+    let huge = "x".repeat(MAX_BODY_BYTES + 1);
+    for fixture in [
+        "api-get-sale.json",
+        "api-get-order.json",
+        "api-pay-order.json",
+        "api-cancel-order.json",
+        "api-sale-stats.json",
+    ] {
+        let response = world
+            .call(ApiEvent::fixture(fixture).body(huge.clone()))
+            .await;
+        assert_eq!(response.status(), 413, "{fixture}");
+        assert_eq!(error_code(&response), "payload_too_large", "{fixture}");
     }
 }
 

@@ -63,7 +63,9 @@ impl fmt::Display for SaleId {
     }
 }
 
-/// The buyer, as the JWT `sub` names them.
+/// The buyer, as the JWT `sub` names them: 1 to 128 characters (Unicode scalar values,
+/// as openapi.yaml's `maxLength` counts them, not bytes), none of them a control
+/// character.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct UserId(String);
@@ -71,7 +73,10 @@ pub struct UserId(String);
 impl UserId {
     pub fn parse(raw: impl Into<String>) -> Result<Self, ValidationError> {
         let raw = raw.into();
-        if raw.is_empty() || raw.len() > MAX_USER_ID_LEN || raw.chars().any(char::is_control) {
+        if raw.is_empty()
+            || raw.chars().count() > MAX_USER_ID_LEN
+            || raw.chars().any(char::is_control)
+        {
             return Err(ValidationError::new(
                 "user_id",
                 format!("must be 1 to {MAX_USER_ID_LEN} printable characters"),
@@ -206,7 +211,18 @@ mod tests {
             assert!(OrderId::parse(bad).is_err(), "{bad:?}");
         }
         assert!(UserId::parse("").is_err());
-        assert!(UserId::parse("a\nb").is_err());
+        for control in ["a\nb", "nul\0", "esc\u{1b}[31m", "c1\u{85}"] {
+            assert!(UserId::parse(control).is_err(), "{control:?}");
+        }
+    }
+
+    #[test]
+    fn a_user_id_is_measured_in_characters_as_the_contract_counts_them() {
+        // 128 two-byte characters: 256 bytes, still 128 characters.
+        assert!(UserId::parse("é".repeat(128)).is_ok());
+        assert!(UserId::parse("é".repeat(129)).is_err());
+        assert!(UserId::parse("a".repeat(128)).is_ok());
+        assert!(UserId::parse("a".repeat(129)).is_err());
     }
 
     #[test]

@@ -30,18 +30,97 @@ pub const TOKEN_LEAD: Duration = Duration::seconds(1);
 /// Unix seconds: 1970-01-01T00:00:00Z up to 9999-01-01T00:00:00Z.
 const SALE_CALENDAR_SECS: std::ops::Range<i64> = 0..253_370_764_800;
 
-/// A sale as an administrator asks for it, before validation.
+/// A sale as an administrator asks for it, before validation. An optional field is
+/// either left out (its default applies) or given a value: `null` is refused, as the
+/// contract's non-nullable schema says. Every field is read by [`draft_field`], so a
+/// wrong type is described in the API's words ("must be an integer").
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SaleDraft {
+    #[serde(default, deserialize_with = "draft_field::some_string")]
     pub sale_id: Option<String>,
+    #[serde(deserialize_with = "draft_field::string")]
     pub name: String,
+    #[serde(deserialize_with = "draft_field::integer")]
     pub stock: i64,
+    #[serde(deserialize_with = "draft_field::date_time")]
     pub starts_at: DateTime<Utc>,
+    #[serde(deserialize_with = "draft_field::date_time")]
     pub ends_at: DateTime<Utc>,
+    #[serde(default, deserialize_with = "draft_field::some_integer")]
     pub per_user_limit: Option<i64>,
+    #[serde(default, deserialize_with = "draft_field::some_integer")]
     pub payment_timeout_secs: Option<i64>,
+    #[serde(default, deserialize_with = "draft_field::some_integer")]
     pub shards: Option<i64>,
+}
+
+/// Readers of the draft's JSON fields whose errors speak JSON, not Rust: serde's own
+/// would say "expected i64" or "expected a formatted date and time string".
+mod draft_field {
+    use chrono::{DateTime, Utc};
+    use serde::de::Error as _;
+    use serde::{Deserialize, Deserializer};
+    use serde_json::Value;
+
+    pub fn integer<'de, D: Deserializer<'de>>(input: D) -> Result<i64, D::Error> {
+        let value = Value::deserialize(input)?;
+        integer_of(&value).ok_or_else(|| D::Error::custom(wrong_kind("an integer", &value)))
+    }
+
+    pub fn some_integer<'de, D: Deserializer<'de>>(input: D) -> Result<Option<i64>, D::Error> {
+        integer(input).map(Some)
+    }
+
+    pub fn string<'de, D: Deserializer<'de>>(input: D) -> Result<String, D::Error> {
+        match Value::deserialize(input)? {
+            Value::String(text) => Ok(text),
+            other => Err(D::Error::custom(wrong_kind("a string", &other))),
+        }
+    }
+
+    pub fn some_string<'de, D: Deserializer<'de>>(input: D) -> Result<Option<String>, D::Error> {
+        string(input).map(Some)
+    }
+
+    pub fn date_time<'de, D: Deserializer<'de>>(input: D) -> Result<DateTime<Utc>, D::Error> {
+        const EXPECTED: &str = "an RFC 3339 date-time such as 2026-01-01T00:00:00Z";
+        match Value::deserialize(input)? {
+            Value::String(text) => DateTime::parse_from_rfc3339(&text)
+                .map(|time| time.with_timezone(&Utc))
+                .map_err(|_| D::Error::custom(format!("must be {EXPECTED}"))),
+            other => Err(D::Error::custom(wrong_kind(EXPECTED, &other))),
+        }
+    }
+
+    /// JSON has one number type: `3`, `3.0` and `3e0` are the same integer (as JSON
+    /// Schema's `integer` counts them). One too large for i64 is kept as the largest,
+    /// which every range check then refuses with its bounds.
+    fn integer_of(value: &Value) -> Option<i64> {
+        let number = value.as_number()?;
+        if let Some(integer) = number.as_i64() {
+            return Some(integer);
+        }
+        if number.is_u64() {
+            return Some(i64::MAX);
+        }
+        let float = number.as_f64()?;
+        // `as` saturates, which is what the range checks want for huge values.
+        #[allow(clippy::cast_possible_truncation)]
+        (float.is_finite() && float.fract() == 0.0).then_some(float as i64)
+    }
+
+    fn wrong_kind(expected: &str, found: &Value) -> String {
+        let found = match found {
+            Value::Null => "null",
+            Value::Bool(_) => "a boolean",
+            Value::Number(_) => "a number",
+            Value::String(_) => "a string",
+            Value::Array(_) => "an array",
+            Value::Object(_) => "an object",
+        };
+        format!("must be {expected}, not {found}")
+    }
 }
 
 /// A validated sale. Immutable once created, which is what lets every grab cache it.
@@ -73,6 +152,14 @@ pub fn default_shards(stock: u32) -> u16 {
     u16::try_from(wanted).unwrap_or(16)
 }
 
+/// Characters a sale name may not hold, because the public page shows it as sent:
+/// control characters (NUL, ESC, ...) and the bidirectional overrides and isolates that
+/// make text display in a different order than it reads ("Trojan Source").
+/// openapi.yaml states the same set as the name's `pattern`.
+fn is_unsafe_in_text(c: char) -> bool {
+    c.is_control() || matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+}
+
 fn in_range(field: &'static str, value: i64, min: i64, max: i64) -> Result<u32, ValidationError> {
     if (min..=max).contains(&value) {
         u32::try_from(value).map_err(|_| ValidationError::new(field, "is out of range"))
@@ -101,11 +188,20 @@ impl Sale {
             Some(raw) => SaleId::parse(raw)?,
             None => SaleId::generate(),
         };
-        let name = draft.name.trim().to_owned();
-        if name.is_empty() || name.chars().count() > MAX_NAME_LEN {
+        let name = draft.name;
+        if name.chars().count() > MAX_NAME_LEN || !name.chars().any(|c| !c.is_whitespace()) {
             return Err(ValidationError::new(
                 "name",
-                format!("must be 1 to {MAX_NAME_LEN} characters"),
+                format!("must be 1 to {MAX_NAME_LEN} characters, not all blank"),
+            ));
+        }
+        if let Some(unsafe_char) = name.chars().find(|&c| is_unsafe_in_text(c)) {
+            return Err(ValidationError::new(
+                "name",
+                format!(
+                    "must not contain control or bidirectional formatting characters (found U+{:04X})",
+                    u32::from(unsafe_char)
+                ),
             ));
         }
         let stock_total = in_range("stock", draft.stock, 1, i64::from(MAX_STOCK))?;
@@ -252,5 +348,110 @@ impl SaleView {
             stock_total: sale.stock_total,
             stock_available,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    fn draft_json() -> Value {
+        json!({
+            "name": "Phone",
+            "stock": 10,
+            "starts_at": "2026-01-01T00:00:00Z",
+            "ends_at": "2026-01-01T01:00:00Z",
+        })
+    }
+
+    fn read(overrides: Value) -> Result<SaleDraft, String> {
+        let mut body = draft_json();
+        for (key, value) in overrides.as_object().unwrap() {
+            body[key] = value.clone();
+        }
+        serde_json::from_value(body).map_err(|err| err.to_string())
+    }
+
+    fn create(overrides: Value) -> Result<Sale, ValidationError> {
+        Sale::from_draft(read(overrides).expect("a readable draft"))
+    }
+
+    #[test]
+    fn null_is_refused_for_every_optional_field_and_absence_takes_the_default() {
+        for field in [
+            "sale_id",
+            "per_user_limit",
+            "payment_timeout_secs",
+            "shards",
+        ] {
+            let err = read(json!({ field: null })).unwrap_err();
+            assert!(err.contains("not null"), "{field}: {err}");
+        }
+        let sale = create(json!({})).unwrap();
+        assert_eq!(sale.per_user_limit, 1);
+        assert_eq!(sale.payment_timeout_secs, DEFAULT_PAYMENT_TIMEOUT_SECS);
+        assert_eq!(sale.shards, default_shards(10));
+    }
+
+    #[test]
+    fn a_wrong_type_is_described_in_json_terms_not_rust_ones() {
+        let cases = [
+            (json!({"stock": "ten"}), "must be an integer, not a string"),
+            (json!({"stock": 1.5}), "must be an integer, not a number"),
+            (json!({"shards": true}), "must be an integer, not a boolean"),
+            (json!({"name": 5}), "must be a string, not a number"),
+            (json!({"sale_id": []}), "must be a string, not an array"),
+            (
+                json!({"starts_at": "tomorrow"}),
+                "must be an RFC 3339 date-time",
+            ),
+            (
+                json!({"ends_at": {}}),
+                "must be an RFC 3339 date-time such as 2026-01-01T00:00:00Z, not an object",
+            ),
+        ];
+        for (overrides, expected) in cases {
+            let err = read(overrides.clone()).unwrap_err();
+            assert!(err.starts_with(expected), "{overrides}: {err}");
+            assert!(!err.contains("i64") && !err.contains("struct"), "{err}");
+        }
+    }
+
+    #[test]
+    fn integral_numbers_in_any_json_spelling_are_integers() {
+        assert_eq!(read(json!({"stock": 10.0})).unwrap().stock, 10);
+        let huge = read(json!({"stock": u64::MAX})).unwrap();
+        assert_eq!(huge.stock, i64::MAX);
+        assert!(Sale::from_draft(huge).is_err());
+    }
+
+    #[test]
+    fn a_name_is_stored_as_sent_and_must_not_be_blank_or_too_long() {
+        let padded = format!("  {}  ", "x".repeat(196));
+        assert_eq!(create(json!({ "name": padded })).unwrap().name, padded);
+        for bad in ["", "   ", "\u{3000}\u{a0}"] {
+            assert!(create(json!({ "name": bad })).is_err(), "{bad:?}");
+        }
+        let too_long = format!("  {}  ", "x".repeat(206));
+        assert!(create(json!({ "name": too_long })).is_err());
+        assert!(create(json!({ "name": "é".repeat(200) })).is_ok());
+    }
+
+    #[test]
+    fn a_name_with_control_or_bidi_formatting_characters_is_refused() {
+        for bad in [
+            "nul\0",
+            "esc\u{1b}[2J",
+            "c1\u{9b}",
+            "abc\u{202e}fdp",
+            "iso\u{2066}x\u{2069}",
+        ] {
+            let err = create(json!({ "name": bad })).unwrap_err();
+            assert_eq!(err.field, "name", "{bad:?}");
+        }
+        // Other formatting characters are ordinary text: a zero-width joiner in an emoji.
+        assert!(create(json!({ "name": "Family \u{1F468}\u{200D}\u{1F469}" })).is_ok());
     }
 }

@@ -17,15 +17,19 @@ pub enum ApiError {
     },
     /// The body is JSON but a field is missing, unknown or of the wrong type. `field`
     /// is the path of the offending value; `None` when the body as a whole does not fit
-    /// (then the message names the missing or unknown field).
-    #[error("{}", describe_field(field.as_deref(), source))]
+    /// (then `problem` names the missing or unknown field). `problem` is in the API's
+    /// words ("must be an integer"), never a Rust type's.
+    #[error("{}", describe_field(field.as_deref(), problem))]
     InvalidField {
         field: Option<String>,
-        #[source]
-        source: serde_json::Error,
+        problem: String,
     },
     #[error("the request body is {actual} bytes; at most {limit} bytes are accepted")]
     PayloadTooLarge { limit: usize, actual: usize },
+    /// A body declared as something other than JSON: it is refused rather than parsed
+    /// anyway, so what a client meant and what the server read cannot differ.
+    #[error("{}", describe_media_type(declared.as_deref()))]
+    UnsupportedMediaType { declared: Option<String> },
     /// No authenticated caller: the route is public in the API configuration, or the
     /// authorizer passed no subject.
     #[error("authentication is required: {reason}")]
@@ -63,6 +67,9 @@ impl ApiError {
                 (StatusCode::BAD_REQUEST, "invalid_input")
             }
             Self::PayloadTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
+            Self::UnsupportedMediaType { .. } => {
+                (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type")
+            }
             Self::Unauthenticated { .. } | Self::InvalidSubject { .. } => {
                 (StatusCode::UNAUTHORIZED, "unauthorized")
             }
@@ -90,10 +97,19 @@ impl ApiError {
     }
 }
 
-fn describe_field(field: Option<&str>, source: &serde_json::Error) -> String {
+fn describe_field(field: Option<&str>, problem: &str) -> String {
     match field {
-        Some(field) => format!("invalid field `{field}`: {source}"),
-        None => format!("invalid body: {source}"),
+        Some(field) => format!("`{field}` {problem}"),
+        None => problem.to_owned(),
+    }
+}
+
+fn describe_media_type(declared: Option<&str>) -> String {
+    match declared {
+        Some(declared) => {
+            format!("the request body must be application/json, not {declared:?}")
+        }
+        None => "the request body must be sent with Content-Type: application/json".to_owned(),
     }
 }
 

@@ -121,6 +121,19 @@ impl ApiEvent {
         self
     }
 
+    /// A request header, as API Gateway passes it (lower-case name).
+    pub fn header(mut self, name: &str, value: &str) -> Self {
+        self.0["headers"][name.to_ascii_lowercase()] = json!(value);
+        self
+    }
+
+    pub fn without_header(mut self, name: &str) -> Self {
+        if let Some(Value::Object(headers)) = self.0.get_mut("headers") {
+            headers.remove(&name.to_ascii_lowercase());
+        }
+        self
+    }
+
     pub fn json(self, body: &Value) -> Self {
         self.body(body.to_string())
     }
