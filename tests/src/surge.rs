@@ -434,7 +434,10 @@ impl Grabber {
                 }
                 Err(error) => return Err(error),
             };
-            let code = response.body.get("error").and_then(serde_json::Value::as_str);
+            let code = response
+                .body
+                .get("error")
+                .and_then(serde_json::Value::as_str);
             answer
                 .answers
                 .push(record(answer_kind(response.status.as_u16(), code)));

@@ -43,7 +43,10 @@ async fn the_load_tool_reports_plots_and_passes_its_audit() {
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{stdout}\n{stderr}");
-    assert!(stdout.contains("orders_within_stock"), "the audit table: {stdout}");
+    assert!(
+        stdout.contains("orders_within_stock"),
+        "the audit table: {stdout}"
+    );
     assert!(!stdout.contains("FAIL"), "{stdout}");
 
     let report: Value =
@@ -51,11 +54,19 @@ async fn the_load_tool_reports_plots_and_passes_its_audit() {
     assert_eq!(report["audit_passed"], true, "{report:#}");
     assert_eq!(report["reserved"], STOCK, "{report:#}");
     assert_eq!(report["paid"], 2, "40% of 5 orders: {report:#}");
-    assert_eq!(report["config"]["token_source"].as_str().map(|s| s.starts_with("file")), Some(true));
+    assert_eq!(
+        report["config"]["token_source"]
+            .as_str()
+            .map(|s| s.starts_with("file")),
+        Some(true)
+    );
     let outcomes = report["outcomes"].as_object().expect("outcomes by kind");
     let settled: u64 = outcomes.values().map(|n| n.as_u64().unwrap()).sum();
     assert_eq!(settled, 16, "every attempt has an outcome: {report:#}");
-    assert_eq!(report["routes"]["token"]["count"].as_u64().map(|n| n >= 16), Some(true));
+    assert_eq!(
+        report["routes"]["token"]["count"].as_u64().map(|n| n >= 16),
+        Some(true)
+    );
     assert_eq!(report["routes"]["pay"]["count"], 2);
     assert!(report["timeline"].as_array().is_some_and(|s| !s.is_empty()));
     let names: Vec<&str> = report["audit"]

@@ -171,11 +171,19 @@ async fn run_surge(args: SurgeArgs) -> Result<bool, Box<dyn std::error::Error>> 
     };
     let token_source = match &tokens {
         TokenSource::Local => "local /local/token".to_owned(),
-        TokenSource::File(_) => format!("file {}", args.tokens_file.as_ref().map_or(String::new(), |p| p.display().to_string())),
+        TokenSource::File(_) => format!(
+            "file {}",
+            args.tokens_file
+                .as_ref()
+                .map_or(String::new(), |p| p.display().to_string())
+        ),
         TokenSource::Command(command) => format!("command {command}"),
     };
     let run_id = Utc::now().timestamp_millis();
-    let sale_id = args.sale_id.clone().unwrap_or_else(|| format!("load-{run_id}"));
+    let sale_id = args
+        .sale_id
+        .clone()
+        .unwrap_or_else(|| format!("load-{run_id}"));
     let run = LoadRun {
         config: RunConfig {
             api_url: args.api_url.clone(),

@@ -55,7 +55,11 @@ fn count(stats: &Value, field: &str) -> Option<u64> {
 /// Runs every check.
 pub fn audit(input: &AuditInput<'_>) -> Vec<Check> {
     let stock = u64::from(input.stock);
-    let reserved: u64 = input.reserved.values().map(|orders| orders.len() as u64).sum();
+    let reserved: u64 = input
+        .reserved
+        .values()
+        .map(|orders| orders.len() as u64)
+        .sum();
     let demand: u64 = input
         .attempts_by_buyer
         .values()
@@ -177,7 +181,12 @@ mod tests {
             .iter()
             .enumerate()
             .filter(|(_, n)| **n > 0)
-            .map(|(b, n)| (format!("b{b}"), (0..*n).map(|o| format!("o{b}.{o}")).collect()))
+            .map(|(b, n)| {
+                (
+                    format!("b{b}"),
+                    (0..*n).map(|o| format!("o{b}.{o}")).collect(),
+                )
+            })
             .collect()
     }
 
@@ -190,7 +199,11 @@ mod tests {
     }
 
     fn failed(checks: &[Check]) -> Vec<&'static str> {
-        checks.iter().filter(|c| !c.passed).map(|c| c.name).collect()
+        checks
+            .iter()
+            .filter(|c| !c.passed)
+            .map(|c| c.name)
+            .collect()
     }
 
     #[test]

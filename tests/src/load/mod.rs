@@ -104,7 +104,11 @@ pub async fn run(
     let orders: Vec<(&str, &str)> = surge
         .reserved
         .iter()
-        .flat_map(|(buyer, orders)| orders.iter().map(move |order| (buyer.as_str(), order.as_str())))
+        .flat_map(|(buyer, orders)| {
+            orders
+                .iter()
+                .map(move |order| (buyer.as_str(), order.as_str()))
+        })
         .collect();
     let to_pay = share(orders.len(), config.pay_ratio);
     let mut pay_latencies = Vec::with_capacity(to_pay);
@@ -282,9 +286,10 @@ pub struct Outputs {
 impl Outputs {
     /// `dir/report.json` gives `dir/report-latency.png` and `dir/report-timeline.png`.
     pub fn beside(report: &Path) -> Self {
-        let stem = report
-            .file_stem()
-            .map_or_else(|| "report".into(), |stem| stem.to_string_lossy().into_owned());
+        let stem = report.file_stem().map_or_else(
+            || "report".into(),
+            |stem| stem.to_string_lossy().into_owned(),
+        );
         let dir = report.parent().unwrap_or_else(|| Path::new(""));
         Self {
             report: report.to_owned(),
@@ -298,7 +303,11 @@ impl Outputs {
             let path = path.to_owned();
             move |source| LoadError::Write { path, source }
         };
-        if let Some(dir) = self.report.parent().filter(|dir| !dir.as_os_str().is_empty()) {
+        if let Some(dir) = self
+            .report
+            .parent()
+            .filter(|dir| !dir.as_os_str().is_empty())
+        {
             std::fs::create_dir_all(dir).map_err(write_error(dir))?;
         }
         let json = serde_json::to_vec_pretty(report).expect("a report serializes");

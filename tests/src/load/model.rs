@@ -43,8 +43,10 @@ impl Arrival {
                 .map(Self::uniform)
                 .map_err(|_| format!("uniform:SECS needs whole seconds, got {secs:?}")),
             Some(("profile", weights)) => {
-                let weights: Result<Vec<f64>, _> =
-                    weights.split(',').map(|w| w.trim().parse::<f64>()).collect();
+                let weights: Result<Vec<f64>, _> = weights
+                    .split(',')
+                    .map(|w| w.trim().parse::<f64>())
+                    .collect();
                 Self::profile(&weights.map_err(|_| format!("bad weights in {text:?}"))?)
             }
             _ => Err(format!(
@@ -434,7 +436,10 @@ pub fn capacity(scenario: &Scenario) -> Vec<(String, f64)> {
         // Each reservation is one request on the token route and one on the grab route.
         ("api_gateway_route".to_owned(), q.grab_route_rps),
         ("api_gateway_account".to_owned(), q.account_rps / 2.0),
-        ("lambda_grab_concurrency".to_owned(), concurrency / per_reservation_secs),
+        (
+            "lambda_grab_concurrency".to_owned(),
+            concurrency / per_reservation_secs,
+        ),
         (
             "dynamodb_shard_partitions".to_owned(),
             scenario.shards * q.partition_wcu / shard_wcu,
@@ -453,7 +458,8 @@ pub fn capacity(scenario: &Scenario) -> Vec<(String, f64)> {
 
 fn grab_concurrency_cap(q: &Quotas) -> f64 {
     if q.grab_reserved_concurrency > 0.0 {
-        q.grab_reserved_concurrency.min(q.lambda_account_concurrency)
+        q.grab_reserved_concurrency
+            .min(q.lambda_account_concurrency)
     } else {
         q.lambda_account_concurrency
     }
@@ -474,9 +480,21 @@ pub fn run(scenario: &Scenario) -> Outcome {
         "requests/s, token + grab",
     );
     let mut account = Layer::new("api_gateway_account", q.account_rps, "requests/s");
-    let mut lambda = Layer::new("lambda_grab", grab_concurrency_cap(q), "concurrent executions");
-    let mut shard = Layer::new("dynamodb_hot_shard", q.partition_wcu, "WCU/s on one shard key");
-    let mut gsi = Layer::new("dynamodb_gsi_bucket", q.partition_wcu, "WCU/s on one bucket key");
+    let mut lambda = Layer::new(
+        "lambda_grab",
+        grab_concurrency_cap(q),
+        "concurrent executions",
+    );
+    let mut shard = Layer::new(
+        "dynamodb_hot_shard",
+        q.partition_wcu,
+        "WCU/s on one shard key",
+    );
+    let mut gsi = Layer::new(
+        "dynamodb_gsi_bucket",
+        q.partition_wcu,
+        "WCU/s on one bucket key",
+    );
     let mut table = Layer::new("dynamodb_table", q.table_wru, "WRU/s");
     let mut sqs = Layer::new("sqs_fifo_send", q.sqs_send_tps, "SendMessage/s");
 
@@ -519,11 +537,16 @@ pub fn run(scenario: &Scenario) -> Outcome {
         route.observe(second, token_demand + tokens, route_refused);
         let gateway_demand = tokens + grabs + origin;
         let through = account_bucket.admit(gateway_demand);
-        let scale = if gateway_demand > 0.0 { through / gateway_demand } else { 1.0 };
+        let scale = if gateway_demand > 0.0 {
+            through / gateway_demand
+        } else {
+            1.0
+        };
         account.observe(second, gateway_demand, gateway_demand - through);
         tokens *= scale;
         grabs *= scale;
-        totals.gateway_requests += token_demand + tokens + origin;
+        // API Gateway bills requests it passes on, not those it throttles.
+        totals.gateway_requests += through;
 
         // Lambda: concurrency = rate x duration (Little's law), capped by reserved
         // concurrency, the account and how fast Lambda adds environments.
@@ -535,12 +558,12 @@ pub fn run(scenario: &Scenario) -> Outcome {
         let scaling_cap = q.grab_provisioned_concurrency
             + q.lambda_scaling_per_10s * (1.0 + (now / 10.0).floor());
         let cap = concurrency_cap.min(scaling_cap);
-        let run_share = if concurrency > cap { cap / concurrency } else { 1.0 };
-        lambda.observe(
-            second,
-            concurrency,
-            (tokens + grabs) * (1.0 - run_share),
-        );
+        let run_share = if concurrency > cap {
+            cap / concurrency
+        } else {
+            1.0
+        };
+        lambda.observe(second, concurrency, (tokens + grabs) * (1.0 - run_share));
         tokens *= run_share;
         grabs *= run_share;
         let instances = concurrency.min(cap);
@@ -571,14 +594,12 @@ pub fn run(scenario: &Scenario) -> Outcome {
         );
         let gsi_demand = sold_now * GSI_WCU_PER_RESERVATION / shards;
         gsi.observe(second, gsi_demand, (gsi_demand - q.partition_wcu).max(0.0));
-        let write_units = sold_now
-            * c.success_dynamodb_transactions
-            * GRAB_ITEMS
-            * TRANSACTIONAL_WCU_PER_ITEM
-            + sold_now * GSI_WCU_PER_RESERVATION
-            + (probes + rejections * c.rejection_dynamodb_transactions)
-                * GRAB_ITEMS
-                * TRANSACTIONAL_WCU_PER_ITEM;
+        let write_units =
+            sold_now * c.success_dynamodb_transactions * GRAB_ITEMS * TRANSACTIONAL_WCU_PER_ITEM
+                + sold_now * GSI_WCU_PER_RESERVATION
+                + (probes + rejections * c.rejection_dynamodb_transactions)
+                    * GRAB_ITEMS
+                    * TRANSACTIONAL_WCU_PER_ITEM;
         table.observe(second, write_units, (write_units - q.table_wru).max(0.0));
         totals.write_units += write_units;
         totals.read_units +=
@@ -620,18 +641,32 @@ pub fn run(scenario: &Scenario) -> Outcome {
     let consumer_orders_per_sec =
         q.consumer_concurrency * q.consumer_batch / (w.consumer_batch_ms / 1000.0);
     let consumer_drain_secs = sold / consumer_orders_per_sec;
-    let mut scheduler = Layer::new("scheduler_create", q.schedule_create_tps, "CreateSchedule/s");
+    let mut scheduler = Layer::new(
+        "scheduler_create",
+        q.schedule_create_tps,
+        "CreateSchedule/s",
+    );
     let create_rate = consumer_orders_per_sec.min(sold) * c.order_schedules;
-    scheduler.observe(0, create_rate, (create_rate - q.schedule_create_tps).max(0.0));
+    scheduler.observe(
+        0,
+        create_rate,
+        (create_rate - q.schedule_create_tps).max(0.0),
+    );
     let mut timers = Layer::new(
         "scheduler_invocations",
         q.schedule_invocations_tps,
         "invocations/s",
     );
     let fire_rate = sold * (1.0 - scenario.pay_ratio) / TIMER_SPREAD_SECS;
-    timers.observe(0, fire_rate, (fire_rate - q.schedule_invocations_tps).max(0.0));
+    timers.observe(
+        0,
+        fire_rate,
+        (fire_rate - q.schedule_invocations_tps).max(0.0),
+    );
 
-    let layers = vec![cdn, route, account, lambda, shard, gsi, table, sqs, scheduler, timers];
+    let layers = vec![
+        cdn, route, account, lambda, shard, gsi, table, sqs, scheduler, timers,
+    ];
     let first_bottleneck = layers
         .iter()
         .filter_map(|layer| layer.first_throttled_at.map(|at| (at, layer)))
@@ -875,7 +910,10 @@ mod tests {
         let outcome = run(&scenario(100.0, 10.0, 1_000_000.0, Arrival::uniform(10)));
         assert!(close(outcome.sold, 100.0));
         assert!(close(outcome.sell_out_secs.unwrap(), 100.0 / 350.0));
-        assert_eq!(outcome.first_bottleneck.as_deref(), Some("api_gateway_route"));
+        assert_eq!(
+            outcome.first_bottleneck.as_deref(),
+            Some("api_gateway_route")
+        );
         let route = layer(&outcome, "api_gateway_route");
         // Second 0: 100,000 arrive, 350 pass. Second 1: they and 100,000 new ones ask
         // again (the status says sold out only from 1.29 s), 300 pass. Then they stop.
@@ -885,7 +923,11 @@ mod tests {
         assert!(close(route.throttled, refused), "{route:?}");
         assert!(layer(&outcome, "dynamodb_hot_shard").throttled < 1e-9);
         // 1,000,000 page reads at $1 per million dominate the bill.
-        assert!(outcome.cost.cdn > 0.99 && outcome.cost.cdn < 1.01, "{:?}", outcome.cost);
+        assert!(
+            outcome.cost.cdn > 0.99 && outcome.cost.cdn < 1.01,
+            "{:?}",
+            outcome.cost
+        );
     }
 
     /// Capacity per layer, by hand: 64 shards x 1,000 WCU / 2 WCU = 32,000/s; the
@@ -906,7 +948,10 @@ mod tests {
         assert!(close(rate("dynamodb_table"), 8_000.0));
         assert!(close(rate("lambda_grab_concurrency"), 100.0 / 0.030));
         assert!(close(rate("api_gateway_account"), 5_000.0));
-        let least = capacity.iter().map(|(_, r)| *r).fold(f64::INFINITY, f64::min);
+        let least = capacity
+            .iter()
+            .map(|(_, r)| *r)
+            .fold(f64::INFINITY, f64::min);
         assert!(close(least, 300.0));
     }
 
@@ -925,7 +970,10 @@ mod tests {
         sale.quotas.table_wru = 10_000_000.0;
         sale.quotas.sqs_send_tps = 1_000_000.0;
         let outcome = run(&sale);
-        assert_eq!(outcome.first_bottleneck.as_deref(), Some("dynamodb_hot_shard"));
+        assert_eq!(
+            outcome.first_bottleneck.as_deref(),
+            Some("dynamodb_hot_shard")
+        );
         let shard = layer(&outcome, "dynamodb_hot_shard");
         // Second 0: 20,000 grabs want 2 WCU each on 8 keys.
         assert_eq!(shard.first_throttled_at, Some(0.0), "{shard:?}");
@@ -947,7 +995,10 @@ mod tests {
         let outcome = run(&sale);
         let shard = layer(&outcome, "dynamodb_hot_shard");
         // Lambda runs at its 1,000 cap; probes = 1,000 x 4 shards, 2 WCU each over 4 keys.
-        assert!(close(shard.peak_demand, 2.0 * 1_000.0 + 2.0 * 10.0 / 4.0), "{shard:?}");
+        assert!(
+            close(shard.peak_demand, 2.0 * 1_000.0 + 2.0 * 10.0 / 4.0),
+            "{shard:?}"
+        );
         assert!(shard.throttled > 0.0);
     }
 
@@ -955,7 +1006,10 @@ mod tests {
     fn the_report_names_the_bottleneck_and_the_cost() {
         let sale = scenario(100.0, 10.0, 1_000_000.0, Arrival::uniform(10));
         let text = render(&sale, &run(&sale));
-        assert!(text.contains("first bottleneck: api_gateway_route"), "{text}");
+        assert!(
+            text.contains("first bottleneck: api_gateway_route"),
+            "{text}"
+        );
         assert!(text.contains("per unit sold"), "{text}");
     }
 }

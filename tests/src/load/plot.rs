@@ -68,7 +68,11 @@ pub fn histogram(latencies: &[Duration], bins: usize) -> (f64, Vec<usize>) {
 }
 
 /// The latency histogram of one route's requests.
-pub fn latency_histogram(path: &Path, title: &str, latencies: &[Duration]) -> Result<(), PlotError> {
+pub fn latency_histogram(
+    path: &Path,
+    title: &str,
+    latencies: &[Duration],
+) -> Result<(), PlotError> {
     register_font();
     let err = failed(path);
     let (width, counts) = histogram(latencies, 50);

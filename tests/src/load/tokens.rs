@@ -265,7 +265,10 @@ mod tests {
     #[test]
     fn a_line_without_a_tab_is_named() {
         let error = TokenFile::parse(path(), "ops\tA\nbob D\n").unwrap_err();
-        assert!(matches!(error, TokenError::BadLine { line: 2, .. }), "{error}");
+        assert!(
+            matches!(error, TokenError::BadLine { line: 2, .. }),
+            "{error}"
+        );
     }
 
     #[test]
@@ -307,7 +310,10 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(found.admin, "token-for-o'ps");
-        assert_eq!(found.buyers[1], ("load-1".into(), "token-for-load-1".into()));
+        assert_eq!(
+            found.buyers[1],
+            ("load-1".into(), "token-for-load-1".into())
+        );
         let failing = TokenSource::Command("exit 3".to_owned())
             .participants(&client, "ops", 1, "load", 1)
             .await;
