@@ -249,7 +249,10 @@ async fn run_surge(args: SurgeArgs) -> Result<bool, Box<dyn std::error::Error>> 
         report.throughput.reservations_per_sec,
         report.throughput.surge_secs
     );
-    println!("paid: {}", report.paid);
+    println!(
+        "paid: {} (too late to pay: {})",
+        report.paid, report.lapsed_before_payment
+    );
     println!("\n{}", audit::table(&report.audit));
     if let Some(path) = &args.report {
         let outputs = Outputs::beside(path);

@@ -132,6 +132,8 @@ pub struct LoadReport {
     pub reserved: usize,
     pub buyers_with_orders: usize,
     pub paid: usize,
+    /// Orders the run tried to pay after their window had closed.
+    pub lapsed_before_payment: usize,
     pub routes: Routes,
     pub throughput: Throughput,
     pub timeline: Vec<Second>,
