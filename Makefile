@@ -118,3 +118,17 @@ fuzz-api: tools $(SCHEMATHESIS)
 	cargo build --locked -q -p flashsale-local --bin flashsale-local
 	$(VENV)/bin/python tests/fuzz/run.py --local-bin target/debug/flashsale-local \
 	  --schemathesis $(SCHEMATHESIS) --max-examples $(FUZZ_MAX_EXAMPLES) --seed $(FUZZ_SEED)
+
+## --- load ----------------------------------------------------------------------------
+
+# A surge on the stack `make run` serves (another terminal), audited, with a JSON report
+# and PNG plots in target/load/. Against a deployed API:
+#   make load API=https://... LOAD_ARGS="--tokens-file tokens.tsv --admin-user ops"
+API ?= http://127.0.0.1:$(API_PORT)
+LOAD_REPORT ?= target/load/report.json
+LOAD_ARGS ?= --stock 100 --shards 8 --buyers 1500 --attempts 2000 --pay-ratio 0.5
+
+.PHONY: load
+load:
+	cargo run --release -p flashsale-e2e --bin flashsale-load -- \
+	  --api $(API) --report $(LOAD_REPORT) $(LOAD_ARGS)

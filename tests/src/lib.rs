@@ -2,6 +2,7 @@
 //! load tool share: the invariant test asserts on the very report the tool prints.
 
 pub mod client;
+pub mod load;
 pub mod surge;
 
 pub use client::{ApiClient, ApiResponse};

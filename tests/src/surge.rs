@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::stream::{self, StreamExt};
-use reqwest::{Method, StatusCode};
+use reqwest::StatusCode;
 use tokio::sync::Barrier;
 
 use crate::client::{ApiClient, ClientError, expect_status};
@@ -55,6 +55,32 @@ pub struct SurgeReport {
     pub unavailable: usize,
     /// Requests that never got an answer (a reset connection) and were sent again.
     pub transport_errors: usize,
+    /// Every answer of the grab route, retried ones included, in arrival order.
+    pub grab_answers: Vec<GrabAnswer>,
+    /// Latency of each grab-path request (`POST /sales/{id}/token`), retries apart.
+    pub token_latencies: Vec<Duration>,
+}
+
+/// One answer of the grab route: when it came (from the release of the grabs), how
+/// long its request took, and what it was.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GrabAnswer {
+    pub at: Duration,
+    pub latency: Duration,
+    pub kind: String,
+}
+
+/// The name of an answer in reports: `reserved`, `sold_out`, `limit_reached`,
+/// `throttled` (429), `unavailable` (503), `transport_error`, or `"{status} {code}"`.
+pub fn answer_kind(status: u16, code: Option<&str>) -> String {
+    match (status, code) {
+        (202, _) => "reserved".to_owned(),
+        (429, _) => "throttled".to_owned(),
+        (503, _) => "unavailable".to_owned(),
+        (0, _) => "transport_error".to_owned(),
+        (_, Some(code @ ("sold_out" | "limit_reached"))) => code.to_owned(),
+        (status, code) => format!("{status} {}", code.unwrap_or("none")),
+    }
 }
 
 impl SurgeReport {
@@ -134,8 +160,8 @@ struct Attempt {
     grab_path: String,
 }
 
-/// Prepares every buyer (token, grab path), releases all grabs at once, and reports.
-/// `on_answer` is called after each attempt, e.g. to move a progress bar.
+/// Prepares every buyer (a local token, a grab path), releases all grabs at once, and
+/// reports. `on_answer` is called after each attempt, e.g. to move a progress bar.
 pub async fn run(
     client: &ApiClient,
     plan: &SurgePlan,
@@ -153,7 +179,19 @@ pub async fn run(
         .await
         .into_iter()
         .collect::<Result<_, _>>()?;
-    let prepared: Vec<Attempt> = stream::iter(0..plan.attempts)
+    run_prepared(client, plan, &tokens, on_answer).await
+}
+
+/// The surge with buyers' tokens already in hand (`(buyer, token)`, one per buyer):
+/// attempt `n` is made by buyer `n mod buyers`.
+pub async fn run_prepared(
+    client: &ApiClient,
+    plan: &SurgePlan,
+    tokens: &[(String, String)],
+    on_answer: impl Fn(&Outcome) + Send + Sync,
+) -> Result<SurgeReport, ClientError> {
+    let concurrency = plan.preparation_concurrency.max(1);
+    let prepared: Vec<(Attempt, Vec<Duration>)> = stream::iter(0..plan.attempts)
         .map(|attempt| {
             let (buyer, token) = tokens[attempt % tokens.len().max(1)].clone();
             prepare_attempt(client, plan, buyer, token)
@@ -164,24 +202,39 @@ pub async fn run(
         .into_iter()
         .collect::<Result<_, _>>()?;
 
+    let mut token_latencies = Vec::with_capacity(plan.attempts);
+    let prepared: Vec<Attempt> = prepared
+        .into_iter()
+        .map(|(attempt, latencies)| {
+            token_latencies.extend(latencies);
+            attempt
+        })
+        .collect();
+
+    let grabber = Grabber::new(client.base_url());
     let barrier = Arc::new(Barrier::new(plan.attempts + 1));
+    // Every task reads the release instant the main task sets after the barrier opens.
+    let released_at = Arc::new(std::sync::OnceLock::<Instant>::new());
     let mut attempts = Vec::with_capacity(plan.attempts);
     for attempt in prepared {
-        let client = client.clone();
+        let grabber = grabber.clone();
         let barrier = Arc::clone(&barrier);
+        let released_at = Arc::clone(&released_at);
         let retries = plan.retries_when_unavailable;
         attempts.push(tokio::spawn(async move {
             barrier.wait().await;
             let started = Instant::now();
-            let outcome = grab_once(&client, &attempt, retries).await;
+            let released = *released_at.get_or_init(Instant::now);
+            let outcome = grabber.grab(&attempt, retries, released).await;
             (attempt.buyer, outcome, started.elapsed())
         }));
     }
     barrier.wait().await;
-    let released = Instant::now();
+    let released = *released_at.get_or_init(Instant::now);
 
     let mut report = SurgeReport {
         attempts: plan.attempts,
+        token_latencies,
         ..SurgeReport::default()
     };
     for attempt in attempts {
@@ -191,7 +244,9 @@ pub async fn run(
             throttled,
             unavailable,
             transport_errors,
+            answers,
         } = answer?;
+        report.grab_answers.extend(answers);
         report.throttled += throttled;
         report.unavailable += unavailable;
         report.transport_errors += transport_errors;
@@ -211,18 +266,24 @@ pub async fn run(
     }
     report.duration = released.elapsed();
     report.latencies.sort();
+    report.grab_answers.sort_by_key(|answer| answer.at);
     Ok(report)
 }
 
+/// Fetches a grab path for one attempt; answers it with the latency of each request.
 async fn prepare_attempt(
     client: &ApiClient,
     plan: &SurgePlan,
     buyer: String,
     token: String,
-) -> Result<Attempt, ClientError> {
+) -> Result<(Attempt, Vec<Duration>), ClientError> {
     let mut retry = 0;
+    let mut latencies = Vec::new();
     let pass = loop {
-        let pass = match client.grab_pass(&token, &plan.sale_id).await {
+        let started = Instant::now();
+        let sent = client.grab_pass(&token, &plan.sale_id).await;
+        latencies.push(started.elapsed());
+        let pass = match sent {
             Ok(pass) => pass,
             Err(ClientError::Http { .. }) if retry < plan.retries_when_unavailable => {
                 tokio::time::sleep(backoff(retry)).await;
@@ -232,7 +293,11 @@ async fn prepare_attempt(
             Err(error) => return Err(error),
         };
         // The token route is throttled like the grab route; come back later.
-        if pass.status == StatusCode::TOO_MANY_REQUESTS && retry < plan.retries_when_unavailable {
+        let transient = matches!(
+            pass.status,
+            StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
+        );
+        if transient && retry < plan.retries_when_unavailable {
             tokio::time::sleep(backoff(retry)).await;
             retry += 1;
             continue;
@@ -244,11 +309,14 @@ async fn prepare_attempt(
         .str_field("grab_path")
         .expect("a 200 token answer carries a grab path")
         .to_owned();
-    Ok(Attempt {
-        buyer,
-        token,
-        grab_path,
-    })
+    Ok((
+        Attempt {
+            buyer,
+            token,
+            grab_path,
+        },
+        latencies,
+    ))
 }
 
 /// The final outcome of one attempt and the retried answers on the way.
@@ -257,68 +325,174 @@ struct Answer {
     throttled: usize,
     unavailable: usize,
     transport_errors: usize,
+    answers: Vec<GrabAnswer>,
 }
 
-async fn grab_once(
-    client: &ApiClient,
-    attempt: &Attempt,
-    retries: u32,
-) -> Result<Answer, ClientError> {
-    let mut answer = Answer {
-        outcome: Outcome::Refused {
-            status: 0,
-            code: String::new(),
-        },
-        throttled: 0,
-        unavailable: 0,
-        transport_errors: 0,
-    };
-    for retry in 0..=retries {
-        let sent = client
-            .send(Method::POST, &attempt.grab_path, Some(&attempt.token), None)
-            .await;
-        let response = match sent {
-            Ok(response) => response,
-            // A connection reset under the surge: the path names one order, so sending
-            // it again is safe whether or not the first one arrived.
-            Err(ClientError::Http { .. }) if retry < retries => {
-                answer.transport_errors += 1;
-                tokio::time::sleep(backoff(retry)).await;
-                continue;
-            }
-            Err(error) => return Err(error),
-        };
-        let retryable = match response.status {
-            StatusCode::TOO_MANY_REQUESTS => {
-                answer.throttled += 1;
-                true
-            }
-            StatusCode::SERVICE_UNAVAILABLE => {
-                answer.unavailable += 1;
-                true
-            }
-            _ => false,
-        };
-        answer.outcome = match response.str_field("order_id") {
-            Some(order_id) if response.status == StatusCode::ACCEPTED => Outcome::Reserved {
-                order_id: order_id.to_owned(),
-            },
-            _ => Outcome::Refused {
-                status: response.status.as_u16(),
-                code: response.error_code().unwrap_or("none").to_owned(),
-            },
-        };
-        if !retryable || retry == retries {
-            break;
+/// The header that tells the grab function a request is a retry of the same grab path
+/// (its value counts the retries, from 1), so only a retry pays for looking up an order
+/// an earlier, unanswered attempt may have made.
+pub const RETRY_ATTEMPT_HEADER: &str = "x-retry-attempt";
+
+/// Sends grabs itself rather than through [`ApiClient`]: a retry must carry
+/// [`RETRY_ATTEMPT_HEADER`], and a 429 or 503 its `Retry-After`, which the plain
+/// client neither sends nor shows.
+#[derive(Clone)]
+struct Grabber {
+    http: reqwest::Client,
+    base_url: String,
+}
+
+/// One answer of the grab route as the wire gave it.
+struct WireAnswer {
+    status: StatusCode,
+    body: serde_json::Value,
+    retry_after: Option<Duration>,
+}
+
+impl Grabber {
+    fn new(base_url: &str) -> Self {
+        let http = reqwest::Client::builder()
+            .pool_max_idle_per_host(4096)
+            .build()
+            .expect("a client with default TLS settings builds");
+        Self {
+            http,
+            base_url: base_url.to_owned(),
         }
-        tokio::time::sleep(backoff(retry)).await;
     }
-    Ok(answer)
+
+    async fn send(&self, attempt: &Attempt, retry: u32) -> Result<WireAnswer, ClientError> {
+        let path = &attempt.grab_path;
+        let mut request = self
+            .http
+            .post(format!("{}{path}", self.base_url))
+            .bearer_auth(&attempt.token);
+        if retry > 0 {
+            request = request.header(RETRY_ATTEMPT_HEADER, retry.to_string());
+        }
+        let http_error = |source| ClientError::Http {
+            path: path.clone(),
+            source,
+        };
+        let response = request.send().await.map_err(http_error)?;
+        let status = response.status();
+        let retry_after = response
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|value| value.to_str().ok())
+            .and_then(parse_retry_after);
+        let bytes = response.bytes().await.map_err(http_error)?;
+        let body = if bytes.is_empty() {
+            serde_json::Value::Null
+        } else {
+            serde_json::from_slice(&bytes).map_err(|_| ClientError::NotJson {
+                path: path.clone(),
+                status,
+                body: String::from_utf8_lossy(&bytes).into_owned(),
+            })?
+        };
+        Ok(WireAnswer {
+            status,
+            body,
+            retry_after,
+        })
+    }
+
+    async fn grab(
+        &self,
+        attempt: &Attempt,
+        retries: u32,
+        released: Instant,
+    ) -> Result<Answer, ClientError> {
+        let mut answer = Answer {
+            outcome: Outcome::Refused {
+                status: 0,
+                code: String::new(),
+            },
+            throttled: 0,
+            unavailable: 0,
+            transport_errors: 0,
+            answers: Vec::new(),
+        };
+        for retry in 0..=retries {
+            let started = Instant::now();
+            let sent = self.send(attempt, retry).await;
+            let record = |kind: String| GrabAnswer {
+                at: released.elapsed(),
+                latency: started.elapsed(),
+                kind,
+            };
+            let response = match sent {
+                Ok(response) => response,
+                // A connection reset under the surge: the path names one order, so
+                // sending it again is safe whether or not the first one arrived.
+                Err(ClientError::Http { .. }) if retry < retries => {
+                    answer.transport_errors += 1;
+                    answer.answers.push(record(answer_kind(0, None)));
+                    tokio::time::sleep(retry_delay(retry, None)).await;
+                    continue;
+                }
+                Err(error) => return Err(error),
+            };
+            let code = response
+                .body
+                .get("error")
+                .and_then(serde_json::Value::as_str);
+            answer
+                .answers
+                .push(record(answer_kind(response.status.as_u16(), code)));
+            let retryable = match response.status {
+                StatusCode::TOO_MANY_REQUESTS => {
+                    answer.throttled += 1;
+                    true
+                }
+                StatusCode::SERVICE_UNAVAILABLE => {
+                    answer.unavailable += 1;
+                    true
+                }
+                _ => false,
+            };
+            let order_id = response
+                .body
+                .get("order_id")
+                .and_then(serde_json::Value::as_str);
+            answer.outcome = match order_id {
+                Some(order_id) if response.status == StatusCode::ACCEPTED => Outcome::Reserved {
+                    order_id: order_id.to_owned(),
+                },
+                _ => Outcome::Refused {
+                    status: response.status.as_u16(),
+                    code: code.unwrap_or("none").to_owned(),
+                },
+            };
+            if !retryable || retry == retries {
+                break;
+            }
+            tokio::time::sleep(retry_delay(retry, response.retry_after)).await;
+        }
+        Ok(answer)
+    }
+}
+
+/// `Retry-After` in delay-seconds. (An HTTP date is allowed too, but neither API
+/// Gateway nor the functions send one.)
+fn parse_retry_after(value: &str) -> Option<Duration> {
+    value.trim().parse::<u64>().ok().map(Duration::from_secs)
+}
+
+/// The pause before retry `retry + 1`: what the server asked for, if it did, plus
+/// jitter so that buyers told the same second do not all return in it; else the
+/// jittered backoff.
+pub fn retry_delay(retry: u32, retry_after: Option<Duration>) -> Duration {
+    match retry_after {
+        Some(asked) => asked + backoff(retry),
+        None => backoff(retry),
+    }
 }
 
 /// Full jitter, doubling from 20 ms up to 2 s: retries spread out instead of
 /// returning to the gateway in step.
-pub(crate) fn backoff(retry: u32) -> Duration {
+pub fn backoff(retry: u32) -> Duration {
     use rand::Rng as _;
     let ceiling = 20_u64.saturating_mul(1 << retry.min(7)).min(2000);
     Duration::from_millis(rand::rng().random_range(0..=ceiling))

@@ -7,7 +7,16 @@ use crate::error::ValidationError;
 use crate::ids::{SaleId, UserId};
 
 pub const MAX_STOCK: u32 = 1_000_000;
-pub const MAX_SHARDS: u16 = 64;
+/// Each shard is its own partition key, and a transactional write costs 2 WCU of a
+/// partition's 1,000 a second, so K shards take at most 500·K reservations a second
+/// (docs/capacity.md). 99 is the most one sale may have as the adapters stand: the sale
+/// is created in one transaction (its meta item and every shard, at most 100 items) and
+/// its stock read in one BatchGetItem (at most 100 keys).
+pub const MAX_SHARDS: u16 = 99;
+const _: () = assert!(
+    MAX_SHARDS < 100,
+    "meta + shards must fit one 100-item transaction"
+);
 pub const MAX_PER_USER_LIMIT: u32 = 100;
 pub const MAX_PAYMENT_TIMEOUT_SECS: u32 = 86_400;
 pub const DEFAULT_PAYMENT_TIMEOUT_SECS: u32 = 900;
@@ -453,5 +462,34 @@ mod tests {
         }
         // Other formatting characters are ordinary text: a zero-width joiner in an emoji.
         assert!(create(json!({ "name": "Family \u{1F468}\u{200D}\u{1F469}" })).is_ok());
+    }
+
+    fn draft(stock: i64, shards: Option<i64>) -> SaleDraft {
+        let starts_at = DateTime::from_timestamp(1_800_000_000, 0).expect("a valid time");
+        SaleDraft {
+            sale_id: Some("big-sale".to_owned()),
+            name: "big sale".to_owned(),
+            stock,
+            starts_at,
+            ends_at: starts_at + Duration::hours(1),
+            per_user_limit: None,
+            payment_timeout_secs: None,
+            shards,
+        }
+    }
+
+    #[test]
+    fn a_large_sale_may_have_up_to_the_shard_cap() {
+        let sale = Sale::from_draft(draft(1_000_000, Some(i64::from(MAX_SHARDS)))).unwrap();
+        assert_eq!(sale.shards, MAX_SHARDS);
+        let error = Sale::from_draft(draft(1_000_000, Some(i64::from(MAX_SHARDS) + 1)));
+        assert!(error.is_err());
+    }
+
+    #[test]
+    fn the_default_stays_about_ten_units_a_shard_up_to_sixteen() {
+        assert_eq!(default_shards(100), 10);
+        assert_eq!(default_shards(5), 1);
+        assert_eq!(default_shards(1_000_000), 16);
     }
 }

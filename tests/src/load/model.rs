@@ -1,0 +1,1015 @@
+//! A capacity model of a sale on AWS: second by second, the buyers' requests walk the
+//! layers (CDN, API Gateway, Lambda, DynamoDB, SQS FIFO, EventBridge Scheduler), each
+//! layer admits what its quota allows, and the model reports demand against quota,
+//! the first bottleneck, the time to sell out, the share throttled at each layer and
+//! the cost per sale. No network: it is arithmetic on quotas, prices and the calls per
+//! request that `make bench` counts. docs/capacity.md states the sources.
+
+use std::fmt::Write as _;
+
+use serde::{Deserialize, Serialize};
+
+/// When buyers arrive: the share of all buyers in each second.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Arrival {
+    pub shares: Vec<f64>,
+}
+
+impl Arrival {
+    /// Evenly over `secs` seconds.
+    pub fn uniform(secs: u32) -> Self {
+        let secs = secs.max(1);
+        Self {
+            shares: vec![1.0 / f64::from(secs); secs as usize],
+        }
+    }
+
+    /// Relative weights per second (e.g. `50,30,20`), normalised to shares.
+    pub fn profile(weights: &[f64]) -> Result<Self, String> {
+        let total: f64 = weights.iter().sum();
+        if weights.is_empty() || weights.iter().any(|w| *w < 0.0) || total <= 0.0 {
+            return Err("an arrival profile needs non-negative weights with a positive sum".into());
+        }
+        Ok(Self {
+            shares: weights.iter().map(|w| w / total).collect(),
+        })
+    }
+
+    /// `uniform:SECS` or `profile:W1,W2,...` (one weight per second).
+    pub fn parse(text: &str) -> Result<Self, String> {
+        match text.split_once(':') {
+            Some(("uniform", secs)) => secs
+                .parse()
+                .map(Self::uniform)
+                .map_err(|_| format!("uniform:SECS needs whole seconds, got {secs:?}")),
+            Some(("profile", weights)) => {
+                let weights: Result<Vec<f64>, _> = weights
+                    .split(',')
+                    .map(|w| w.trim().parse::<f64>())
+                    .collect();
+                Self::profile(&weights.map_err(|_| format!("bad weights in {text:?}"))?)
+            }
+            _ => Err(format!(
+                "an arrival is uniform:SECS or profile:W1,W2,..., got {text:?}"
+            )),
+        }
+    }
+}
+
+/// Backend calls per request, as `make bench` counts them at the HTTP level. The
+/// defaults are the design's counts (issue 7's goals); `--calls-from` replaces them
+/// with measured ones.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, clap::Args)]
+#[serde(default)]
+pub struct Calls {
+    /// DynamoDB read requests per grab-path (token) request (the sale is cached).
+    #[arg(long, default_value_t = 0.0)]
+    pub token_dynamodb_reads: f64,
+    /// DynamoDB transactions per successful grab (shard + buyer, 2 items).
+    #[arg(long, default_value_t = 1.0)]
+    pub success_dynamodb_transactions: f64,
+    /// SQS SendMessage per successful grab.
+    #[arg(long, default_value_t = 1.0)]
+    pub success_sqs_sends: f64,
+    /// DynamoDB reads per rejected first grab after the sale sold out (gate: 0).
+    #[arg(long, default_value_t = 0.0)]
+    pub rejection_dynamodb_reads: f64,
+    /// DynamoDB transactions per rejected first grab, beyond the gate's own probes.
+    #[arg(long, default_value_t = 0.0)]
+    pub rejection_dynamodb_transactions: f64,
+    /// DynamoDB transactions per order the consumer makes (order + hold).
+    #[arg(long, default_value_t = 1.0)]
+    pub order_dynamodb_transactions: f64,
+    /// Scheduler CreateSchedule per order (one release timer).
+    #[arg(long, default_value_t = 1.0)]
+    pub order_schedules: f64,
+}
+
+impl Default for Calls {
+    fn default() -> Self {
+        Self {
+            token_dynamodb_reads: 0.0,
+            success_dynamodb_transactions: 1.0,
+            success_sqs_sends: 1.0,
+            rejection_dynamodb_reads: 0.0,
+            rejection_dynamodb_transactions: 0.0,
+            order_dynamodb_transactions: 1.0,
+            order_schedules: 1.0,
+        }
+    }
+}
+
+impl Calls {
+    /// Reads the counts from a bench JSON: either these fields at the top level or
+    /// under `"calls_per_request"`. Missing fields keep their defaults.
+    pub fn from_bench_json(text: &str) -> Result<Self, serde_json::Error> {
+        let value: serde_json::Value = serde_json::from_str(text)?;
+        let calls = value.get("calls_per_request").unwrap_or(&value);
+        serde_json::from_value(calls.clone())
+    }
+}
+
+/// Quotas and the template's settings. Defaults: AWS's default quotas (us-east-1) and
+/// template.yaml's parameter defaults.
+#[derive(Debug, Clone, PartialEq, Serialize, clap::Args)]
+pub struct Quotas {
+    /// CDN: cache nodes that each fetch the origin once a TTL (regional edge caches).
+    #[arg(long, default_value_t = 13.0)]
+    pub cdn_cache_nodes: f64,
+    /// CDN: TTL of the sale page and status (`Cache-Control: max-age=1`).
+    #[arg(long, default_value_t = 1.0)]
+    pub cdn_ttl_secs: f64,
+    /// Page and status reads per buyer beyond the first (polls while waiting).
+    #[arg(long, default_value_t = 0.0)]
+    pub status_polls_per_buyer: f64,
+    /// API Gateway account throttle, requests/s (all APIs of the account and region).
+    #[arg(long, default_value_t = 10_000.0)]
+    pub account_rps: f64,
+    #[arg(long, default_value_t = 5_000.0)]
+    pub account_burst: f64,
+    /// Route throttle of the token and grab routes (template GrabThrottleRateLimit).
+    #[arg(long, default_value_t = 300.0)]
+    pub grab_route_rps: f64,
+    /// Template GrabThrottleBurstLimit.
+    #[arg(long, default_value_t = 50.0)]
+    pub grab_route_burst: f64,
+    /// Lambda concurrent executions of the account.
+    #[arg(long, default_value_t = 1_000.0)]
+    pub lambda_account_concurrency: f64,
+    /// The grab function's reserved concurrency (template GrabReservedConcurrency; 0 = none).
+    #[arg(long, default_value_t = 100.0)]
+    pub grab_reserved_concurrency: f64,
+    /// Lambda scaling: new execution environments per function per 10 s.
+    #[arg(long, default_value_t = 1_000.0)]
+    pub lambda_scaling_per_10s: f64,
+    /// Provisioned concurrency of the grab function: ready before the surge, on top
+    /// of what the scaling rate adds.
+    #[arg(long, default_value_t = 0.0)]
+    pub grab_provisioned_concurrency: f64,
+    /// DynamoDB write units per second per partition (one hot key).
+    #[arg(long, default_value_t = 1_000.0)]
+    pub partition_wcu: f64,
+    /// DynamoDB read units per second per partition.
+    #[arg(long, default_value_t = 3_000.0)]
+    pub partition_rcu: f64,
+    /// DynamoDB on-demand table quota, write request units per second.
+    #[arg(long, default_value_t = 40_000.0)]
+    pub table_wru: f64,
+    /// Write units a new on-demand table serves at once (warm throughput).
+    #[arg(long, default_value_t = 4_000.0)]
+    pub table_warm_wru: f64,
+    /// SQS FIFO SendMessage per second (300 per API action without batching; high
+    /// throughput mode: 70,000 in us-east-1).
+    #[arg(long, default_value_t = 300.0)]
+    pub sqs_send_tps: f64,
+    /// The order consumer's maximum concurrency (template ConsumerMaxConcurrency).
+    #[arg(long, default_value_t = 5.0)]
+    pub consumer_concurrency: f64,
+    /// SQS messages per consumer invocation (template BatchSize).
+    #[arg(long, default_value_t = 10.0)]
+    pub consumer_batch: f64,
+    /// Scheduler CreateSchedule requests per second.
+    #[arg(long, default_value_t = 5_000.0)]
+    pub schedule_create_tps: f64,
+    /// Scheduler target invocations per second.
+    #[arg(long, default_value_t = 1_000.0)]
+    pub schedule_invocations_tps: f64,
+    /// The sold-out gate's recheck interval (grab SOLD_OUT_RECHECK_MS), seconds.
+    #[arg(long, default_value_t = 1.0)]
+    pub gate_recheck_secs: f64,
+}
+
+impl Default for Quotas {
+    fn default() -> Self {
+        Self {
+            cdn_cache_nodes: 13.0,
+            cdn_ttl_secs: 1.0,
+            status_polls_per_buyer: 0.0,
+            account_rps: 10_000.0,
+            account_burst: 5_000.0,
+            grab_route_rps: 300.0,
+            grab_route_burst: 50.0,
+            lambda_account_concurrency: 1_000.0,
+            grab_reserved_concurrency: 100.0,
+            lambda_scaling_per_10s: 1_000.0,
+            grab_provisioned_concurrency: 0.0,
+            partition_wcu: 1_000.0,
+            partition_rcu: 3_000.0,
+            table_wru: 40_000.0,
+            table_warm_wru: 4_000.0,
+            sqs_send_tps: 300.0,
+            consumer_concurrency: 5.0,
+            consumer_batch: 10.0,
+            schedule_create_tps: 5_000.0,
+            schedule_invocations_tps: 1_000.0,
+            gate_recheck_secs: 1.0,
+        }
+    }
+}
+
+/// Durations and memory of the functions (billed GB-s and concurrency).
+#[derive(Debug, Clone, PartialEq, Serialize, clap::Args)]
+pub struct Work {
+    #[arg(long, default_value_t = 5.0)]
+    pub token_ms: f64,
+    #[arg(long, default_value_t = 25.0)]
+    pub grab_success_ms: f64,
+    #[arg(long, default_value_t = 2.0)]
+    pub grab_rejection_ms: f64,
+    /// One consumer invocation (a batch: order writes and timers).
+    #[arg(long, default_value_t = 200.0)]
+    pub consumer_batch_ms: f64,
+    #[arg(long, default_value_t = 30.0)]
+    pub release_ms: f64,
+    #[arg(long, default_value_t = 20.0)]
+    pub api_ms: f64,
+    /// Memory of the grab function (template: 512 MB); the others have 256 MB.
+    #[arg(long, default_value_t = 512.0)]
+    pub grab_memory_mb: f64,
+    #[arg(long, default_value_t = 256.0)]
+    pub other_memory_mb: f64,
+}
+
+impl Default for Work {
+    fn default() -> Self {
+        Self {
+            token_ms: 5.0,
+            grab_success_ms: 25.0,
+            grab_rejection_ms: 2.0,
+            consumer_batch_ms: 200.0,
+            release_ms: 30.0,
+            api_ms: 20.0,
+            grab_memory_mb: 512.0,
+            other_memory_mb: 256.0,
+        }
+    }
+}
+
+/// On-demand prices, USD, us-east-1 (docs/capacity.md gives the date and pages).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Prices {
+    pub cdn_per_million: f64,
+    pub http_api_per_million: f64,
+    pub lambda_per_million: f64,
+    pub lambda_per_gb_second: f64,
+    pub dynamodb_per_million_wru: f64,
+    pub dynamodb_per_million_rru: f64,
+    pub sqs_fifo_per_million: f64,
+    pub scheduler_per_million: f64,
+}
+
+impl Default for Prices {
+    fn default() -> Self {
+        Self {
+            cdn_per_million: 1.00,
+            http_api_per_million: 1.00,
+            lambda_per_million: 0.20,
+            lambda_per_gb_second: 0.000_013_333_4,
+            dynamodb_per_million_wru: 0.625,
+            dynamodb_per_million_rru: 0.125,
+            sqs_fifo_per_million: 0.50,
+            scheduler_per_million: 1.00,
+        }
+    }
+}
+
+/// A sale to model.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Scenario {
+    pub stock: f64,
+    pub shards: f64,
+    pub buyers: f64,
+    pub arrival: Arrival,
+    /// Share of reservations paid; the rest lapse and come back through a timer.
+    pub pay_ratio: f64,
+    /// Buyers stop (they read the cached status) once the sale has been sold out for
+    /// a CDN TTL; otherwise a throttled buyer keeps retrying once a second.
+    pub clients_stop_on_sold_out: bool,
+    pub calls: Calls,
+    pub quotas: Quotas,
+    pub work: Work,
+    pub prices: Prices,
+}
+
+/// Write units of a transactional write per item of up to 1 KB.
+const TRANSACTIONAL_WCU_PER_ITEM: f64 = 2.0;
+/// Items in the grab transaction: the stock shard and the buyer's item.
+const GRAB_ITEMS: f64 = 2.0;
+/// A reservation also writes the buyer's item into the stats index (gsi1), a
+/// non-transactional 1 WCU write on one of K bucket partitions.
+const GSI_WCU_PER_RESERVATION: f64 = 1.0;
+/// The release transaction: order, hold, shard.
+const RELEASE_ITEMS: f64 = 3.0;
+/// Pay: hold and order.
+const PAY_ITEMS: f64 = 2.0;
+/// Order items the consumer's transaction writes (order + hold).
+const ORDER_ITEMS: f64 = 2.0;
+/// Scheduler fires anywhere within the minute of its time, so timers of one sale's
+/// surge spread over about a minute.
+const TIMER_SPREAD_SECS: f64 = 60.0;
+/// The longest a modelled surge may run, so a demand the quotas can never serve ends.
+const MAX_SECONDS: usize = 86_400;
+
+/// A token bucket per second: up to `rate` plus what is left in the bucket (at most
+/// `burst`) is admitted. The bucket starts full.
+#[derive(Debug, Clone)]
+pub struct Bucket {
+    rate: f64,
+    burst: f64,
+    tokens: f64,
+}
+
+impl Bucket {
+    pub fn new(rate: f64, burst: f64) -> Self {
+        Self {
+            rate,
+            burst,
+            tokens: burst,
+        }
+    }
+
+    /// Admits up to one second's worth; answers how many of `demand` got through.
+    pub fn admit(&mut self, demand: f64) -> f64 {
+        let available = self.tokens + self.rate;
+        let admitted = demand.min(available);
+        self.tokens = (available - admitted).min(self.burst);
+        admitted
+    }
+}
+
+/// Demand against quota at one layer over the whole run.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Layer {
+    pub name: String,
+    /// Highest demand in one second, in `unit`.
+    pub peak_demand: f64,
+    pub quota: f64,
+    pub unit: String,
+    /// Requests (or units) that reached the layer, and those it refused.
+    pub total: f64,
+    pub throttled: f64,
+    /// Second of the first throttle, if any.
+    pub first_throttled_at: Option<f64>,
+    pub note: String,
+}
+
+impl Layer {
+    fn new(name: &str, quota: f64, unit: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+            quota,
+            unit: unit.to_owned(),
+            ..Self::default()
+        }
+    }
+
+    fn observe(&mut self, second: usize, demand: f64, throttled: f64) {
+        self.peak_demand = self.peak_demand.max(demand);
+        self.total += demand;
+        self.throttled += throttled;
+        if throttled > 1e-9 && self.first_throttled_at.is_none() {
+            #[allow(clippy::cast_precision_loss)]
+            let at = second as f64;
+            self.first_throttled_at = Some(at);
+        }
+    }
+
+    pub fn throttled_share(&self) -> f64 {
+        if self.total > 0.0 {
+            self.throttled / self.total
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Cost of the whole sale by service, USD.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Cost {
+    pub cdn: f64,
+    pub api_gateway: f64,
+    pub lambda: f64,
+    pub dynamodb: f64,
+    pub sqs: f64,
+    pub scheduler: f64,
+}
+
+impl Cost {
+    pub fn total(&self) -> f64 {
+        self.cdn + self.api_gateway + self.lambda + self.dynamodb + self.sqs + self.scheduler
+    }
+}
+
+/// The model's answer.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Outcome {
+    pub sold: f64,
+    /// Seconds from the first arrival to the last unit sold; None if it never sells out.
+    pub sell_out_secs: Option<f64>,
+    pub seconds_modelled: usize,
+    pub layers: Vec<Layer>,
+    /// The layer that throttled first (ties: the one nearer the buyer).
+    pub first_bottleneck: Option<String>,
+    /// Reservations/s each layer can sustain, and the least of them.
+    pub capacity: Vec<(String, f64)>,
+    pub design_capacity: f64,
+    pub cost: Cost,
+    pub cost_per_sale: f64,
+    /// Orders per second the consumer turns into awaiting payment, and the time it
+    /// takes to drain the sale's orders.
+    pub consumer_orders_per_sec: f64,
+    pub consumer_drain_secs: f64,
+}
+
+/// Sustainable reservations/s per layer for a scenario's quotas and shard count: the
+/// design capacity is the least of them.
+pub fn capacity(scenario: &Scenario) -> Vec<(String, f64)> {
+    let q = &scenario.quotas;
+    let w = &scenario.work;
+    let c = &scenario.calls;
+    let concurrency = grab_concurrency_cap(q);
+    let per_reservation_secs = (w.token_ms + w.grab_success_ms) / 1000.0;
+    let shard_wcu = TRANSACTIONAL_WCU_PER_ITEM * c.success_dynamodb_transactions.max(f64::EPSILON);
+    let table_wcu = c.success_dynamodb_transactions * GRAB_ITEMS * TRANSACTIONAL_WCU_PER_ITEM
+        + GSI_WCU_PER_RESERVATION;
+    vec![
+        // Each reservation is one request on the token route and one on the grab route.
+        ("api_gateway_route".to_owned(), q.grab_route_rps),
+        ("api_gateway_account".to_owned(), q.account_rps / 2.0),
+        (
+            "lambda_grab_concurrency".to_owned(),
+            concurrency / per_reservation_secs,
+        ),
+        (
+            "dynamodb_shard_partitions".to_owned(),
+            scenario.shards * q.partition_wcu / shard_wcu,
+        ),
+        (
+            "dynamodb_gsi_bucket_partitions".to_owned(),
+            scenario.shards * q.partition_wcu / GSI_WCU_PER_RESERVATION,
+        ),
+        ("dynamodb_table".to_owned(), q.table_wru / table_wcu),
+        (
+            "sqs_fifo_send".to_owned(),
+            q.sqs_send_tps / c.success_sqs_sends.max(f64::EPSILON),
+        ),
+    ]
+}
+
+fn grab_concurrency_cap(q: &Quotas) -> f64 {
+    if q.grab_reserved_concurrency > 0.0 {
+        q.grab_reserved_concurrency
+            .min(q.lambda_account_concurrency)
+    } else {
+        q.lambda_account_concurrency
+    }
+}
+
+/// Runs the model.
+#[allow(clippy::too_many_lines)] // one pass over the layers, in the buyers' order
+pub fn run(scenario: &Scenario) -> Outcome {
+    let q = &scenario.quotas;
+    let w = &scenario.work;
+    let c = &scenario.calls;
+    let shards = scenario.shards.max(1.0);
+
+    let mut cdn = Layer::new("cdn_page_and_status", 0.0, "requests/s to the origin");
+    let mut route = Layer::new(
+        "api_gateway_route",
+        q.grab_route_rps,
+        "requests/s, token + grab",
+    );
+    let mut account = Layer::new("api_gateway_account", q.account_rps, "requests/s");
+    let mut lambda = Layer::new(
+        "lambda_grab",
+        grab_concurrency_cap(q),
+        "concurrent executions",
+    );
+    let mut shard = Layer::new(
+        "dynamodb_hot_shard",
+        q.partition_wcu,
+        "WCU/s on one shard key",
+    );
+    let mut gsi = Layer::new(
+        "dynamodb_gsi_bucket",
+        q.partition_wcu,
+        "WCU/s on one bucket key",
+    );
+    let mut table = Layer::new("dynamodb_table", q.table_wru, "WRU/s");
+    let mut sqs = Layer::new("sqs_fifo_send", q.sqs_send_tps, "SendMessage/s");
+
+    let mut token_bucket = Bucket::new(q.grab_route_rps, q.grab_route_burst);
+    let mut grab_bucket = Bucket::new(q.grab_route_rps, q.grab_route_burst);
+    let mut account_bucket = Bucket::new(q.account_rps, q.account_burst);
+    let concurrency_cap = grab_concurrency_cap(q);
+
+    let mut remaining = scenario.stock;
+    let mut backlog = 0.0;
+    let mut sell_out_at: Option<f64> = None;
+    let mut totals = Totals::default();
+    let mut second = 0;
+    loop {
+        #[allow(clippy::cast_precision_loss)]
+        let now = second as f64;
+        let arrivals = scenario
+            .arrival
+            .shares
+            .get(second)
+            .map_or(0.0, |share| share * scenario.buyers);
+        let stopped = scenario.clients_stop_on_sold_out
+            && sell_out_at.is_some_and(|at| now >= at + q.cdn_ttl_secs);
+
+        // CDN: the page and its status come from the edge; each cache node asks the
+        // origin once a TTL.
+        let page_reads = arrivals * (1.0 + q.status_polls_per_buyer);
+        let origin = page_reads.min(q.cdn_cache_nodes / q.cdn_ttl_secs);
+        cdn.observe(second, origin, 0.0);
+        totals.cdn_requests += page_reads;
+
+        // API Gateway: the token route, then the grab route with the paths handed out.
+        if stopped {
+            backlog = 0.0;
+        }
+        let token_demand = if stopped { 0.0 } else { arrivals + backlog };
+        let mut tokens = token_bucket.admit(token_demand);
+        let mut grabs = grab_bucket.admit(tokens);
+        let route_refused = (token_demand - tokens) + (tokens - grabs);
+        route.observe(second, token_demand + tokens, route_refused);
+        let gateway_demand = tokens + grabs + origin;
+        let through = account_bucket.admit(gateway_demand);
+        let scale = if gateway_demand > 0.0 {
+            through / gateway_demand
+        } else {
+            1.0
+        };
+        account.observe(second, gateway_demand, gateway_demand - through);
+        tokens *= scale;
+        grabs *= scale;
+        // API Gateway bills requests it passes on, not those it throttles.
+        totals.gateway_requests += through;
+
+        // Lambda: concurrency = rate x duration (Little's law), capped by reserved
+        // concurrency, the account and how fast Lambda adds environments.
+        let would_sell = remaining.min(grabs);
+        let concurrency = (tokens * w.token_ms
+            + would_sell * w.grab_success_ms
+            + (grabs - would_sell) * w.grab_rejection_ms)
+            / 1000.0;
+        let scaling_cap = q.grab_provisioned_concurrency
+            + q.lambda_scaling_per_10s * (1.0 + (now / 10.0).floor());
+        let cap = concurrency_cap.min(scaling_cap);
+        let run_share = if concurrency > cap {
+            cap / concurrency
+        } else {
+            1.0
+        };
+        lambda.observe(second, concurrency, (tokens + grabs) * (1.0 - run_share));
+        tokens *= run_share;
+        grabs *= run_share;
+        let instances = concurrency.min(cap);
+        totals.grab_invocations += tokens + grabs;
+        totals.grab_gb_seconds += concurrency.min(cap) * w.grab_memory_mb / 1024.0;
+
+        // DynamoDB: each reservation writes its shard (2 WCU) and, once sold out, each
+        // grab instance probes every shard once per recheck interval (a failed
+        // condition still costs the write).
+        let shard_tx_cap = shards * q.partition_wcu
+            / (TRANSACTIONAL_WCU_PER_ITEM * c.success_dynamodb_transactions.max(f64::EPSILON));
+        let wanted = remaining.min(grabs);
+        let sold_now = wanted.min(shard_tx_cap);
+        let rejections = grabs - wanted;
+        let sold_out_after = remaining - sold_now <= 1e-9;
+        let probes = if sold_out_after && rejections > 0.0 {
+            (rejections * shards).min(instances * shards / q.gate_recheck_secs)
+        } else {
+            0.0
+        };
+        let shard_wcu_demand = TRANSACTIONAL_WCU_PER_ITEM
+            * (wanted * c.success_dynamodb_transactions + probes)
+            / shards;
+        shard.observe(
+            second,
+            shard_wcu_demand,
+            (shard_wcu_demand - q.partition_wcu).max(0.0),
+        );
+        let gsi_demand = sold_now * GSI_WCU_PER_RESERVATION / shards;
+        gsi.observe(second, gsi_demand, (gsi_demand - q.partition_wcu).max(0.0));
+        let write_units =
+            sold_now * c.success_dynamodb_transactions * GRAB_ITEMS * TRANSACTIONAL_WCU_PER_ITEM
+                + sold_now * GSI_WCU_PER_RESERVATION
+                + (probes + rejections * c.rejection_dynamodb_transactions)
+                    * GRAB_ITEMS
+                    * TRANSACTIONAL_WCU_PER_ITEM;
+        table.observe(second, write_units, (write_units - q.table_wru).max(0.0));
+        totals.write_units += write_units;
+        totals.read_units +=
+            rejections * c.rejection_dynamodb_reads + tokens * c.token_dynamodb_reads;
+
+        // SQS FIFO: one message per reservation.
+        let sends = sold_now * c.success_sqs_sends;
+        sqs.observe(second, sends, (sends - q.sqs_send_tps).max(0.0));
+        totals.sqs_requests += sends;
+
+        if sold_now > 0.0 && sold_out_after && sell_out_at.is_none() {
+            // Grabs arrive through the second at the rate the layers pass them; the
+            // last unit goes to the `remaining`-th of them.
+            let selling_rate = grabs.min(shard_tx_cap);
+            sell_out_at = Some(now + (remaining / selling_rate).min(1.0));
+        }
+        remaining = (remaining - sold_now).max(0.0);
+        // Who did not get an answer comes back next second; sold-out answers leave.
+        backlog = (token_demand - rejections - sold_now).max(0.0);
+
+        second += 1;
+        let arrivals_over = second >= scenario.arrival.shares.len();
+        let nobody_waiting = backlog < 0.5
+            || (scenario.clients_stop_on_sold_out
+                && sell_out_at.is_some_and(|at| now + 1.0 >= at + q.cdn_ttl_secs));
+        if (arrivals_over && nobody_waiting) || second >= MAX_SECONDS {
+            break;
+        }
+    }
+
+    if table.peak_demand > q.table_warm_wru {
+        table.note = format!(
+            "above a new on-demand table's warm throughput ({:.0} WRU/s): pre-warm it",
+            q.table_warm_wru
+        );
+    }
+    let sold = scenario.stock - remaining;
+    after_the_surge(scenario, sold, &mut totals);
+    let consumer_orders_per_sec =
+        q.consumer_concurrency * q.consumer_batch / (w.consumer_batch_ms / 1000.0);
+    let consumer_drain_secs = sold / consumer_orders_per_sec;
+    let mut scheduler = Layer::new(
+        "scheduler_create",
+        q.schedule_create_tps,
+        "CreateSchedule/s",
+    );
+    let create_rate = consumer_orders_per_sec.min(sold) * c.order_schedules;
+    scheduler.observe(
+        0,
+        create_rate,
+        (create_rate - q.schedule_create_tps).max(0.0),
+    );
+    let mut timers = Layer::new(
+        "scheduler_invocations",
+        q.schedule_invocations_tps,
+        "invocations/s",
+    );
+    let fire_rate = sold * (1.0 - scenario.pay_ratio) / TIMER_SPREAD_SECS;
+    timers.observe(
+        0,
+        fire_rate,
+        (fire_rate - q.schedule_invocations_tps).max(0.0),
+    );
+
+    let layers = vec![
+        cdn, route, account, lambda, shard, gsi, table, sqs, scheduler, timers,
+    ];
+    let first_bottleneck = layers
+        .iter()
+        .filter_map(|layer| layer.first_throttled_at.map(|at| (at, layer)))
+        .min_by(|(a, _), (b, _)| a.total_cmp(b))
+        .map(|(_, layer)| layer.name.clone());
+    let capacity = capacity(scenario);
+    let design_capacity = capacity
+        .iter()
+        .map(|(_, rate)| *rate)
+        .fold(f64::INFINITY, f64::min);
+    let cost = totals.cost(&scenario.prices);
+    let cost_per_sale = if sold > 0.0 { cost.total() / sold } else { 0.0 };
+    Outcome {
+        sold,
+        sell_out_secs: sell_out_at,
+        seconds_modelled: second,
+        layers,
+        first_bottleneck,
+        capacity,
+        design_capacity,
+        cost,
+        cost_per_sale,
+        consumer_orders_per_sec,
+        consumer_drain_secs,
+    }
+}
+
+/// Counted requests and units of the whole sale, for its cost.
+#[derive(Debug, Default)]
+struct Totals {
+    cdn_requests: f64,
+    gateway_requests: f64,
+    grab_invocations: f64,
+    grab_gb_seconds: f64,
+    other_invocations: f64,
+    other_gb_seconds: f64,
+    write_units: f64,
+    read_units: f64,
+    sqs_requests: f64,
+    scheduler_invocations: f64,
+}
+
+impl Totals {
+    fn cost(&self, p: &Prices) -> Cost {
+        let million = 1_000_000.0;
+        Cost {
+            cdn: self.cdn_requests / million * p.cdn_per_million,
+            api_gateway: self.gateway_requests / million * p.http_api_per_million,
+            lambda: (self.grab_invocations + self.other_invocations) / million
+                * p.lambda_per_million
+                + (self.grab_gb_seconds + self.other_gb_seconds) * p.lambda_per_gb_second,
+            dynamodb: self.write_units / million * p.dynamodb_per_million_wru
+                + self.read_units / million * p.dynamodb_per_million_rru,
+            sqs: self.sqs_requests / million * p.sqs_fifo_per_million,
+            scheduler: self.scheduler_invocations / million * p.scheduler_per_million,
+        }
+    }
+}
+
+/// What each sold unit costs after the surge: the consumer's order and timer, the
+/// payment or the lapse.
+fn after_the_surge(scenario: &Scenario, sold: f64, totals: &mut Totals) {
+    let c = &scenario.calls;
+    let w = &scenario.work;
+    let gb = w.other_memory_mb / 1024.0;
+    let paid = sold * scenario.pay_ratio;
+    let lapsed = sold - paid;
+    let batches = sold / scenario.quotas.consumer_batch;
+    // The consumer: receive and delete a batch; an order transaction and a timer each.
+    totals.sqs_requests += batches * 2.0;
+    totals.other_invocations += batches;
+    totals.other_gb_seconds += batches * w.consumer_batch_ms / 1000.0 * gb;
+    totals.write_units +=
+        sold * c.order_dynamodb_transactions * ORDER_ITEMS * TRANSACTIONAL_WCU_PER_ITEM;
+    // Paying: one API request and one transaction.
+    totals.gateway_requests += paid;
+    totals.other_invocations += paid;
+    totals.other_gb_seconds += paid * w.api_ms / 1000.0 * gb;
+    totals.write_units += paid * PAY_ITEMS * TRANSACTIONAL_WCU_PER_ITEM;
+    // A lapse: the timer fires the release, one transaction of three items.
+    totals.scheduler_invocations += lapsed;
+    totals.other_invocations += lapsed;
+    totals.other_gb_seconds += lapsed * w.release_ms / 1000.0 * gb;
+    totals.write_units += lapsed * RELEASE_ITEMS * TRANSACTIONAL_WCU_PER_ITEM;
+}
+
+/// The outcome as text for the terminal.
+pub fn render(scenario: &Scenario, outcome: &Outcome) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "sale: {} units in {} shards; {} buyers over {} s; {:.0}% paid",
+        scenario.stock,
+        scenario.shards,
+        scenario.buyers,
+        scenario.arrival.shares.len(),
+        scenario.pay_ratio * 100.0
+    );
+    let _ = writeln!(
+        out,
+        "\n{:<24} {:>14} {:>12} {:>10}  {:<26} first throttled",
+        "layer", "peak demand", "quota", "throttled", "unit"
+    );
+    for layer in &outcome.layers {
+        let quota = if layer.quota > 0.0 {
+            format!("{:.0}", layer.quota)
+        } else {
+            "-".to_owned()
+        };
+        let _ = writeln!(
+            out,
+            "{:<24} {:>14.1} {:>12} {:>9.2}%  {:<26} {}",
+            layer.name,
+            layer.peak_demand,
+            quota,
+            layer.throttled_share() * 100.0,
+            layer.unit,
+            layer
+                .first_throttled_at
+                .map_or("-".to_owned(), |at| format!("second {at:.0}")),
+        );
+        if !layer.note.is_empty() {
+            let _ = writeln!(out, "{:<24} note: {}", "", layer.note);
+        }
+    }
+    let _ = writeln!(
+        out,
+        "\nsold {:.0} of {}; sold out {}",
+        outcome.sold,
+        scenario.stock,
+        outcome
+            .sell_out_secs
+            .map_or("never (within the model)".to_owned(), |secs| format!(
+                "after {secs:.2} s"
+            ))
+    );
+    let _ = writeln!(
+        out,
+        "first bottleneck: {}",
+        outcome.first_bottleneck.as_deref().unwrap_or("none")
+    );
+    let _ = writeln!(
+        out,
+        "orders: the consumer makes {:.0}/s, so the sale's orders wait up to {:.1} s",
+        outcome.consumer_orders_per_sec, outcome.consumer_drain_secs
+    );
+    let _ = writeln!(out, "\nreservations/s each layer sustains:");
+    for (layer, rate) in &outcome.capacity {
+        let _ = writeln!(out, "  {layer:<32} {rate:>12.0}");
+    }
+    let _ = writeln!(
+        out,
+        "  {:<32} {:>12.0}",
+        "design capacity (least)", outcome.design_capacity
+    );
+    let cost = &outcome.cost;
+    let _ = writeln!(
+        out,
+        "\ncost (USD, us-east-1 on-demand): total {:.4}, per unit sold {:.6}\n  cdn {:.4}  api gateway {:.4}  lambda {:.4}  dynamodb {:.4}  sqs {:.4}  scheduler {:.4}",
+        cost.total(),
+        outcome.cost_per_sale,
+        cost.cdn,
+        cost.api_gateway,
+        cost.lambda,
+        cost.dynamodb,
+        cost.sqs,
+        cost.scheduler
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scenario(stock: f64, shards: f64, buyers: f64, arrival: Arrival) -> Scenario {
+        Scenario {
+            stock,
+            shards,
+            buyers,
+            arrival,
+            pay_ratio: 0.5,
+            clients_stop_on_sold_out: true,
+            calls: Calls::default(),
+            quotas: Quotas::default(),
+            work: Work::default(),
+            prices: Prices::default(),
+        }
+    }
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() < 1e-6 * b.abs().max(1.0)
+    }
+
+    fn layer<'a>(outcome: &'a Outcome, name: &str) -> &'a Layer {
+        outcome
+            .layers
+            .iter()
+            .find(|layer| layer.name == name)
+            .unwrap_or_else(|| panic!("no layer {name}"))
+    }
+
+    #[test]
+    fn a_bucket_admits_rate_plus_what_is_left_of_its_burst() {
+        let mut bucket = Bucket::new(300.0, 50.0);
+        assert!(close(bucket.admit(1000.0), 350.0));
+        assert!(close(bucket.admit(1000.0), 300.0));
+        assert!(close(bucket.admit(100.0), 100.0));
+        // 200 left over, but the bucket holds at most 50.
+        assert!(close(bucket.admit(1000.0), 350.0));
+    }
+
+    #[test]
+    fn arrivals_parse_and_normalise() {
+        assert_eq!(Arrival::parse("uniform:4").unwrap().shares, vec![0.25; 4]);
+        assert_eq!(
+            Arrival::parse("profile:2,1,1").unwrap().shares,
+            vec![0.5, 0.25, 0.25]
+        );
+        assert!(Arrival::parse("profile:0,0").is_err());
+        assert!(Arrival::parse("poisson:3").is_err());
+    }
+
+    #[test]
+    fn bench_counts_replace_the_defaults_they_name() {
+        let calls = Calls::from_bench_json(
+            r#"{"calls_per_request": {"rejection_dynamodb_reads": 1.006, "success_sqs_sends": 1}}"#,
+        )
+        .unwrap();
+        assert!(close(calls.rejection_dynamodb_reads, 1.006));
+        assert!(close(calls.success_dynamodb_transactions, 1.0));
+        let flat = Calls::from_bench_json(r#"{"order_schedules": 2}"#).unwrap();
+        assert!(close(flat.order_schedules, 2.0));
+    }
+
+    /// A million buyers in 10 s for 100 units with the template's defaults: the grab
+    /// routes admit 300/s plus a burst of 50, so second 0 admits 350 grabs, the first
+    /// 100 of them buy, and the sale sells out 100/350 s in.
+    #[test]
+    fn a_million_buyers_for_a_hundred_units_are_shed_at_the_route_throttle() {
+        let outcome = run(&scenario(100.0, 10.0, 1_000_000.0, Arrival::uniform(10)));
+        assert!(close(outcome.sold, 100.0));
+        assert!(close(outcome.sell_out_secs.unwrap(), 100.0 / 350.0));
+        assert_eq!(
+            outcome.first_bottleneck.as_deref(),
+            Some("api_gateway_route")
+        );
+        let route = layer(&outcome, "api_gateway_route");
+        // Second 0: 100,000 arrive, 350 pass. Second 1: they and 100,000 new ones ask
+        // again (the status says sold out only from 1.29 s), 300 pass. Then they stop.
+        let asked = (100_000.0 + 350.0) + (100_000.0 + 99_650.0 + 300.0);
+        let refused = (100_000.0 - 350.0) + (199_650.0 - 300.0);
+        assert!(close(route.total, asked), "{route:?}");
+        assert!(close(route.throttled, refused), "{route:?}");
+        assert!(layer(&outcome, "dynamodb_hot_shard").throttled < 1e-9);
+        // 1,000,000 page reads at $1 per million dominate the bill.
+        assert!(
+            outcome.cost.cdn > 0.99 && outcome.cost.cdn < 1.01,
+            "{:?}",
+            outcome.cost
+        );
+    }
+
+    /// Capacity per layer, by hand: 64 shards x 1,000 WCU / 2 WCU = 32,000/s; the
+    /// bucket index 64 x 1,000 = 64,000/s; the table 40,000 / (2 x 2 + 1) = 8,000/s;
+    /// Lambda 100 / 0.030 s = 3,333/s; the route 300/s is the least.
+    #[test]
+    fn the_design_capacity_is_the_least_layer() {
+        let capacity = capacity(&scenario(1.0, 64.0, 1.0, Arrival::uniform(1)));
+        let rate = |name: &str| {
+            capacity
+                .iter()
+                .find(|(layer, _)| layer == name)
+                .map(|(_, rate)| *rate)
+                .unwrap()
+        };
+        assert!(close(rate("dynamodb_shard_partitions"), 32_000.0));
+        assert!(close(rate("dynamodb_gsi_bucket_partitions"), 64_000.0));
+        assert!(close(rate("dynamodb_table"), 8_000.0));
+        assert!(close(rate("lambda_grab_concurrency"), 100.0 / 0.030));
+        assert!(close(rate("api_gateway_account"), 5_000.0));
+        let least = capacity
+            .iter()
+            .map(|(_, r)| *r)
+            .fold(f64::INFINITY, f64::min);
+        assert!(close(least, 300.0));
+    }
+
+    /// With every quota raised but the shards left at 8, the shard keys cap the sale at
+    /// 8 x 500 = 4,000 reservations/s, and the refused writes are hot-key throttles.
+    #[test]
+    fn too_few_shards_make_the_shard_key_the_bottleneck() {
+        let mut sale = scenario(100_000.0, 8.0, 200_000.0, Arrival::uniform(10));
+        sale.quotas.grab_route_rps = 1_000_000.0;
+        sale.quotas.grab_route_burst = 1_000_000.0;
+        sale.quotas.account_rps = 1_000_000.0;
+        sale.quotas.account_burst = 1_000_000.0;
+        sale.quotas.lambda_account_concurrency = 100_000.0;
+        sale.quotas.grab_reserved_concurrency = 0.0;
+        sale.quotas.lambda_scaling_per_10s = 100_000.0;
+        sale.quotas.table_wru = 10_000_000.0;
+        sale.quotas.sqs_send_tps = 1_000_000.0;
+        let outcome = run(&sale);
+        assert_eq!(
+            outcome.first_bottleneck.as_deref(),
+            Some("dynamodb_hot_shard")
+        );
+        let shard = layer(&outcome, "dynamodb_hot_shard");
+        // Second 0: 20,000 grabs want 2 WCU each on 8 keys.
+        assert_eq!(shard.first_throttled_at, Some(0.0), "{shard:?}");
+        // 100,000 units at 4,000/s: 25 s.
+        assert!(close(outcome.sell_out_secs.unwrap(), 25.0), "{outcome:?}");
+    }
+
+    /// After the sale sells out, each grab instance probes every shard once per
+    /// recheck interval: 1,000 instances put 1,000 x 2 WCU a second on every shard key.
+    #[test]
+    fn gate_probes_heat_every_shard_once_sold_out() {
+        let mut sale = scenario(10.0, 4.0, 2_000_000.0, Arrival::uniform(1));
+        sale.clients_stop_on_sold_out = false;
+        sale.quotas.grab_route_rps = 1_000_000.0;
+        sale.quotas.grab_route_burst = 0.0;
+        sale.quotas.account_rps = 2_000_000.0;
+        sale.quotas.account_burst = 0.0;
+        sale.quotas.grab_reserved_concurrency = 0.0;
+        let outcome = run(&sale);
+        let shard = layer(&outcome, "dynamodb_hot_shard");
+        // Lambda runs at its 1,000 cap; probes = 1,000 x 4 shards, 2 WCU each over 4 keys.
+        assert!(
+            close(shard.peak_demand, 2.0 * 1_000.0 + 2.0 * 10.0 / 4.0),
+            "{shard:?}"
+        );
+        assert!(shard.throttled > 0.0);
+    }
+
+    #[test]
+    fn the_report_names_the_bottleneck_and_the_cost() {
+        let sale = scenario(100.0, 10.0, 1_000_000.0, Arrival::uniform(10));
+        let text = render(&sale, &run(&sale));
+        assert!(
+            text.contains("first bottleneck: api_gateway_route"),
+            "{text}"
+        );
+        assert!(text.contains("per unit sold"), "{text}");
+    }
+}
