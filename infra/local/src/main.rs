@@ -121,6 +121,8 @@ fn print_banner(stack: &LocalStack) {
         "\nflashsale local stack `{}` is up\n\n",
         model.stack_name
     ));
+    out.push_str(&format!("  Sale page  {}/?sale=<sale id>\n", stack.api_url));
+    out.push_str(&format!("  Admin      {}/admin.html\n", stack.api_url));
     out.push_str(&format!("  HTTP API   {}\n", stack.api_url));
     out.push_str(&format!("  DynamoDB   {}\n", stack.dynamodb_endpoint));
     out.push_str(&format!("  SQS/Sched  {}\n\n", stack.moto_endpoint));
