@@ -1,7 +1,7 @@
 // The admin console: create a sale, watch its stock by state live (with a small inline
 // SVG chart and the reconciliation flag), block and unblock users.
 
-import { $, call, humanMessage, sleep } from "./api.js";
+import { $, call, humanMessage, sleep, untilAnswered } from "./api.js";
 import { completeProviderSignIn, currentSession, renderSignIn } from "./auth.js";
 
 const SERIES = ["available", "reserved", "pending_payment", "paid"];
@@ -40,10 +40,16 @@ async function createSale(event) {
     per_user_limit: Number(value("per_user_limit") || 1),
     payment_timeout_secs: Number(value("payment_timeout_secs") || 900),
   };
-  if (value("sale_id")) body.sale_id = value("sale_id");
-  const result = await call("/admin/sales", { method: "POST", token: session?.token, body });
-  if (!result.ok) return say(humanMessage(result), "error");
-  const sale = result.data;
+  // The id is chosen here, so that asking again after a busy answer cannot create a
+  // second sale: a retry that finds it already there found the one just created.
+  body.sale_id = value("sale_id") || `sale-${crypto.getRandomValues(new Uint32Array(2)).join("")}`;
+  let retried = false;
+  const result = await untilAnswered(() => call("/admin/sales", { method: "POST", token: session?.token, body }), {
+    onWait: () => (retried = true),
+  });
+  const createdByUs = retried && result.data?.error === "sale_exists";
+  if (!result.ok && !createdByUs) return say(humanMessage(result), "error");
+  const sale = result.ok ? result.data : body;
   say(`Created sale ${sale.sale_id}.`);
   const created = $("#created");
   const link = new URL(`./?sale=${encodeURIComponent(sale.sale_id)}`, location.href);
@@ -121,7 +127,7 @@ function drawChart(points) {
 
 async function loadBlocklist() {
   const list = $("#blocked");
-  const result = await call("/admin/blocklist", { token: session?.token });
+  const result = await untilAnswered(() => call("/admin/blocklist", { token: session?.token }));
   list.replaceChildren();
   if (!result.ok) return say(humanMessage(result), "error");
   if (!result.data.users.length) {
@@ -146,10 +152,13 @@ async function loadBlocklist() {
 }
 
 async function setBlocked(userId, blocked) {
-  const result = await call(`/admin/blocklist/${encodeURIComponent(userId)}`, {
-    method: blocked ? "PUT" : "DELETE",
-    token: session?.token,
-  });
+  // Both are idempotent: a busy answer is simply asked again.
+  const result = await untilAnswered(() =>
+    call(`/admin/blocklist/${encodeURIComponent(userId)}`, {
+      method: blocked ? "PUT" : "DELETE",
+      token: session?.token,
+    }),
+  );
   if (!result.ok) return say(humanMessage(result), "error");
   say(blocked ? `Blocked ${userId}.` : `Unblocked ${userId}.`);
   await loadBlocklist();

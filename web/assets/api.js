@@ -98,6 +98,25 @@ export function retryDelayMs(attempt, result, { baseMs = 250, capMs = 4000 } = {
   return floor + jitter;
 }
 
+/**
+ * Runs `request(attempt)` (attempt 0, 1, ...) until its answer is not `retryable`,
+ * `attempts` run out or `stop()` says so, waiting `retryDelayMs` between tries.
+ * Returns the last answer. Only for requests that are safe to repeat.
+ */
+export async function untilAnswered(
+  request,
+  { attempts = 8, retryable = isRetryable, stop = () => false, onResult, onWait } = {},
+) {
+  for (let attempt = 0; ; attempt += 1) {
+    const result = await request(attempt);
+    onResult?.(result);
+    if (!retryable(result, attempt) || attempt + 1 >= attempts || stop()) return result;
+    onWait?.(result, attempt);
+    await sleep(retryDelayMs(attempt + 1, result));
+    if (stop()) return result;
+  }
+}
+
 export function sleep(ms, signal) {
   return new Promise((resolve) => {
     const timer = setTimeout(resolve, ms);

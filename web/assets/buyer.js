@@ -7,7 +7,7 @@
 // seen in the cached status, stops the retries; the status is still polled slowly and
 // the button comes back if a unit is released.
 
-import { $, call, formatDuration, humanMessage, isRetryable, retryDelayMs, sleep } from "./api.js";
+import { $, call, formatDuration, humanMessage, isRetryable, sleep, untilAnswered } from "./api.js";
 import { completeProviderSignIn, currentSession, renderSignIn } from "./auth.js";
 import { ServerClock, servedFromCache } from "./clock.js";
 
@@ -195,19 +195,23 @@ async function buy() {
   grabFailed(grab);
 }
 
-/** Calls `request(attempt)` until it is not retryable, or attempts run out, or sold out. */
+const SOLD_OUT = { ok: false, status: 409, data: { error: "sold_out" }, headers: new Headers() };
+
+/**
+ * A token or grab request, tried again while throttled or busy (and, a few times, while
+ * the server says the sale has not quite started: clocks agree to within the round
+ * trip). Sold out, seen by the status poll meanwhile, ends it.
+ */
 async function withRetries(request, { onResult, stopWhen = () => state.soldOut } = {}) {
-  let result;
-  for (let attempt = 0; attempt < MAX_GRAB_ATTEMPTS; attempt += 1) {
-    result = await request(attempt);
-    onResult?.(result);
-    if (!isRetryable(result) && !(result.status === 425 && attempt < 5)) return result;
-    if (stopWhen()) return { ok: false, status: 409, data: { error: "sold_out" }, headers: new Headers() };
-    say(result.status === 425 ? humanMessage(result) : `${humanMessage(result)} (attempt ${attempt + 1})`, "wait");
-    await sleep(retryDelayMs(attempt + 1, result));
-    if (stopWhen()) return { ok: false, status: 409, data: { error: "sold_out" }, headers: new Headers() };
-  }
-  return result;
+  const result = await untilAnswered(request, {
+    attempts: MAX_GRAB_ATTEMPTS,
+    retryable: (r, attempt) => isRetryable(r) || (r.status === 425 && attempt < 5),
+    stop: stopWhen,
+    onResult,
+    onWait: (r, attempt) =>
+      say(r.status === 425 ? humanMessage(r) : `${humanMessage(r)} (attempt ${attempt + 1})`, "wait"),
+  });
+  return isRetryable(result) && stopWhen() ? SOLD_OUT : result;
 }
 
 function grabFailed(result) {
@@ -299,10 +303,13 @@ async function settle(action) {
   if (!order) return;
   ui.pay.dataset.busy = "1";
   render();
-  const result = await call(`/orders/${encodeURIComponent(order.order_id)}/${action}`, {
-    method: "POST",
-    token: state.session.token,
-  });
+  // Pay and cancel are idempotent: a busy answer is simply asked again.
+  const result = await untilAnswered(() =>
+    call(`/orders/${encodeURIComponent(order.order_id)}/${action}`, {
+      method: "POST",
+      token: state.session.token,
+    }),
+  );
   delete ui.pay.dataset.busy;
   if (result.ok) {
     updateOrder(result.data);
