@@ -2,8 +2,11 @@
 real local stack. Every wait is a deadline on a condition (Playwright's expect), never a
 fixed sleep."""
 
+import base64
+import hashlib
 import re
 import time
+from urllib.parse import parse_qs, urlencode, urlparse
 
 from conftest import DESKTOP, screenshot, sign_in, unique_user
 from playwright.sync_api import expect
@@ -212,3 +215,56 @@ def test_the_admin_creates_a_sale_and_watches_the_stats_move(open_page, stack):
     entry.get_by_role("button", name="Unblock").click()
     expect(entry).to_be_hidden()
     assert scalper not in stack.call_until_answered("GET", "/admin/blocklist", token=admin)[1]["users"]
+
+
+def test_deployed_sign_in_is_the_authorization_code_flow_with_pkce_and_no_secret(open_page, stack):
+    """The OIDC provider is played by route interception: it checks what the page sends
+    and hands back an ID token the local authorizer accepts."""
+    idp = "https://idp.example.test"
+    user = unique_user("oidc")
+    config = {
+        "auth": "oidc",
+        "client_id": "flashsale-web",
+        "authorize_url": f"{idp}/oauth2/authorize",
+        "token_url": f"{idp}/oauth2/token",
+    }
+    sale_id, _ = stack.create_sale(stock=1, prefix="oidc")
+    seen = {}
+
+    def authorize(route):
+        query = {k: v[0] for k, v in parse_qs(urlparse(route.request.url).query).items()}
+        seen["authorize"] = query
+        back = f"{query['redirect_uri']}?" + urlencode({"code": "the-code", "state": query["state"]})
+        route.fulfill(status=302, headers={"location": back})
+
+    def token(route):
+        form = {k: v[0] for k, v in parse_qs(route.request.post_data).items()}
+        seen["token"] = form
+        route.fulfill(
+            status=200,
+            headers={"access-control-allow-origin": "*"},
+            json={"id_token": stack.token(user), "token_type": "Bearer", "expires_in": 3600},
+        )
+
+    page = open_page("/admin.html")
+    page.route("**/config.json", lambda route: route.fulfill(json=config))
+    page.route(f"{idp}/oauth2/authorize*", authorize)
+    page.route(f"{idp}/oauth2/token", token)
+    page.goto(f"{stack.url}/?sale={sale_id}")
+    page.get_by_role("button", name="Sign in", exact=True).click()
+    expect(page.get_by_test_id("signed-in-as")).to_contain_text(user)
+    # Back on the sale it started from, with the code gone from the address.
+    assert page.url == f"{stack.url}/?sale={sale_id}"
+    expect(page.locator("#buy")).to_be_enabled()
+
+    asked = seen["authorize"]
+    assert asked["response_type"] == "code" and asked["client_id"] == "flashsale-web"
+    assert asked["code_challenge_method"] == "S256"
+    traded = seen["token"]
+    assert traded["grant_type"] == "authorization_code" and traded["code"] == "the-code"
+    assert traded["redirect_uri"] == asked["redirect_uri"]
+    assert "client_secret" not in traded
+    # The verifier sent with the code is the one the challenge was made from.
+    digest = hashlib.sha256(traded["code_verifier"].encode()).digest()
+    assert base64.urlsafe_b64encode(digest).rstrip(b"=").decode() == asked["code_challenge"]
+    assert 43 <= len(traded["code_verifier"]) <= 128

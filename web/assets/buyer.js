@@ -14,7 +14,8 @@ import { ServerClock, servedFromCache } from "./clock.js";
 const FINAL = new Set(["paid", "cancelled", "expired"]);
 const MAX_GRAB_ATTEMPTS = 40;
 
-const saleId = new URLSearchParams(location.search).get("sale");
+/** From `?sale=`, read once the provider's sign-in answer is off the address. */
+let saleId = null;
 const clock = new ServerClock();
 const ui = {
   name: $("#sale-name"),
@@ -342,6 +343,7 @@ async function signedInChanged() {
 
 async function main() {
   const signInError = await completeProviderSignIn();
+  saleId = new URLSearchParams(location.search).get("sale");
   await renderSignIn($("#signin"), { onChange: signedInChanged });
   if (signInError) say(signInError, "error");
   if (!saleId) {
