@@ -172,10 +172,32 @@ def test_a_429_storm_is_retried_with_the_same_grab_path_and_buys_once(open_page,
     assert stats["available"] == 4 and stats["consistent"], stats
 
 
+def refuse_with(answer):
+    return lambda route: route.fulfill(**answer)
+
+
 def test_errors_read_as_plain_words(open_page, stack):
     page = open_page("/?sale=no-such-sale")
     expect(page.locator("#message")).to_have_text("There is no such sale. Check the link.")
     expect(page.locator("#buy")).to_be_disabled()
+
+    # The answers of the layers in front of the functions: API Gateway's own JSON, and
+    # the WAF's HTML page.
+    sale_id, _ = stack.create_sale(stock=1, prefix="errors")
+    page = buyer_page(open_page, stack, sale_id)
+    refusals = [
+        ({"status": 401, "json": {"message": "Unauthorized"}}, "Please sign in again"),
+        ({"status": 403, "body": "<html><body>Request blocked.</body></html>", "content_type": "text/html"},
+         "Too many requests from your network"),
+        ({"status": 403, "json": {"error": "blocked", "message": "user is blocked"}}, "Your account is blocked"),
+    ]
+    for answer, message in refusals:
+        page.route("**/sales/*/token", refuse_with(answer))
+        page.locator("#buy").click()
+        expect(page.locator("#message")).to_contain_text(message)
+        # A refusal gives the button back.
+        expect(page.locator("#buy")).to_be_enabled()
+        page.unroute("**/sales/*/token")
 
 
 def test_the_admin_creates_a_sale_and_watches_the_stats_move(open_page, stack):

@@ -19,15 +19,18 @@ export async function call(path, { method = "GET", token, body, headers = {}, si
     return { ok: false, status: 0, data: null, headers: new Headers(), networkError: String(error) };
   }
   let data = null;
+  let fromEdge = false;
   const text = await response.text().catch(() => "");
   if (text) {
     try {
       data = JSON.parse(text);
     } catch {
+      // Neither the API nor API Gateway: CloudFront or its WAF answered (HTML).
+      fromEdge = true;
       data = { message: text.slice(0, 200) };
     }
   }
-  return { ok: response.ok, status: response.status, data, headers: response.headers };
+  return { ok: response.ok, status: response.status, data, headers: response.headers, fromEdge };
 }
 
 // Every error code of openapi.yaml, as a buyer or an operator should read it.
@@ -70,6 +73,10 @@ const GATEWAY_MESSAGES = {
 /** The message to show for a failed call. */
 export function humanMessage(result) {
   if (result.status === 0) return "No connection to the shop. Check your network; retrying.";
+  // The WAF's per-IP limit on the token and grab paths blocks with a 403 page.
+  if (result.status === 403 && result.fromEdge) {
+    return "Too many requests from your network. Wait a minute, then try again.";
+  }
   const code = result.data && result.data.error;
   if (code && MESSAGES[code]) {
     // invalid_input's own text says which field; the operator needs it.
