@@ -132,6 +132,7 @@ def test_two_buyers_race_for_the_last_unit_one_wins_the_other_sees_sold_out(open
     loser = next(p for p in pages if p not in winners)
     expect(loser.locator("#order")).to_be_hidden()
     expect(loser.locator("#buy")).to_be_disabled()
+    expect(loser.locator("#stock")).to_have_text("0 of 1 left")
     screenshot(loser, "sold-out")
     stats = stack.stats(sale_id)
     assert stats["available"] == 0 and stats["reserved"] + stats["pending_payment"] == 1, stats

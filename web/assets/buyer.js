@@ -95,9 +95,6 @@ function showSale(sale) {
   // A cached status older than a grab that heard sold_out is not news.
   const stale = Date.parse(sale.server_time) < state.soldOutAt;
   state.soldOut = stale || (soldOut && sale.status !== "upcoming");
-  // A stale copy's stock is not shown against a fresher sold_out.
-  const available = stale ? 0 : Math.max(0, sale.stock_available);
-  ui.stock.textContent = `${available} of ${sale.stock_total} left`;
   // A retry notice is stale once no grab is running.
   if (state.phase === "idle" && ui.message.dataset.kind === "wait") say("");
   render();
@@ -121,6 +118,11 @@ function render() {
   const label = saleLabel(now);
   ui.status.textContent = label.text;
   ui.status.dataset.status = label.status;
+  if (state.sale) {
+    // A grab that heard sold_out knows better than a status copy still showing stock.
+    const available = state.soldOut ? 0 : Math.max(0, state.sale.stock_available);
+    ui.stock.textContent = `${available} of ${state.sale.stock_total} left`;
+  }
   if (state.sale && clock.synced) {
     const remaining = Date.parse(state.sale.starts_at) - now;
     ui.countdown.dataset.remainingMs = String(Math.round(remaining));
