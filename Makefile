@@ -43,9 +43,11 @@ export CARGO_TERM_COLOR ?= never
 
 # Deployability checks of template.yaml and the real bootstraps (issue 4).
 include infra/checks.mk
+# The pages in a real browser (issue 9).
+include tests/browser/browser.mk
 
 help:
-	@echo "make run    - install the emulators if missing, provision template.yaml locally, serve the API on 127.0.0.1:$(API_PORT)"
+	@echo "make run    - install the emulators if missing, provision template.yaml locally, serve the API and the pages on http://127.0.0.1:$(API_PORT)/"
 	@echo "make test   - install what the tests need, then lint, test and check everything"
 
 ## --- tools -------------------------------------------------------------------------
@@ -90,7 +92,7 @@ run: tools
 	  --dynamodb-port $(DYNAMODB_PORT) --moto-port $(MOTO_PORT) \
 	  --parameter-overrides $(LOCAL_PARAMETERS)
 
-test: disk-space tools lint unit fuzz-api check-infra
+test: disk-space tools lint unit fuzz-api check-infra browser-test
 
 # A full disk shows up as a linker killed by SIGBUS half-way through the build, which
 # reads like a toolchain bug. Say what it is up front. A cold `make test` (CI, fresh

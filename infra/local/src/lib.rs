@@ -22,6 +22,7 @@ pub mod resolve;
 pub mod rules;
 pub mod scheduler;
 pub mod stack;
+pub mod static_files;
 pub mod template;
 
 pub use lambda::{FunctionError, InvokeContext, LambdaFunction, function_fn};

@@ -125,6 +125,8 @@ fn print_banner(stack: &LocalStack) {
         "\nflashsale local stack `{}` is up\n\n",
         model.stack_name
     ));
+    out.push_str(&format!("  Sale page  {}/?sale=<sale id>\n", stack.api_url));
+    out.push_str(&format!("  Admin      {}/admin.html\n", stack.api_url));
     out.push_str(&format!("  HTTP API   {}\n", stack.api_url));
     out.push_str(&format!("  DynamoDB   {}\n", stack.dynamodb_endpoint));
     out.push_str(&format!("  SQS        {}\n", stack.sqs_endpoint));

@@ -22,6 +22,7 @@ use crate::provision::{self, Clients, ProvisionError, ProvisionReport};
 use crate::resolve::{ParamValue, StackContext};
 use crate::rules;
 use crate::scheduler::{self, SchedulerSettings};
+use crate::static_files;
 use crate::template::{Template, TemplateError};
 
 /// The region and account every local ARN uses.
@@ -282,7 +283,12 @@ impl LocalStack {
         let api_url = format!("http://{local_addr}");
 
         let mut tasks = Vec::new();
-        let router = Arc::new(Gateway::new(lambda.clone(), jwt.clone())).router();
+        let router = Arc::new(Gateway::new(lambda.clone(), jwt.clone()))
+            .router()
+            .layer(axum::middleware::from_fn_with_state(
+                static_files::pages_dir_for(&options.template),
+                static_files::serve_pages,
+            ));
         let mut server_shutdown = shutdown_rx.clone();
         tasks.push(tokio::spawn(async move {
             let served = axum::serve(

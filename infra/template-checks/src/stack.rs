@@ -90,6 +90,20 @@ impl Stack {
     }
 }
 
+/// The workspace's template.yaml, expanded once per test process. FLASHSALE_TEMPLATE
+/// names another file instead (a mutated copy, to see the checks fail).
+pub fn workspace_stack() -> &'static Stack {
+    static STACK: std::sync::OnceLock<Stack> = std::sync::OnceLock::new();
+    STACK.get_or_init(|| {
+        let path = std::env::var_os("FLASHSALE_TEMPLATE").map_or_else(
+            || workspace::root().join("template.yaml"),
+            std::path::PathBuf::from,
+        );
+        Stack::load(&path)
+            .expect("the template expands with aws-sam-translator (make template-tools)")
+    })
+}
+
 fn resources_of(template: &Value, kind: &str) -> Vec<String> {
     template["Resources"]
         .as_object()

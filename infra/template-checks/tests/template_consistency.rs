@@ -90,14 +90,7 @@ const CACHE_FIELDS: [&str; 1] = ["blocked_users"];
 const PLATFORM_ENV_VARS: [&str; 1] = ["RUST_LOG"];
 
 fn stack() -> &'static Stack {
-    static STACK: OnceLock<Stack> = OnceLock::new();
-    STACK.get_or_init(|| {
-        // FLASHSALE_TEMPLATE lets a mutated copy be checked (to see these tests fail).
-        let path = std::env::var_os("FLASHSALE_TEMPLATE")
-            .map_or_else(|| workspace::root().join("template.yaml"), PathBuf::from);
-        Stack::load(&path)
-            .expect("the template expands with aws-sam-translator (make template-tools)")
-    })
+    stack::workspace_stack()
 }
 
 fn root_path(relative: &str) -> PathBuf {

@@ -1,0 +1,140 @@
+//! The sale page and the admin console (`web/`), served by the local gateway on the same
+//! origin as the API, as the CloudFront distribution serves them deployed: a GET or HEAD
+//! that names a file under the pages' folder gets the file; anything else goes on to
+//! the API routes.
+//!
+//! The pages are a small, closed set of file types that this repository writes, so a
+//! table of content types does what a MIME crate would, without one more dependency.
+
+use std::path::{Component, Path, PathBuf};
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::Response;
+use http::{HeaderValue, Method, StatusCode, header};
+
+/// The folder of the pages next to a template: `web/`.
+pub fn pages_dir_for(template: &Path) -> PathBuf {
+    template
+        .parent()
+        .filter(|dir| !dir.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+        .join("web")
+}
+
+/// The content type of a page file, by its extension; `None` for files that are not
+/// part of the pages (they are not served).
+fn content_type(path: &Path) -> Option<&'static str> {
+    let extension = path.extension()?.to_str()?.to_ascii_lowercase();
+    Some(match extension.as_str() {
+        "html" => "text/html; charset=utf-8",
+        "css" => "text/css; charset=utf-8",
+        "js" | "mjs" => "text/javascript; charset=utf-8",
+        "json" => "application/json",
+        "svg" => "image/svg+xml",
+        "png" => "image/png",
+        "ico" => "image/x-icon",
+        "txt" => "text/plain; charset=utf-8",
+        _ => return None,
+    })
+}
+
+/// The file a URL path names under `root`: `/` is `index.html`; a path with `..`, a
+/// root or a prefix component names nothing, so nothing outside `root` is reachable.
+fn file_for(root: &Path, url_path: &str) -> Option<PathBuf> {
+    let relative = url_path.trim_start_matches('/');
+    let relative = if relative.is_empty() {
+        "index.html"
+    } else {
+        relative
+    };
+    let relative = Path::new(relative);
+    if !relative
+        .components()
+        .all(|c| matches!(c, Component::Normal(_)))
+    {
+        return None;
+    }
+    Some(root.join(relative))
+}
+
+/// Middleware: answers a GET or HEAD for a page file; passes every other request on.
+pub async fn serve_pages(State(root): State<PathBuf>, request: Request, next: Next) -> Response {
+    let is_read = matches!(*request.method(), Method::GET | Method::HEAD);
+    let found = is_read
+        .then(|| file_for(&root, request.uri().path()))
+        .flatten()
+        .and_then(|path| content_type(&path).map(|kind| (path, kind)));
+    let Some((path, kind)) = found else {
+        return next.run(request).await;
+    };
+    // Not a file (or unreadable): the API's own 404 answers, as it would without pages.
+    let Ok(bytes) = tokio::fs::read(&path).await else {
+        return next.run(request).await;
+    };
+    let length = bytes.len();
+    let body = if request.method() == Method::HEAD {
+        Body::empty()
+    } else {
+        Body::from(bytes)
+    };
+    let mut response = Response::new(body);
+    *response.status_mut() = StatusCode::OK;
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(kind));
+    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
+    // Edited pages show on the next reload while developing.
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_root_is_the_index_and_nothing_escapes_the_folder() {
+        let root = Path::new("/srv/web");
+        assert_eq!(
+            file_for(root, "/"),
+            Some(PathBuf::from("/srv/web/index.html"))
+        );
+        assert_eq!(
+            file_for(root, "/assets/buyer.js"),
+            Some(PathBuf::from("/srv/web/assets/buyer.js"))
+        );
+        assert_eq!(file_for(root, "/../secret.html"), None);
+        assert_eq!(file_for(root, "/assets/../../x.html"), None);
+    }
+
+    #[test]
+    fn only_page_file_types_have_a_content_type() {
+        assert_eq!(
+            content_type(Path::new("a/index.html")),
+            Some("text/html; charset=utf-8")
+        );
+        assert_eq!(
+            content_type(Path::new("a/app.JS")),
+            Some("text/javascript; charset=utf-8")
+        );
+        assert_eq!(
+            content_type(Path::new("config.json")),
+            Some("application/json")
+        );
+        assert_eq!(content_type(Path::new("Makefile")), None);
+        assert_eq!(content_type(Path::new("key.pem")), None);
+    }
+
+    #[test]
+    fn the_pages_sit_next_to_the_template() {
+        assert_eq!(
+            pages_dir_for(Path::new("/repo/template.yaml")),
+            PathBuf::from("/repo/web")
+        );
+        assert_eq!(
+            pages_dir_for(Path::new("template.yaml")),
+            PathBuf::from("./web")
+        );
+    }
+}

@@ -1,0 +1,38 @@
+# The sale page and the admin console in a real browser (issue 9), included by the
+# top-level Makefile:
+#   make browser-tools   Debian's chromium (apt, when /usr/bin/chromium is missing), and
+#                        Playwright + pytest into the venv. Playwright drives the system
+#                        chromium; it never downloads a browser of its own.
+#   make browser-test    builds flashsale-local, and runs tests/browser: the tests start
+#                        their own stack on free ports and stop it (no process is left).
+#   UPDATE_SCREENSHOTS=1 make browser-test   also refreshes docs/screenshots/.
+
+TOOLS ?= .tools
+VENV ?= $(TOOLS)/venv
+PIP ?= $(VENV)/bin/pip
+
+CHROMIUM ?= /usr/bin/chromium
+PLAYWRIGHT_SPEC ?= playwright==1.65.2
+PYTEST_SPEC ?= pytest==9.2.0
+
+.PHONY: browser-tools browser-test chromium
+
+chromium:
+	@if [ ! -x '$(CHROMIUM)' ]; then \
+	  echo "chromium not found: installing Debian's chromium"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	fi
+	@test -x '$(CHROMIUM)'
+
+$(VENV)/bin/pytest: | $(PIP)
+	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(PIP) install -q '$(PLAYWRIGHT_SPEC)' '$(PYTEST_SPEC)'
+	test -x $@
+
+browser-tools: chromium $(VENV)/bin/pytest
+
+# The local stack needs the emulators (the top-level Makefile names them).
+browser-test: browser-tools java $(DYNAMODB_LOCAL) $(MOTO)
+	cargo build --locked -q -p flashsale-local --bin flashsale-local
+	FLASHSALE_LOCAL_BIN="$$(pwd)/$${CARGO_TARGET_DIR:-target}/debug/flashsale-local" \
+	  FLASHSALE_CHROMIUM='$(CHROMIUM)' \
+	  $(VENV)/bin/pytest -q -p no:cacheprovider tests/browser

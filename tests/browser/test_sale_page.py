@@ -1,0 +1,293 @@
+"""The sale page and the admin console in a real browser (headless Chromium), against the
+real local stack. Every wait is a deadline on a condition (Playwright's expect), never a
+fixed sleep."""
+
+import base64
+import hashlib
+import re
+import time
+from urllib.parse import parse_qs, urlencode, urlparse
+
+from conftest import DESKTOP, screenshot, sign_in, unique_user
+from playwright.sync_api import expect
+
+# The release timer fires within the minute after the payment deadline (Scheduler's
+# minute precision), plus the release's own wait: generous on a loaded machine.
+EXPIRY_DEADLINE_MS = 240_000
+OPEN_ORDER = re.compile(r"^(reserved|pending_payment)$")
+
+
+def buyer_page(open_page, stack, sale_id, user=None, **kwargs):
+    page = open_page(f"/?sale={sale_id}", **kwargs)
+    sign_in(page, user or unique_user("buyer"))
+    return page
+
+
+def assert_opened_at_the_start(page, starts_at):
+    """The button opened at the start on the server's clock: not before, and promptly."""
+    buy = page.locator("#buy")
+    expect(buy).to_be_enabled(timeout=60_000)
+    observed_ms = time.time() * 1000
+    start_ms = starts_at.timestamp() * 1000
+    # The test shares the server's clock (same machine): never open before the start.
+    assert observed_ms >= start_ms, f"opened {start_ms - observed_ms:.0f} ms early"
+    # And the page's own record of when it opened, on its estimate of server time:
+    # after the start, within a few render ticks.
+    opened_ms = float(buy.get_attribute("data-enabled-at-server-ms"))
+    assert start_ms <= opened_ms <= start_ms + 3000, (opened_ms - start_ms)
+    expect(page.get_by_test_id("countdown")).to_have_text("0:00")
+
+
+def test_the_countdown_reaches_zero_with_the_button_disabled_and_it_opens_at_the_start(open_page, stack):
+    sale_id, starts_at = stack.create_sale(stock=5, starts_in_s=15, prefix="countdown")
+    page = buyer_page(open_page, stack, sale_id)
+    countdown = page.get_by_test_id("countdown")
+    # Counting down: a positive remaining time, and the button shut.
+    expect(countdown).to_have_attribute("data-remaining-ms", re.compile(r"^[1-9]\d*$"))
+    expect(page.locator("#buy")).to_be_disabled()
+    expect(page.locator("#sale-status")).to_have_attribute("data-status", "upcoming")
+    screenshot(page, "countdown")
+    assert_opened_at_the_start(page, starts_at)
+    expect(page.locator("#buy")).to_have_text("Buy now")
+
+
+def test_a_clock_minutes_off_still_counts_down_to_the_servers_start(open_page, stack):
+    skew_ms = 7 * 60 * 1000
+    # The device's clock runs 7 minutes fast: Date (constructor and now()) is shifted.
+    skewed_date = f"""
+      (() => {{
+        const Real = Date, skew = {skew_ms};
+        class Skewed extends Real {{
+          constructor(...args) {{ if (args.length) super(...args); else super(Real.now() + skew); }}
+          static now() {{ return Real.now() + skew; }}
+        }}
+        globalThis.Date = Skewed;
+      }})();
+    """
+    sale_id, starts_at = stack.create_sale(stock=5, starts_in_s=15, prefix="skew")
+    page = open_page(f"/?sale={sale_id}", init_script=skewed_date)
+    assert page.evaluate("Date.now()") - time.time() * 1000 > skew_ms - 60_000, "the page's clock is skewed"
+    sign_in(page, unique_user("skewed"))
+    countdown = page.get_by_test_id("countdown")
+    expect(countdown).to_have_attribute("data-remaining-ms", re.compile(r"^[1-9]\d*$"))
+    remaining_ms = int(countdown.get_attribute("data-remaining-ms"))
+    true_remaining_ms = starts_at.timestamp() * 1000 - time.time() * 1000
+    # Within a second of the truth, not 7 minutes off (which would have opened it already).
+    assert abs(remaining_ms - true_remaining_ms) < 1500, (remaining_ms, true_remaining_ms)
+    expect(page.locator("#buy")).to_be_disabled()
+    assert_opened_at_the_start(page, starts_at)
+
+
+def test_a_buyer_buys_and_pays(open_page, stack):
+    sale_id, _ = stack.create_sale(stock=5, prefix="pay")
+    page = buyer_page(open_page, stack, sale_id)
+    screenshot(page, "on-sale")
+    page.locator("#buy").click()
+    status = page.locator("#order-status")
+    expect(status).to_have_attribute("data-status", "pending_payment")
+    expect(page.locator("#pay-countdown")).to_contain_text("Pay within")
+    screenshot(page, "awaiting-payment")
+    page.locator("#pay").click()
+    expect(status).to_have_attribute("data-status", "paid")
+    expect(page.locator("#pay")).to_be_hidden()
+    screenshot(page, "paid")
+    stats = stack.stats(sale_id)
+    assert (stats["paid"], stats["available"], stats["consistent"]) == (1, 4, True), stats
+
+
+def test_an_unpaid_order_expires_and_the_unit_comes_back(open_page, stack):
+    sale_id, _ = stack.create_sale(stock=1, payment_timeout_secs=5, prefix="lapse")
+    page = buyer_page(open_page, stack, sale_id)
+    page.locator("#buy").click()
+    status = page.locator("#order-status")
+    expect(status).to_have_attribute("data-status", OPEN_ORDER)
+    # The only unit is held: the cached status says sold out.
+    expect(page.locator("#sale-status")).to_have_attribute("data-status", "sold_out")
+    expect(status).to_have_attribute("data-status", "expired", timeout=EXPIRY_DEADLINE_MS)
+    # The released unit brings the button back.
+    expect(page.locator("#buy")).to_be_enabled()
+    expect(page.locator("#stock")).to_have_text("1 of 1 left")
+    screenshot(page, "expired")
+    assert stack.stats(sale_id)["expired"] == 1
+
+
+def test_two_buyers_race_for_the_last_unit_one_wins_the_other_sees_sold_out(open_page, stack):
+    sale_id, _ = stack.create_sale(stock=1, prefix="race")
+    pages = [buyer_page(open_page, stack, sale_id) for _ in range(2)]
+    for page in pages:
+        expect(page.locator("#buy")).to_be_enabled()
+    # Both clicks are dispatched before either answer can arrive.
+    for page in pages:
+        page.evaluate("document.querySelector('#buy').click()")
+    settled = """() => {
+      const order = document.querySelector('#order-status').dataset.status;
+      if (order === 'reserved' || order === 'pending_payment') return true;
+      return document.querySelector('#sale-status').dataset.status === 'sold_out'
+        && document.querySelector('#buy').textContent === 'Sold out';
+    }"""
+    for page in pages:
+        page.wait_for_function(settled, timeout=30_000)
+    winners = [p for p in pages if OPEN_ORDER.match(p.locator("#order-status").get_attribute("data-status") or "")]
+    assert len(winners) == 1, "exactly one buyer holds the last unit"
+    loser = next(p for p in pages if p not in winners)
+    expect(loser.locator("#order")).to_be_hidden()
+    expect(loser.locator("#buy")).to_be_disabled()
+    expect(loser.locator("#stock")).to_have_text("0 of 1 left")
+    screenshot(loser, "sold-out")
+    stats = stack.stats(sale_id)
+    assert stats["available"] == 0 and stats["reserved"] + stats["pending_payment"] == 1, stats
+
+
+def test_a_429_storm_is_retried_with_the_same_grab_path_and_buys_once(open_page, stack):
+    # Two per user: a retry that fetched a new path could buy a second unit here.
+    sale_id, _ = stack.create_sale(stock=5, per_user_limit=2, prefix="storm")
+    page = buyer_page(open_page, stack, sale_id)
+    seen = []
+
+    def storm(route):
+        request = route.request
+        seen.append((request.url, request.headers.get("x-retry-attempt")))
+        n = len(seen)
+        if n <= 3:
+            # API Gateway's own throttling answer.
+            route.fulfill(status=429, headers={"retry-after": "1"}, json={"message": "Too Many Requests"})
+        elif n == 4:
+            # The grab commits, but its answer is lost: the page sees a 503.
+            route.fetch()
+            route.fulfill(
+                status=503,
+                headers={"retry-after": "0"},
+                json={"error": "unavailable", "message": "the service is busy; try again shortly"},
+            )
+        else:
+            route.continue_()
+
+    page.route("**/sales/*/grab/*", storm)
+    page.locator("#buy").click()
+    expect(page.locator("#order-status")).to_have_attribute("data-status", OPEN_ORDER)
+    assert len(seen) == 5, seen
+    assert len({url for url, _ in seen}) == 1, "every retry used the same grab path"
+    assert [attempt for _, attempt in seen] == [None, "1", "2", "3", "4"]
+    stats = stack.stats(sale_id)
+    assert stats["reserved"] + stats["pending_payment"] == 1, f"exactly one order: {stats}"
+    assert stats["available"] == 4 and stats["consistent"], stats
+
+
+def refuse_with(answer):
+    return lambda route: route.fulfill(**answer)
+
+
+def test_errors_read_as_plain_words(open_page, stack):
+    page = open_page("/?sale=no-such-sale")
+    expect(page.locator("#message")).to_have_text("There is no such sale. Check the link.")
+    expect(page.locator("#buy")).to_be_disabled()
+
+    # The answers of the layers in front of the functions: API Gateway's own JSON, and
+    # the WAF's HTML page.
+    sale_id, _ = stack.create_sale(stock=1, prefix="errors")
+    page = buyer_page(open_page, stack, sale_id)
+    refusals = [
+        ({"status": 401, "json": {"message": "Unauthorized"}}, "Please sign in again"),
+        ({"status": 403, "body": "<html><body>Request blocked.</body></html>", "content_type": "text/html"},
+         "Too many requests from your network"),
+        ({"status": 403, "json": {"error": "blocked", "message": "user is blocked"}}, "Your account is blocked"),
+    ]
+    for answer, message in refusals:
+        page.route("**/sales/*/token", refuse_with(answer))
+        page.locator("#buy").click()
+        expect(page.locator("#message")).to_contain_text(message)
+        # A refusal gives the button back.
+        expect(page.locator("#buy")).to_be_enabled()
+        page.unroute("**/sales/*/token")
+
+
+def test_the_admin_creates_a_sale_and_watches_the_stats_move(open_page, stack):
+    page = open_page("/admin.html", viewport=DESKTOP)
+    sign_in(page, "ops", admin=True)
+    sale_id = f"admin-{unique_user('s')}"
+    form = page.locator("#create")
+    form.locator("[name=sale_id]").fill(sale_id)
+    form.locator("[name=name]").fill("Console launch")
+    form.locator("[name=stock]").fill("3")
+    form.locator("[name=starts_in]").fill("0")
+    form.locator("button[type=submit]").click()
+    expect(page.get_by_test_id("buyer-link")).to_have_attribute("href", re.compile(f"sale={sale_id}$"))
+    available = page.locator("td[data-count=available]")
+    expect(available).to_have_text("3")
+    expect(page.locator("#consistent")).to_have_text("consistent")
+
+    # A buyer grabs through the API; the console follows.
+    buyer = stack.token(unique_user("fan"))
+    status, grant, _ = stack.call_until_answered("POST", f"/sales/{sale_id}/token", token=buyer)
+    assert status == 200, grant
+    status, order, _ = stack.call_until_answered("POST", grant["grab_path"], token=buyer)
+    assert status == 202, order
+    expect(available).to_have_text("2")
+    expect(page.locator("#chart")).to_have_attribute("data-points", re.compile(r"^([2-9]|\d\d+)$"))
+    expect(page.locator("#consistent")).to_have_text("consistent")
+
+    # Block and unblock a user.
+    scalper = unique_user("scalper")
+    page.locator("#block [name=user_id]").fill(scalper)
+    page.locator("#block button").click()
+    entry = page.locator(f"#blocked li[data-user='{scalper}']")
+    expect(entry).to_be_visible()
+    screenshot(page, "admin")
+    admin = stack.token("ops", admin=True)
+    assert scalper in stack.call_until_answered("GET", "/admin/blocklist", token=admin)[1]["users"]
+    entry.get_by_role("button", name="Unblock").click()
+    expect(entry).to_be_hidden()
+    assert scalper not in stack.call_until_answered("GET", "/admin/blocklist", token=admin)[1]["users"]
+
+
+def test_deployed_sign_in_is_the_authorization_code_flow_with_pkce_and_no_secret(open_page, stack):
+    """The OIDC provider is played by route interception: it checks what the page sends
+    and hands back an ID token the local authorizer accepts."""
+    idp = "https://idp.example.test"
+    user = unique_user("oidc")
+    config = {
+        "auth": "oidc",
+        "client_id": "flashsale-web",
+        "authorize_url": f"{idp}/oauth2/authorize",
+        "token_url": f"{idp}/oauth2/token",
+    }
+    sale_id, _ = stack.create_sale(stock=1, prefix="oidc")
+    seen = {}
+
+    def authorize(route):
+        query = {k: v[0] for k, v in parse_qs(urlparse(route.request.url).query).items()}
+        seen["authorize"] = query
+        back = f"{query['redirect_uri']}?" + urlencode({"code": "the-code", "state": query["state"]})
+        route.fulfill(status=302, headers={"location": back})
+
+    def token(route):
+        form = {k: v[0] for k, v in parse_qs(route.request.post_data).items()}
+        seen["token"] = form
+        route.fulfill(
+            status=200,
+            headers={"access-control-allow-origin": "*"},
+            json={"id_token": stack.token(user), "token_type": "Bearer", "expires_in": 3600},
+        )
+
+    page = open_page("/admin.html")
+    page.route("**/config.json", lambda route: route.fulfill(json=config))
+    page.route(f"{idp}/oauth2/authorize*", authorize)
+    page.route(f"{idp}/oauth2/token", token)
+    page.goto(f"{stack.url}/?sale={sale_id}")
+    page.get_by_role("button", name="Sign in", exact=True).click()
+    expect(page.get_by_test_id("signed-in-as")).to_contain_text(user)
+    # Back on the sale it started from, with the code gone from the address.
+    assert page.url == f"{stack.url}/?sale={sale_id}"
+    expect(page.locator("#buy")).to_be_enabled()
+
+    asked = seen["authorize"]
+    assert asked["response_type"] == "code" and asked["client_id"] == "flashsale-web"
+    assert asked["code_challenge_method"] == "S256"
+    traded = seen["token"]
+    assert traded["grant_type"] == "authorization_code" and traded["code"] == "the-code"
+    assert traded["redirect_uri"] == asked["redirect_uri"]
+    assert "client_secret" not in traded
+    # The verifier sent with the code is the one the challenge was made from.
+    digest = hashlib.sha256(traded["code_verifier"].encode()).digest()
+    assert base64.urlsafe_b64encode(digest).rstrip(b"=").decode() == asked["code_challenge"]
+    assert 43 <= len(traded["code_verifier"]) <= 128

@@ -1,0 +1,192 @@
+// The admin console: create a sale, watch its stock by state live (with a small inline
+// SVG chart and the reconciliation flag), block and unblock users.
+
+import { $, call, humanMessage, sleep, untilAnswered } from "./api.js";
+import { completeProviderSignIn, currentSession, renderSignIn } from "./auth.js";
+
+const SERIES = ["available", "reserved", "pending_payment", "paid"];
+const MAX_POINTS = 150;
+const STATS_EVERY_MS = 2000;
+
+let session = null;
+let watching = null;
+
+function say(text, kind = "info") {
+  const p = $("#admin-message");
+  p.textContent = text || "";
+  p.dataset.kind = kind;
+  p.hidden = !text;
+}
+
+function requireAdmin() {
+  if (!session) say("Sign in as an admin to use the console.", "error");
+  else if (!session.admin) say("You are signed in, but not as an admin: the API will refuse these calls.", "error");
+  else say("");
+}
+
+// ---------------------------------------------------------------- create
+
+async function createSale(event) {
+  event.preventDefault();
+  const form = event.target;
+  const value = (name) => form.elements[name].value.trim();
+  const startsAt = new Date(Date.now() + Number(value("starts_in")) * 1000);
+  const endsAt = new Date(startsAt.getTime() + Number(value("open_for")) * 60_000);
+  const body = {
+    name: value("name"),
+    stock: Number(value("stock")),
+    starts_at: startsAt.toISOString().replace(/\.\d+Z$/, "Z"),
+    ends_at: endsAt.toISOString().replace(/\.\d+Z$/, "Z"),
+    per_user_limit: Number(value("per_user_limit") || 1),
+    payment_timeout_secs: Number(value("payment_timeout_secs") || 900),
+  };
+  // The id is chosen here, so that asking again after a busy answer cannot create a
+  // second sale: a retry that finds it already there found the one just created.
+  body.sale_id = value("sale_id") || `sale-${crypto.getRandomValues(new Uint32Array(2)).join("")}`;
+  let retried = false;
+  const result = await untilAnswered(() => call("/admin/sales", { method: "POST", token: session?.token, body }), {
+    onWait: () => (retried = true),
+  });
+  const createdByUs = retried && result.data?.error === "sale_exists";
+  if (!result.ok && !createdByUs) return say(humanMessage(result), "error");
+  const sale = result.ok ? result.data : body;
+  say(`Created sale ${sale.sale_id}.`);
+  const created = $("#created");
+  const link = new URL(`./?sale=${encodeURIComponent(sale.sale_id)}`, location.href);
+  created.innerHTML = "";
+  created.append("Buyers' page: ");
+  const a = document.createElement("a");
+  a.href = link.toString();
+  a.textContent = link.toString();
+  a.dataset.testid = "buyer-link";
+  created.append(a);
+  created.hidden = false;
+  $("#watch").elements.sale_id.value = sale.sale_id;
+  watch(sale.sale_id);
+}
+
+// ---------------------------------------------------------------- stats
+
+async function watch(saleId) {
+  const token = Symbol(saleId);
+  watching = token;
+  const points = [];
+  $("#stats").hidden = false;
+  $("#stats-sale").textContent = saleId;
+  while (watching === token) {
+    const result = await call(`/admin/sales/${encodeURIComponent(saleId)}/stats`, { token: session?.token });
+    if (watching !== token) return;
+    if (result.ok) {
+      points.push({ at: Date.now(), ...result.data });
+      if (points.length > MAX_POINTS) points.shift();
+      showStats(result.data);
+      drawChart(points);
+    } else {
+      say(humanMessage(result), "error");
+      if (result.status === 401 || result.status === 403 || result.status === 404) return;
+    }
+    await sleep(STATS_EVERY_MS);
+  }
+}
+
+function showStats(stats) {
+  for (const cell of document.querySelectorAll("[data-count]")) {
+    cell.textContent = String(stats[cell.dataset.count] ?? "-");
+  }
+  const badge = $("#consistent");
+  badge.textContent = stats.consistent ? "consistent" : "NOT consistent";
+  badge.dataset.status = stats.consistent ? "active" : "sold_out";
+}
+
+/** Stock by state over time: one polyline per state, on a shared scale. */
+function drawChart(points) {
+  const svg = $("#chart");
+  const [width, height, pad] = [600, 180, 6];
+  const top = Math.max(1, ...points.map((p) => p.stock_total));
+  const t0 = points[0].at;
+  const span = Math.max(1, points[points.length - 1].at - t0);
+  const x = (p) => pad + ((p.at - t0) / span) * (width - 2 * pad);
+  const y = (v) => height - pad - (v / top) * (height - 2 * pad);
+  const ns = "http://www.w3.org/2000/svg";
+  svg.replaceChildren();
+  for (const series of SERIES) {
+    const line = document.createElementNS(ns, "polyline");
+    line.setAttribute("class", `line ${series}`);
+    // Steps, not slopes: a count holds its value until the next reading.
+    const coords = points.flatMap((p, i) => {
+      const here = `${x(p).toFixed(1)},${y(p[series]).toFixed(1)}`;
+      return i === 0 ? [here] : [`${x(p).toFixed(1)},${y(points[i - 1][series]).toFixed(1)}`, here];
+    });
+    line.setAttribute("points", coords.join(" "));
+    svg.append(line);
+  }
+  svg.dataset.points = String(points.length);
+}
+
+// ---------------------------------------------------------------- blocklist
+
+async function loadBlocklist() {
+  const list = $("#blocked");
+  const result = await untilAnswered(() => call("/admin/blocklist", { token: session?.token }));
+  list.replaceChildren();
+  if (!result.ok) return say(humanMessage(result), "error");
+  if (!result.data.users.length) {
+    const li = document.createElement("li");
+    li.className = "muted";
+    li.textContent = "Nobody is blocked.";
+    list.append(li);
+  }
+  for (const user of result.data.users) {
+    const li = document.createElement("li");
+    li.dataset.user = user;
+    const name = document.createElement("span");
+    name.textContent = user;
+    const unblock = document.createElement("button");
+    unblock.type = "button";
+    unblock.className = "secondary";
+    unblock.textContent = "Unblock";
+    unblock.addEventListener("click", () => setBlocked(user, false));
+    li.append(name, unblock);
+    list.append(li);
+  }
+}
+
+async function setBlocked(userId, blocked) {
+  // Both are idempotent: a busy answer is simply asked again.
+  const result = await untilAnswered(() =>
+    call(`/admin/blocklist/${encodeURIComponent(userId)}`, {
+      method: blocked ? "PUT" : "DELETE",
+      token: session?.token,
+    }),
+  );
+  if (!result.ok) return say(humanMessage(result), "error");
+  say(blocked ? `Blocked ${userId}.` : `Unblocked ${userId}.`);
+  await loadBlocklist();
+}
+
+// ---------------------------------------------------------------- start
+
+async function signedInChanged() {
+  session = await currentSession();
+  watching = null;
+  requireAdmin();
+  if (session?.admin) await loadBlocklist();
+}
+
+async function main() {
+  const signInError = await completeProviderSignIn();
+  await renderSignIn($("#signin"), { onChange: signedInChanged, adminDefault: true });
+  $("#create").addEventListener("submit", createSale);
+  $("#watch").addEventListener("submit", (event) => {
+    event.preventDefault();
+    watch(event.target.elements.sale_id.value.trim());
+  });
+  $("#block").addEventListener("submit", (event) => {
+    event.preventDefault();
+    setBlocked(event.target.elements.user_id.value.trim(), true);
+  });
+  await signedInChanged();
+  if (signInError) say(signInError, "error");
+}
+
+main();

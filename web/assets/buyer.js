@@ -1,0 +1,364 @@
+// The buyer's sale page: `/?sale=<id>`.
+//
+// Waiting costs no request: the countdown runs on the server's clock (clock.js), learnt
+// from the cached sale status, which is polled slowly. The button opens at the start,
+// closes on click, fetches the grab path once and grabs with it, retrying throttled or
+// busy answers with the same path (so a retry can never buy a second unit). Sold out,
+// seen in the cached status, stops the retries; the status is still polled slowly and
+// the button comes back if a unit is released.
+
+import { $, call, formatDuration, humanMessage, isRetryable, sleep, untilAnswered } from "./api.js";
+import { completeProviderSignIn, currentSession, renderSignIn } from "./auth.js";
+import { ServerClock, servedFromCache } from "./clock.js";
+
+const FINAL = new Set(["paid", "cancelled", "expired"]);
+const MAX_GRAB_ATTEMPTS = 40;
+
+/** From `?sale=`, read once the provider's sign-in answer is off the address. */
+let saleId = null;
+const clock = new ServerClock();
+const ui = {
+  name: $("#sale-name"),
+  status: $("#sale-status"),
+  stock: $("#stock"),
+  countdown: $("#countdown"),
+  countdownLabel: $("#countdown-label"),
+  buy: $("#buy"),
+  message: $("#message"),
+  order: $("#order"),
+  orderStatus: $("#order-status"),
+  orderId: $("#order-id"),
+  payCountdown: $("#pay-countdown"),
+  pay: $("#pay"),
+  cancel: $("#cancel"),
+};
+
+const state = {
+  session: null,
+  sale: null,
+  /** "idle" | "grabbing" | "order" */
+  phase: "idle",
+  order: null,
+  /** Set by the status poll; ends a retry loop at once. */
+  soldOut: false,
+  /** Server time at which a grab last answered sold_out. */
+  soldOutAt: -Infinity,
+  enabledOnce: false,
+};
+
+function say(text, kind = "info") {
+  ui.message.textContent = text || "";
+  ui.message.dataset.kind = kind;
+  ui.message.hidden = !text;
+}
+
+function orderKey() {
+  return `flashsale.order.${saleId}.${state.session?.user}`;
+}
+
+// ---------------------------------------------------------------- the sale status
+
+/** Polls the status at once (an order just gave its unit back). */
+let pollNow = () => {};
+
+async function pollStatus() {
+  for (;;) {
+    const sentAt = performance.now();
+    const result = await call(`/sales/${encodeURIComponent(saleId)}`);
+    const receivedAt = performance.now();
+    let next = 5000;
+    if (result.ok) {
+      clock.sample(Date.parse(result.data.server_time), sentAt, receivedAt, servedFromCache(result.headers));
+      showSale(result.data);
+      // Poll a little faster while a unit can be bought (to follow the stock); slowly
+      // before the start (the clock does the counting) and once sold out.
+      next = result.data.status === "active" ? 2000 : result.data.status === "ended" ? 30000 : 5000;
+    } else if (result.data?.error === "sale_not_found") {
+      ui.name.textContent = "No such sale";
+      say(humanMessage(result), "error");
+      next = 15000;
+    } else {
+      say(humanMessage(result), "error");
+    }
+    // +-20% so that a crowd that loaded the page together does not poll together.
+    const early = new AbortController();
+    pollNow = () => early.abort();
+    await sleep(next * (0.8 + 0.4 * Math.random()), early.signal);
+  }
+}
+
+function showSale(sale) {
+  state.sale = sale;
+  document.title = `${sale.name} - flashsale`;
+  ui.name.textContent = sale.name;
+  const soldOut = sale.status === "sold_out" || sale.stock_available <= 0;
+  // A cached status older than a grab that heard sold_out is not news.
+  const stale = Date.parse(sale.server_time) < state.soldOutAt;
+  state.soldOut = stale || (soldOut && sale.status !== "upcoming");
+  // A retry notice is stale once no grab is running.
+  if (state.phase === "idle" && ui.message.dataset.kind === "wait") say("");
+  render();
+}
+
+// ---------------------------------------------------------------- the button
+
+function saleLabel(now) {
+  const sale = state.sale;
+  if (!sale || !clock.synced) return { status: "loading", text: "Loading..." };
+  const startsAt = Date.parse(sale.starts_at);
+  const endsAt = Date.parse(sale.ends_at);
+  if (sale.status === "ended" || now >= endsAt) return { status: "ended", text: "Ended" };
+  if (now < startsAt) return { status: "upcoming", text: "Starts soon" };
+  if (state.soldOut) return { status: "sold_out", text: "Sold out" };
+  return { status: "active", text: "On sale now" };
+}
+
+function render() {
+  const now = clock.now();
+  const label = saleLabel(now);
+  ui.status.textContent = label.text;
+  ui.status.dataset.status = label.status;
+  if (state.sale) {
+    // A grab that heard sold_out knows better than a status copy still showing stock.
+    const available = state.soldOut ? 0 : Math.max(0, state.sale.stock_available);
+    ui.stock.textContent = `${available} of ${state.sale.stock_total} left`;
+  }
+  if (state.sale && clock.synced) {
+    const remaining = Date.parse(state.sale.starts_at) - now;
+    ui.countdown.dataset.remainingMs = String(Math.round(remaining));
+    ui.countdown.textContent = formatDuration(remaining);
+    ui.countdownLabel.textContent = remaining > 0 ? "Starts in" : "Started";
+  }
+
+  const open = label.status === "active" && state.phase === "idle" && !!state.session;
+  if (open && !state.enabledOnce) {
+    // When the button first opened, on the server's clock: the tests hold it against
+    // the sale's start.
+    state.enabledOnce = true;
+    ui.buy.dataset.enabledAtServerMs = String(Math.round(now));
+  }
+  ui.buy.disabled = !open;
+  ui.buy.textContent =
+    state.phase === "grabbing"
+      ? "Getting your unit..."
+      : state.phase === "order"
+        ? "Your order is below"
+      : label.status === "sold_out"
+        ? "Sold out"
+        : label.status === "ended"
+          ? "Sale ended"
+          : !state.session
+            ? "Sign in to buy"
+            : label.status === "upcoming" || label.status === "loading"
+              ? "Not yet"
+              : "Buy now";
+
+  if (state.order) renderOrder(now);
+}
+
+// ---------------------------------------------------------------- grabbing
+
+async function buy() {
+  if (ui.buy.disabled) return;
+  state.phase = "grabbing";
+  render();
+  say("");
+  const session = state.session;
+
+  const pass = await withRetries(() =>
+    call(`/sales/${encodeURIComponent(saleId)}/token`, { method: "POST", token: session.token }),
+  );
+  if (!pass.ok) return grabFailed(pass);
+
+  // One path for every retry: it names the order it creates, so a retry after a lost
+  // answer gets the same order back rather than a second unit.
+  const grabPath = pass.data.grab_path;
+  let ambiguous = false;
+  const grab = await withRetries(
+    (attempt) =>
+      call(grabPath, {
+        method: "POST",
+        token: session.token,
+        headers: attempt > 0 ? { "x-retry-attempt": String(attempt) } : {},
+      }),
+    {
+      onResult(result) {
+        // No answer, or a busy function: the grab may have committed.
+        if (result.status === 0 || result.status === 503) ambiguous = true;
+      },
+      // A grab that may have committed asks once more after sold out: the server
+      // answers a committed path with its order, else sold_out.
+      stopWhen: () => state.soldOut && !ambiguous,
+    },
+  );
+  if (grab.status === 202) {
+    startOrder(grab.data);
+    return;
+  }
+  grabFailed(grab);
+}
+
+const SOLD_OUT = { ok: false, status: 409, data: { error: "sold_out" }, headers: new Headers() };
+
+/**
+ * A token or grab request, tried again while throttled or busy (and, a few times, while
+ * the server says the sale has not quite started: clocks agree to within the round
+ * trip). Sold out, seen by the status poll meanwhile, ends it.
+ */
+async function withRetries(request, { onResult, stopWhen = () => state.soldOut } = {}) {
+  const result = await untilAnswered(request, {
+    attempts: MAX_GRAB_ATTEMPTS,
+    retryable: (r, attempt) => isRetryable(r) || (r.status === 425 && attempt < 5),
+    stop: stopWhen,
+    onResult,
+    onWait: (r, attempt) =>
+      say(r.status === 425 ? humanMessage(r) : `${humanMessage(r)} (attempt ${attempt + 1})`, "wait"),
+  });
+  return isRetryable(result) && stopWhen() ? SOLD_OUT : result;
+}
+
+function grabFailed(result) {
+  state.phase = "idle";
+  if (result.data?.error === "sold_out") {
+    state.soldOut = true;
+    state.soldOutAt = clock.now();
+  }
+  say(humanMessage(result), result.data?.error === "sold_out" ? "info" : "error");
+  render();
+}
+
+// ---------------------------------------------------------------- the order
+
+function startOrder(order) {
+  state.phase = "order";
+  state.order = { ...order, sale_id: saleId };
+  sessionStorage.setItem(orderKey(), order.order_id);
+  say("");
+  render();
+  followOrder(order.order_id);
+}
+
+let following = null;
+
+async function followOrder(orderId) {
+  following = orderId;
+  while (following === orderId) {
+    const result = await call(`/orders/${encodeURIComponent(orderId)}`, { token: state.session?.token });
+    if (following !== orderId) return;
+    if (result.ok) {
+      updateOrder(result.data);
+      if (FINAL.has(result.data.status)) return;
+    } else if (result.data?.error === "order_not_found" && state.order?.status !== "reserved") {
+      say(humanMessage(result), "error");
+      return endOrder();
+    } else if (!result.ok && result.data?.error !== "order_not_found") {
+      say(humanMessage(result), "error");
+    }
+    const status = state.order?.status;
+    await sleep(status === "reserved" ? 1000 : 3000);
+  }
+}
+
+function updateOrder(order) {
+  state.order = { ...state.order, ...order };
+  if (FINAL.has(order.status)) {
+    sessionStorage.removeItem(orderKey());
+    state.phase = "idle";
+    // Its unit is back on sale (expired, cancelled): show the stock now.
+    if (order.status !== "paid") pollNow();
+  }
+  render();
+}
+
+function endOrder() {
+  following = null;
+  sessionStorage.removeItem(orderKey());
+  state.order = null;
+  state.phase = "idle";
+  render();
+}
+
+const ORDER_TEXT = {
+  reserved: "Reserved - opening your order...",
+  pending_payment: "Awaiting payment",
+  paid: "Paid - it is yours!",
+  expired: "Expired - the payment window closed and the unit went back on sale",
+  cancelled: "Cancelled - the unit went back on sale",
+};
+
+function renderOrder(now) {
+  const order = state.order;
+  ui.order.hidden = false;
+  ui.orderStatus.textContent = ORDER_TEXT[order.status] || order.status;
+  ui.orderStatus.dataset.status = order.status;
+  ui.orderId.textContent = order.order_id;
+  const open = order.status === "reserved" || order.status === "pending_payment";
+  const left = Date.parse(order.expires_at) - now;
+  ui.payCountdown.hidden = !open;
+  ui.payCountdown.textContent =
+    left > 0 ? `Pay within ${formatDuration(left)}` : "The payment window has closed; releasing the unit...";
+  ui.pay.hidden = ui.cancel.hidden = !open;
+  ui.pay.disabled = ui.cancel.disabled = !open || left <= 0 || ui.pay.dataset.busy === "1";
+}
+
+async function settle(action) {
+  const order = state.order;
+  if (!order) return;
+  ui.pay.dataset.busy = "1";
+  render();
+  // Pay and cancel are idempotent: a busy answer is simply asked again.
+  const result = await untilAnswered(() =>
+    call(`/orders/${encodeURIComponent(order.order_id)}/${action}`, {
+      method: "POST",
+      token: state.session.token,
+    }),
+  );
+  delete ui.pay.dataset.busy;
+  if (result.ok) {
+    updateOrder(result.data);
+    if (FINAL.has(result.data.status)) following = null;
+  } else {
+    say(humanMessage(result), "error");
+    // order_expired / order_cancelled / order_paid: the order's real state says more.
+    following = null;
+    followOrder(order.order_id);
+  }
+  render();
+}
+
+// ---------------------------------------------------------------- start
+
+async function signedInChanged() {
+  state.session = await currentSession();
+  following = null;
+  state.order = null;
+  state.phase = "idle";
+  ui.order.hidden = true;
+  const stored = state.session && sessionStorage.getItem(orderKey());
+  if (stored) {
+    state.phase = "order";
+    state.order = { order_id: stored, status: "reserved", expires_at: new Date(8.64e15).toISOString() };
+    followOrder(stored);
+  }
+  render();
+}
+
+async function main() {
+  const signInError = await completeProviderSignIn();
+  saleId = new URLSearchParams(location.search).get("sale");
+  await renderSignIn($("#signin"), { onChange: signedInChanged });
+  if (signInError) say(signInError, "error");
+  if (!saleId) {
+    $("#picker").hidden = false;
+    $("#sale").hidden = true;
+    return;
+  }
+  ui.buy.addEventListener("click", buy);
+  ui.pay.addEventListener("click", () => settle("pay"));
+  ui.cancel.addEventListener("click", () => settle("cancel"));
+  await signedInChanged();
+  pollStatus();
+  setInterval(render, 200);
+}
+
+main();
