@@ -49,6 +49,7 @@ include tests/browser/browser.mk
 help:
 	@echo "make run    - install the emulators if missing, provision template.yaml locally, serve the API and the pages on http://127.0.0.1:$(API_PORT)/"
 	@echo "make test   - install what the tests need, then lint, test and check everything"
+	@echo "make bench  - measure the local stack and the bootstraps; writes docs/benchmarks.md"
 
 ## --- tools -------------------------------------------------------------------------
 
@@ -92,7 +93,7 @@ run: tools
 	  --dynamodb-port $(DYNAMODB_PORT) --moto-port $(MOTO_PORT) \
 	  --parameter-overrides $(LOCAL_PARAMETERS)
 
-test: disk-space tools lint unit fuzz-api check-infra browser-test
+test: disk-space tools lint unit fuzz-api check-infra browser-test bench-smoke
 
 # A full disk shows up as a linker killed by SIGBUS half-way through the build, which
 # reads like a toolchain bug. Say what it is up front. A cold `make test` (CI, fresh
@@ -134,3 +135,30 @@ LOAD_ARGS ?= --stock 100 --shards 8 --buyers 1500 --attempts 2000 --pay-ratio 0.
 load:
 	cargo run --release -p flashsale-e2e --bin flashsale-load -- \
 	  --api $(API) --report $(LOAD_REPORT) $(LOAD_ARGS)
+
+## --- bench (issue 7) ---------------------------------------------------------------
+
+# `make bench` measures the stack (counting proxies in front of the emulators, the local
+# stack in release, the bootstraps' sizes and init) and writes docs/benchmarks.md in the
+# same run. Not part of `make test`; `make bench-smoke`, the same steps at tiny sizes on
+# the debug builds `make test` already has, is.
+.PHONY: bench bench-smoke bench-tools
+BENCH_BINS := -p flashsale-local -p flashsale-bench $(addprefix -p ,$(LAMBDA_PACKAGES))
+
+# redis-benchmark measures the seed's Redis Lua script for the side-by-side ratio.
+bench-tools: tools
+	@if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-benchmark >/dev/null 2>&1; then \
+	  echo "bench: installing redis-server and redis-tools"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null; \
+	fi
+
+bench: bench-tools
+	cargo build --release --locked $(BENCH_BINS)
+	target/release/flashsale-bench run --command "make bench" --report docs/benchmarks.md \
+	  --local-bin target/release/flashsale-local --bin-dir target/release
+
+bench-smoke: tools
+	cargo build --locked $(BENCH_BINS)
+	target/debug/flashsale-bench run --smoke --command "make bench-smoke" \
+	  --report target/bench-smoke/benchmarks.md \
+	  --local-bin target/debug/flashsale-local --bin-dir target/debug

@@ -16,7 +16,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::body::Bytes;
@@ -124,6 +124,8 @@ struct ApiState {
     next: tokio::sync::Mutex<mpsc::UnboundedReceiver<Invocation>>,
     in_flight: Mutex<HashMap<String, oneshot::Sender<Outcome>>>,
     init_error: watch::Sender<Option<FunctionError>>,
+    /// When the function first asked for an event: it is initialised then.
+    first_poll: watch::Sender<Option<Instant>>,
 }
 
 /// The Runtime API of one function, on 127.0.0.1 and a free port.
@@ -131,6 +133,7 @@ pub struct RuntimeApi {
     address: SocketAddr,
     invocations: mpsc::UnboundedSender<Invocation>,
     init_error: watch::Receiver<Option<FunctionError>>,
+    first_poll: watch::Receiver<Option<Instant>>,
     server: JoinHandle<()>,
 }
 
@@ -151,11 +154,13 @@ impl RuntimeApi {
         let address = listener.local_addr().map_err(EmulatorError::Bind)?;
         let (invocations, receiver) = mpsc::unbounded_channel();
         let (init_sender, init_error) = watch::channel(None);
+        let (first_poll_sender, first_poll) = watch::channel(None);
         let state = Arc::new(ApiState {
             function_arn: function_arn.into(),
             next: tokio::sync::Mutex::new(receiver),
             in_flight: Mutex::new(HashMap::new()),
             init_error: init_sender,
+            first_poll: first_poll_sender,
         });
         let app = Router::new()
             .route(&format!("{PREFIX}/invocation/next"), get(next_invocation))
@@ -181,6 +186,7 @@ impl RuntimeApi {
             address,
             invocations,
             init_error,
+            first_poll,
             server,
         })
     }
@@ -221,6 +227,14 @@ impl RuntimeApi {
 }
 
 async fn next_invocation(State(state): State<Arc<ApiState>>) -> Response {
+    let polled_at = Instant::now();
+    state.first_poll.send_if_modified(|first| {
+        let unset = first.is_none();
+        if unset {
+            *first = Some(polled_at);
+        }
+        unset
+    });
     let mut next = state.next.lock().await;
     let Some(invocation) = next.recv().await else {
         return StatusCode::GONE.into_response();
@@ -338,6 +352,7 @@ pub struct Lambda {
     readers: Vec<JoinHandle<()>>,
     timeout: Duration,
     exited: Option<ExitStatus>,
+    spawned_at: Instant,
 }
 
 impl Lambda {
@@ -399,6 +414,7 @@ impl Lambda {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
+        let spawned_at = Instant::now();
         let mut child = command.spawn().map_err(|source| EmulatorError::Spawn {
             program: program.clone(),
             source,
@@ -418,6 +434,7 @@ impl Lambda {
             readers,
             timeout: spec.timeout,
             exited: None,
+            spawned_at,
         })
     }
 
@@ -427,6 +444,31 @@ impl Lambda {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
+    }
+
+    /// Init time: from spawning the process to its first `GET .../invocation/next`, when
+    /// it is ready for its first event. Waits at most the function's timeout.
+    pub async fn init_duration(&mut self) -> Result<Duration, InvokeError> {
+        let mut first_poll = self.api.first_poll.clone();
+        let mut init_error = self.api.init_error.clone();
+        let timeout = self.timeout;
+        let result = tokio::select! {
+            polled = first_poll.wait_for(Option::is_some) => match polled.ok().and_then(|at| *at) {
+                Some(at) => Ok(at.saturating_duration_since(self.spawned_at)),
+                None => Err(InvokeError::ApiStopped),
+            },
+            failed = init_error.wait_for(Option::is_some) => Err(match failed.ok().and_then(|e| e.clone()) {
+                Some(error) => InvokeError::InitFailed { error, logs: String::new() },
+                None => InvokeError::ApiStopped,
+            }),
+            status = self.child.wait() => {
+                let status = status.map_err(InvokeError::Wait)?;
+                self.exited = Some(status);
+                Err(InvokeError::Exited { status, logs: String::new() })
+            }
+            () = tokio::time::sleep(timeout) => Err(InvokeError::TimedOut { timeout, logs: String::new() }),
+        };
+        result.map_err(|error| self.with_logs(error))
     }
 
     /// Invokes the function with `event` and waits, at most its timeout, for the answer.

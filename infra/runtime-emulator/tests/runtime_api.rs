@@ -107,3 +107,20 @@ async fn a_function_that_cannot_start_fails_the_invocation_instead_of_hanging() 
         Err(InvokeError::TimedOut { .. })
     ));
 }
+
+#[tokio::test]
+async fn init_time_is_measured_up_to_the_first_poll_and_the_function_still_serves() {
+    let mut lambda = Lambda::start(&echo_spec()).await.expect("start");
+    let init = lambda.init_duration().await.expect("the function polls");
+    // No bound on the time itself (a loaded machine is slow); it is a real span that
+    // ended before the first event was even queued.
+    assert!(init > Duration::ZERO, "{init:?}");
+    assert_eq!(lambda.init_duration().await.expect("again"), init);
+    let answer = lambda
+        .invoke(&json!({"n": 3}))
+        .await
+        .expect("answer")
+        .json()
+        .expect("json");
+    assert_eq!(answer["echo"], json!({"n": 3}));
+}

@@ -1,0 +1,188 @@
+//! Bootstrap sizes and init times.
+//!
+//! Init is measured as Lambda sees it on the host architecture: the real binary is
+//! started under the Runtime API emulator with the environment the template gives it,
+//! and init ends at its first `GET /2018-06-01/runtime/invocation/next`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use flashsale_local::model::{FunctionSpec, StackModel};
+use flashsale_local::resolve::StackContext;
+use flashsale_local::template::Template;
+use flashsale_runtime_emulator::{Lambda, LambdaSpec};
+use serde::Serialize;
+
+use crate::stats::Percentiles;
+
+#[derive(Debug, thiserror::Error)]
+pub enum InitError {
+    #[error("template: {0}")]
+    Template(#[from] flashsale_local::template::TemplateError),
+    #[error("template model: {0}")]
+    Model(#[from] flashsale_local::model::ModelError),
+    #[error("{} is missing", path.display())]
+    NoBinary { path: PathBuf },
+    #[error("starting {name}")]
+    Start {
+        name: String,
+        #[source]
+        source: flashsale_runtime_emulator::EmulatorError,
+    },
+    #[error("{name} did not become ready")]
+    NotReady {
+        name: String,
+        #[source]
+        source: flashsale_runtime_emulator::InvokeError,
+    },
+}
+
+/// One function's binary and how fast it starts.
+#[derive(Debug, Clone, Serialize)]
+pub struct FunctionInit {
+    pub function: String,
+    pub bin: String,
+    pub bytes: u64,
+    pub init: Option<Percentiles>,
+}
+
+/// The bin each function's CodeUri builds (the crate folder's name, as the template
+/// consistency tests check).
+fn bin_of(code_uri: &str) -> String {
+    Path::new(code_uri)
+        .file_name()
+        .map(|name| name.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// The template's functions with their environment, resolved as a deploy would.
+pub fn functions(template: &Path) -> Result<StackModel, InitError> {
+    let template = Template::from_path(template)?;
+    let context = StackContext {
+        stack_name: "bench-init".to_owned(),
+        region: flashsale_emulators::REGION.to_owned(),
+        account_id: flashsale_emulators::ACCOUNT_ID.to_owned(),
+        // Never contacted during init: the functions make no call before their first event.
+        sqs_endpoint: "http://127.0.0.1:9".to_owned(),
+    };
+    Ok(StackModel::build(&template, context, &BTreeMap::new())?)
+}
+
+/// Sizes of `<dir>/<bin>/bootstrap` (cargo-lambda's layout) or `<dir>/<bin>` (cargo's).
+pub fn binary_path(dir: &Path, bin: &str) -> Option<PathBuf> {
+    [dir.join(bin).join("bootstrap"), dir.join(bin)]
+        .into_iter()
+        .find(|path| path.is_file())
+}
+
+const CLIENT_ENV: [(&str, &str); 6] = [
+    ("AWS_REGION", flashsale_emulators::REGION),
+    ("AWS_DEFAULT_REGION", flashsale_emulators::REGION),
+    ("AWS_ACCESS_KEY_ID", "test"),
+    ("AWS_SECRET_ACCESS_KEY", "test"),
+    ("AWS_EC2_METADATA_DISABLED", "true"),
+    // Nothing listens there: a measurement that reached AWS would fail, not pass.
+    ("AWS_ENDPOINT_URL", "http://127.0.0.1:9"),
+];
+
+/// How to start `function`'s binary from `binaries`, with the template's environment.
+fn spec_for(function: &FunctionSpec, binaries: &Path) -> Result<LambdaSpec, InitError> {
+    let bin = bin_of(&function.code_uri);
+    let path = binary_path(binaries, &bin).ok_or_else(|| InitError::NoBinary {
+        path: binaries.join(&bin),
+    })?;
+    let mut env: Vec<(String, String)> = function
+        .environment
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    env.extend(
+        CLIENT_ENV
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+    );
+    Ok(LambdaSpec {
+        name: function.name.clone(),
+        bootstrap: path,
+        runner: Vec::new(),
+        env,
+        memory_mb: 256,
+        timeout: Duration::from_secs(30),
+    })
+}
+
+async fn started(spec: &LambdaSpec, function: &FunctionSpec) -> Result<Lambda, InitError> {
+    Lambda::start(spec)
+        .await
+        .map_err(|source| InitError::Start {
+            name: function.logical_id.clone(),
+            source,
+        })
+}
+
+/// Starts each function's binary `runs` times; `runs == 0` measures sizes only.
+pub async fn measure(
+    model: &StackModel,
+    binaries: &Path,
+    runs: usize,
+) -> Result<Vec<FunctionInit>, InitError> {
+    let mut results = Vec::new();
+    for function in &model.functions {
+        let spec = spec_for(function, binaries)?;
+        let bytes = std::fs::metadata(&spec.bootstrap)
+            .map(|m| m.len())
+            .unwrap_or(0);
+        let mut samples = Vec::with_capacity(runs);
+        for _ in 0..runs {
+            let mut lambda = started(&spec, function).await?;
+            let init = lambda
+                .init_duration()
+                .await
+                .map_err(|source| InitError::NotReady {
+                    name: function.logical_id.clone(),
+                    source,
+                })?;
+            samples.push(init);
+            // Dropping the Lambda kills the process before the next run starts.
+        }
+        results.push(FunctionInit {
+            function: function.logical_id.clone(),
+            bin: bin_of(&function.code_uri),
+            bytes,
+            init: Percentiles::of(&samples),
+        })
+    }
+    Ok(results)
+}
+
+/// Round trips of `count` invocations of one warm function with an HTTP event for a
+/// route it does not serve: answered by parsing, routing and an error body, with no I/O,
+/// so it shows what the build does to the handler's own CPU work (plus a constant
+/// loopback Runtime API exchange).
+pub async fn unrouted_invocations(
+    model: &StackModel,
+    binaries: &Path,
+    logical_id: &str,
+    event: &serde_json::Value,
+    count: usize,
+) -> Result<Option<Percentiles>, InitError> {
+    let Some(function) = model.function(logical_id) else {
+        return Ok(None);
+    };
+    let spec = spec_for(function, binaries)?;
+    let mut lambda = started(&spec, function).await?;
+    let mut samples = Vec::with_capacity(count);
+    for _ in 0..count {
+        let sent = std::time::Instant::now();
+        lambda
+            .invoke(event)
+            .await
+            .map_err(|source| InitError::NotReady {
+                name: function.logical_id.clone(),
+                source,
+            })?;
+        samples.push(sent.elapsed());
+    }
+    Ok(Percentiles::of(&samples))
+}

@@ -1,0 +1,16 @@
+//! `make bench` and the pass-through it counts with.
+//!
+//! - the counting, fault-injecting HTTP pass-through in front of an emulator ([`proxy`]);
+//! - the emulators, a proxy in front of each, and the local stack pointed at the proxies
+//!   ([`stack`]);
+//! - the measurements ([`scenarios`], [`external`]), bootstrap sizes and init times
+//!   ([`init`]);
+//! - `docs/benchmarks.md` ([`report`]).
+
+pub mod external;
+pub mod init;
+pub mod proxy;
+pub mod report;
+pub mod scenarios;
+pub mod stack;
+pub mod stats;

@@ -1,0 +1,362 @@
+//! `flashsale-bench`: the counting proxy as a program, the init measurement, and the
+//! whole `make bench` run that writes docs/benchmarks.md.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use flashsale_bench::external::{self, Measured};
+use flashsale_bench::init;
+use flashsale_bench::proxy::Proxy;
+use flashsale_bench::report::{BenchReport, Machine};
+use flashsale_bench::scenarios::{self, RejectionSizes, Session};
+use flashsale_bench::stack::{BenchStack, LIFTED_THROTTLES, StackSpec};
+
+#[derive(Debug, Parser)]
+#[command(name = "flashsale-bench", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// A counting pass-through on 127.0.0.1 in front of an emulator, until Ctrl-C.
+    Proxy {
+        /// `http://127.0.0.1:8000`
+        #[arg(long)]
+        upstream: String,
+        /// 0: any free port (printed).
+        #[arg(long, default_value_t = 0)]
+        port: u16,
+    },
+    /// Sizes and init times of the function binaries in a folder.
+    Init {
+        #[arg(long, default_value = "template.yaml")]
+        template: PathBuf,
+        /// `target/release` (cargo) or `target/lambda` (cargo-lambda).
+        #[arg(long, default_value = "target/release")]
+        bin_dir: PathBuf,
+        #[arg(long, default_value_t = 20)]
+        runs: usize,
+        /// Also time this many warm invocations of the grab function with this HTTP
+        /// event, re-aimed at a route it does not serve (no I/O).
+        #[arg(long, default_value_t = 0)]
+        invokes: usize,
+        #[arg(long, default_value = "events/grab.json")]
+        event: PathBuf,
+    },
+    /// Every measurement, written to the report.
+    Run(RunArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct RunArgs {
+    /// Tiny sizes; fail unless the report is written and its counts agree.
+    #[arg(long)]
+    smoke: bool,
+    #[arg(long, default_value = "docs/benchmarks.md")]
+    report: PathBuf,
+    /// How the run was started, for the report.
+    #[arg(long, default_value = "make bench")]
+    command: String,
+    #[arg(long, default_value = "template.yaml")]
+    template: PathBuf,
+    /// The local stack's binary.
+    #[arg(long, default_value = "target/release/flashsale-local")]
+    local_bin: PathBuf,
+    /// The host-architecture function binaries, for sizes and init.
+    #[arg(long, default_value = "target/release")]
+    bin_dir: PathBuf,
+    /// cargo-lambda's output (`make build-lambdas`), sizes only, when present.
+    #[arg(long, default_value = "target/lambda")]
+    lambda_dir: PathBuf,
+    /// The cargo target folder (criterion writes its estimates there).
+    #[arg(long, default_value = "target")]
+    target_dir: PathBuf,
+    /// More arguments for `flashsale-pipeline`, after `--concurrency N`.
+    #[arg(long, allow_hyphen_values = true, num_args = 0..)]
+    pipeline_args: Vec<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum BenchError {
+    #[error(transparent)]
+    Stack(#[from] flashsale_bench::stack::StackError),
+    #[error(transparent)]
+    Scenario(#[from] scenarios::ScenarioError),
+    #[error(transparent)]
+    Init(#[from] init::InitError),
+    #[error(transparent)]
+    Proxy(#[from] flashsale_bench::proxy::ProxyError),
+    #[error("writing {}", path.display())]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the event {}: {reason}", path.display())]
+    Event { path: PathBuf, reason: String },
+    #[error("the smoke's report is inconsistent: {0}")]
+    Inconsistent(String),
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let result = match Cli::parse().command {
+        Command::Proxy { upstream, port } => proxy(&upstream, port).await,
+        Command::Init {
+            template,
+            bin_dir,
+            runs,
+            invokes,
+            event,
+        } => print_init(&template, &bin_dir, runs, invokes, &event).await,
+        Command::Run(args) => run(&args).await,
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            let mut message = format!("flashsale-bench: {error}");
+            let mut source = std::error::Error::source(&error);
+            while let Some(cause) = source {
+                message.push_str(&format!(": {cause}"));
+                source = cause.source();
+            }
+            eprintln!("{message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn proxy(upstream: &str, port: u16) -> Result<(), BenchError> {
+    let proxy = Proxy::start(upstream, port).await?;
+    println!(
+        "{} -> {upstream}  (GET /__counts, POST /__reset, PUT|DELETE /__faults)",
+        proxy.url()
+    );
+    let _ = tokio::signal::ctrl_c().await;
+    Ok(())
+}
+
+async fn print_init(
+    template: &Path,
+    bin_dir: &Path,
+    runs: usize,
+    invokes: usize,
+    event: &Path,
+) -> Result<(), BenchError> {
+    let model = init::functions(template)?;
+    if invokes > 0 {
+        let bad_event = |reason: String| BenchError::Event {
+            path: event.to_owned(),
+            reason,
+        };
+        let text = std::fs::read_to_string(event).map_err(|e| bad_event(e.to_string()))?;
+        let mut event: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| bad_event(e.to_string()))?;
+        event["routeKey"] = serde_json::json!("GET /bench/unrouted");
+        event["rawPath"] = serde_json::json!("/bench/unrouted");
+        event["requestContext"]["http"]["method"] = serde_json::json!("GET");
+        event["requestContext"]["http"]["path"] = serde_json::json!("/bench/unrouted");
+        let trips =
+            init::unrouted_invocations(&model, bin_dir, "GrabFunction", &event, invokes).await?;
+        println!(
+            "GrabFunction unrouted invoke round trip: p50 {} ms  p95 {} ms  ({invokes} invokes)",
+            trips.map_or("-".to_owned(), |p| format!("{:.3}", p.p50_ms)),
+            trips.map_or("-".to_owned(), |p| format!("{:.3}", p.p95_ms)),
+        );
+    }
+    for f in init::measure(&model, bin_dir, runs).await? {
+        println!(
+            "{:<24} {:>10} bytes  init p50 {} ms  p95 {} ms  ({} runs)",
+            f.function,
+            f.bytes,
+            f.init
+                .map_or("-".to_owned(), |p| format!("{:.2}", p.p50_ms)),
+            f.init
+                .map_or("-".to_owned(), |p| format!("{:.2}", p.p95_ms)),
+            f.init.map_or(0, |p| p.count),
+        );
+    }
+    Ok(())
+}
+
+/// The sizes of one run: `make bench`'s, or the smoke's.
+struct Sizes {
+    rejection: RejectionSizes,
+    surge_buyers: usize,
+    surge_concurrency: usize,
+    lapse_orders: usize,
+    lapse_window_secs: u32,
+    lapse_wait: Duration,
+    init_runs: usize,
+    pipeline_concurrency: &'static [usize],
+    tool_limit: Duration,
+}
+
+const RUN: Sizes = Sizes {
+    rejection: RejectionSizes {
+        stock: 20,
+        first_attempts: 2000,
+        retries: 200,
+        concurrency: 32,
+        min_idle: Duration::from_secs(10),
+    },
+    surge_buyers: 200,
+    surge_concurrency: 16,
+    lapse_orders: 10,
+    lapse_window_secs: 60,
+    // The deadline's minute, plus Scheduler's minute of slack, plus margin.
+    lapse_wait: Duration::from_secs(150),
+    init_runs: 20,
+    pipeline_concurrency: &[8, 32],
+    tool_limit: Duration::from_secs(1800),
+};
+
+const SMOKE: Sizes = Sizes {
+    rejection: RejectionSizes {
+        stock: 3,
+        first_attempts: 20,
+        retries: 4,
+        concurrency: 4,
+        min_idle: Duration::from_secs(1),
+    },
+    surge_buyers: 4,
+    surge_concurrency: 2,
+    lapse_orders: 2,
+    lapse_window_secs: 2,
+    lapse_wait: Duration::from_secs(10),
+    init_runs: 2,
+    pipeline_concurrency: &[2],
+    tool_limit: Duration::from_secs(120),
+};
+
+async fn run(args: &RunArgs) -> Result<(), BenchError> {
+    let sizes = if args.smoke { &SMOKE } else { &RUN };
+    let machine = Machine::probe(&args.command);
+    let workspace = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
+
+    // Init first, before the emulators compete for the cores.
+    eprintln!(
+        "bench: bootstrap sizes and init ({} runs each)",
+        sizes.init_runs
+    );
+    let model = init::functions(&args.template)?;
+    let bootstraps = init::measure(&model, &args.bin_dir, sizes.init_runs).await?;
+    let deployed_arch = std::fs::read_to_string(args.lambda_dir.join("ARCH"))
+        .ok()
+        .map(|arch| arch.trim().to_owned());
+    let deployed = match deployed_arch {
+        Some(_) => init::measure(&model, &args.lambda_dir, 0)
+            .await
+            .unwrap_or_default(),
+        None => Vec::new(),
+    };
+
+    eprintln!("bench: starting the emulators, the proxies and the local stack");
+    let overrides: Vec<String> = LIFTED_THROTTLES.iter().map(|s| (*s).to_owned()).collect();
+    let stack = BenchStack::start(&StackSpec {
+        local_bin: args.local_bin.clone(),
+        template: args.template.clone(),
+        parameter_overrides: overrides,
+    })
+    .await?;
+    let session = Session::open(&stack).await?;
+    eprintln!("bench: 1. rejections after sell-out");
+    let rejection = scenarios::rejection_cost(&session, &stack, sizes.rejection).await?;
+    eprintln!("bench: 6. latency per route");
+    let surge =
+        scenarios::route_latencies(&session, sizes.surge_buyers, sizes.surge_concurrency).await?;
+    eprintln!(
+        "bench: 4. release lateness (a {} s window, up to {} s more)",
+        sizes.lapse_window_secs,
+        sizes.lapse_wait.as_secs()
+    );
+    let lateness = scenarios::release_lateness(
+        &session,
+        sizes.lapse_orders,
+        sizes.lapse_window_secs,
+        sizes.lapse_wait,
+    )
+    .await?;
+    let stack_env = vec![(
+        "FLASHSALE_BENCH_SMOKE".to_owned(),
+        u8::from(args.smoke).to_string(),
+    )];
+    drop(session);
+    drop(stack);
+
+    eprintln!("bench: 2. pipeline ratio");
+    let mut pipeline = Vec::new();
+    for &concurrency in sizes.pipeline_concurrency {
+        pipeline.push(
+            external::pipeline(
+                &workspace,
+                !args.smoke,
+                concurrency,
+                &args.pipeline_args,
+                &stack_env,
+                sizes.tool_limit,
+            )
+            .await,
+        );
+    }
+    eprintln!("bench: 3. grab handler and Redis");
+    let handler = if args.smoke {
+        Measured::NotAvailable("skipped in the smoke (criterion needs a release build)".to_owned())
+    } else {
+        external::grab_handler_bench(&workspace, &args.target_dir, sizes.tool_limit).await
+    };
+    let redis_ops_per_sec = if args.smoke {
+        Measured::NotAvailable(
+            "skipped in the smoke (redis-server is installed by make bench)".to_owned(),
+        )
+    } else {
+        external::redis_seed(&workspace, &stack_env, sizes.tool_limit).await
+    };
+
+    let report = BenchReport {
+        machine,
+        smoke: args.smoke,
+        rejection,
+        pipeline,
+        handler,
+        redis_ops_per_sec,
+        lateness,
+        bootstraps,
+        bootstraps_built_as: format!("{}, {}", args.bin_dir.display(), std::env::consts::ARCH),
+        deployed,
+        deployed_arch,
+        surge,
+    };
+    let markdown = report.markdown();
+    if let Some(dir) = args.report.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|source| BenchError::Write {
+            path: dir.to_owned(),
+            source,
+        })?;
+    }
+    std::fs::write(&args.report, &markdown).map_err(|source| BenchError::Write {
+        path: args.report.clone(),
+        source,
+    })?;
+    println!("{markdown}");
+    eprintln!("bench: wrote {}", args.report.display());
+    if args.smoke {
+        let problems = report.inconsistencies();
+        if !problems.is_empty() {
+            return Err(BenchError::Inconsistent(problems.join("; ")));
+        }
+        eprintln!("bench: smoke consistent");
+    }
+    Ok(())
+}

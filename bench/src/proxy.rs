@@ -1,0 +1,455 @@
+//! A counting pass-through for the AWS emulators, on loopback.
+//!
+//! Every request is forwarded to one upstream (DynamoDB Local, or the SQS/Scheduler
+//! emulator) and counted by operation and by the status it got. The operation is the
+//! `X-Amz-Target` header of the JSON protocols (`DynamoDB_20120810.TransactWriteItems`,
+//! `AmazonSQS.SendMessage`), else `METHOD /first-segment` for REST protocols
+//! (Scheduler's `POST /schedules`). The counts are the project's own evidence of what
+//! the functions called, independent of their code's claims.
+//!
+//! Faults: a rule per operation makes the proxy answer a throttle or a 500 instead of
+//! forwarding, reset the connection before forwarding, or forward (the upstream commits)
+//! and then drop the connection, so the caller cannot know it committed.
+//!
+//! Control routes, on the same port: `GET /__counts` (JSON [`Counts`]), `POST /__reset`
+//! (zero the counts), `PUT /__faults` (a JSON list of [`FaultRule`]), `DELETE /__faults`.
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, Response, StatusCode, Uri};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde::{Deserialize, Serialize};
+use tokio::net::TcpListener;
+use tokio::task::{JoinHandle, JoinSet};
+
+/// Requests and statuses seen for one operation.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OperationCounts {
+    pub total: u64,
+    /// By outcome: the HTTP status (`"200"`, `"400"`), or `"reset"` (the connection was
+    /// cut before forwarding), `"dropped_after_commit"`, `"upstream_error"` (the
+    /// upstream did not answer).
+    pub by_outcome: BTreeMap<String, u64>,
+    /// How many of `total` a fault rule answered or cut.
+    pub faults: u64,
+}
+
+/// Everything the proxy counted since its start or last reset, by operation.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counts {
+    pub operations: BTreeMap<String, OperationCounts>,
+}
+
+impl Counts {
+    /// Requests of every operation.
+    pub fn total(&self) -> u64 {
+        self.operations.values().map(|op| op.total).sum()
+    }
+
+    /// Requests of one operation (0 if never seen).
+    pub fn of(&self, operation: &str) -> u64 {
+        self.operations.get(operation).map_or(0, |op| op.total)
+    }
+
+    /// Per operation, `self` minus `earlier` (a snapshot taken before).
+    pub fn since(&self, earlier: &Counts) -> Counts {
+        let mut operations = BTreeMap::new();
+        for (name, now) in &self.operations {
+            let before = earlier.operations.get(name).cloned().unwrap_or_default();
+            let by_outcome: BTreeMap<String, u64> = now
+                .by_outcome
+                .iter()
+                .map(|(k, v)| {
+                    let was = before.by_outcome.get(k).copied().unwrap_or(0);
+                    (k.clone(), v.saturating_sub(was))
+                })
+                .filter(|(_, v)| *v > 0)
+                .collect();
+            let total = now.total.saturating_sub(before.total);
+            if total > 0 {
+                operations.insert(
+                    name.clone(),
+                    OperationCounts {
+                        total,
+                        by_outcome,
+                        faults: now.faults.saturating_sub(before.faults),
+                    },
+                );
+            }
+        }
+        Counts { operations }
+    }
+
+    fn record(&mut self, operation: &str, outcome: &str, fault: bool) {
+        let entry = self.operations.entry(operation.to_owned()).or_default();
+        entry.total += 1;
+        *entry.by_outcome.entry(outcome.to_owned()).or_default() += 1;
+        if fault {
+            entry.faults += 1;
+        }
+    }
+}
+
+/// What a fault rule does to a matching request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Fault {
+    /// Answer 400 with the service's throttling error, without forwarding.
+    Throttle,
+    /// Answer 500 `InternalServerError`, without forwarding.
+    ServerError,
+    /// Close the connection without an answer, without forwarding.
+    ConnectionReset,
+    /// Forward (the upstream acts on it), then close the connection without the answer.
+    CommitThenDrop,
+}
+
+/// Applies `fault` to requests of `operation` (`"*"`: every operation): the first
+/// `skip` matching requests pass, then up to `times` of them (all when `None`) fault.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FaultRule {
+    pub operation: String,
+    pub fault: Fault,
+    #[serde(default)]
+    pub skip: u64,
+    #[serde(default)]
+    pub times: Option<u64>,
+}
+
+impl FaultRule {
+    pub fn always(operation: impl Into<String>, fault: Fault) -> Self {
+        Self {
+            operation: operation.into(),
+            fault,
+            skip: 0,
+            times: None,
+        }
+    }
+}
+
+/// The rules in force, and how many requests each has matched so far.
+#[derive(Debug, Default)]
+struct FaultBook {
+    rules: Vec<(FaultRule, u64)>,
+}
+
+impl FaultBook {
+    /// The fault for this request, if a rule applies to it; the first matching rule
+    /// decides (and counts the request) even when it lets it pass.
+    fn decide(&mut self, operation: &str) -> Option<Fault> {
+        let (rule, matched) = self
+            .rules
+            .iter_mut()
+            .find(|(rule, _)| rule.operation == "*" || rule.operation == operation)?;
+        let seen = *matched;
+        *matched += 1;
+        let in_window =
+            seen >= rule.skip && rule.times.is_none_or(|times| seen - rule.skip < times);
+        in_window.then_some(rule.fault)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("could not listen on loopback")]
+    Bind(#[source] std::io::Error),
+    #[error("the upstream {0:?} is not an http://host:port URL")]
+    Upstream(String),
+}
+
+struct Shared {
+    upstream: Uri,
+    client: Client<HttpConnector, Full<Bytes>>,
+    counts: Mutex<Counts>,
+    faults: Mutex<FaultBook>,
+}
+
+/// A running proxy. Stops (with every connection it holds) when dropped.
+pub struct Proxy {
+    address: SocketAddr,
+    shared: Arc<Shared>,
+    server: JoinHandle<()>,
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+/// Why a request got no answer: hyper closes the connection when the service fails.
+#[derive(Debug, thiserror::Error)]
+enum Cut {
+    #[error("fault: connection reset before forwarding")]
+    Reset,
+    #[error("fault: connection dropped after the upstream answered")]
+    DroppedAfterCommit,
+}
+
+impl Proxy {
+    /// Listens on 127.0.0.1:`port` (0: a free port) and forwards to `upstream`
+    /// (`http://127.0.0.1:8000`).
+    pub async fn start(upstream: &str, port: u16) -> Result<Self, ProxyError> {
+        let upstream_uri: Uri = upstream
+            .parse()
+            .map_err(|_| ProxyError::Upstream(upstream.to_owned()))?;
+        if upstream_uri.scheme_str() != Some("http") || upstream_uri.authority().is_none() {
+            return Err(ProxyError::Upstream(upstream.to_owned()));
+        }
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, port))
+            .await
+            .map_err(ProxyError::Bind)?;
+        let address = listener.local_addr().map_err(ProxyError::Bind)?;
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        let shared = Arc::new(Shared {
+            upstream: upstream_uri,
+            client: Client::builder(TokioExecutor::new())
+                .pool_max_idle_per_host(1024)
+                .build(connector),
+            counts: Mutex::new(Counts::default()),
+            faults: Mutex::new(FaultBook::default()),
+        });
+        let server = tokio::spawn(serve(listener, Arc::clone(&shared)));
+        Ok(Self {
+            address,
+            shared,
+            server,
+        })
+    }
+
+    /// `http://127.0.0.1:port`, the endpoint to give the clients instead of the upstream.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.address)
+    }
+
+    pub fn counts(&self) -> Counts {
+        lock(&self.shared.counts).clone()
+    }
+
+    pub fn reset(&self) {
+        *lock(&self.shared.counts) = Counts::default();
+    }
+
+    /// Replaces the fault rules (an empty list: forward everything).
+    pub fn set_faults(&self, rules: Vec<FaultRule>) {
+        lock(&self.shared.faults).rules = rules.into_iter().map(|rule| (rule, 0)).collect();
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+async fn serve(listener: TcpListener, shared: Arc<Shared>) {
+    // Dropping the set (when the proxy's task is aborted) aborts every connection.
+    let mut connections = JoinSet::new();
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                tracing::warn!(%error, "proxy accept failed");
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let shared = Arc::clone(&shared);
+        connections.spawn(async move {
+            let service = service_fn(move |request| handle(Arc::clone(&shared), request));
+            // A cut connection ends here with the service's error: that is the fault.
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+        while connections.try_join_next().is_some() {}
+    }
+}
+
+type ProxyResponse = Response<Full<Bytes>>;
+
+async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Result<ProxyResponse, Cut> {
+    if request.uri().path().starts_with("/__") {
+        return Ok(control(&shared, request).await);
+    }
+    let operation = operation_of(&request);
+    let fault = lock(&shared.faults).decide(&operation);
+    let record =
+        |outcome: &str, fault: bool| lock(&shared.counts).record(&operation, outcome, fault);
+    match fault {
+        Some(Fault::Throttle) => {
+            record("400", true);
+            return Ok(error_answer(
+                StatusCode::BAD_REQUEST,
+                &throttle_code(&operation),
+                "Rate exceeded (injected by flashsale-bench)",
+            ));
+        }
+        Some(Fault::ServerError) => {
+            record("500", true);
+            return Ok(error_answer(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "InternalServerError",
+                "Internal server error (injected by flashsale-bench)",
+            ));
+        }
+        Some(Fault::ConnectionReset) => {
+            record("reset", true);
+            return Err(Cut::Reset);
+        }
+        Some(Fault::CommitThenDrop) | None => {}
+    }
+    let answer = forward(&shared, request).await;
+    match (answer, fault) {
+        (Ok(_), Some(Fault::CommitThenDrop)) => {
+            record("dropped_after_commit", true);
+            Err(Cut::DroppedAfterCommit)
+        }
+        (Ok(response), _) => {
+            record(response.status().as_str(), false);
+            Ok(response)
+        }
+        (Err(error), _) => {
+            tracing::warn!(%error, %operation, "upstream did not answer");
+            record("upstream_error", false);
+            Ok(error_answer(
+                StatusCode::BAD_GATEWAY,
+                "UpstreamUnavailable",
+                &error.to_string(),
+            ))
+        }
+    }
+}
+
+async fn forward(
+    shared: &Shared,
+    request: Request<Incoming>,
+) -> Result<ProxyResponse, Box<dyn std::error::Error + Send + Sync>> {
+    let (mut parts, body) = request.into_parts();
+    let body = body.collect().await?.to_bytes();
+    let path_and_query = parts
+        .uri
+        .path_and_query()
+        .map_or("/", |pq| pq.as_str())
+        .to_owned();
+    let mut uri = shared.upstream.clone().into_parts();
+    uri.path_and_query = Some(path_and_query.parse()?);
+    parts.uri = Uri::from_parts(uri)?;
+    // The SDK signs the Host header; the emulators do not check signatures, and the
+    // upstream's own host keeps virtual-host routing (moto) right.
+    if let Some(authority) = shared.upstream.authority() {
+        parts.headers.insert(
+            http::header::HOST,
+            HeaderValue::from_str(authority.as_str())?,
+        );
+    }
+    let response = shared
+        .client
+        .request(Request::from_parts(parts, Full::new(body)))
+        .await?;
+    let (parts, body) = response.into_parts();
+    let body = body.collect().await?.to_bytes();
+    Ok(Response::from_parts(parts, Full::new(body)))
+}
+
+async fn control(shared: &Shared, request: Request<Incoming>) -> ProxyResponse {
+    let (parts, body) = request.into_parts();
+    match (&parts.method, parts.uri.path()) {
+        (&Method::GET, "/__counts") => json_answer(StatusCode::OK, &*lock(&shared.counts)),
+        (&Method::POST, "/__reset") => {
+            *lock(&shared.counts) = Counts::default();
+            json_answer(StatusCode::OK, &serde_json::json!({"reset": true}))
+        }
+        (&Method::PUT, "/__faults") => {
+            let rules = match body.collect().await {
+                Ok(bytes) => serde_json::from_slice::<Vec<FaultRule>>(&bytes.to_bytes())
+                    .map_err(|error| error.to_string()),
+                Err(error) => Err(error.to_string()),
+            };
+            match rules {
+                Ok(rules) => {
+                    let count = rules.len();
+                    lock(&shared.faults).rules = rules.into_iter().map(|rule| (rule, 0)).collect();
+                    json_answer(StatusCode::OK, &serde_json::json!({"rules": count}))
+                }
+                Err(message) => json_answer(
+                    StatusCode::BAD_REQUEST,
+                    &serde_json::json!({"error": "bad_rules", "message": message}),
+                ),
+            }
+        }
+        (&Method::DELETE, "/__faults") => {
+            lock(&shared.faults).rules.clear();
+            json_answer(StatusCode::OK, &serde_json::json!({"rules": 0}))
+        }
+        _ => json_answer(
+            StatusCode::NOT_FOUND,
+            &serde_json::json!({
+                "error": "not_found",
+                "message": "control routes: GET /__counts, POST /__reset, PUT|DELETE /__faults"
+            }),
+        ),
+    }
+}
+
+fn operation_of<B>(request: &Request<B>) -> String {
+    if let Some(target) = request
+        .headers()
+        .get("x-amz-target")
+        .and_then(|value| value.to_str().ok())
+    {
+        return target.to_owned();
+    }
+    let first_segment = request
+        .uri()
+        .path()
+        .trim_start_matches('/')
+        .split('/')
+        .next()
+        .unwrap_or_default();
+    format!("{} /{first_segment}", request.method())
+}
+
+/// The error code each service's SDK classifies as a throttle.
+fn throttle_code(operation: &str) -> String {
+    if operation.starts_with("DynamoDB_") {
+        "com.amazonaws.dynamodb.v20120810#ThrottlingException".to_owned()
+    } else if operation.starts_with("AmazonSQS.") {
+        "com.amazonaws.sqs#RequestThrottled".to_owned()
+    } else {
+        "ThrottlingException".to_owned()
+    }
+}
+
+fn error_answer(status: StatusCode, code: &str, message: &str) -> ProxyResponse {
+    let body = serde_json::json!({ "__type": code, "message": message });
+    let mut response = Response::new(Full::new(Bytes::from(body.to_string())));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/x-amz-json-1.0"),
+    );
+    if let Ok(value) = HeaderValue::from_str(code.rsplit('#').next().unwrap_or(code)) {
+        headers.insert("x-amzn-errortype", value);
+    }
+    response
+}
+
+fn json_answer(status: StatusCode, value: &impl Serialize) -> ProxyResponse {
+    let body = serde_json::to_vec(value).unwrap_or_default();
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
