@@ -312,6 +312,7 @@ async fn pay_order(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiErro
     let order_id = order_id_param(req)?;
     let order = deps.orders.pay(&order_id, &user).await?;
     tracing::info!(%order_id, "paid");
+    flashsale_http::metrics::order_step(flashsale_http::metrics::ORDERS_PAID, &order.sale_id);
     json(StatusCode::OK, &order, CachePolicy::NoStore)
 }
 
@@ -320,6 +321,7 @@ async fn cancel_order(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiE
     let order_id = order_id_param(req)?;
     let order = deps.orders.cancel(&order_id, &user).await?;
     tracing::info!(%order_id, "cancelled");
+    flashsale_http::metrics::order_step(flashsale_http::metrics::ORDERS_CANCELLED, &order.sale_id);
     json(StatusCode::OK, &order, CachePolicy::NoStore)
 }
 

@@ -10,6 +10,7 @@ pub mod body;
 pub mod caller;
 pub mod config;
 pub mod error;
+pub mod metrics;
 pub mod response;
 pub mod route;
 pub mod sdk;

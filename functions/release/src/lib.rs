@@ -164,7 +164,15 @@ async fn release(deps: &Deps, event: Value) -> Result<Outcome, ReleaseError> {
     let order_id = reservation.order_id.clone();
     match deps.expiry.expire(&reservation).await {
         Ok(Settlement::Applied) => {
-            tracing::info!(%order_id, outcome = "released", "order expired; unit back in stock");
+            let lag = deps.expiry.clock.now() - reservation.expires_at;
+            // Milliseconds first: a lag under a second is still worth seeing.
+            let lag_secs = lag.num_milliseconds() as f64 / 1000.0;
+            flashsale_http::metrics::order_step(
+                flashsale_http::metrics::ORDERS_EXPIRED,
+                &reservation.sale_id,
+            );
+            flashsale_http::metrics::release_lag(&reservation.sale_id, lag_secs);
+            tracing::info!(%order_id, outcome = "released", lag_secs, "order expired; unit back in stock");
             Ok(Outcome::Released { order_id })
         }
         Ok(Settlement::AlreadySettled(status)) => {
