@@ -89,7 +89,7 @@ impl ReleaseScheduler for EventBridgeScheduler {
             .target
             .as_ref()
             .ok_or_else(|| StoreError::permanent(SCHEDULE, NoReleaseTarget))?;
-        let input = serde_json::to_string(reservation)
+        let input = crate::correlation::reservation_json(reservation)
             .map_err(|error| StoreError::permanent(SCHEDULE, error))?;
         let target = Target::builder()
             .arn(&target.function_arn)

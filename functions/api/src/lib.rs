@@ -181,7 +181,11 @@ impl Deps {
 /// The Lambda handler. Never fails as a Lambda invocation: every error becomes an
 /// HTTP answer.
 pub async fn handler(deps: &Deps, req: Request) -> Result<Response<Body>, lambda_http::Error> {
-    Ok(respond(route(deps, &req).await))
+    let correlation_id = flashsale_http::correlation::of(&req).unwrap_or_default();
+    let span = tracing::info_span!("request", correlation_id = %correlation_id);
+    Ok(respond(
+        tracing::Instrument::instrument(route(deps, &req), span).await,
+    ))
 }
 
 async fn route(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {

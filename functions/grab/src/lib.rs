@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use async_trait::async_trait;
+use tracing::Instrument as _;
 
 use chrono::{DateTime, Duration, Utc};
 use flashsale_adapters::{DynamoStore, SqsOrderQueue};
@@ -197,11 +198,15 @@ struct Reserved {
 /// HTTP answer, so API Gateway never turns one into an opaque 500.
 pub async fn handler(deps: &Deps, req: Request) -> Result<Response<Body>, lambda_http::Error> {
     let probe = Arc::new(ReserveProbe::default());
-    let answer = RESERVE_PROBE
-        .scope(
-            probe.clone(),
-            tokio::time::timeout(REQUEST_DEADLINE, route(deps, &req)),
-        )
+    let correlation_id = flashsale_http::correlation::of(&req).unwrap_or_default();
+    // Every log line of the request carries the id, and the order's queue message too.
+    let span = tracing::info_span!("request", correlation_id = %correlation_id);
+    let work = RESERVE_PROBE.scope(
+        probe.clone(),
+        tokio::time::timeout(REQUEST_DEADLINE, route(deps, &req)),
+    );
+    let answer = flashsale_adapters::correlation::scope(correlation_id, work)
+        .instrument(span)
         .await
         .unwrap_or(Err(ApiError::DeadlineExceeded(REQUEST_DEADLINE)));
     record_outcome(&req, &answer, &probe);

@@ -9,6 +9,7 @@
 pub mod body;
 pub mod caller;
 pub mod config;
+pub mod correlation;
 pub mod error;
 pub mod metrics;
 pub mod response;

@@ -199,8 +199,21 @@ pub async fn handler(
     let failed: Vec<String> = futures::stream::iter(event.records)
         .map(|record| async move {
             let message_id = record.message_id.clone().unwrap_or_default();
-            let span = tracing::info_span!("record", message_id = %message_id);
-            let retry = handle(deps, &record).instrument(span).await;
+            // The grab's request, carried in the message: the order's log lines and
+            // its release timer name it too.
+            let correlation_id = record
+                .body
+                .as_deref()
+                .and_then(|body| serde_json::from_str(body).ok())
+                .and_then(|body| flashsale_adapters::correlation::carried_by(&body))
+                .unwrap_or_default();
+            let span = tracing::info_span!(
+                "record",
+                message_id = %message_id,
+                correlation_id = %correlation_id
+            );
+            let work = handle(deps, &record).instrument(span);
+            let retry = flashsale_adapters::correlation::scope(correlation_id, work).await;
             retry.then_some(message_id)
         })
         .buffer_unordered(MAX_CONCURRENT_RECORDS)

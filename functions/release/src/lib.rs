@@ -137,7 +137,14 @@ pub enum ReleaseError {
 
 /// The Lambda handler.
 pub async fn handler(deps: &Deps, event: Value) -> Result<Value, lambda_runtime::Error> {
-    let outcome = release(deps, event).await?;
+    let correlation_id = match &event {
+        Value::String(text) => serde_json::from_str(text).ok(),
+        other => Some(other.clone()),
+    }
+    .and_then(|event| flashsale_adapters::correlation::carried_by(&event))
+    .unwrap_or_default();
+    let span = tracing::info_span!("release", correlation_id = %correlation_id);
+    let outcome = tracing::Instrument::instrument(release(deps, event), span).await?;
     Ok(serde_json::to_value(&outcome).map_err(ReleaseError::Encode)?)
 }
 

@@ -105,6 +105,9 @@ async fn main() -> ExitCode {
         }
     };
     print_banner(&stack);
+    if let Some(metrics) = flashsale_local::metrics::LocalMetrics::install() {
+        metrics.print_while_changing(std::time::Duration::from_secs(3));
+    }
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = terminate.recv() => {}
@@ -122,6 +125,7 @@ fn print_banner(stack: &LocalStack) {
         model.stack_name
     ));
     out.push_str(&format!("  HTTP API   {}\n", stack.api_url));
+    out.push_str(&format!("  Metrics    {}/local/metrics\n", stack.api_url));
     out.push_str(&format!("  DynamoDB   {}\n", stack.dynamodb_endpoint));
     out.push_str(&format!("  SQS/Sched  {}\n\n", stack.moto_endpoint));
     for resource in &stack.provisioned.resources {
