@@ -7,6 +7,7 @@
 //! outlasted the retries) or `Permanent` (everything else).
 
 mod classify;
+pub mod correlation;
 mod dynamo;
 mod retry;
 mod scheduler;

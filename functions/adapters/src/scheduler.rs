@@ -5,7 +5,8 @@ use aws_sdk_scheduler::Client;
 use aws_sdk_scheduler::operation::create_schedule::CreateScheduleError;
 use aws_sdk_scheduler::operation::delete_schedule::DeleteScheduleError;
 use aws_sdk_scheduler::types::{
-    ActionAfterCompletion, FlexibleTimeWindow, FlexibleTimeWindowMode, RetryPolicy, Target,
+    ActionAfterCompletion, DeadLetterConfig, FlexibleTimeWindow, FlexibleTimeWindowMode,
+    RetryPolicy, Target,
 };
 use chrono::{DateTime, DurationRound, TimeDelta, Utc};
 use flashsale_domain::ports::ReleaseScheduler;
@@ -35,6 +36,9 @@ const MAX_EVENT_AGE_SECS: i32 = 86_400;
 pub struct ReleaseTarget {
     pub function_arn: String,
     pub role_arn: String,
+    /// The SQS queue Scheduler parks a release in when every retry failed, instead of
+    /// dropping it (and the unit it would return).
+    pub dead_letter_arn: Option<String>,
 }
 
 /// This scheduler was built without a [`ReleaseTarget`], so it can only delete.
@@ -110,7 +114,7 @@ impl ReleaseScheduler for EventBridgeScheduler {
             .target
             .as_ref()
             .ok_or_else(|| StoreError::permanent(SCHEDULE, NoReleaseTarget))?;
-        let input = serde_json::to_string(reservation)
+        let input = crate::correlation::reservation_json(reservation)
             .map_err(|error| StoreError::permanent(SCHEDULE, error))?;
         let target = Target::builder()
             .arn(&target.function_arn)
@@ -121,6 +125,12 @@ impl ReleaseScheduler for EventBridgeScheduler {
                     .maximum_retry_attempts(MAX_RETRY_ATTEMPTS)
                     .maximum_event_age_in_seconds(MAX_EVENT_AGE_SECS)
                     .build(),
+            )
+            .set_dead_letter_config(
+                target
+                    .dead_letter_arn
+                    .as_ref()
+                    .map(|arn| DeadLetterConfig::builder().arn(arn).build()),
             )
             .build()
             .map_err(|error| StoreError::permanent(SCHEDULE, error))?;

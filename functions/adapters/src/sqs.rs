@@ -32,7 +32,7 @@ impl SqsOrderQueue {
 #[async_trait]
 impl OrderQueue for SqsOrderQueue {
     async fn enqueue(&self, reservation: &Reservation) -> Result<(), StoreError> {
-        let body = serde_json::to_string(reservation)
+        let body = crate::correlation::reservation_json(reservation)
             .map_err(|error| StoreError::permanent(ENQUEUE, error))?;
         let order_id = reservation.order_id.to_string();
         self.client

@@ -14,6 +14,7 @@ use flashsale_domain::{Reservation, StoreError};
 
 const FUNCTION_ARN: &str = "arn:aws:lambda:us-east-1:123456789012:function:release";
 const ROLE_ARN: &str = "arn:aws:iam::123456789012:role/scheduler";
+const DLQ_ARN: &str = "arn:aws:sqs:us-east-1:123456789012:release-schedules-dlq";
 
 async fn client() -> aws_sdk_scheduler::Client {
     aws_sdk_scheduler::Client::new(&support::sdk_config().await)
@@ -38,6 +39,7 @@ fn scheduler(client: &aws_sdk_scheduler::Client, group: &str) -> EventBridgeSche
         Some(ReleaseTarget {
             function_arn: FUNCTION_ARN.to_owned(),
             role_arn: ROLE_ARN.to_owned(),
+            dead_letter_arn: Some(DLQ_ARN.to_owned()),
         }),
     )
 }
@@ -124,6 +126,11 @@ async fn scheduling_twice_makes_one_self_deleting_one_time_schedule() {
     let retry = target.retry_policy().expect("a retry policy");
     assert_eq!(retry.maximum_retry_attempts(), Some(185));
     assert_eq!(retry.maximum_event_age_in_seconds(), Some(86_400));
+    assert_eq!(
+        target.dead_letter_config().and_then(|dlq| dlq.arn()),
+        Some(DLQ_ARN),
+        "a release Scheduler cannot deliver is parked, not dropped"
+    );
 }
 
 #[tokio::test]

@@ -181,7 +181,11 @@ impl Deps {
 /// The Lambda handler. Never fails as a Lambda invocation: every error becomes an
 /// HTTP answer.
 pub async fn handler(deps: &Deps, req: Request) -> Result<Response<Body>, lambda_http::Error> {
-    Ok(respond(route(deps, &req).await))
+    let correlation_id = flashsale_http::correlation::of(&req).unwrap_or_default();
+    let span = tracing::info_span!("request", correlation_id = %correlation_id);
+    Ok(respond(
+        tracing::Instrument::instrument(route(deps, &req), span).await,
+    ))
 }
 
 async fn route(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
@@ -312,6 +316,7 @@ async fn pay_order(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiErro
     let order_id = order_id_param(req)?;
     let order = deps.orders.pay(&order_id, &user).await?;
     tracing::info!(%order_id, "paid");
+    flashsale_http::metrics::order_step(flashsale_http::metrics::ORDERS_PAID, &order.sale_id);
     json(StatusCode::OK, &order, CachePolicy::NoStore)
 }
 
@@ -320,6 +325,7 @@ async fn cancel_order(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiE
     let order_id = order_id_param(req)?;
     let order = deps.orders.cancel(&order_id, &user).await?;
     tracing::info!(%order_id, "cancelled");
+    flashsale_http::metrics::order_step(flashsale_http::metrics::ORDERS_CANCELLED, &order.sale_id);
     json(StatusCode::OK, &order, CachePolicy::NoStore)
 }
 

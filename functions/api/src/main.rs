@@ -5,9 +5,9 @@ use lambda_http::{Error, service_fn};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    flashsale_http::telemetry::init()?;
+    let telemetry = flashsale_http::telemetry::init()?;
     let config = Config::from_env().map_err(flashsale_http::telemetry::startup_failure)?;
     let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
     let deps = Deps::new(&config, &sdk);
-    lambda_http::run(service_fn(|req| handler(&deps, req))).await
+    lambda_http::run(service_fn(|req| telemetry.flushed(handler(&deps, req)))).await
 }

@@ -8,17 +8,25 @@
 //! lets them spare the table most of a sold-out sale's traffic.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+use async_trait::async_trait;
+use tracing::Instrument as _;
 
 use chrono::{DateTime, Duration, Utc};
 use flashsale_adapters::{DynamoStore, SqsOrderQueue};
 use flashsale_domain::gate::SoldOutGate;
 use flashsale_domain::ports::{
-    Blocklist, Clock, OrderBook, OrderQueue, SaleCatalog, StockLedger, SystemClock,
+    Blocklist, Clock, OrderBook, OrderQueue, ReserveRefusal, SaleCatalog, Settlement, StockLedger,
+    SystemClock,
 };
 use flashsale_domain::service::{Attempt, CachedBlocklist, CachedCatalog, GrabService};
 use flashsale_domain::token::GrabTokenSigner;
-use flashsale_domain::{AppError, OrderId, OrderStatus, ValidationError};
+use flashsale_domain::{
+    AppError, OrderId, OrderStatus, ReleaseReason, Reservation, Sale, StoreError, ValidationError,
+};
 use flashsale_http::config::{Env, process_env};
+use flashsale_http::metrics::GrabOutcome;
 use flashsale_http::{
     ApiError, CachePolicy, CallBudget, ConfigError, ensure_within_limit, json, respond, route_key,
     sale_id_param, user_of,
@@ -157,7 +165,7 @@ impl Deps {
         Self {
             grab: GrabService {
                 catalog: ports.catalog,
-                ledger: ports.ledger,
+                ledger: Arc::new(ProbedLedger(ports.ledger)),
                 orders: ports.orders,
                 queue: ports.queue,
                 clock: ports.clock,
@@ -196,10 +204,97 @@ struct Reserved {
 /// The Lambda handler. Never fails as a Lambda invocation: every error becomes an
 /// HTTP answer, so API Gateway never turns one into an opaque 500.
 pub async fn handler(deps: &Deps, req: Request) -> Result<Response<Body>, lambda_http::Error> {
-    let answer = tokio::time::timeout(REQUEST_DEADLINE, route(deps, &req))
+    let probe = Arc::new(ReserveProbe::default());
+    let correlation_id = flashsale_http::correlation::of(&req).unwrap_or_default();
+    // Every log line of the request carries the id, and the order's queue message too.
+    let span = tracing::info_span!("request", correlation_id = %correlation_id);
+    let work = RESERVE_PROBE.scope(
+        probe.clone(),
+        tokio::time::timeout(REQUEST_DEADLINE, route(deps, &req)),
+    );
+    let answer = flashsale_adapters::correlation::scope(correlation_id, work)
+        .instrument(span)
         .await
         .unwrap_or(Err(ApiError::DeadlineExceeded(REQUEST_DEADLINE)));
+    record_outcome(&req, &answer, &probe);
     Ok(respond(answer))
+}
+
+/// The one place a request's outcome becomes a metric: after the deadline, so a grab
+/// cut short counts as `unavailable` too.
+fn record_outcome(req: &Request, answer: &Result<Response<Body>, ApiError>, probe: &ReserveProbe) {
+    let sale_id = sale_id_param(req).ok();
+    match route_key(req).as_str() {
+        TOKEN_ROUTE => match (answer, &sale_id) {
+            (Ok(_), Some(sale_id)) => flashsale_http::metrics::token_issued(sale_id),
+            (Ok(_), None) => {}
+            (Err(err), _) => flashsale_http::metrics::token_refused(err.code()),
+        },
+        GRAB_ROUTE => {
+            let reached_database = probe.reserves.load(Ordering::Relaxed) > 0;
+            let outcome = match answer {
+                Ok(_) if probe.took.load(Ordering::Relaxed) => GrabOutcome::Reserved,
+                Ok(_) => GrabOutcome::Resumed,
+                Err(err) if err.code() == "sold_out" && reached_database => {
+                    GrabOutcome::SoldOutDatabase
+                }
+                Err(err) if err.code() == "sold_out" => GrabOutcome::SoldOutGate,
+                Err(err) => GrabOutcome::Refused(err.code()),
+            };
+            flashsale_http::metrics::grab(sale_id.as_ref(), outcome, reached_database);
+        }
+        _ => {}
+    }
+}
+
+/// What the stock ledger saw of one request: how many reserve transactions it ran,
+/// and whether one took a unit. The use case answers only "reserved" or "sold out";
+/// this tells a fresh reservation from a resumed one, and the gate's "sold out" from
+/// the database's, without the domain knowing about metrics.
+#[derive(Debug, Default)]
+struct ReserveProbe {
+    reserves: AtomicU32,
+    took: AtomicBool,
+}
+
+tokio::task_local! {
+    static RESERVE_PROBE: Arc<ReserveProbe>;
+}
+
+/// The grab's stock ledger, reporting each reserve to the request's [`ReserveProbe`].
+struct ProbedLedger(Arc<dyn StockLedger>);
+
+#[async_trait]
+impl StockLedger for ProbedLedger {
+    async fn reserve(
+        &self,
+        sale: &Sale,
+        shard: u16,
+        reservation: &Reservation,
+    ) -> Result<Result<(), ReserveRefusal>, StoreError> {
+        let result = self.0.reserve(sale, shard, reservation).await;
+        // Outside a request (no probe) there is nothing to report to.
+        let _ = RESERVE_PROBE.try_with(|probe| {
+            probe.reserves.fetch_add(1, Ordering::Relaxed);
+            if matches!(result, Ok(Ok(()))) {
+                probe.took.store(true, Ordering::Relaxed);
+            }
+        });
+        result
+    }
+
+    async fn availability(&self, sale: &Sale) -> Result<Vec<u64>, StoreError> {
+        self.0.availability(sale).await
+    }
+
+    async fn release(
+        &self,
+        reservation: &Reservation,
+        reason: ReleaseReason,
+        now: DateTime<Utc>,
+    ) -> Result<Settlement, StoreError> {
+        self.0.release(reservation, reason, now).await
+    }
 }
 
 async fn route(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {

@@ -9,7 +9,9 @@
 pub mod body;
 pub mod caller;
 pub mod config;
+pub mod correlation;
 pub mod error;
+pub mod metrics;
 pub mod response;
 pub mod route;
 pub mod sdk;

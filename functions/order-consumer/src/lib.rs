@@ -60,6 +60,7 @@ impl Config {
         "RELEASE_FUNCTION_ARN",
         "SCHEDULER_ROLE_ARN",
         "ORDERS_DLQ_URL",
+        "RELEASE_SCHEDULE_DLQ_ARN",
     ];
 
     pub fn from_env() -> Result<Self, ConfigError> {
@@ -74,6 +75,7 @@ impl Config {
             release_target: ReleaseTarget {
                 function_arn: env.required("RELEASE_FUNCTION_ARN")?,
                 role_arn: env.required("SCHEDULER_ROLE_ARN")?,
+                dead_letter_arn: Some(env.required("RELEASE_SCHEDULE_DLQ_ARN")?),
             },
             dlq_url: env.required("ORDERS_DLQ_URL")?,
         })
@@ -197,8 +199,21 @@ pub async fn handler(
     let failed: Vec<String> = futures::stream::iter(event.records)
         .map(|record| async move {
             let message_id = record.message_id.clone().unwrap_or_default();
-            let span = tracing::info_span!("record", message_id = %message_id);
-            let retry = handle(deps, &record).instrument(span).await;
+            // The grab's request, carried in the message: the order's log lines and
+            // its release timer name it too.
+            let correlation_id = record
+                .body
+                .as_deref()
+                .and_then(|body| serde_json::from_str(body).ok())
+                .and_then(|body| flashsale_adapters::correlation::carried_by(&body))
+                .unwrap_or_default();
+            let span = tracing::info_span!(
+                "record",
+                message_id = %message_id,
+                correlation_id = %correlation_id
+            );
+            let work = handle(deps, &record).instrument(span);
+            let retry = flashsale_adapters::correlation::scope(correlation_id, work).await;
             retry.then_some(message_id)
         })
         .buffer_unordered(MAX_CONCURRENT_RECORDS)
@@ -225,13 +240,22 @@ async fn consume(deps: &Deps, record: &SqsMessage) -> Result<Opened, RecordError
         .ok_or(RecordError::NoBody)?;
     let reservation: Reservation =
         serde_json::from_str(body).map_err(RecordError::NotAReservation)?;
-    deps.orders
+    let opened = deps
+        .orders
         .open(&reservation)
         .await
         .map_err(|source| RecordError::Open {
             order_id: reservation.order_id.clone(),
             source,
-        })
+        })?;
+    if opened == Opened::AwaitingPayment {
+        // At least once, like the message: a redelivered record counts again.
+        flashsale_http::metrics::order_step(
+            flashsale_http::metrics::ORDERS_OPENED,
+            &reservation.sale_id,
+        );
+    }
+    Ok(opened)
 }
 
 /// Consumes one record; `true` when it must be redelivered.
@@ -274,6 +298,7 @@ async fn park(deps: &Deps, record: &SqsMessage, reason: &str) -> bool {
     };
     match deps.dead_letters.park(&letter).await {
         Ok(()) => {
+            flashsale_http::metrics::dlq_parked();
             tracing::error!(reason, group_id = %letter.group_id, "poison record parked in the dead-letter queue");
             false
         }

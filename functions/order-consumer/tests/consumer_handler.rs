@@ -439,6 +439,10 @@ fn config_reads_exactly_the_declared_variables_and_fails_fast() {
         "value-of-SCHEDULER_ROLE_ARN"
     );
     assert_eq!(config.dlq_url, "value-of-ORDERS_DLQ_URL");
+    assert_eq!(
+        config.release_target.dead_letter_arn.as_deref(),
+        Some("value-of-RELEASE_SCHEDULE_DLQ_ARN")
+    );
     let mut asked = asked.into_inner().unwrap();
     asked.sort();
     let mut declared: Vec<String> = Config::ENV_VARS.iter().map(|v| (*v).to_owned()).collect();

@@ -16,7 +16,7 @@ use flashsale_domain::AppError;
 use flashsale_domain::ports::{
     Clock, OrderBook, OrderQueue, SaleCatalog, StockLedger, SystemClock,
 };
-use flashsale_domain::service::{ReconcileReport, Reconciler};
+use flashsale_domain::service::{ReconcileReport, Reconciler, SaleService};
 use flashsale_http::config::{Env, process_env};
 use flashsale_http::telemetry::error_chain;
 use flashsale_http::{CallBudget, ConfigError};
@@ -117,6 +117,8 @@ pub struct Ports {
 /// What the handler needs, built once per process.
 pub struct Deps {
     reconciler: Reconciler,
+    /// Counts each sale's stock for the gauges after a pass.
+    sales: SaleService,
 }
 
 impl Deps {
@@ -139,6 +141,12 @@ impl Deps {
 
     pub fn from_ports(config: &Config, ports: Ports) -> Self {
         Self {
+            sales: SaleService {
+                catalog: ports.catalog.clone(),
+                ledger: ports.ledger.clone(),
+                orders: ports.orders.clone(),
+                clock: ports.clock.clone(),
+            },
             reconciler: Reconciler {
                 catalog: ports.catalog,
                 orders: ports.orders,
@@ -168,6 +176,7 @@ pub enum ReconcileError {
 /// the same.
 pub async fn handler(deps: &Deps, _event: Value) -> Result<Value, lambda_runtime::Error> {
     let report = reconcile(deps).await?;
+    record_stock(deps).await;
     Ok(serde_json::to_value(report).map_err(ReconcileError::Encode)?)
 }
 
@@ -193,6 +202,13 @@ async fn reconcile(deps: &Deps) -> Result<ReconcileReport, ReconcileError> {
         failed,
         failed_sales,
     } = report;
+    let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
+    flashsale_http::metrics::reconciled(
+        count(requeued),
+        count(expired),
+        count(failed),
+        count(failed_sales),
+    );
     if failed > 0 || failed_sales > 0 {
         tracing::error!(
             sales,
@@ -215,6 +231,30 @@ async fn reconcile(deps: &Deps) -> Result<ReconcileReport, ReconcileError> {
         );
     }
     Ok(report)
+}
+
+/// Stock by state of every sale still able to hold stock, as gauges: the dashboard's
+/// stock widget, one datapoint per sale per pass. The same counts as the admin's
+/// stats (the shards, and the sale's holds through the index). Best effort: a sale
+/// that cannot be read now is read on the next pass.
+async fn record_stock(deps: &Deps) {
+    let reconciler = &deps.reconciler;
+    let now = reconciler.clock.now();
+    let sales = match reconciler.catalog.sales_ending_after(now).await {
+        Ok(sales) => sales,
+        Err(error) => {
+            tracing::warn!(error = %error_chain(&error), "could not list sales for the stock gauges");
+            return;
+        }
+    };
+    for sale in sales {
+        match deps.sales.stats(&sale.sale_id).await {
+            Ok(stats) => flashsale_http::metrics::stock(&sale.sale_id, &stats.counts),
+            Err(error) => {
+                tracing::warn!(sale_id = %sale.sale_id, error = %error_chain(&error), "could not count a sale's stock");
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -157,7 +157,14 @@ pub enum ReleaseError {
 
 /// The Lambda handler.
 pub async fn handler(deps: &Deps, event: Value) -> Result<Value, lambda_runtime::Error> {
-    let outcome = release(deps, event).await?;
+    let correlation_id = match &event {
+        Value::String(text) => serde_json::from_str(text).ok(),
+        other => Some(other.clone()),
+    }
+    .and_then(|event| flashsale_adapters::correlation::carried_by(&event))
+    .unwrap_or_default();
+    let span = tracing::info_span!("release", correlation_id = %correlation_id);
+    let outcome = tracing::Instrument::instrument(release(deps, event), span).await?;
     Ok(serde_json::to_value(&outcome).map_err(ReleaseError::Encode)?)
 }
 
@@ -187,7 +194,15 @@ async fn release(deps: &Deps, event: Value) -> Result<Outcome, ReleaseError> {
     tracing::debug!(%order_id, waited_ms = waited.as_millis() as u64, late_ms, "the deadline has come");
     match deps.expiry.expire(&reservation).await {
         Ok(Settlement::Applied) => {
-            tracing::info!(%order_id, outcome = "released", waited_ms = waited.as_millis() as u64, late_ms, "order expired; unit back in stock");
+            let lag = deps.expiry.clock.now() - reservation.expires_at;
+            // Milliseconds first: a lag under a second is still worth seeing.
+            let lag_secs = lag.num_milliseconds() as f64 / 1000.0;
+            flashsale_http::metrics::order_step(
+                flashsale_http::metrics::ORDERS_EXPIRED,
+                &reservation.sale_id,
+            );
+            flashsale_http::metrics::release_lag(&reservation.sale_id, lag_secs);
+            tracing::info!(%order_id, outcome = "released", waited_ms = waited.as_millis() as u64, lag_secs, "order expired; unit back in stock");
             Ok(Outcome::Released { order_id })
         }
         Ok(Settlement::AlreadySettled(status)) => {

@@ -6,12 +6,12 @@ use serde_json::Value;
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    flashsale_http::telemetry::init()?;
+    let telemetry = flashsale_http::telemetry::init()?;
     let config = Config::from_env().map_err(flashsale_http::telemetry::startup_failure)?;
     let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
     let deps = Deps::new(&config, &sdk);
     lambda_runtime::run(service_fn(|event: LambdaEvent<Value>| {
-        handler(&deps, event.payload)
+        telemetry.flushed(handler(&deps, event.payload))
     }))
     .await
 }

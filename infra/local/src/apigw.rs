@@ -222,6 +222,7 @@ impl Gateway {
     pub fn router(self: Arc<Self>) -> Router {
         Router::new()
             .route("/local/token", axum::routing::post(issue_token))
+            .route("/local/metrics", axum::routing::get(crate::metrics::serve))
             .fallback(serve)
             .with_state(self)
     }

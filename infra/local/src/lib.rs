@@ -6,7 +6,8 @@
 //! - [`esm`]: the SQS event source mapping, with `ReportBatchItemFailures`;
 //! - [`scheduler`]: EventBridge Scheduler delivery of one-time schedules, invoking
 //!   Lambda asynchronously ([`lambda`]) with Lambda's retries;
-//! - [`rules`]: EventBridge `rate(...)` rules from `Schedule` events.
+//! - [`rules`]: EventBridge `rate(...)` rules from `Schedule` events;
+//! - [`metrics`]: the functions' metrics, served at `GET /local/metrics`.
 //!
 //! [`LocalStack::start`] runs all of it in-process for tests; the `flashsale-local`
 //! binary runs it for `make run`.
@@ -16,6 +17,7 @@ pub mod auth;
 pub mod dispatch;
 pub mod esm;
 pub mod lambda;
+pub mod metrics;
 pub mod model;
 pub mod provision;
 pub mod resolve;

@@ -109,6 +109,9 @@ async fn main() -> ExitCode {
         }
     };
     print_banner(&stack);
+    if let Some(metrics) = flashsale_local::metrics::LocalMetrics::install() {
+        metrics.print_while_changing(std::time::Duration::from_secs(3));
+    }
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = terminate.recv() => {}
@@ -128,6 +131,7 @@ fn print_banner(stack: &LocalStack) {
     out.push_str(&format!("  Sale page  {}/?sale=<sale id>\n", stack.api_url));
     out.push_str(&format!("  Admin      {}/admin.html\n", stack.api_url));
     out.push_str(&format!("  HTTP API   {}\n", stack.api_url));
+    out.push_str(&format!("  Metrics    {}/local/metrics\n", stack.api_url));
     out.push_str(&format!("  DynamoDB   {}\n", stack.dynamodb_endpoint));
     out.push_str(&format!("  SQS        {}\n", stack.sqs_endpoint));
     out.push_str(&format!("  Scheduler  {}\n\n", stack.moto_endpoint));

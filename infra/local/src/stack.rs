@@ -198,6 +198,8 @@ impl LocalStack {
     /// Starts (or reuses) the emulators, provisions the template, loads the functions
     /// and starts serving.
     pub async fn start(options: StackOptions) -> Result<Self, StackError> {
+        // Before any function runs, so their first metric lands in it.
+        crate::metrics::LocalMetrics::install();
         let (emulators, shared) = match &options.emulators {
             EmulatorSource::Shared => {
                 let shared = tokio::task::spawn_blocking(flashsale_emulators::try_shared_blocking)

@@ -66,7 +66,8 @@ fn functions() -> [Function; 5] {
             logical_id: "ReconcilerFunction",
             package: "flashsale-reconciler",
             env_vars: flashsale_reconciler::Config::ENV_VARS,
-            use_cases: &[("Reconciler", "run")],
+            // stats: the stock gauges after each pass.
+            use_cases: &[("Reconciler", "run"), ("SaleService", "stats")],
         },
     ]
 }
@@ -249,6 +250,10 @@ fn env_vars_carry_the_resources_and_parameters_their_names_promise() {
         (
             "SCHEDULER_ROLE_ARN",
             json!({"Fn::GetAtt": ["SchedulerRole", "Arn"]}),
+        ),
+        (
+            "RELEASE_SCHEDULE_DLQ_ARN",
+            json!({"Fn::GetAtt": ["ReleaseSchedulesDLQ", "Arn"]}),
         ),
         ("GRAB_TOKEN_SECRET", json!({"Ref": "GrabTokenSecret"})),
         ("ADMIN_CLAIM", json!({"Ref": "AdminClaim"})),
@@ -658,7 +663,7 @@ fn sam_adds_only_logging_tracing_and_the_declared_event_permissions() {
 }
 
 #[test]
-fn the_scheduler_role_is_assumable_only_by_scheduler_and_may_only_invoke_release() {
+fn the_scheduler_role_is_assumable_only_by_scheduler_and_may_only_invoke_release_or_park_it() {
     let role = stack().expanded_resource("SchedulerRole");
     let trust = iam::document_statements("trust", &role["Properties"]["AssumeRolePolicyDocument"])
         .expect("trust policy");
@@ -673,12 +678,19 @@ fn the_scheduler_role_is_assumable_only_by_scheduler_and_may_only_invoke_release
 
     let policies = iam::role_policies("SchedulerRole", role).expect("policies");
     assert!(policies.managed_policy_arns.is_empty());
-    assert_eq!(policies.statements.len(), 1);
-    let only = &policies.statements[0];
-    assert_eq!(only.actions, ["lambda:InvokeFunction"]);
+    assert_eq!(policies.statements.len(), 2);
+    let invoke = &policies.statements[0];
+    assert_eq!(invoke.actions, ["lambda:InvokeFunction"]);
     assert_eq!(
-        only.resources,
+        invoke.resources,
         [json!({"Fn::GetAtt": ["ReleaseFunction", "Arn"]})]
+    );
+    // The schedules' dead-letter queue, which the consumer's targets name.
+    let park = &policies.statements[1];
+    assert_eq!(park.actions, ["sqs:SendMessage"]);
+    assert_eq!(
+        park.resources,
+        [json!({"Fn::GetAtt": ["ReleaseSchedulesDLQ", "Arn"]})]
     );
 }
 
@@ -883,8 +895,13 @@ fn release_retries_then_parks_failed_events_and_every_queue_is_alarmed() {
         .collect();
     assert_eq!(
         watched,
-        ["OrdersDLQ".to_owned(), "ReleaseFailuresQueue".to_owned()].into(),
-        "both parking queues raise an alarm when not empty"
+        [
+            "OrdersDLQ".to_owned(),
+            "ReleaseFailuresQueue".to_owned(),
+            "ReleaseSchedulesDLQ".to_owned()
+        ]
+        .into(),
+        "every parking queue raises an alarm when not empty"
     );
     for f in functions() {
         for metric in ["Errors", "Throttles"] {

@@ -5,6 +5,7 @@
 mod authorizer;
 mod event_source;
 mod gateway;
+mod metrics;
 mod provisioning;
 mod scheduler;
 

@@ -1,0 +1,216 @@
+//! The business metrics of the sale: one call per outcome, where the outcome is
+//! decided, through the `metrics` facade. On Lambda the recorder is the CloudWatch
+//! Embedded Metric Format collector that [`crate::telemetry::init`] installs (namespace
+//! [`NAMESPACE`], the function's name as the `function` dimension, flushed once per
+//! invocation); the local stack installs its own recorder over the same calls.
+//!
+//! Every label becomes a CloudWatch dimension, and every distinct set of dimension
+//! values a billed metric, so labels take bounded values only: static reason codes,
+//! and a sale id only once the outcome proves the sale exists (sales are created by
+//! admins, so they are few). Never a user or order id.
+
+use flashsale_domain::SaleId;
+use flashsale_domain::sale::StockCounts;
+use metrics::{
+    Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
+};
+
+/// The CloudWatch namespace of every metric.
+pub const NAMESPACE: &str = "flashsale";
+
+/// Dimension: the Lambda function's name (set once per process, not per call).
+pub const FUNCTION: &str = "function";
+/// Dimension: the sale, or [`UNKNOWN_SALE`].
+pub const SALE_ID: &str = "sale_id";
+/// Dimension: why a grab or a token request ended as it did.
+pub const REASON: &str = "reason";
+/// Dimension: the store operation (for transaction conflicts).
+pub const OPERATION: &str = "operation";
+
+/// The sale dimension of an outcome that does not prove the sale exists (a blocked
+/// user, an unknown sale, a forged token): a caller-chosen id must not become a
+/// dimension value.
+pub const UNKNOWN_SALE: &str = "unknown";
+
+/// Every grab request, once, by [`GrabOutcome::reason`].
+pub const GRAB_OUTCOME: &str = "grab_outcome";
+/// Grabs that ran at least one reserve transaction: what got past every in-memory layer.
+pub const GRAB_REACHED_DATABASE: &str = "grab_reached_database";
+/// Grab paths handed out.
+pub const TOKENS_ISSUED: &str = "tokens_issued";
+/// Token requests refused, by error code.
+pub const TOKENS_REFUSED: &str = "tokens_refused";
+/// `TransactionConflict` cancellations the store retried (emitted by the adapters).
+pub const TRANSACTION_CONFLICTS_RETRIED: &str = "transaction_conflicts_retried";
+/// Orders the consumer opened (awaiting payment, timer set).
+pub const ORDERS_OPENED: &str = "orders_opened";
+pub const ORDERS_PAID: &str = "orders_paid";
+pub const ORDERS_CANCELLED: &str = "orders_cancelled";
+/// Orders the release timer expired, their unit back in stock.
+pub const ORDERS_EXPIRED: &str = "orders_expired";
+/// Seconds between an order's payment deadline and the release that returned its unit.
+pub const RELEASE_LAG: &str = "release_lag_seconds";
+/// Reserved holds whose queue message was lost, sent again by the reconciler.
+pub const RECONCILER_RESENT: &str = "reconciler_resent";
+/// Overdue holds no timer released, released by the reconciler.
+pub const RECONCILER_RELEASED: &str = "reconciler_released";
+/// Holds a reconciler action failed on (the next pass tries again).
+pub const RECONCILER_FAILED: &str = "reconciler_failed";
+/// Sales whose holds the reconciler could not read.
+pub const RECONCILER_FAILED_SALES: &str = "reconciler_failed_sales";
+/// Units of a sale by state, as last counted by the reconciler (gauges).
+pub const STOCK_AVAILABLE: &str = "stock_available";
+pub const STOCK_RESERVED: &str = "stock_reserved";
+pub const STOCK_PENDING_PAYMENT: &str = "stock_pending_payment";
+pub const STOCK_PAID: &str = "stock_paid";
+/// Poison queue messages the consumer parked in the dead-letter queue.
+pub const DLQ_PARKED: &str = "dlq_parked";
+
+/// Declares each metric's unit, which CloudWatch keeps with the datapoints. Called
+/// by whoever installs a recorder, after installing it.
+pub fn describe() {
+    for (name, what) in [
+        (GRAB_OUTCOME, "grab requests by outcome"),
+        (
+            GRAB_REACHED_DATABASE,
+            "grabs that ran a reserve transaction",
+        ),
+        (TOKENS_ISSUED, "grab paths handed out"),
+        (TOKENS_REFUSED, "token requests refused"),
+        (
+            TRANSACTION_CONFLICTS_RETRIED,
+            "transaction conflicts retried",
+        ),
+        (ORDERS_OPENED, "orders opened by the consumer"),
+        (ORDERS_PAID, "orders paid"),
+        (ORDERS_CANCELLED, "orders cancelled by their buyer"),
+        (ORDERS_EXPIRED, "orders expired by their timer"),
+        (RECONCILER_RESENT, "lost reservations sent again"),
+        (RECONCILER_RELEASED, "overdue holds released"),
+        (RECONCILER_FAILED, "holds a repair failed on"),
+        (
+            RECONCILER_FAILED_SALES,
+            "sales whose holds could not be read",
+        ),
+        (DLQ_PARKED, "poison messages parked"),
+    ] {
+        describe_counter!(name, Unit::Count, what);
+    }
+    for (name, what) in [
+        (STOCK_AVAILABLE, "units on sale"),
+        (STOCK_RESERVED, "units reserved, order not yet opened"),
+        (STOCK_PENDING_PAYMENT, "units awaiting payment"),
+        (STOCK_PAID, "units sold"),
+    ] {
+        describe_gauge!(name, Unit::Count, what);
+    }
+    describe_histogram!(
+        RELEASE_LAG,
+        Unit::Seconds,
+        "seconds from the payment deadline to the release"
+    );
+}
+
+/// How one grab request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GrabOutcome {
+    /// A reserve transaction took a unit.
+    Reserved,
+    /// A retried grab path answered the order it already held.
+    Resumed,
+    /// Sold out, answered from the in-memory gate without a write.
+    SoldOutGate,
+    /// Sold out, answered by the database: every shard tried refused.
+    SoldOutDatabase,
+    /// Any other refusal, by its stable error code (`limit_reached`, `blocked`,
+    /// `invalid_token`, `not_started`, `ended`, `unavailable`, ...).
+    Refused(&'static str),
+}
+
+impl GrabOutcome {
+    /// The `reason` dimension.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Self::Reserved => "reserved",
+            Self::Resumed => "resumed",
+            Self::SoldOutGate => "sold_out_gate",
+            Self::SoldOutDatabase => "sold_out_database",
+            Self::Refused(code) => code,
+        }
+    }
+
+    /// Whether reaching this outcome required the sale to exist: only then is the
+    /// caller's sale id a bounded dimension value.
+    fn proves_the_sale(self) -> bool {
+        match self {
+            Self::Reserved | Self::Resumed | Self::SoldOutGate | Self::SoldOutDatabase => true,
+            Self::Refused(code) => matches!(code, "limit_reached" | "not_started" | "ended"),
+        }
+    }
+}
+
+fn sale_label(sale_id: Option<&SaleId>, proven: bool) -> String {
+    match sale_id {
+        Some(sale_id) if proven => sale_id.to_string(),
+        _ => UNKNOWN_SALE.to_owned(),
+    }
+}
+
+/// One grab request's outcome (`sale_id` is `None` when the path's is malformed);
+/// `reached_database` when it ran a reserve transaction.
+pub fn grab(sale_id: Option<&SaleId>, outcome: GrabOutcome, reached_database: bool) {
+    let sale = sale_label(sale_id, outcome.proves_the_sale());
+    if reached_database {
+        counter!(GRAB_REACHED_DATABASE, SALE_ID => sale.clone()).increment(1);
+    }
+    counter!(GRAB_OUTCOME, SALE_ID => sale, REASON => outcome.reason()).increment(1);
+}
+
+/// A grab path handed out (which proves the sale exists).
+pub fn token_issued(sale_id: &SaleId) {
+    counter!(TOKENS_ISSUED, SALE_ID => sale_id.to_string()).increment(1);
+}
+
+/// A token request refused, by error code.
+pub fn token_refused(code: &'static str) {
+    counter!(TOKENS_REFUSED, REASON => code).increment(1);
+}
+
+/// An order lifecycle step of a sale: [`ORDERS_OPENED`], [`ORDERS_PAID`],
+/// [`ORDERS_CANCELLED`] or [`ORDERS_EXPIRED`]. The order exists, so its sale does.
+pub fn order_step(step: &'static str, sale_id: &SaleId) {
+    counter!(step, SALE_ID => sale_id.to_string()).increment(1);
+}
+
+/// How late a release gave a unit back, in seconds after the payment deadline.
+pub fn release_lag(sale_id: &SaleId, seconds: f64) {
+    histogram!(RELEASE_LAG, SALE_ID => sale_id.to_string()).record(seconds);
+}
+
+/// What one reconciliation pass repaired or failed on. The EMF collector leaves zero
+/// counts out, so a pass that repaired nothing writes no datapoint (alarms treat
+/// missing data as fine).
+pub fn reconciled(resent: u64, released: u64, failed: u64, failed_sales: u64) {
+    counter!(RECONCILER_RESENT).increment(resent);
+    counter!(RECONCILER_RELEASED).increment(released);
+    counter!(RECONCILER_FAILED).increment(failed);
+    counter!(RECONCILER_FAILED_SALES).increment(failed_sales);
+}
+
+/// A sale's stock by state, as counted now.
+pub fn stock(sale_id: &SaleId, counts: &StockCounts) {
+    for (name, units) in [
+        (STOCK_AVAILABLE, counts.available),
+        (STOCK_RESERVED, counts.reserved),
+        (STOCK_PENDING_PAYMENT, counts.pending_payment),
+        (STOCK_PAID, counts.paid),
+    ] {
+        // A gauge is an f64; stock counts are far below 2^53.
+        gauge!(name, SALE_ID => sale_id.to_string()).set(units as f64);
+    }
+}
+
+/// A poison message parked in the dead-letter queue.
+pub fn dlq_parked() {
+    counter!(DLQ_PARKED).increment(1);
+}
