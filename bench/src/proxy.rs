@@ -342,14 +342,8 @@ async fn forward(
     let mut uri = shared.upstream.clone().into_parts();
     uri.path_and_query = Some(path_and_query.parse()?);
     parts.uri = Uri::from_parts(uri)?;
-    // The SDK signs the Host header; the emulators do not check signatures, and the
-    // upstream's own host keeps virtual-host routing (moto) right.
-    if let Some(authority) = shared.upstream.authority() {
-        parts.headers.insert(
-            http::header::HOST,
-            HeaderValue::from_str(authority.as_str())?,
-        );
-    }
+    // The Host header stays the proxy's: moto builds queue URLs from it, so the URLs
+    // it hands out lead back through the proxy (and match what the stack resolved).
     let response = shared
         .client
         .request(Request::from_parts(parts, Full::new(body)))

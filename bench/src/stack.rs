@@ -152,10 +152,13 @@ struct GuardedChild {
     _lifeline: Option<ChildStdin>,
 }
 
-const GUARD_SCRIPT: &str = r#""$@" & guarded=$!
+/// The guard ends with its child (so an early exit is seen), while a reader of stdin in
+/// the same group stops the child when the bench goes. Stdin goes through fd 3: a
+/// background list's own stdin is /dev/null.
+const GUARD_SCRIPT: &str = r#"exec 3<&0
+"$@" 3<&- & guarded=$!
 trap 'kill $guarded 2>/dev/null; wait $guarded; exit 0' TERM INT
-cat >/dev/null
-kill $guarded 2>/dev/null
+{ cat <&3 >/dev/null; kill $guarded 2>/dev/null; } &
 wait $guarded"#;
 
 impl GuardedChild {
