@@ -89,21 +89,24 @@ impl EventBridgeScheduler {
     /// [`FIRING_SLACK`]: fired at its first second, the release waits for the
     /// deadline; fired at its last, it runs at most `FIRING_SLACK` after it.
     ///
-    /// It is never a minute that has already ended when the timer is created: what
-    /// Scheduler does with a past `at()` is not documented. A minute that has begun is
-    /// taken as the earliest: it can only fire from its creation to its end. That is
-    /// the case of payment windows shorter than about a minute (or of a consumer that
-    /// opens the order late): their release can come up to `60 s - window` late, 45 s
-    /// for a 15 s window, since a minute-precision timer cannot do better with one
-    /// schedule. A buyer paying after the deadline is refused whatever the timer's
-    /// lag, and pay gives the unit back itself then.
+    /// It is never a time in the past when the timer is created: what Scheduler does
+    /// with a past `at()` is not documented. When the ideal minute has already begun
+    /// (payment windows shorter than about two minutes, or a consumer that opens the
+    /// order late), `at()` is the next whole second after `now` instead: a valid, future
+    /// time whose firing window (at most a minute) is the earliest one can ask for. Such
+    /// a release can come up to about `60 s - window` late, 45 s for a 15 s window,
+    /// since a minute-precision timer cannot do better with one schedule. A buyer paying
+    /// after the deadline is refused whatever the timer's lag, and pay gives the unit
+    /// back itself then.
     pub fn at_expression(expires_at: DateTime<Utc>, now: DateTime<Utc>) -> String {
         let minute = TimeDelta::minutes(1);
         let ideal = (expires_at + FIRING_SLACK - minute)
             .duration_trunc(minute)
             .unwrap_or(expires_at);
-        let current = now.duration_trunc(minute).unwrap_or(now);
-        format!("at({})", ideal.max(current).format("%Y-%m-%dT%H:%M:%S"))
+        let earliest = (now + TimeDelta::seconds(1))
+            .duration_trunc(TimeDelta::seconds(1))
+            .unwrap_or(now);
+        format!("at({})", ideal.max(earliest).format("%Y-%m-%dT%H:%M:%S"))
     }
 }
 
@@ -203,13 +206,12 @@ mod tests {
     }
 
     /// The earliest and the latest instant Scheduler may fire a timer created at
-    /// `created` for `deadline`: its minute, from the creation on if it has begun.
+    /// `created` for `deadline`: the minute of its `at()` (60 s precision), never before
+    /// the creation.
     fn firings(deadline: DateTime<Utc>, created: DateTime<Utc>) -> [DateTime<Utc>; 2] {
-        let minute = minute_of(&EventBridgeScheduler::at_expression(deadline, created));
-        assert!(
-            minute + Duration::minutes(1) > created,
-            "a minute already over"
-        );
+        let at = minute_of(&EventBridgeScheduler::at_expression(deadline, created));
+        assert!(at > created, "an at() in the past: {at} for {created}");
+        let minute = at.duration_trunc(Duration::minutes(1)).unwrap();
         [
             minute.max(created),
             minute + Duration::minutes(1) - Duration::milliseconds(1),
@@ -245,9 +247,12 @@ mod tests {
             let created = start + Duration::milliseconds(created_ms);
             for window_ms in (57_000..960_000).step_by(1_300) {
                 let deadline = created + Duration::milliseconds(window_ms);
+                // An ideal minute that has begun is named from the next whole second
+                // on, which rolls into the next minute when the timer is created in the
+                // last two seconds of it: up to 2 s more, still within the 5 s goal.
                 for fired in firings(deadline, created) {
                     assert!(
-                        fired <= deadline + FIRING_SLACK,
+                        fired <= deadline + FIRING_SLACK + Duration::seconds(2),
                         "created {created}, deadline {deadline}: fired {fired}"
                     );
                     assert!(
@@ -260,15 +265,20 @@ mod tests {
     }
 
     #[test]
-    fn a_short_window_fires_no_earlier_than_its_creation_minute_and_at_most_a_minute_late() {
+    fn a_short_window_fires_after_its_creation_and_at_most_a_minute_late() {
         let start = Utc.with_ymd_and_hms(2026, 3, 4, 5, 6, 0).unwrap();
         for created_ms in (0..60_000).step_by(500) {
             let created = start + Duration::milliseconds(created_ms);
-            let current = minute_of(&EventBridgeScheduler::at_expression(created, created));
-            assert_eq!(current, start, "never a minute that has ended");
+            let at = minute_of(&EventBridgeScheduler::at_expression(created, created));
+            assert!(at > created, "never a time in the past");
+            assert!(
+                at <= created + Duration::seconds(2),
+                "the next whole second"
+            );
             for window_secs in [0, 1, 2, 15, 30, 56] {
                 let deadline = created + Duration::seconds(window_secs);
-                let bound = Duration::seconds((60 - window_secs).max(3));
+                // The at() is at most 2 s after the creation, and fires within a minute.
+                let bound = Duration::seconds((62 - window_secs).max(3));
                 for fired in firings(deadline, created) {
                     assert!(fired - deadline <= bound, "{window_secs} s: fired {fired}");
                     assert!(deadline - fired < MAX_EARLY_FIRING);
@@ -279,7 +289,7 @@ mod tests {
         let late = start + Duration::seconds(90);
         assert_eq!(
             EventBridgeScheduler::at_expression(start, late),
-            "at(2026-03-04T05:07:00)"
+            "at(2026-03-04T05:07:31)"
         );
     }
 

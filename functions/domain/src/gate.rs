@@ -7,22 +7,23 @@
 //!
 //! Released stock must not be stranded, so a mark goes stale after `recheck_after`.
 //! The grab that first sees a stale mark gets the sale's one [`Recheck`] turn: a single
-//! read of every shard's stock (which the caller runs in the background, never on a
-//! rejected request's critical path), whose answer clears the marks of the shards with
-//! stock and renews the others. So a process spends at most one read per sale per
-//! interval on a sold-out sale, no write at all, and stock that comes back is tried
-//! within about one interval (plus the read).
+//! eventually consistent read of every shard's stock, whose answer clears the marks of
+//! the shards with stock and renews the others. That grab runs the read itself and
+//! then tries what it reopened, so its answer is true. Not in the background: Lambda
+//! freezes the environment once an invocation answers, and a read left running then
+//! would keep the turn (and stale marks) until the next invocation thaws it. So a
+//! process spends at most one read per sale per interval on a sold-out sale, no write
+//! at all, and stock that comes back is sold within about one interval.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use chrono::{DateTime, Duration, Utc};
 
+use crate::error::StoreError;
 use crate::ids::SaleId;
-use crate::ports::{Clock, StockLedger};
-use crate::sale::Sale;
 
-/// One process's marks, shared with the background rechecks it starts.
+/// One process's marks, shared with the rechecks it hands out.
 #[derive(Debug, Clone)]
 pub struct SoldOutGate {
     recheck_after: Duration,
@@ -107,13 +108,6 @@ impl SoldOutGate {
         });
     }
 
-    /// Whether a [`Recheck`] of the sale is out (handed out and not yet over).
-    pub fn recheck_pending(&self, sale_id: &SaleId) -> bool {
-        lock(&self.sales)
-            .get(sale_id)
-            .is_some_and(|marks| marks.rechecking)
-    }
-
     /// Takes in what a recheck read, `units[shard]` left in each shard at `now`.
     fn apply(&self, sale_id: &SaleId, units: &[u64], now: DateTime<Utc>) {
         let shards = u16::try_from(units.len()).unwrap_or(u16::MAX);
@@ -124,8 +118,7 @@ impl SoldOutGate {
         });
     }
 
-    /// A recheck that could not read: the marks are trusted for one more interval, so
-    /// a failing store is asked once per interval, not once per grab.
+    /// A recheck that could not read: the marks are trusted for one more interval.
     fn postpone(&self, sale_id: &SaleId, now: DateTime<Utc>) {
         if let Some(marks) = lock(&self.sales).get_mut(sale_id) {
             for since in marks.empty_since.iter_mut().flatten() {
@@ -144,19 +137,20 @@ pub struct Recheck {
 }
 
 impl Recheck {
-    /// Reads the stock of every shard of `sale` (one read that writes nothing; it may
-    /// lag by a moment, which only delays a reopening to the next interval or costs one
-    /// refused write) and updates the marks from it.
-    pub async fn run(self, sale: &Sale, ledger: &dyn StockLedger, clock: &dyn Clock) {
-        match ledger.availability(sale).await {
-            Ok(units) => self.gate.apply(&self.sale_id, &units, clock.now()),
+    /// Takes in the answer of the read of every shard's stock (`units[shard]` left in
+    /// each) that the holder of this turn made at `now`. A read that failed leaves the
+    /// marks trusted for one more interval, so a failing store is asked once per
+    /// interval, not once per grab.
+    pub fn settle(self, read: Result<Vec<u64>, StoreError>, now: DateTime<Utc>) {
+        match read {
+            Ok(units) => self.gate.apply(&self.sale_id, &units, now),
             Err(error) => {
                 tracing::warn!(
                     sale_id = %self.sale_id,
                     error = &error as &dyn std::error::Error,
                     "the sold-out recheck could not read the stock; trying again next interval"
                 );
-                self.gate.postpone(&self.sale_id, clock.now());
+                self.gate.postpone(&self.sale_id, now);
             }
         }
     }

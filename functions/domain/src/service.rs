@@ -10,7 +10,7 @@ use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
 
 use crate::error::{AppError, StoreError};
-use crate::gate::{Recheck, SoldOutGate};
+use crate::gate::SoldOutGate;
 use crate::ids::{OrderId, SaleId, UserId};
 use crate::order::{Order, OrderStatus, ReleaseReason, Reservation};
 use crate::ports::{
@@ -159,11 +159,16 @@ impl GrabService {
             .signer
             .verify(token, sale_id, user, now)
             .ok_or(AppError::InvalidToken)?;
-        let plan = self
+        let mut plan = self
             .gate
             .plan(sale_id, sale.shards, sale.shard_order(user), now);
-        if let Some(recheck) = plan.recheck {
-            self.recheck_in_background(recheck, &sale);
+        if let Some(recheck) = plan.recheck.take() {
+            // This grab drew the sale's one recheck turn of the interval: it reads the
+            // shards (one read, no write) and tries whatever came back.
+            recheck.settle(self.ledger.availability(&sale).await, self.clock.now());
+            plan = self
+                .gate
+                .plan(sale_id, sale.shards, sale.shard_order(user), now);
         }
         if plan.shards.is_empty() {
             // Sold out as far as this process knows, so no write.
@@ -200,17 +205,6 @@ impl GrabService {
             }
         }
         Err(AppError::SoldOut)
-    }
-
-    /// Runs the gate's recheck on its own task: the grab that drew the turn answers
-    /// at once, and the read's answer serves the grabs after it. On Lambda the task
-    /// runs while the environment serves invocations; if it is frozen in between, the
-    /// turn stays taken until the read finishes or times out, so rechecks never pile up.
-    fn recheck_in_background(&self, recheck: Recheck, sale: &Sale) {
-        let ledger = Arc::clone(&self.ledger);
-        let clock = Arc::clone(&self.clock);
-        let sale = sale.clone();
-        tokio::spawn(async move { recheck.run(&sale, ledger.as_ref(), clock.as_ref()).await });
     }
 
     /// A retried grab: if this path's order is held and open, finish the hand-over

@@ -22,9 +22,7 @@ use flashsale_domain::ports::{
 };
 use flashsale_domain::service::{Attempt, CachedBlocklist, CachedCatalog, GrabService};
 use flashsale_domain::token::GrabTokenSigner;
-use flashsale_domain::{
-    AppError, OrderId, OrderStatus, ReleaseReason, Reservation, Sale, StoreError, ValidationError,
-};
+use flashsale_domain::{OrderId, OrderStatus, ReleaseReason, Reservation, Sale, StoreError};
 use flashsale_http::config::{Env, process_env};
 use flashsale_http::metrics::GrabOutcome;
 use flashsale_http::{
@@ -319,7 +317,7 @@ async fn grab(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
     let user = user_of(req)?;
     let sale_id = sale_id_param(req)?;
     let token = flashsale_http::path_param(req, "token")?;
-    let attempt = attempt_of(req)?;
+    let attempt = attempt_of(req);
     let reservation = deps.grab.grab(&sale_id, token, &user, attempt).await?;
     tracing::info!(
         order_id = %reservation.order_id,
@@ -343,26 +341,19 @@ async fn grab(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
     Ok(response)
 }
 
-/// Which try of its grab path the client says this is ([`RETRY_ATTEMPT_HEADER`]).
-fn attempt_of(req: &Request) -> Result<Attempt, ApiError> {
-    let Some(value) = req.headers().get(RETRY_ATTEMPT_HEADER) else {
-        return Ok(Attempt::First);
-    };
-    let retries: u32 = value
-        .to_str()
-        .ok()
-        .and_then(|text| text.trim().parse().ok())
-        .ok_or_else(|| {
-            AppError::Invalid(ValidationError::new(
-                "X-Retry-Attempt",
-                "must be a whole number: 0 on a first attempt, N on the N-th retry",
-            ))
-        })?;
-    Ok(if retries == 0 {
-        Attempt::First
-    } else {
-        Attempt::Retry
-    })
+/// Which try of its grab path the client says this is ([`RETRY_ATTEMPT_HEADER`]):
+/// absent or `0` is a first attempt, anything else a retry. Lenient on purpose: a
+/// header that proxies joined (`1, 1`) or a client miscounted still marks a retry,
+/// whose worst cost is one read, while refusing it could hide an order from its buyer.
+fn attempt_of(req: &Request) -> Attempt {
+    match req
+        .headers()
+        .get(RETRY_ATTEMPT_HEADER)
+        .map(|value| value.as_bytes().trim_ascii())
+    {
+        None | Some(b"0") => Attempt::First,
+        Some(_) => Attempt::Retry,
+    }
 }
 
 #[cfg(test)]
