@@ -65,8 +65,10 @@ pub struct BenchStack {
     pub moto_endpoint: String,
     /// In front of DynamoDB Local.
     pub dynamodb: Proxy,
-    /// In front of the SQS (and Scheduler) emulator.
+    /// In front of the SQS emulator.
     pub sqs: Proxy,
+    /// In front of moto (EventBridge Scheduler).
+    pub moto: Proxy,
     pub log: PathBuf,
     _emulators: Emulators,
 }
@@ -81,7 +83,8 @@ impl BenchStack {
         let emulators =
             tokio::task::spawn_blocking(|| Emulators::start(&EmulatorOptions::default())).await??;
         let dynamodb = Proxy::start(&emulators.dynamodb_endpoint, 0).await?;
-        let sqs = Proxy::start(&emulators.moto_endpoint, 0).await?;
+        let sqs = Proxy::start(&emulators.sqs_endpoint, 0).await?;
+        let moto = Proxy::start(&emulators.moto_endpoint, 0).await?;
         let api_port = free_port().map_err(StackError::Spawn)?;
         let suffix = flashsale_emulators::unique_suffix();
         let log = std::env::temp_dir().join(format!("flashsale-bench-local-{suffix}.log"));
@@ -95,7 +98,7 @@ impl BenchStack {
             .args(&spec.parameter_overrides)
             // The emulators are reused through these, so the stack talks to the proxies.
             .env("FLASHSALE_DYNAMODB_ENDPOINT", dynamodb.url())
-            .env("FLASHSALE_MOTO_ENDPOINT", sqs.url())
+            .env("FLASHSALE_MOTO_ENDPOINT", moto.url())
             .env("FLASHSALE_SQS_ENDPOINT", sqs.url())
             .env("RUST_LOG", "warn");
         let local = GuardedChild::spawn(command, &log)?;
@@ -106,6 +109,7 @@ impl BenchStack {
             moto_endpoint: emulators.moto_endpoint.clone(),
             dynamodb,
             sqs,
+            moto,
             log,
             _emulators: emulators,
         };

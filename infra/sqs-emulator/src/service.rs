@@ -65,6 +65,15 @@ async fn handle(State(sqs): State<Arc<Sqs>>, headers: HeaderMap, body: Bytes) ->
         Some(operation) => sqs.dispatch(operation, &body).await,
         None => Err(SqsError::unknown_operation(target)),
     };
+    // A queue URL names the host the client reached, as AWS's do: through a
+    // pass-through (the bench's counting proxy) the URLs lead back through it.
+    let answer = match headers
+        .get(header::HOST)
+        .and_then(|host| host.to_str().ok())
+    {
+        Some(host) => answer.map(|value| sqs.as_seen_from(value, host)),
+        None => answer,
+    };
     let request_id = crate::queue::hex(&rand::random::<[u8; 16]>());
     let (status, body, query_error) = match answer {
         Ok(value) => (StatusCode::OK, value.to_string(), None),
@@ -427,6 +436,29 @@ impl Sqs {
             base_url: base_url.trim_end_matches('/').to_owned(),
             queues: RwLock::new(HashMap::new()),
         }
+    }
+
+    /// `answer` with every queue URL in it (`QueueUrl`, `QueueUrls`) on `host`.
+    fn as_seen_from(&self, mut answer: Value, host: &str) -> Value {
+        let seen = format!("http://{host}");
+        if seen == self.base_url {
+            return answer;
+        }
+        let rehost = |url: &mut Value| {
+            if let Some(path) = url
+                .as_str()
+                .and_then(|url| url.strip_prefix(&self.base_url))
+            {
+                *url = Value::String(format!("{seen}{path}"));
+            }
+        };
+        if let Some(url) = answer.get_mut("QueueUrl") {
+            rehost(url);
+        }
+        if let Some(Value::Array(urls)) = answer.get_mut("QueueUrls") {
+            urls.iter_mut().for_each(rehost);
+        }
+        answer
     }
 
     fn queues(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, Arc<QueueHandle>>> {
