@@ -65,6 +65,7 @@ class LocalStack:
                 "--api-port", "0",
                 "--dynamodb-port", "0",
                 "--moto-port", "0",
+                "--sqs-port", "0",
                 "--parameter-overrides",
                 "GrabThrottleRateLimit=60", "GrabThrottleBurstLimit=30",
             ],

@@ -52,6 +52,7 @@ def start_stack(local_bin, template, log_path):
             "--api-port", "0",
             "--dynamodb-port", "0",
             "--moto-port", "0",
+            "--sqs-port", "0",
         ],
         stdout=subprocess.PIPE,
         stderr=log,
