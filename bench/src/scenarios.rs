@@ -243,7 +243,8 @@ impl CallCost {
                 .iter()
                 .filter(|(name, _)| keep(name))
                 .map(|(_, (seen, background))| (*seen as f64 - background).max(0.0))
-                .sum::<f64>()
+                // An empty float sum is -0.0, which would print as "-0.000".
+                .fold(0.0, |total, calls| total + calls)
                 / requests.max(1) as f64
         };
         Self {
