@@ -24,11 +24,13 @@ chromium:
 	fi
 	@test -x '$(CHROMIUM)'
 
-$(VENV)/bin/pytest: | $(PIP)
+# Playwright's own script marks the install: pytest alone is no mark, since schemathesis
+# (fuzz-api, earlier in make test) brings it into the same venv.
+$(VENV)/bin/playwright: | $(PIP)
 	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(PIP) install -q '$(PLAYWRIGHT_SPEC)' '$(PYTEST_SPEC)'
 	test -x $@
 
-browser-tools: chromium $(VENV)/bin/pytest
+browser-tools: chromium $(VENV)/bin/playwright
 
 # The local stack needs the emulators (the top-level Makefile names them).
 browser-test: browser-tools java $(DYNAMODB_LOCAL) $(MOTO)
