@@ -1,7 +1,7 @@
 //! The single-table layout: keys, and the items' (de)serialization.
 //!
-//! Everything that knows attribute names lives here, so the transactions in the parent
-//! module read as the data model in the brief. Reading is strict: an item that does not
+//! Everything that knows attribute names lives here, so the transactions in the port
+//! modules read as the data model in the brief. Reading is strict: an item that does not
 //! parse is corrupt, and [`CorruptItem`] names it and the attribute at fault.
 
 use std::collections::HashMap;

@@ -2,7 +2,9 @@
 //!
 //! DynamoDB reports one cancellation reason per item, in request order. The code at
 //! each index is what tells "this shard is empty" from "this user is at the limit", and
-//! contention (`TransactionConflict`) from a refusal that retrying cannot change.
+//! contention (`TransactionConflict`) from a refusal that retrying cannot change. So
+//! each transaction names its items' indexes once (`SHARD_ITEM`, `USER_ITEM`, ...),
+//! builds its request with [`in_request_order`] and reads its refusal by those names.
 
 use std::collections::HashMap;
 
@@ -10,7 +12,7 @@ use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::config::http::HttpResponse;
 use aws_sdk_dynamodb::error::SdkError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
-use aws_sdk_dynamodb::types::{AttributeValue, CancellationReason, TransactWriteItem};
+use aws_sdk_dynamodb::types::{AttributeValue, CancellationReason, Put, TransactWriteItem, Update};
 use flashsale_domain::StoreError;
 
 use crate::classify::store_error;
@@ -120,6 +122,30 @@ impl Refusal {
     }
 }
 
+pub(crate) fn put(put: Put) -> TransactWriteItem {
+    TransactWriteItem::builder().put(put).build()
+}
+
+pub(crate) fn update(update: Update) -> TransactWriteItem {
+    TransactWriteItem::builder().update(update).build()
+}
+
+/// The items of a transaction, each given with the index it takes in the request, in
+/// request order. The indexes must be `0..N`, each once.
+pub(crate) fn in_request_order<const N: usize>(
+    mut items: [(usize, TransactWriteItem); N],
+) -> Vec<TransactWriteItem> {
+    items.sort_by_key(|(index, _)| *index);
+    debug_assert!(
+        items
+            .iter()
+            .zip(0..)
+            .all(|((index, _), place)| *index == place),
+        "a transaction's item indexes must be 0..N, each once"
+    );
+    items.into_iter().map(|(_, item)| item).collect()
+}
+
 /// Runs the transaction, retrying only on `TransactionConflict`, with full jitter.
 /// `Ok(Err(refusal))` means a condition failed and nothing was written.
 pub(crate) async fn transact(
@@ -187,6 +213,27 @@ mod tests {
             .iter()
             .map(|code| CancellationReason::builder().code(*code).build())
             .collect()
+    }
+
+    #[test]
+    fn items_take_the_places_their_indexes_name() {
+        let tagged = |name: &str| {
+            let put = Put::builder()
+                .table_name(name)
+                .set_item(Some(HashMap::new()))
+                .build()
+                .expect("a put");
+            (name.to_owned(), put)
+        };
+        let (first, first_put) = tagged("first");
+        let (second, second_put) = tagged("second");
+        let items = in_request_order([(1, self::put(second_put)), (0, self::put(first_put))]);
+        let tables: Vec<&str> = items
+            .iter()
+            .filter_map(|item| item.put())
+            .map(Put::table_name)
+            .collect();
+        assert_eq!(tables, [first.as_str(), second.as_str()]);
     }
 
     #[test]

@@ -1,0 +1,237 @@
+//! [`OrderBook`]: the order items, moved along with their holds.
+
+use std::collections::HashMap;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use flashsale_domain::ports::{OpenOutcome, OrderBook, PayOutcome};
+use flashsale_domain::sale::StockCounts;
+use flashsale_domain::{Order, OrderId, OrderStatus, Reservation, Sale, StoreError, UserId};
+
+use super::DynamoStore;
+use super::item::{self, EXPIRES_AT_MS, GSI1_PK, GSI1_SK, PK, SHARD, STATUS, n, s};
+use super::requests::{Consistency, built, corrupt, names, values};
+use super::transact::{self, in_request_order};
+
+const OPEN: &str = "dynamodb.open";
+const PAY: &str = "dynamodb.pay";
+const FIND: &str = "dynamodb.find";
+const COUNT: &str = "dynamodb.count";
+const OPEN_HOLDS: &str = "dynamodb.open_holds";
+
+/// `open`'s transaction items.
+mod opening {
+    /// Creates the order item.
+    pub(super) const ORDER_ITEM: usize = 0;
+    /// Moves the hold on the user's item to `pending_payment`.
+    pub(super) const USER_ITEM: usize = 1;
+}
+
+/// `pay`'s transaction items.
+mod paying {
+    /// Marks the hold on the user's item paid.
+    pub(super) const USER_ITEM: usize = 0;
+    /// Records the order paid.
+    pub(super) const ORDER_ITEM: usize = 1;
+}
+
+impl DynamoStore {
+    /// Every hold of the sale, in any status, read from the user items in the sale's
+    /// stats buckets `0..sale.shards` of `gsi1`. Holds are the whole record: every order
+    /// item is written in the same transaction as its hold and carries the same status,
+    /// so the order items are skipped by the key condition. DynamoDB updates the index
+    /// asynchronously, so this may miss the last few writes.
+    async fn read_holds(
+        &self,
+        operation: &'static str,
+        sale: &Sale,
+        mut visit: impl FnMut(Reservation, OrderStatus) + Send,
+    ) -> Result<(), StoreError> {
+        for bucket in 0..sale.shards {
+            let attribute_values = HashMap::from([
+                (
+                    ":bucket".to_owned(),
+                    s(item::bucket_pk(&sale.sale_id, bucket)),
+                ),
+                (":users".to_owned(), item::user_gsi_prefix()),
+            ]);
+            self.query_index(
+                operation,
+                "#gsi1pk = :bucket AND begins_with(#gsi1sk, :users)",
+                &[("#gsi1pk", GSI1_PK), ("#gsi1sk", GSI1_SK)],
+                Some(attribute_values),
+                |found| {
+                    for (reservation, status) in item::parse_holds(&found)
+                        .map_err(|error| corrupt(operation, &found, error))?
+                    {
+                        visit(reservation, status);
+                    }
+                    Ok(())
+                },
+            )
+            .await?;
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl OrderBook for DynamoStore {
+    async fn open(&self, reservation: &Reservation) -> Result<OpenOutcome, StoreError> {
+        let record = built(
+            OPEN,
+            self.put(item::order_item(
+                reservation,
+                OrderStatus::PendingPayment,
+                Utc::now(),
+            ))
+            .condition_expression("attribute_not_exists(#pk)")
+            .set_expression_attribute_names(names(&[("#pk", PK)]))
+            .build(),
+        )?;
+        let hold_attribute = item::hold_attribute(&reservation.order_id);
+        let advance = built(
+            OPEN,
+            self.update(item::user_key(&reservation.sale_id, &reservation.user_id))
+                .update_expression("SET #hold.#status = :pending")
+                .condition_expression("#hold.#status = :reserved AND #hold.#shard = :shard")
+                .set_expression_attribute_names(names(&[
+                    ("#hold", &hold_attribute),
+                    ("#status", STATUS),
+                    ("#shard", SHARD),
+                ]))
+                .set_expression_attribute_values(values([
+                    (":reserved", s(OrderStatus::Reserved.as_str())),
+                    (":pending", s(OrderStatus::PendingPayment.as_str())),
+                    (":shard", n(reservation.shard)),
+                ]))
+                .build(),
+        )?;
+        let items = in_request_order([
+            (opening::ORDER_ITEM, transact::put(record)),
+            (opening::USER_ITEM, transact::update(advance)),
+        ]);
+        match self.run(OPEN, items).await? {
+            Ok(()) => Ok(OpenOutcome::AwaitingPayment),
+            // The order item exists: this is a redelivery, or pay/release came first.
+            Err(refusal) if refusal.failed(opening::ORDER_ITEM) => {
+                let key = item::order_key(&reservation.order_id);
+                Ok(match self.read_item(OPEN, key, item::parse_order).await? {
+                    Some((_, OrderStatus::PendingPayment)) => OpenOutcome::AwaitingPayment,
+                    Some((_, status)) if !status.is_open() => OpenOutcome::AlreadySettled(status),
+                    _ => OpenOutcome::Unknown,
+                })
+            }
+            Err(_) => Ok(OpenOutcome::Unknown),
+        }
+    }
+
+    async fn pay(
+        &self,
+        reservation: &Reservation,
+        now: DateTime<Utc>,
+    ) -> Result<PayOutcome, StoreError> {
+        let hold_attribute = item::hold_attribute(&reservation.order_id);
+        let settle_hold = built(
+            PAY,
+            self.update(item::user_key(&reservation.sale_id, &reservation.user_id))
+                .update_expression("SET #hold.#status = :paid")
+                .condition_expression(
+                    "#hold.#status IN (:reserved, :pending) AND #hold.#expires > :now \
+                     AND #hold.#shard = :shard",
+                )
+                .set_expression_attribute_names(names(&[
+                    ("#hold", &hold_attribute),
+                    ("#status", STATUS),
+                    ("#expires", EXPIRES_AT_MS),
+                    ("#shard", SHARD),
+                ]))
+                .set_expression_attribute_values(values([
+                    (":paid", s(OrderStatus::Paid.as_str())),
+                    (":reserved", s(OrderStatus::Reserved.as_str())),
+                    (":pending", s(OrderStatus::PendingPayment.as_str())),
+                    (":now", n(now.timestamp_millis())),
+                    (":shard", n(reservation.shard)),
+                ]))
+                .build(),
+        )?;
+        let record = self.settle_order_item(PAY, reservation, OrderStatus::Paid, now)?;
+        let items = in_request_order([
+            (paying::USER_ITEM, transact::update(settle_hold)),
+            (paying::ORDER_ITEM, transact::put(record)),
+        ]);
+        match self.run(PAY, items).await? {
+            Ok(()) => return Ok(PayOutcome::Paid),
+            // The hold refused: it is paid, released, past its window, or not this one.
+            Err(refusal) if refusal.failed(paying::USER_ITEM) => {}
+            Err(refusal) => return Err(refusal.unexpected(PAY)),
+        }
+        let id = &reservation.order_id;
+        match self.read_hold(PAY, id, &reservation.user_id).await? {
+            Some(hold) if hold.status == OrderStatus::Paid => Ok(PayOutcome::Paid),
+            Some(hold)
+                if hold.status.is_open()
+                    && hold.shard == reservation.shard
+                    && now >= hold.expires_at =>
+            {
+                Ok(PayOutcome::WindowClosed)
+            }
+            Some(hold) if hold.status.is_open() => Ok(PayOutcome::Unknown),
+            Some(hold) => Ok(PayOutcome::Settled(hold.status)),
+            None => Ok(PayOutcome::Unknown),
+        }
+    }
+
+    async fn find(
+        &self,
+        order_id: &OrderId,
+        user: &UserId,
+    ) -> Result<Option<(Order, Reservation)>, StoreError> {
+        // The hold is keyed by the caller, so finding it proves ownership (another
+        // user's order is simply not there); it exists before the consumer has written
+        // the order item, and a settled one keeps its final status. One read.
+        Ok(self
+            .read_hold(FIND, order_id, user)
+            .await?
+            .map(|hold| hold.order(order_id, user)))
+    }
+
+    /// Only user items are read, so paid holds are read too but settled orders are not.
+    async fn open_holds(&self, sale: &Sale) -> Result<Vec<(Reservation, OrderStatus)>, StoreError> {
+        let mut open = Vec::new();
+        self.read_holds(OPEN_HOLDS, sale, |reservation, status| {
+            if status.is_open() {
+                open.push((reservation, status));
+            }
+        })
+        .await?;
+        open.sort_by(|a, b| a.0.order_id.cmp(&b.0.order_id));
+        Ok(open)
+    }
+
+    /// Shards are read consistently; holds through `gsi1`, which DynamoDB updates
+    /// asynchronously, so a count taken mid-surge may miss the last few writes (and not
+    /// reconcile) until the index catches up. Every unit is counted once, from its hold.
+    async fn count(&self, sale: &Sale) -> Result<StockCounts, StoreError> {
+        let mut counts = StockCounts {
+            available: self
+                .shard_stock(COUNT, sale, Consistency::Strong)
+                .await?
+                .iter()
+                .sum(),
+            ..StockCounts::default()
+        };
+        self.read_holds(COUNT, sale, |_, status| {
+            let counter = match status {
+                OrderStatus::Reserved => &mut counts.reserved,
+                OrderStatus::PendingPayment => &mut counts.pending_payment,
+                OrderStatus::Paid => &mut counts.paid,
+                OrderStatus::Cancelled => &mut counts.cancelled,
+                OrderStatus::Expired => &mut counts.expired,
+            };
+            *counter += 1;
+        })
+        .await?;
+        Ok(counts)
+    }
+}

@@ -1,0 +1,276 @@
+//! What every port's requests share: expression names and values, the put and update
+//! builders, running a transaction, and the reads that tell why one was refused.
+
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::error::BuildError;
+use aws_sdk_dynamodb::types::builders::{PutBuilder, UpdateBuilder};
+use aws_sdk_dynamodb::types::{AttributeValue, KeysAndAttributes, Put, TransactWriteItem, Update};
+use chrono::{DateTime, Utc};
+use flashsale_domain::{OrderId, OrderStatus, Reservation, Sale, StoreError, UserId};
+
+use super::item::{self, AVAILABLE, GSI1, Hold, Item, ItemError, PK, STATUS, s};
+use super::transact::{Refusal, transact};
+use super::{CorruptItem, DynamoStore, Inconsistency, UnprocessedKeys};
+use crate::classify::store_error;
+
+/// `#placeholder` -> attribute name, for `ExpressionAttributeNames`.
+pub(super) fn names(pairs: &[(&str, &str)]) -> Option<HashMap<String, String>> {
+    Some(
+        pairs
+            .iter()
+            .map(|(placeholder, name)| ((*placeholder).to_owned(), (*name).to_owned()))
+            .collect(),
+    )
+}
+
+/// `:placeholder` -> value, for `ExpressionAttributeValues`.
+pub(super) fn values<const N: usize>(
+    pairs: [(&str, AttributeValue); N],
+) -> Option<HashMap<String, AttributeValue>> {
+    Some(
+        pairs
+            .into_iter()
+            .map(|(placeholder, value)| (placeholder.to_owned(), value))
+            .collect(),
+    )
+}
+
+/// A request that failed to build is our bug, never the caller's input.
+pub(super) fn built<T>(
+    operation: &'static str,
+    result: Result<T, BuildError>,
+) -> Result<T, StoreError> {
+    result.map_err(|error| StoreError::permanent(operation, error))
+}
+
+pub(super) fn corrupt(operation: &'static str, key: &Item, error: ItemError) -> StoreError {
+    StoreError::permanent(operation, CorruptItem::new(key, error))
+}
+
+/// How fresh a read of the shards must be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Consistency {
+    /// Sees every write acknowledged before it; twice the read cost.
+    Strong,
+    /// May miss the last second's writes.
+    Eventual,
+}
+
+impl DynamoStore {
+    pub(super) fn update(&self, key: Item) -> UpdateBuilder {
+        Update::builder().table_name(&self.table).set_key(Some(key))
+    }
+
+    pub(super) fn put(&self, item: Item) -> PutBuilder {
+        Put::builder().table_name(&self.table).set_item(Some(item))
+    }
+
+    /// Writes the order item in its final `status`, unless it is already settled: the
+    /// order's part of a pay or release transaction. The item may not exist yet (the
+    /// consumer has not opened the order), hence the put.
+    pub(super) fn settle_order_item(
+        &self,
+        operation: &'static str,
+        reservation: &Reservation,
+        status: OrderStatus,
+        now: DateTime<Utc>,
+    ) -> Result<Put, StoreError> {
+        built(
+            operation,
+            self.put(item::order_item(reservation, status, now))
+                .condition_expression(
+                    "attribute_not_exists(#pk) OR #status IN (:reserved, :pending)",
+                )
+                .set_expression_attribute_names(names(&[("#pk", PK), ("#status", STATUS)]))
+                .set_expression_attribute_values(values([
+                    (":reserved", s(OrderStatus::Reserved.as_str())),
+                    (":pending", s(OrderStatus::PendingPayment.as_str())),
+                ]))
+                .build(),
+        )
+    }
+
+    pub(super) async fn run(
+        &self,
+        operation: &'static str,
+        items: Vec<TransactWriteItem>,
+    ) -> Result<Result<(), Refusal>, StoreError> {
+        transact(&self.client, &self.contention, operation, items).await
+    }
+
+    /// A consistent read of one item, or of some of its attributes.
+    pub(super) async fn get(
+        &self,
+        operation: &'static str,
+        key: Item,
+        projection: Option<(&str, &str)>,
+    ) -> Result<Option<Item>, StoreError> {
+        let mut request = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .set_key(Some(key))
+            .consistent_read(true);
+        if let Some((placeholder, attribute)) = projection {
+            request = request
+                .projection_expression(placeholder)
+                .set_expression_attribute_names(names(&[(placeholder, attribute)]));
+        }
+        let output = request
+            .send()
+            .await
+            .map_err(|error| store_error(operation, error))?;
+        Ok(output.item)
+    }
+
+    /// A consistent read of the whole item at `key`, parsed; one that does not parse is
+    /// corrupt.
+    pub(super) async fn read_item<T>(
+        &self,
+        operation: &'static str,
+        key: Item,
+        parse: fn(&Item) -> Result<T, ItemError>,
+    ) -> Result<Option<T>, StoreError> {
+        let Some(found) = self.get(operation, key.clone(), None).await? else {
+            return Ok(None);
+        };
+        parse(&found)
+            .map(Some)
+            .map_err(|error| corrupt(operation, &key, error))
+    }
+
+    /// The hold of `order_id` on `user`'s item for the order's sale.
+    pub(super) async fn read_hold(
+        &self,
+        operation: &'static str,
+        order_id: &OrderId,
+        user_id: &UserId,
+    ) -> Result<Option<Hold>, StoreError> {
+        let key = item::user_key(order_id.sale_id(), user_id);
+        let attribute = item::hold_attribute(order_id);
+        let Some(found) = self
+            .get(operation, key.clone(), Some(("#hold", &attribute)))
+            .await?
+        else {
+            return Ok(None);
+        };
+        found
+            .get(&attribute)
+            .map(|value| Hold::parse(&attribute, value))
+            .transpose()
+            .map_err(|error| corrupt(operation, &key, error))
+    }
+
+    /// Every item of `gsi1` under the key condition, page by page.
+    pub(super) async fn query_index(
+        &self,
+        operation: &'static str,
+        key_condition: &str,
+        attribute_names: &[(&str, &str)],
+        attribute_values: Option<HashMap<String, AttributeValue>>,
+        mut visit: impl FnMut(Item) -> Result<(), StoreError> + Send,
+    ) -> Result<(), StoreError> {
+        let mut pages = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .index_name(GSI1)
+            .key_condition_expression(key_condition)
+            .set_expression_attribute_names(names(attribute_names))
+            .set_expression_attribute_values(attribute_values)
+            .into_paginator()
+            .items()
+            .send();
+        while let Some(found) = pages.next().await {
+            visit(found.map_err(|error| store_error(operation, error))?)?;
+        }
+        Ok(())
+    }
+
+    /// Reads every shard's `available` in one or a few batches.
+    pub(super) async fn shard_stock(
+        &self,
+        operation: &'static str,
+        sale: &Sale,
+        read: Consistency,
+    ) -> Result<Vec<u64>, StoreError> {
+        let shard_of: HashMap<String, u16> = (0..sale.shards)
+            .map(|shard| (item::shard_pk(&sale.sale_id, shard), shard))
+            .collect();
+        let mut pending = built(
+            operation,
+            KeysAndAttributes::builder()
+                .set_keys(Some(
+                    (0..sale.shards)
+                        .map(|shard| item::shard_key(&sale.sale_id, shard))
+                        .collect(),
+                ))
+                .consistent_read(read == Consistency::Strong)
+                .projection_expression("#pk, #available")
+                .set_expression_attribute_names(names(&[("#pk", PK), ("#available", AVAILABLE)]))
+                .build(),
+        )?;
+        let mut stock: Vec<Option<u64>> = vec![None; usize::from(sale.shards)];
+        let mut attempts = 0_u32;
+        loop {
+            attempts += 1;
+            let output = self
+                .client
+                .batch_get_item()
+                .request_items(&self.table, pending.clone())
+                .send()
+                .await
+                .map_err(|error| store_error(operation, error))?;
+            for found in output
+                .responses
+                .and_then(|mut tables| tables.remove(&self.table))
+                .unwrap_or_default()
+            {
+                let shard = found
+                    .get(PK)
+                    .and_then(|pk| pk.as_s().ok())
+                    .and_then(|pk| shard_of.get(pk))
+                    .copied()
+                    .ok_or_else(|| corrupt(operation, &found, ItemError::Missing(PK.to_owned())))?;
+                let available = item::parse_available(&found)
+                    .map_err(|error| corrupt(operation, &found, error))?;
+                stock[usize::from(shard)] = Some(available);
+            }
+            match output
+                .unprocessed_keys
+                .and_then(|mut tables| tables.remove(&self.table))
+            {
+                Some(unprocessed) if !unprocessed.keys().is_empty() => {
+                    if !self.contention.allows_another(attempts) {
+                        return Err(StoreError::transient(
+                            operation,
+                            UnprocessedKeys {
+                                unprocessed: unprocessed.keys().len(),
+                                attempts,
+                            },
+                        ));
+                    }
+                    tokio::time::sleep(self.contention.delay(attempts - 1)).await;
+                    pending = unprocessed;
+                }
+                _ => break,
+            }
+        }
+        stock
+            .into_iter()
+            .zip(0..)
+            .map(|(available, shard)| {
+                available.ok_or_else(|| {
+                    StoreError::permanent(
+                        operation,
+                        Inconsistency::MissingShard {
+                            sale_id: sale.sale_id.clone(),
+                            shard,
+                        },
+                    )
+                })
+            })
+            .collect()
+    }
+}
