@@ -30,10 +30,13 @@ impl Clock for SystemClock {
 /// Sales and their definitions.
 #[async_trait]
 pub trait SaleCatalog: Send + Sync {
-    /// Creates the sale and all its stock shards (each holding
-    /// [`Sale::shard_stock`]) in one atomic write: either all exist afterwards or none.
-    /// Returns `Ok(false)`, writing nothing, when a sale with this id exists. Not
-    /// idempotent by design: a retried create answers `false`.
+    /// Creates the sale and all its stock shards (each holding [`Sale::shard_stock`]).
+    /// The sale becomes visible at once and only with every shard in place: a create
+    /// that fails part way leaves no sale, and another create of the same id (a retry,
+    /// with this definition or another) completes it. Returns `Ok(false)`, writing no
+    /// shard, when a sale with this id exists, and also when another create of this id
+    /// overtook this one and made (or will make) the sale. Not idempotent by design: a
+    /// retried create of a sale that was made answers `false`.
     async fn create_sale(&self, sale: &Sale) -> Result<bool, StoreError>;
 
     /// The sale, or `None`. Sales are immutable, so any copy is current.

@@ -1,25 +1,132 @@
-//! [`SaleCatalog`]: the sale items.
+//! [`SaleCatalog`]: the sale items, and creating a sale with all its shards.
+
+use std::collections::HashMap;
 
 use async_trait::async_trait;
+use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, Delete};
 use chrono::{DateTime, Utc};
 use flashsale_domain::ports::SaleCatalog;
 use flashsale_domain::{Sale, SaleId, StoreError};
 
 use super::DynamoStore;
-use super::item::{self, GSI1_PK, GSI1_SK, PK};
+use super::item::{self, CLAIM_TOKEN, GSI1_PK, GSI1_SK, PK, s};
 use super::requests::{built, corrupt, names, values};
-use super::transact;
+use super::transact::{self, in_request_order};
 
 const CREATE_SALE: &str = "dynamodb.create_sale";
 const FIND_SALE: &str = "dynamodb.find_sale";
 const SALES_ENDING_AFTER: &str = "dynamodb.sales_ending_after";
 
-/// `create_sale`'s transaction: the sale item first, then one put per shard.
-const SALE_ITEM: usize = 0;
+/// The most items one `TransactWriteItems` may hold (DynamoDB's limit).
+const MAX_TRANSACTION_ITEMS: usize = 100;
+/// Shards written per transaction: all the items but the claim check.
+const SHARDS_PER_TRANSACTION: usize = MAX_TRANSACTION_ITEMS - 1;
 
-#[async_trait]
-impl SaleCatalog for DynamoStore {
-    async fn create_sale(&self, sale: &Sale) -> Result<bool, StoreError> {
+/// That the claim still holds this call's token: the condition on every step after
+/// the claim.
+const CLAIM_HELD: &str = "#token = :token";
+
+fn claim_held_names() -> Option<HashMap<String, String>> {
+    names(&[("#token", CLAIM_TOKEN)])
+}
+
+fn claim_held_values(token: &str) -> Option<HashMap<String, AttributeValue>> {
+    values([(":token", s(token))])
+}
+
+/// The transaction that claims a sale's creation.
+mod claiming {
+    /// Checks that no sale with this id exists.
+    pub(super) const SALE_ITEM: usize = 0;
+    /// Puts this call's claim, taking over any earlier one.
+    pub(super) const CLAIM_ITEM: usize = 1;
+}
+
+/// Each transaction that writes shards: the claim check, then the shard puts.
+mod stocking {
+    /// Checks that this call still holds the claim.
+    pub(super) const CLAIM_ITEM: usize = 0;
+}
+
+/// The transaction that makes the sale exist.
+mod committing {
+    /// Puts the sale item, unless a sale with this id exists.
+    pub(super) const SALE_ITEM: usize = 0;
+    /// Deletes the claim, if this call still holds it.
+    pub(super) const CLAIM_ITEM: usize = 1;
+}
+
+/// A sale is visible only through its item, so it is written last, once every shard is
+/// in place: a sale with more shards than one transaction holds is then never seen half
+/// created. The steps are fenced by a claim item holding a token of this call:
+///
+/// 1. claim: no sale item exists, and this call's claim replaces any other (one left by
+///    a create that died, or one still running; that one then answers `false`);
+/// 2. write the shards, up to 99 a transaction, each checking the claim is still ours;
+/// 3. commit: put the sale item and delete the claim, again only if it is still ours.
+///
+/// A create that died part way left shards and a claim but no sale, so a retry, with
+/// the same definition or another, rewrites every shard and completes. Once the sale
+/// exists, step 1 refuses, so the shards of a live sale are never written again.
+impl DynamoStore {
+    async fn claim_creation(&self, sale: &Sale, token: &str) -> Result<bool, StoreError> {
+        let absent = built(
+            CREATE_SALE,
+            ConditionCheck::builder()
+                .table_name(&self.table)
+                .set_key(Some(item::sale_key(&sale.sale_id)))
+                .condition_expression("attribute_not_exists(#pk)")
+                .set_expression_attribute_names(names(&[("#pk", PK)]))
+                .build(),
+        )?;
+        let claim = built(
+            CREATE_SALE,
+            self.put(item::claim_item(&sale.sale_id, token, Utc::now()))
+                .build(),
+        )?;
+        let items = in_request_order([
+            (claiming::SALE_ITEM, transact::check(absent)),
+            (claiming::CLAIM_ITEM, transact::put(claim)),
+        ]);
+        match self.run(CREATE_SALE, items).await? {
+            Ok(()) => Ok(true),
+            Err(refusal) if refusal.failed(claiming::SALE_ITEM) => Ok(false),
+            Err(refusal) => Err(refusal.unexpected(CREATE_SALE)),
+        }
+    }
+
+    /// Puts `shards` of the sale with their full stock, if the claim is still ours.
+    async fn write_shards(
+        &self,
+        sale: &Sale,
+        token: &str,
+        shards: &[u16],
+    ) -> Result<bool, StoreError> {
+        let held = built(
+            CREATE_SALE,
+            ConditionCheck::builder()
+                .table_name(&self.table)
+                .set_key(Some(item::claim_key(&sale.sale_id)))
+                .condition_expression(CLAIM_HELD)
+                .set_expression_attribute_names(claim_held_names())
+                .set_expression_attribute_values(claim_held_values(token))
+                .build(),
+        )?;
+        let mut items = Vec::with_capacity(shards.len() + 1);
+        debug_assert_eq!(stocking::CLAIM_ITEM, items.len());
+        items.push(transact::check(held));
+        for &shard in shards {
+            let stock = item::shard_item(&sale.sale_id, shard, sale.shard_stock(shard));
+            items.push(transact::put(built(CREATE_SALE, self.put(stock).build())?));
+        }
+        match self.run(CREATE_SALE, items).await? {
+            Ok(()) => Ok(true),
+            Err(refusal) if refusal.failed(stocking::CLAIM_ITEM) => Ok(false),
+            Err(refusal) => Err(refusal.unexpected(CREATE_SALE)),
+        }
+    }
+
+    async fn commit_creation(&self, sale: &Sale, token: &str) -> Result<bool, StoreError> {
         let meta = built(
             CREATE_SALE,
             self.put(item::sale_item(sale))
@@ -27,16 +134,48 @@ impl SaleCatalog for DynamoStore {
                 .set_expression_attribute_names(names(&[("#pk", PK)]))
                 .build(),
         )?;
-        let mut items = vec![transact::put(meta)];
-        for shard in 0..sale.shards {
-            let stock = item::shard_item(&sale.sale_id, shard, sale.shard_stock(shard));
-            items.push(transact::put(built(CREATE_SALE, self.put(stock).build())?));
-        }
+        let release = built(
+            CREATE_SALE,
+            Delete::builder()
+                .table_name(&self.table)
+                .set_key(Some(item::claim_key(&sale.sale_id)))
+                .condition_expression(CLAIM_HELD)
+                .set_expression_attribute_names(claim_held_names())
+                .set_expression_attribute_values(claim_held_values(token))
+                .build(),
+        )?;
+        let items = in_request_order([
+            (committing::SALE_ITEM, transact::put(meta)),
+            (committing::CLAIM_ITEM, transact::delete(release)),
+        ]);
         match self.run(CREATE_SALE, items).await? {
             Ok(()) => Ok(true),
-            Err(refusal) if refusal.failed(SALE_ITEM) => Ok(false),
+            // Another create of this id completed, or took the claim over and will.
+            Err(refusal)
+                if refusal.failed(committing::SALE_ITEM)
+                    || refusal.failed(committing::CLAIM_ITEM) =>
+            {
+                Ok(false)
+            }
             Err(refusal) => Err(refusal.unexpected(CREATE_SALE)),
         }
+    }
+}
+
+#[async_trait]
+impl SaleCatalog for DynamoStore {
+    async fn create_sale(&self, sale: &Sale) -> Result<bool, StoreError> {
+        let token = format!("{:032x}", rand::random::<u128>());
+        if !self.claim_creation(sale, &token).await? {
+            return Ok(false);
+        }
+        let shards: Vec<u16> = (0..sale.shards).collect();
+        for batch in shards.chunks(SHARDS_PER_TRANSACTION) {
+            if !self.write_shards(sale, &token, batch).await? {
+                return Ok(false);
+            }
+        }
+        self.commit_creation(sale, &token).await
     }
 
     async fn find_sale(&self, sale_id: &SaleId) -> Result<Option<Sale>, StoreError> {

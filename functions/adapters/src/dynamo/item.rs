@@ -45,6 +45,13 @@ pub(crate) fn settled_at_attribute(reason: ReleaseReason) -> &'static str {
 }
 
 const META_SK: &str = "META";
+/// A sale's creation in progress: see `catalog`'s `create_sale`.
+const CREATING_SK: &str = "CREATING";
+/// On a creation claim: the token of the create call that holds it.
+pub(crate) const CLAIM_TOKEN: &str = "token";
+/// A claim left by a create that never finished (the process died) is removed this
+/// long after it was taken; no create takes a fraction of it.
+const CLAIM_RETENTION: Duration = Duration::days(1);
 const STOCK_SK: &str = "STOCK";
 const HOLDS_SK: &str = "HOLDS";
 const ORDER_SK: &str = "ORDER";
@@ -83,6 +90,21 @@ pub(crate) fn sale_pk(sale_id: &SaleId) -> String {
 
 pub(crate) fn sale_key(sale_id: &SaleId) -> Item {
     key(sale_pk(sale_id), META_SK)
+}
+
+/// The claim on a sale's creation, beside the sale's own item in its partition.
+pub(crate) fn claim_key(sale_id: &SaleId) -> Item {
+    key(sale_pk(sale_id), CREATING_SK)
+}
+
+/// The claim of the create call holding `token`, taken at `now`.
+pub(crate) fn claim_item(sale_id: &SaleId, token: &str, now: DateTime<Utc>) -> Item {
+    let mut item = claim_key(sale_id);
+    item.extend([
+        (CLAIM_TOKEN.to_owned(), s(token)),
+        (TTL.to_owned(), n((now + CLAIM_RETENTION).timestamp())),
+    ]);
+    item
 }
 
 pub(crate) fn shard_pk(sale_id: &SaleId, shard: u16) -> String {

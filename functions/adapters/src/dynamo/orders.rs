@@ -7,6 +7,7 @@ use chrono::{DateTime, Utc};
 use flashsale_domain::ports::{OpenOutcome, OrderBook, PayOutcome};
 use flashsale_domain::sale::StockCounts;
 use flashsale_domain::{Order, OrderId, OrderStatus, Reservation, Sale, StoreError, UserId};
+use futures::{StreamExt, TryStreamExt, stream};
 
 use super::DynamoStore;
 use super::item::{self, EXPIRES_AT_MS, GSI1_PK, GSI1_SK, PK, SHARD, STATUS, n, s};
@@ -18,6 +19,9 @@ const PAY: &str = "dynamodb.pay";
 const FIND: &str = "dynamodb.find";
 const COUNT: &str = "dynamodb.count";
 const OPEN_HOLDS: &str = "dynamodb.open_holds";
+
+/// Stats buckets queried at once when reading a sale's holds.
+const BUCKET_QUERIES_IN_FLIGHT: usize = 16;
 
 /// `open`'s transaction items.
 mod opening {
@@ -45,33 +49,45 @@ impl DynamoStore {
         &self,
         operation: &'static str,
         sale: &Sale,
-        mut visit: impl FnMut(Reservation, OrderStatus) + Send,
-    ) -> Result<(), StoreError> {
-        for bucket in 0..sale.shards {
-            let attribute_values = HashMap::from([
-                (
-                    ":bucket".to_owned(),
-                    s(item::bucket_pk(&sale.sale_id, bucket)),
-                ),
-                (":users".to_owned(), item::user_gsi_prefix()),
-            ]);
-            self.query_index(
-                operation,
-                "#gsi1pk = :bucket AND begins_with(#gsi1sk, :users)",
-                &[("#gsi1pk", GSI1_PK), ("#gsi1sk", GSI1_SK)],
-                Some(attribute_values),
-                |found| {
-                    for (reservation, status) in item::parse_holds(&found)
-                        .map_err(|error| corrupt(operation, &found, error))?
-                    {
-                        visit(reservation, status);
-                    }
-                    Ok(())
-                },
-            )
+    ) -> Result<Vec<(Reservation, OrderStatus)>, StoreError> {
+        // A sale may have up to a thousand buckets: one query after another would
+        // take seconds.
+        let buckets: Vec<Vec<(Reservation, OrderStatus)>> = stream::iter(0..sale.shards)
+            .map(|bucket| self.read_bucket_holds(operation, sale, bucket))
+            .buffer_unordered(BUCKET_QUERIES_IN_FLIGHT)
+            .try_collect()
             .await?;
-        }
-        Ok(())
+        Ok(buckets.into_iter().flatten().collect())
+    }
+
+    async fn read_bucket_holds(
+        &self,
+        operation: &'static str,
+        sale: &Sale,
+        bucket: u16,
+    ) -> Result<Vec<(Reservation, OrderStatus)>, StoreError> {
+        let attribute_values = HashMap::from([
+            (
+                ":bucket".to_owned(),
+                s(item::bucket_pk(&sale.sale_id, bucket)),
+            ),
+            (":users".to_owned(), item::user_gsi_prefix()),
+        ]);
+        let mut holds = Vec::new();
+        self.query_index(
+            operation,
+            "#gsi1pk = :bucket AND begins_with(#gsi1sk, :users)",
+            &[("#gsi1pk", GSI1_PK), ("#gsi1sk", GSI1_SK)],
+            Some(attribute_values),
+            |found| {
+                holds.extend(
+                    item::parse_holds(&found).map_err(|error| corrupt(operation, &found, error))?,
+                );
+                Ok(())
+            },
+        )
+        .await?;
+        Ok(holds)
     }
 }
 
@@ -198,13 +214,12 @@ impl OrderBook for DynamoStore {
 
     /// Only user items are read, so paid holds are read too but settled orders are not.
     async fn open_holds(&self, sale: &Sale) -> Result<Vec<(Reservation, OrderStatus)>, StoreError> {
-        let mut open = Vec::new();
-        self.read_holds(OPEN_HOLDS, sale, |reservation, status| {
-            if status.is_open() {
-                open.push((reservation, status));
-            }
-        })
-        .await?;
+        let mut open: Vec<_> = self
+            .read_holds(OPEN_HOLDS, sale)
+            .await?
+            .into_iter()
+            .filter(|(_, status)| status.is_open())
+            .collect();
         open.sort_by(|a, b| a.0.order_id.cmp(&b.0.order_id));
         Ok(open)
     }
@@ -221,7 +236,7 @@ impl OrderBook for DynamoStore {
                 .sum(),
             ..StockCounts::default()
         };
-        self.read_holds(COUNT, sale, |_, status| {
+        for (_, status) in self.read_holds(COUNT, sale).await? {
             let counter = match status {
                 OrderStatus::Reserved => &mut counts.reserved,
                 OrderStatus::PendingPayment => &mut counts.pending_payment,
@@ -230,8 +245,7 @@ impl OrderBook for DynamoStore {
                 OrderStatus::Expired => &mut counts.expired,
             };
             *counter += 1;
-        })
-        .await?;
+        }
         Ok(counts)
     }
 }

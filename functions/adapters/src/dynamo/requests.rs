@@ -48,6 +48,9 @@ pub(super) fn corrupt(operation: &'static str, key: &Item, error: ItemError) -> 
     StoreError::permanent(operation, CorruptItem::new(key, error))
 }
 
+/// The most keys one `BatchGetItem` may ask for (DynamoDB's limit).
+const MAX_BATCH_GET_KEYS: usize = 100;
+
 /// How fresh a read of the shards must be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Consistency {
@@ -188,55 +191,30 @@ impl DynamoStore {
         Ok(())
     }
 
-    /// Reads every shard's `available` in one or a few batches.
-    pub(super) async fn shard_stock(
+    /// Every item of `request` that exists, asking again for the keys DynamoDB left
+    /// unprocessed. At most [`MAX_BATCH_GET_KEYS`] keys.
+    async fn batch_get(
         &self,
         operation: &'static str,
-        sale: &Sale,
-        read: Consistency,
-    ) -> Result<Vec<u64>, StoreError> {
-        let shard_of: HashMap<String, u16> = (0..sale.shards)
-            .map(|shard| (item::shard_pk(&sale.sale_id, shard), shard))
-            .collect();
-        let mut pending = built(
-            operation,
-            KeysAndAttributes::builder()
-                .set_keys(Some(
-                    (0..sale.shards)
-                        .map(|shard| item::shard_key(&sale.sale_id, shard))
-                        .collect(),
-                ))
-                .consistent_read(read == Consistency::Strong)
-                .projection_expression("#pk, #available")
-                .set_expression_attribute_names(names(&[("#pk", PK), ("#available", AVAILABLE)]))
-                .build(),
-        )?;
-        let mut stock: Vec<Option<u64>> = vec![None; usize::from(sale.shards)];
+        mut request: KeysAndAttributes,
+    ) -> Result<Vec<Item>, StoreError> {
+        let mut found = Vec::with_capacity(request.keys().len());
         let mut attempts = 0_u32;
         loop {
             attempts += 1;
             let output = self
                 .client
                 .batch_get_item()
-                .request_items(&self.table, pending.clone())
+                .request_items(&self.table, request.clone())
                 .send()
                 .await
                 .map_err(|error| store_error(operation, error))?;
-            for found in output
-                .responses
-                .and_then(|mut tables| tables.remove(&self.table))
-                .unwrap_or_default()
-            {
-                let shard = found
-                    .get(PK)
-                    .and_then(|pk| pk.as_s().ok())
-                    .and_then(|pk| shard_of.get(pk))
-                    .copied()
-                    .ok_or_else(|| corrupt(operation, &found, ItemError::Missing(PK.to_owned())))?;
-                let available = item::parse_available(&found)
-                    .map_err(|error| corrupt(operation, &found, error))?;
-                stock[usize::from(shard)] = Some(available);
-            }
+            found.extend(
+                output
+                    .responses
+                    .and_then(|mut tables| tables.remove(&self.table))
+                    .unwrap_or_default(),
+            );
             match output
                 .unprocessed_keys
                 .and_then(|mut tables| tables.remove(&self.table))
@@ -252,9 +230,50 @@ impl DynamoStore {
                         ));
                     }
                     tokio::time::sleep(self.contention.delay(attempts - 1)).await;
-                    pending = unprocessed;
+                    request = unprocessed;
                 }
-                _ => break,
+                _ => return Ok(found),
+            }
+        }
+    }
+
+    /// Reads every shard's `available`, in batches of up to [`MAX_BATCH_GET_KEYS`].
+    pub(super) async fn shard_stock(
+        &self,
+        operation: &'static str,
+        sale: &Sale,
+        read: Consistency,
+    ) -> Result<Vec<u64>, StoreError> {
+        let shard_of: HashMap<String, u16> = (0..sale.shards)
+            .map(|shard| (item::shard_pk(&sale.sale_id, shard), shard))
+            .collect();
+        let keys: Vec<Item> = (0..sale.shards)
+            .map(|shard| item::shard_key(&sale.sale_id, shard))
+            .collect();
+        let mut stock: Vec<Option<u64>> = vec![None; usize::from(sale.shards)];
+        for batch in keys.chunks(MAX_BATCH_GET_KEYS) {
+            let request = built(
+                operation,
+                KeysAndAttributes::builder()
+                    .set_keys(Some(batch.to_vec()))
+                    .consistent_read(read == Consistency::Strong)
+                    .projection_expression("#pk, #available")
+                    .set_expression_attribute_names(names(&[
+                        ("#pk", PK),
+                        ("#available", AVAILABLE),
+                    ]))
+                    .build(),
+            )?;
+            for found in self.batch_get(operation, request).await? {
+                let shard = found
+                    .get(PK)
+                    .and_then(|pk| pk.as_s().ok())
+                    .and_then(|pk| shard_of.get(pk))
+                    .copied()
+                    .ok_or_else(|| corrupt(operation, &found, ItemError::Missing(PK.to_owned())))?;
+                let available = item::parse_available(&found)
+                    .map_err(|error| corrupt(operation, &found, error))?;
+                stock[usize::from(shard)] = Some(available);
             }
         }
         stock

@@ -12,7 +12,9 @@ use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::config::http::HttpResponse;
 use aws_sdk_dynamodb::error::SdkError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
-use aws_sdk_dynamodb::types::{AttributeValue, CancellationReason, Put, TransactWriteItem, Update};
+use aws_sdk_dynamodb::types::{
+    AttributeValue, CancellationReason, ConditionCheck, Delete, Put, TransactWriteItem, Update,
+};
 use flashsale_domain::StoreError;
 
 use crate::classify::store_error;
@@ -128,6 +130,14 @@ pub(crate) fn put(put: Put) -> TransactWriteItem {
 
 pub(crate) fn update(update: Update) -> TransactWriteItem {
     TransactWriteItem::builder().update(update).build()
+}
+
+pub(crate) fn delete(delete: Delete) -> TransactWriteItem {
+    TransactWriteItem::builder().delete(delete).build()
+}
+
+pub(crate) fn check(check: ConditionCheck) -> TransactWriteItem {
+    TransactWriteItem::builder().condition_check(check).build()
 }
 
 /// The items of a transaction, each given with the index it takes in the request, in

@@ -32,6 +32,8 @@ pub enum Pattern {
     First(u64),
     /// Every call whose number is not a multiple of `n` (so `n - 1` in every `n`).
     AllButEvery(u64),
+    /// Every call from number `n` on: a writer cut off part way through its work.
+    FromCall(u64),
 }
 
 #[derive(Debug)]
@@ -102,6 +104,7 @@ impl HttpConnector for Connector {
                 Pattern::Always => true,
                 Pattern::First(n) => number < n,
                 Pattern::AllButEvery(n) => !number.is_multiple_of(n),
+                Pattern::FromCall(n) => number >= n,
             };
             if conflict {
                 self.state.injected.fetch_add(1, Ordering::SeqCst);
