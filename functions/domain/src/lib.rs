@@ -2,7 +2,7 @@
 //!
 //! The rules live here; storage, queues and schedules are reached only through the
 //! small traits in [`ports`], so every rule can be tested with the in-memory fakes in
-//! [`testing`] and served in production by the DynamoDB/SQS/Scheduler adapters.
+//! `testing` and served in production by the DynamoDB/SQS/Scheduler adapters.
 
 pub mod error;
 pub mod gate;
@@ -11,6 +11,9 @@ pub mod order;
 pub mod ports;
 pub mod sale;
 pub mod service;
+/// The in-memory fakes, behind the `testing` feature: the crates whose tests use them
+/// enable it as a dev-dependency, so no production binary compiles them.
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod token;
 

@@ -350,11 +350,16 @@ pub struct FailingLedger {
 
 impl FailingLedger {
     fn error(self, operation: &'static str) -> StoreError {
-        if self.transient {
-            StoreError::transient(operation, InjectedFailure)
-        } else {
-            StoreError::permanent(operation, InjectedFailure)
-        }
+        injected_store_failure(self.transient, operation)
+    }
+}
+
+/// A store failure of the given kind, caused by an [`InjectedFailure`].
+pub fn injected_store_failure(transient: bool, operation: &'static str) -> StoreError {
+    if transient {
+        StoreError::transient(operation, InjectedFailure)
+    } else {
+        StoreError::permanent(operation, InjectedFailure)
     }
 }
 

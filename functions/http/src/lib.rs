@@ -16,6 +16,8 @@ pub mod response;
 pub mod route;
 pub mod sdk;
 pub mod telemetry;
+/// Fixture-built events for tests, behind the `testing` feature (see the domain's).
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
 pub use body::{MAX_BODY_BYTES, ensure_within_limit, json_body};

@@ -281,6 +281,20 @@ pub fn error_chain(err: &(dyn StdError + 'static)) -> String {
     chain
 }
 
+/// What the Lambda runtime reports for a failed invocation: `error_type` a stable name
+/// the function gives the error (alarms and queries match it), `error_message` the whole
+/// chain. Without it the runtime would name the Rust type and print only the outermost
+/// message.
+pub fn diagnostic(
+    error_type: &str,
+    err: &(dyn StdError + 'static),
+) -> lambda_http::lambda_runtime::Diagnostic {
+    lambda_http::lambda_runtime::Diagnostic {
+        error_type: error_type.to_owned(),
+        error_message: error_chain(err),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Mutex;

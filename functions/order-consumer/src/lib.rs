@@ -9,6 +9,7 @@
 
 pub mod dead_letter;
 
+use std::convert::Infallible;
 use std::sync::Arc;
 
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
@@ -17,9 +18,10 @@ use flashsale_domain::ports::{Clock, OrderBook, ReleaseScheduler, StockLedger, S
 use flashsale_domain::service::{Opened, OrderService};
 use flashsale_domain::{AppError, OrderId, Reservation};
 use flashsale_http::config::{Env, process_env};
-use flashsale_http::telemetry::error_chain;
+use flashsale_http::telemetry::{diagnostic, error_chain};
 use flashsale_http::{CallBudget, ConfigError};
 use futures::StreamExt as _;
+use lambda_runtime::Diagnostic;
 use tracing::Instrument as _;
 
 pub use dead_letter::{DeadLetter, DeadLetterQueue, ParkError, SqsDeadLetterQueue};
@@ -182,6 +184,32 @@ impl RecordError {
             }
         }
     }
+
+    /// A stable name for what went wrong, in Lambda's `errorType` style. The consumer
+    /// answers a partial batch response and never fails an invocation, so the name
+    /// goes where a record's failure is seen: the log line and the parked record's
+    /// reason, where a redrive tool or a query can group by it.
+    pub fn error_type(&self) -> &'static str {
+        match self {
+            Self::NoBody => "OrderConsumer.NoBody",
+            Self::NotAReservation(_) => "OrderConsumer.NotAReservation",
+            Self::Open { source, .. } => match source {
+                AppError::OrderNotFound => "OrderConsumer.OrderNotFound",
+                AppError::Invalid(_) => "OrderConsumer.InvalidReservation",
+                AppError::Store(store) if store.is_retryable() => {
+                    "OrderConsumer.OrderStoreUnavailable"
+                }
+                AppError::Store(_) => "OrderConsumer.OrderStoreFailed",
+                _ => "OrderConsumer.OpenRefused",
+            },
+        }
+    }
+}
+
+impl From<&RecordError> for Diagnostic {
+    fn from(error: &RecordError) -> Self {
+        diagnostic(error.error_type(), error)
+    }
 }
 
 /// The Lambda handler: a partial batch response naming the records to redeliver.
@@ -189,10 +217,9 @@ impl RecordError {
 /// A record without a message id cannot be named; if it fails, it is reported with an
 /// empty identifier, which makes Lambda retry the whole batch (safe: consuming is
 /// idempotent) rather than lose it.
-pub async fn handler(
-    deps: &Deps,
-    event: SqsEvent,
-) -> Result<SqsBatchResponse, lambda_runtime::Error> {
+///
+/// The invocation itself never fails: a record's failure is reported in the response.
+pub async fn handler(deps: &Deps, event: SqsEvent) -> Result<SqsBatchResponse, Infallible> {
     let records = event.records.len();
     // Owned records, not borrowed ones: a stream of futures borrowing the event is not
     // provably `Send`, and the handler's future must be, to run on any runtime worker.
@@ -269,22 +296,27 @@ async fn handle(deps: &Deps, record: &SqsMessage) -> bool {
             tracing::info!(outcome = "already_settled", %status, "order settled before the consumer");
             false
         }
-        Err(err) if err.is_poison() => park(deps, record, &error_chain(&err)).await,
+        Err(err) if err.is_poison() => park(deps, record, &Diagnostic::from(&err)).await,
         Err(err) => {
             let retryable =
                 matches!(&err, RecordError::Open { source, .. } if source.is_retryable());
+            let Diagnostic {
+                error_type,
+                error_message,
+            } = Diagnostic::from(&err);
             if retryable {
-                tracing::warn!(error = %error_chain(&err), "record will be retried");
+                tracing::warn!(error_type, error = %error_message, "record will be retried");
             } else {
-                tracing::error!(error = %error_chain(&err), "record failed; it will be retried until the redrive policy parks it");
+                tracing::error!(error_type, error = %error_message, "record failed; it will be retried until the redrive policy parks it");
             }
             true
         }
     }
 }
 
-/// Parks a poison record; `true` (redeliver) only if parking itself failed.
-async fn park(deps: &Deps, record: &SqsMessage, reason: &str) -> bool {
+/// Parks a poison record; `true` (redeliver) only if parking itself failed. The
+/// reason reads as Lambda reports an error, `errorType: errorMessage`.
+async fn park(deps: &Deps, record: &SqsMessage, why: &Diagnostic) -> bool {
     let message_id = record.message_id.clone().unwrap_or_default();
     let letter = DeadLetter {
         body: record.body.clone().unwrap_or_default(),
@@ -294,16 +326,18 @@ async fn park(deps: &Deps, record: &SqsMessage, reason: &str) -> bool {
             .cloned()
             .unwrap_or_else(|| message_id.clone()),
         dedup_id: message_id,
-        reason: reason.to_owned(),
+        reason: format!("{}: {}", why.error_type, why.error_message),
     };
+    let error_type = why.error_type.as_str();
+    let reason = letter.reason.as_str();
     match deps.dead_letters.park(&letter).await {
         Ok(()) => {
             flashsale_http::metrics::dlq_parked();
-            tracing::error!(reason, group_id = %letter.group_id, "poison record parked in the dead-letter queue");
+            tracing::error!(error_type, reason, group_id = %letter.group_id, "poison record parked in the dead-letter queue");
             false
         }
         Err(err) => {
-            tracing::error!(reason, error = %error_chain(&err), "poison record could not be parked; it will be retried");
+            tracing::error!(error_type, reason, error = %error_chain(&err), "poison record could not be parked; it will be retried");
             true
         }
     }
@@ -318,7 +352,41 @@ fn handler_future_is_send(deps: &'static Deps) -> impl Send {
 
 #[cfg(test)]
 mod tests {
+    use flashsale_domain::ValidationError;
+    use flashsale_domain::testing::injected_store_failure;
+
     use super::*;
+
+    /// Parked records and log queries are grouped by these names: renaming one is a
+    /// breaking change.
+    #[test]
+    fn every_error_has_a_stable_error_type() {
+        let open = |source| RecordError::Open {
+            order_id: OrderId::new(flashsale_domain::SaleId::parse("phone").expect("valid")),
+            source,
+        };
+        let store = |transient| AppError::Store(injected_store_failure(transient, "open order"));
+        let not_json = serde_json::from_str::<Reservation>("{").expect_err("not JSON");
+        for (error, expected) in [
+            (RecordError::NoBody, "OrderConsumer.NoBody"),
+            (
+                RecordError::NotAReservation(not_json),
+                "OrderConsumer.NotAReservation",
+            ),
+            (open(AppError::OrderNotFound), "OrderConsumer.OrderNotFound"),
+            (
+                open(AppError::Invalid(ValidationError::new("qty", "is zero"))),
+                "OrderConsumer.InvalidReservation",
+            ),
+            (open(store(true)), "OrderConsumer.OrderStoreUnavailable"),
+            (open(store(false)), "OrderConsumer.OrderStoreFailed"),
+            (open(AppError::SoldOut), "OrderConsumer.OpenRefused"),
+        ] {
+            let diagnostic = Diagnostic::from(&error);
+            assert_eq!(diagnostic.error_type, expected);
+            assert_eq!(diagnostic.error_message, error_chain(&error));
+        }
+    }
 
     #[test]
     fn every_sdk_client_is_built_within_the_budget() {

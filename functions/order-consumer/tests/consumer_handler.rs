@@ -312,7 +312,10 @@ async fn poison_records_are_parked_with_their_group_and_the_rest_are_consumed() 
     assert_eq!(unknown.group_id, reservations[0].order_id.to_string());
     assert_eq!(unknown.body, event["Records"][0]["body"].as_str().unwrap());
     assert!(
-        unknown.reason.contains("order not found"),
+        unknown
+            .reason
+            .starts_with("OrderConsumer.OrderNotFound: opening order")
+            && unknown.reason.ends_with("order not found"),
         "{}",
         unknown.reason
     );
@@ -321,7 +324,9 @@ async fn poison_records_are_parked_with_their_group_and_the_rest_are_consumed() 
     assert_eq!(not_json.group_id, "group-not-json");
     assert_eq!(not_json.body, "{\"order_id\": ");
     assert!(
-        not_json.reason.contains("not a reservation"),
+        not_json
+            .reason
+            .starts_with("OrderConsumer.NotAReservation: the record's body is not a reservation"),
         "{}",
         not_json.reason
     );
@@ -329,9 +334,12 @@ async fn poison_records_are_parked_with_their_group_and_the_rest_are_consumed() 
     assert!(
         parked["poison-wrong-shape"]
             .reason
-            .contains("not a reservation")
+            .starts_with("OrderConsumer.NotAReservation: ")
     );
-    assert!(parked["poison-no-body"].reason.contains("no body"));
+    assert_eq!(
+        parked["poison-no-body"].reason,
+        "OrderConsumer.NoBody: the record has no body"
+    );
     assert_eq!(world.timers(), 1);
 }
 

@@ -18,8 +18,9 @@ use flashsale_domain::ports::{
 };
 use flashsale_domain::service::{ReconcileReport, Reconciler, SaleService};
 use flashsale_http::config::{Env, process_env};
-use flashsale_http::telemetry::error_chain;
+use flashsale_http::telemetry::{diagnostic, error_chain};
 use flashsale_http::{CallBudget, ConfigError};
+use lambda_runtime::Diagnostic;
 use serde_json::Value;
 
 /// How long a reservation may stay `reserved` before its queue message counts as lost,
@@ -172,12 +173,34 @@ pub enum ReconcileError {
     Encode(#[source] serde_json::Error),
 }
 
+impl ReconcileError {
+    /// The `errorType` Lambda records for this error (in its error metrics and the
+    /// invocation's failure record): stable, so alarms and queries can tell a table
+    /// that is down for now from one the function cannot use at all.
+    pub fn error_type(&self) -> &'static str {
+        match self {
+            Self::Pass(AppError::Store(store)) if store.is_retryable() => {
+                "Reconciler.StoreUnavailable"
+            }
+            Self::Pass(AppError::Store(_)) => "Reconciler.StoreFailed",
+            Self::Pass(_) => "Reconciler.PassRefused",
+            Self::Encode(_) => "Reconciler.EncodeFailed",
+        }
+    }
+}
+
+impl From<ReconcileError> for Diagnostic {
+    fn from(error: ReconcileError) -> Self {
+        diagnostic(error.error_type(), &error)
+    }
+}
+
 /// The Lambda handler. `event` is ignored: whatever the schedule sends, the pass is
 /// the same.
-pub async fn handler(deps: &Deps, _event: Value) -> Result<Value, lambda_runtime::Error> {
+pub async fn handler(deps: &Deps, _event: Value) -> Result<Value, ReconcileError> {
     let report = reconcile(deps).await?;
     record_stock(deps).await;
-    Ok(serde_json::to_value(report).map_err(ReconcileError::Encode)?)
+    serde_json::to_value(report).map_err(ReconcileError::Encode)
 }
 
 async fn reconcile(deps: &Deps) -> Result<ReconcileReport, ReconcileError> {
@@ -259,7 +282,33 @@ async fn record_stock(deps: &Deps) {
 
 #[cfg(test)]
 mod tests {
+    use flashsale_domain::testing::injected_store_failure;
+
     use super::*;
+
+    /// Alarms and log queries match these names: renaming one is a breaking change.
+    #[test]
+    fn every_error_has_a_stable_error_type() {
+        let store = |transient| AppError::Store(injected_store_failure(transient, "list sales"));
+        let encode = serde_json::from_str::<Value>("{").expect_err("not JSON");
+        for (error, expected) in [
+            (
+                ReconcileError::Pass(store(true)),
+                "Reconciler.StoreUnavailable",
+            ),
+            (ReconcileError::Pass(store(false)), "Reconciler.StoreFailed"),
+            (
+                ReconcileError::Pass(AppError::SaleNotFound),
+                "Reconciler.PassRefused",
+            ),
+            (ReconcileError::Encode(encode), "Reconciler.EncodeFailed"),
+        ] {
+            let message = error_chain(&error);
+            let diagnostic = Diagnostic::from(error);
+            assert_eq!(diagnostic.error_type, expected);
+            assert_eq!(diagnostic.error_message, message);
+        }
+    }
 
     #[test]
     fn every_sdk_client_is_built_within_the_budget() {

@@ -16,6 +16,7 @@ use flashsale_domain::{
 use flashsale_http::ConfigError;
 use flashsale_http::testing::fixture;
 use flashsale_reconciler::{Config, Deps, Ports, ReconcileError, handler};
+use lambda_runtime::Diagnostic;
 use serde_json::{Value, json};
 
 fn start() -> DateTime<Utc> {
@@ -320,12 +321,16 @@ async fn when_the_sales_cannot_be_listed_the_invocation_fails_whatever_the_kind(
             .await
             .unwrap_err();
 
-        let Some(ReconcileError::Pass(AppError::Store(store))) =
-            err.downcast_ref::<ReconcileError>()
-        else {
+        let ReconcileError::Pass(AppError::Store(store)) = &err else {
             panic!("expected a pass failure from the store, got {err}");
         };
         assert_eq!(store.is_retryable(), transient);
+        let expected_type = if transient {
+            "Reconciler.StoreUnavailable"
+        } else {
+            "Reconciler.StoreFailed"
+        };
+        assert_eq!(Diagnostic::from(err).error_type, expected_type);
         assert!(world.sent().is_empty());
     }
 }

@@ -29,8 +29,9 @@ use flashsale_domain::ports::{Clock, Settlement, StockLedger, SystemClock};
 use flashsale_domain::service::ExpiryService;
 use flashsale_domain::{AppError, OrderId, OrderStatus, Reservation};
 use flashsale_http::config::{Env, process_env};
-use flashsale_http::telemetry::error_chain;
+use flashsale_http::telemetry::{diagnostic, error_chain};
 use flashsale_http::{CallBudget, ConfigError};
+use lambda_runtime::Diagnostic;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -155,8 +156,31 @@ pub enum ReleaseError {
     Encode(#[source] serde_json::Error),
 }
 
+impl ReleaseError {
+    /// The `errorType` Lambda records for this error (in the asynchronous invocation's
+    /// failure record and the function's error metrics): stable, so alarms and queries
+    /// can tell a timer fired early from a store that is down from one misconfigured.
+    pub fn error_type(&self) -> &'static str {
+        match self {
+            Self::Retry { source, .. } => match source {
+                AppError::NotYetDue => "Release.NotYetDue",
+                AppError::Store(store) if store.is_retryable() => "Release.OrderStoreUnavailable",
+                AppError::Store(_) => "Release.OrderStoreFailed",
+                _ => "Release.Refused",
+            },
+            Self::Encode(_) => "Release.EncodeFailed",
+        }
+    }
+}
+
+impl From<ReleaseError> for Diagnostic {
+    fn from(error: ReleaseError) -> Self {
+        diagnostic(error.error_type(), &error)
+    }
+}
+
 /// The Lambda handler.
-pub async fn handler(deps: &Deps, event: Value) -> Result<Value, lambda_runtime::Error> {
+pub async fn handler(deps: &Deps, event: Value) -> Result<Value, ReleaseError> {
     let correlation_id = match &event {
         Value::String(text) => serde_json::from_str(text).ok(),
         other => Some(other.clone()),
@@ -165,7 +189,7 @@ pub async fn handler(deps: &Deps, event: Value) -> Result<Value, lambda_runtime:
     .unwrap_or_default();
     let span = tracing::info_span!("release", correlation_id = %correlation_id);
     let outcome = tracing::Instrument::instrument(release(deps, event), span).await?;
-    Ok(serde_json::to_value(&outcome).map_err(ReleaseError::Encode)?)
+    serde_json::to_value(&outcome).map_err(ReleaseError::Encode)
 }
 
 /// The schedule's input is normally the reservation object; an emitter that passes
@@ -251,6 +275,8 @@ async fn wait_for_deadline(clock: &dyn Clock, deadline: DateTime<Utc>) -> std::t
 
 #[cfg(test)]
 mod tests {
+    use flashsale_domain::testing::injected_store_failure;
+
     use super::*;
 
     #[test]
@@ -259,6 +285,36 @@ mod tests {
             .to_std()
             .expect("positive");
         assert!(MAX_WAIT >= earliest + std::time::Duration::from_secs(3));
+    }
+
+    /// Alarms and log queries match these names: renaming one is a breaking change.
+    #[test]
+    fn every_error_has_a_stable_error_type() {
+        let order_id = || OrderId::new(flashsale_domain::SaleId::parse("phone").expect("valid"));
+        let store = |transient| AppError::Store(injected_store_failure(transient, "release"));
+        let encode = serde_json::from_str::<Value>("{").expect_err("not JSON");
+        let cases = [
+            (AppError::NotYetDue, "Release.NotYetDue"),
+            (store(true), "Release.OrderStoreUnavailable"),
+            (store(false), "Release.OrderStoreFailed"),
+            (AppError::OrderNotFound, "Release.Refused"),
+        ]
+        .map(|(source, expected)| {
+            let error = ReleaseError::Retry {
+                order_id: order_id(),
+                source,
+            };
+            (error, expected)
+        });
+        for (error, expected) in cases
+            .into_iter()
+            .chain([(ReleaseError::Encode(encode), "Release.EncodeFailed")])
+        {
+            let message = error_chain(&error);
+            let diagnostic = Diagnostic::from(error);
+            assert_eq!(diagnostic.error_type, expected);
+            assert_eq!(diagnostic.error_message, message);
+        }
     }
 
     #[test]

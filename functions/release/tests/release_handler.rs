@@ -11,6 +11,7 @@ use flashsale_domain::{AppError, OrderStatus, ReleaseReason, Reservation, Sale, 
 use flashsale_http::ConfigError;
 use flashsale_http::testing::fixture;
 use flashsale_release::{Config, Deps, MAX_WAIT, Ports, ReleaseError, handler};
+use lambda_runtime::Diagnostic;
 use serde_json::{Value, json};
 
 struct World {
@@ -132,10 +133,10 @@ impl World {
     }
 }
 
-fn retry_source(err: &lambda_runtime::Error) -> &AppError {
-    match err.downcast_ref::<ReleaseError>() {
-        Some(ReleaseError::Retry { source, .. }) => source,
-        other => panic!("expected a retry error, got {other:?} from {err}"),
+fn retry_source(err: &ReleaseError) -> &AppError {
+    match err {
+        ReleaseError::Retry { source, .. } => source,
+        other => panic!("expected a retry error, got {other:?}"),
     }
 }
 
@@ -286,6 +287,7 @@ async fn a_release_fired_earlier_than_any_timer_can_fire_is_retried_not_waited_f
     let err = handler(&world.deps, world.event()).await.unwrap_err();
 
     assert!(matches!(retry_source(&err), AppError::NotYetDue));
+    assert_eq!(Diagnostic::from(err).error_type, "Release.NotYetDue");
     assert_eq!(started.elapsed(), std::time::Duration::ZERO);
     assert_eq!(world.available().await, 99);
     assert_eq!(world.status().await, OrderStatus::Reserved);
@@ -377,6 +379,21 @@ async fn a_store_failure_fails_so_the_scheduler_retries_whatever_its_kind() {
             panic!("expected a store error, got {err}");
         };
         assert_eq!(store.is_retryable(), transient);
+        let expected_type = if transient {
+            "Release.OrderStoreUnavailable"
+        } else {
+            "Release.OrderStoreFailed"
+        };
+        let diagnostic = Diagnostic::from(err);
+        assert_eq!(diagnostic.error_type, expected_type);
+        // The message keeps the cause, not only the outermost line.
+        assert!(
+            diagnostic
+                .error_message
+                .ends_with("the fake is set to fail"),
+            "{}",
+            diagnostic.error_message
+        );
         assert_eq!(world.available().await, 99);
     }
 }

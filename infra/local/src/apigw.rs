@@ -94,26 +94,13 @@ fn segments(path: &str) -> Vec<Segment> {
         .collect()
 }
 
-/// Percent-decodes a path segment; invalid encodings are kept as they are.
+/// Percent-decodes a path segment or query part; an invalid escape is kept as it is,
+/// and a result that is not UTF-8 leaves the input as it was.
 fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%'
-            && i + 2 < bytes.len()
-            && let Some(byte) = std::str::from_utf8(&bytes[i + 1..i + 3])
-                .ok()
-                .and_then(|hex| u8::from_str_radix(hex, 16).ok())
-        {
-            out.push(byte);
-            i += 3;
-            continue;
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8(out).unwrap_or_else(|_| s.to_owned())
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8()
+        .map(std::borrow::Cow::into_owned)
+        .unwrap_or_else(|_| s.to_owned())
 }
 
 impl Route {
@@ -681,6 +668,13 @@ mod tests {
         assert_eq!(params["token"], "abc");
         assert!(r.matches("/sales/s1/grab").is_none());
         assert!(r.matches("/sales/s1/grab/abc/more").is_none());
+    }
+
+    #[test]
+    fn a_bad_escape_or_bytes_that_are_not_utf8_are_passed_on_as_sent() {
+        assert_eq!(percent_decode("caf%C3%A9%2F"), "café/");
+        assert_eq!(percent_decode("100%zz%2"), "100%zz%2");
+        assert_eq!(percent_decode("bad%FF"), "bad%FF");
     }
 
     #[test]

@@ -145,7 +145,7 @@ struct ReconcilerFunction(flashsale_reconciler::Deps);
 #[async_trait]
 impl LambdaFunction for ReconcilerFunction {
     async fn invoke(&self, event: Value, _context: InvokeContext) -> Result<Value, FunctionError> {
-        flashsale_reconciler::handler(&self.0, event).await
+        Ok(flashsale_reconciler::handler(&self.0, event).await?)
     }
 }
 
@@ -177,6 +177,6 @@ impl LambdaFunction for OrderConsumerFunction {
 #[async_trait]
 impl LambdaFunction for ReleaseFunction {
     async fn invoke(&self, event: Value, _context: InvokeContext) -> Result<Value, FunctionError> {
-        flashsale_release::handler(&self.0, event).await
+        Ok(flashsale_release::handler(&self.0, event).await?)
     }
 }
