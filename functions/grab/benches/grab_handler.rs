@@ -24,6 +24,7 @@ use criterion::measurement::{Measurement, ValueFormatter, WallTime};
 use criterion::{BatchSize, BenchmarkGroup, Criterion, Throughput};
 use flashsale_domain::ports::SaleCatalog;
 use flashsale_domain::testing::{InMemoryBlocklist, InMemoryStore, ManualClock, RecordingQueue};
+use flashsale_domain::token::GrabTokenSigner;
 use flashsale_domain::{Sale, SaleDraft, SaleId, UserId};
 use flashsale_grab::{Config, Deps, Ports, handler};
 use flashsale_http::testing::ApiEvent;
@@ -32,6 +33,7 @@ use nix::time::{ClockId, clock_gettime};
 use tokio::runtime::Runtime;
 
 const SECRET: &str = "0123456789abcdef0123456789abcdef-bench-only";
+const SECRET_ARN: &str = "arn:aws:secretsmanager:us-east-1:123456789012:secret:grab-token-AbCdEf";
 
 /// CPU time consumed by the calling thread: what one core spent, not how long it took.
 struct ThreadCpuTime {
@@ -98,7 +100,7 @@ impl Bench {
                 "ORDERS_QUEUE_URL",
                 "http://127.0.0.1:1/000000000000/bench.fifo",
             ),
-            ("GRAB_TOKEN_SECRET", SECRET),
+            ("GRAB_TOKEN_SECRET_ARN", SECRET_ARN),
         ]
         .into_iter()
         .collect();
@@ -116,8 +118,10 @@ impl Bench {
         })
         .unwrap();
         assert!(runtime.block_on(store.create_sale(&sale)).unwrap());
+        // The key the deployed function reads from Secrets Manager at init.
         let deps = Deps::from_ports(
             &config,
+            GrabTokenSigner::new(SECRET).unwrap(),
             Ports {
                 catalog: store.clone(),
                 ledger: store.clone(),
