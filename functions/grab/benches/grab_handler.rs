@@ -80,7 +80,8 @@ impl Measurement for ThreadCpuTime {
 struct Bench {
     runtime: Runtime,
     deps: Deps,
-    config: Config,
+    /// The key the grab paths are signed with, as the deployed grab reads it at init.
+    signer: GrabTokenSigner,
     sale_id: SaleId,
     now: DateTime<Utc>,
     buyers: AtomicU64,
@@ -118,10 +119,10 @@ impl Bench {
         })
         .unwrap();
         assert!(runtime.block_on(store.create_sale(&sale)).unwrap());
-        // The key the deployed function reads from Secrets Manager at init.
+        let signer = GrabTokenSigner::new(SECRET).unwrap();
         let deps = Deps::from_ports(
             &config,
-            GrabTokenSigner::new(SECRET).unwrap(),
+            signer.clone(),
             Ports {
                 catalog: store.clone(),
                 ledger: store.clone(),
@@ -134,7 +135,7 @@ impl Bench {
         Self {
             runtime,
             deps,
-            config,
+            signer,
             sale_id: sale.sale_id,
             now,
             buyers: AtomicU64::new(0),
@@ -146,7 +147,6 @@ impl Bench {
         let buyer = self.buyers.fetch_add(1, Ordering::Relaxed);
         let user = UserId::parse(format!("buyer-{buyer}")).unwrap();
         let token = self
-            .config
             .signer
             .issue(&self.sale_id, &user, self.now + Duration::minutes(5));
         ApiEvent::fixture("grab.json")
