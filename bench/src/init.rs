@@ -2,7 +2,9 @@
 //!
 //! Init is measured as Lambda sees it on the host architecture: the real binary is
 //! started under the Runtime API emulator with the environment the template gives it,
-//! and init ends at its first `GET /2018-06-01/runtime/invocation/next`.
+//! and init ends at its first `GET /2018-06-01/runtime/invocation/next`. The grab reads
+//! its key from Secrets Manager during init; [`InitSecrets`] answers that one call on
+//! loopback, so the round trip is measured without moto competing for the cores.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -24,6 +26,8 @@ pub enum InitError {
     Model(#[from] flashsale_local::model::ModelError),
     #[error("{} is missing", path.display())]
     NoBinary { path: PathBuf },
+    #[error("could not serve Secrets Manager for the init measurement")]
+    Secrets(#[source] std::io::Error),
     #[error("starting {name}")]
     Start {
         name: String,
@@ -76,6 +80,79 @@ pub fn binary_path(dir: &Path, bin: &str) -> Option<PathBuf> {
         .find(|path| path.is_file())
 }
 
+/// Secrets Manager for the init measurement: answers `GetSecretValue` (the one call a
+/// function makes before its first event) with a key of 64 letters, as the template's
+/// generated secret; any other call gets a 400, so a measurement that made one fails.
+struct InitSecrets {
+    endpoint: String,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl InitSecrets {
+    async fn start() -> std::io::Result<Self> {
+        use hyper::service::service_fn;
+        use hyper_util::rt::TokioIo;
+
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
+        let endpoint = format!("http://{}", listener.local_addr()?);
+        let server = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let service = service_fn(|request: http::Request<hyper::body::Incoming>| {
+                        std::future::ready(Ok::<_, std::convert::Infallible>(secret_answer(
+                            &request,
+                        )))
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Ok(Self { endpoint, server })
+    }
+}
+
+impl Drop for InitSecrets {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+fn secret_answer<B>(
+    request: &http::Request<B>,
+) -> http::Response<http_body_util::Full<bytes::Bytes>> {
+    let target = request
+        .headers()
+        .get("x-amz-target")
+        .and_then(|value| value.to_str().ok());
+    let (status, body) = if target == Some("secretsmanager.GetSecretValue") {
+        let arn = "arn:aws:secretsmanager:us-east-1:123456789012:secret:bench-init-AbCdEf";
+        (
+            http::StatusCode::OK,
+            serde_json::json!({
+                "ARN": arn,
+                "Name": "bench-init",
+                "SecretString": "k".repeat(64),
+                "VersionId": "bench",
+                "VersionStages": ["AWSCURRENT"],
+            }),
+        )
+    } else {
+        (
+            http::StatusCode::BAD_REQUEST,
+            serde_json::json!({"__type": "InvalidRequestException", "message": "not served"}),
+        )
+    };
+    http::Response::builder()
+        .status(status)
+        .header("content-type", "application/x-amz-json-1.1")
+        .body(http_body_util::Full::new(bytes::Bytes::from(
+            body.to_string(),
+        )))
+        .unwrap_or_default()
+}
+
 const CLIENT_ENV: [(&str, &str); 6] = [
     ("AWS_REGION", flashsale_emulators::REGION),
     ("AWS_DEFAULT_REGION", flashsale_emulators::REGION),
@@ -87,7 +164,11 @@ const CLIENT_ENV: [(&str, &str); 6] = [
 ];
 
 /// How to start `function`'s binary from `binaries`, with the template's environment.
-fn spec_for(function: &FunctionSpec, binaries: &Path) -> Result<LambdaSpec, InitError> {
+fn spec_for(
+    function: &FunctionSpec,
+    binaries: &Path,
+    secrets: &InitSecrets,
+) -> Result<LambdaSpec, InitError> {
     let bin = bin_of(&function.code_uri);
     let path = binary_path(binaries, &bin).ok_or_else(|| InitError::NoBinary {
         path: binaries.join(&bin),
@@ -102,6 +183,10 @@ fn spec_for(function: &FunctionSpec, binaries: &Path) -> Result<LambdaSpec, Init
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
     );
+    env.push((
+        "AWS_ENDPOINT_URL_SECRETS_MANAGER".to_owned(),
+        secrets.endpoint.clone(),
+    ));
     Ok(LambdaSpec {
         name: function.name.clone(),
         bootstrap: path,
@@ -127,9 +212,10 @@ pub async fn measure(
     binaries: &Path,
     runs: usize,
 ) -> Result<Vec<FunctionInit>, InitError> {
+    let secrets = InitSecrets::start().await.map_err(InitError::Secrets)?;
     let mut results = Vec::new();
     for function in &model.functions {
-        let spec = spec_for(function, binaries)?;
+        let spec = spec_for(function, binaries, &secrets)?;
         let bytes = std::fs::metadata(&spec.bootstrap)
             .map(|m| m.len())
             .unwrap_or(0);
@@ -170,7 +256,8 @@ pub async fn unrouted_invocations(
     let Some(function) = model.function(logical_id) else {
         return Ok(None);
     };
-    let spec = spec_for(function, binaries)?;
+    let secrets = InitSecrets::start().await.map_err(InitError::Secrets)?;
+    let spec = spec_for(function, binaries, &secrets)?;
     let mut lambda = started(&spec, function).await?;
     let mut samples = Vec::with_capacity(count);
     for _ in 0..count {

@@ -24,6 +24,7 @@ use criterion::measurement::{Measurement, ValueFormatter, WallTime};
 use criterion::{BatchSize, BenchmarkGroup, Criterion, Throughput};
 use flashsale_domain::ports::SaleCatalog;
 use flashsale_domain::testing::{InMemoryBlocklist, InMemoryStore, ManualClock, RecordingQueue};
+use flashsale_domain::token::GrabTokenSigner;
 use flashsale_domain::{Sale, SaleDraft, SaleId, UserId};
 use flashsale_grab::{Config, Deps, Ports, handler};
 use flashsale_http::testing::ApiEvent;
@@ -32,6 +33,7 @@ use nix::time::{ClockId, clock_gettime};
 use tokio::runtime::Runtime;
 
 const SECRET: &str = "0123456789abcdef0123456789abcdef-bench-only";
+const SECRET_ARN: &str = "arn:aws:secretsmanager:us-east-1:123456789012:secret:grab-token-AbCdEf";
 
 /// CPU time consumed by the calling thread: what one core spent, not how long it took.
 struct ThreadCpuTime {
@@ -78,7 +80,8 @@ impl Measurement for ThreadCpuTime {
 struct Bench {
     runtime: Runtime,
     deps: Deps,
-    config: Config,
+    /// The key the grab paths are signed with, as the deployed grab reads it at init.
+    signer: GrabTokenSigner,
     sale_id: SaleId,
     now: DateTime<Utc>,
     buyers: AtomicU64,
@@ -98,7 +101,7 @@ impl Bench {
                 "ORDERS_QUEUE_URL",
                 "http://127.0.0.1:1/000000000000/bench.fifo",
             ),
-            ("GRAB_TOKEN_SECRET", SECRET),
+            ("GRAB_TOKEN_SECRET_ARN", SECRET_ARN),
         ]
         .into_iter()
         .collect();
@@ -116,8 +119,10 @@ impl Bench {
         })
         .unwrap();
         assert!(runtime.block_on(store.create_sale(&sale)).unwrap());
+        let signer = GrabTokenSigner::new(SECRET).unwrap();
         let deps = Deps::from_ports(
             &config,
+            signer.clone(),
             Ports {
                 catalog: store.clone(),
                 ledger: store.clone(),
@@ -130,7 +135,7 @@ impl Bench {
         Self {
             runtime,
             deps,
-            config,
+            signer,
             sale_id: sale.sale_id,
             now,
             buyers: AtomicU64::new(0),
@@ -142,7 +147,6 @@ impl Bench {
         let buyer = self.buyers.fetch_add(1, Ordering::Relaxed);
         let user = UserId::parse(format!("buyer-{buyer}")).unwrap();
         let token = self
-            .config
             .signer
             .issue(&self.sale_id, &user, self.now + Duration::minutes(5));
         ApiEvent::fixture("grab.json")

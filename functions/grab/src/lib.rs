@@ -7,6 +7,8 @@
 //! the sold-out gate live as long as the Lambda execution environment, which is what
 //! lets them spare the table most of a sold-out sale's traffic.
 
+mod grab_key;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
@@ -29,6 +31,7 @@ use flashsale_http::{
     ApiError, CachePolicy, CallBudget, ConfigError, ensure_within_limit, json, respond, route_key,
     sale_id_param, user_of,
 };
+pub use grab_key::{GRAB_KEY_BUDGET, GrabKeyError, SecretsManagerKey};
 use lambda_http::http::header::{HeaderValue, LOCATION};
 use lambda_http::http::{Response, StatusCode};
 use lambda_http::{Body, Request};
@@ -78,9 +81,9 @@ pub const REQUEST_DEADLINE: std::time::Duration = std::time::Duration::from_secs
 pub struct Config {
     pub table_name: String,
     pub orders_queue_url: String,
-    /// Signs and checks grab tokens; built from `GRAB_TOKEN_SECRET`, so a weak secret
-    /// fails at start-up rather than on the first grab. Its `Debug` hides the key.
-    pub signer: GrabTokenSigner,
+    /// The Secrets Manager secret holding the grab-token key, read once per cold start
+    /// by [`Deps::init`]; the key itself is never in the environment.
+    pub grab_token_secret_arn: String,
     pub sold_out_recheck: Duration,
     /// How often a process rereads the blocklist.
     pub blocklist_refresh: Duration,
@@ -92,7 +95,7 @@ impl Config {
     pub const ENV_VARS: &'static [&'static str] = &[
         "TABLE_NAME",
         "ORDERS_QUEUE_URL",
-        "GRAB_TOKEN_SECRET",
+        "GRAB_TOKEN_SECRET_ARN",
         "SOLD_OUT_RECHECK_MS",
         "BLOCKLIST_REFRESH_MS",
     ];
@@ -103,16 +106,13 @@ impl Config {
 
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let env = Env::new(lookup);
-        let secret = env.required("GRAB_TOKEN_SECRET")?;
-        let signer = GrabTokenSigner::new(secret.into_bytes())
-            .map_err(|weak| ConfigError::invalid("GRAB_TOKEN_SECRET", weak))?;
         let recheck_ms: u32 = env.parsed_or("SOLD_OUT_RECHECK_MS", DEFAULT_SOLD_OUT_RECHECK_MS)?;
         let blocklist_refresh_ms: u32 =
             env.parsed_or("BLOCKLIST_REFRESH_MS", DEFAULT_BLOCKLIST_REFRESH_MS)?;
         Ok(Self {
             table_name: env.required("TABLE_NAME")?,
             orders_queue_url: env.required("ORDERS_QUEUE_URL")?,
-            signer,
+            grab_token_secret_arn: env.required("GRAB_TOKEN_SECRET_ARN")?,
             sold_out_recheck: Duration::milliseconds(i64::from(recheck_ms)),
             blocklist_refresh: Duration::milliseconds(i64::from(blocklist_refresh_ms)),
         })
@@ -138,13 +138,23 @@ pub struct Deps {
 }
 
 impl Deps {
+    /// The cold start, as deployed: reads the grab-token key from Secrets Manager (the
+    /// one time this process does), then builds everything else.
+    pub async fn init(config: &Config, sdk: &aws_config::SdkConfig) -> Result<Self, GrabKeyError> {
+        let signer = SecretsManagerKey::new(sdk, &config.grab_token_secret_arn)
+            .signer()
+            .await?;
+        Ok(Self::new(config, signer, sdk))
+    }
+
     /// DynamoDB behind a per-process sale cache, the SQS orders queue, and the wall
-    /// clock.
-    pub fn new(config: &Config, sdk: &aws_config::SdkConfig) -> Self {
+    /// clock; grab paths signed and checked with `signer`.
+    pub fn new(config: &Config, signer: GrabTokenSigner, sdk: &aws_config::SdkConfig) -> Self {
         let Clients { dynamodb, sqs } = Clients::new(sdk);
         let store = Arc::new(DynamoStore::new(dynamodb.clone(), &config.table_name));
         Self::from_ports(
             config,
+            signer,
             Ports {
                 catalog: Arc::new(CachedCatalog::new(
                     DynamoStore::new(dynamodb.clone(), &config.table_name),
@@ -159,7 +169,7 @@ impl Deps {
         )
     }
 
-    pub fn from_ports(config: &Config, ports: Ports) -> Self {
+    pub fn from_ports(config: &Config, signer: GrabTokenSigner, ports: Ports) -> Self {
         Self {
             grab: GrabService {
                 catalog: ports.catalog,
@@ -167,7 +177,7 @@ impl Deps {
                 orders: ports.orders,
                 queue: ports.queue,
                 clock: ports.clock,
-                signer: config.signer.clone(),
+                signer,
                 gate: SoldOutGate::new(config.sold_out_recheck),
                 blocked_users: CachedBlocklist::new(ports.blocklist, config.blocklist_refresh),
             },

@@ -1,10 +1,12 @@
-//! What a sold-out sale costs, counted where it is paid: the HTTP requests the SDK
-//! really sends to DynamoDB Local and moto's SQS, by `X-Amz-Target`, from the grab's
-//! own [`Deps::new`] (the production wiring) through its handler.
+//! What the grab costs, counted where it is paid: the HTTP requests the SDK really
+//! sends to DynamoDB Local, the SQS emulator and moto's Secrets Manager, by
+//! `X-Amz-Target`, from the grab's own [`Deps::init`] (the production wiring) through
+//! its handler.
 //!
-//! After the sale has sold out and this process knows it, a first attempt must cost no
-//! request at all; a retry marked with `X-Retry-Attempt` at most one read, on the
-//! buyer's own key, and one whose first answer was lost gets its order back.
+//! The grab-token key is read once, at init, and never by a request. After the sale
+//! has sold out and this process knows it, a first attempt must cost no request at
+//! all; a retry marked with `X-Retry-Attempt` at most one read, on the buyer's own key,
+//! and one whose first answer was lost gets its order back.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -24,7 +26,7 @@ use chrono::{Duration, Utc};
 use flashsale_adapters::DynamoStore;
 use flashsale_domain::ports::SaleCatalog;
 use flashsale_domain::{Sale, SaleId};
-use flashsale_grab::{Config, Deps, RETRY_ATTEMPT_HEADER, handler};
+use flashsale_grab::{Config, Deps, GrabKeyError, RETRY_ATTEMPT_HEADER, handler};
 use flashsale_http::testing::{ApiEvent, body_json, error_code};
 use lambda_http::Body;
 use lambda_http::http::{HeaderValue, Response};
@@ -138,10 +140,42 @@ async fn create_queue(client: &aws_sdk_sqs::Client) -> String {
         .expect("a queue url")
 }
 
+/// A secret holding `value`, as the stack's `GrabTokenSecret`; its ARN.
+async fn create_secret(client: &aws_sdk_secretsmanager::Client, value: &str) -> String {
+    client
+        .create_secret()
+        .name(format!("grab-key-{}", flashsale_emulators::unique_suffix()))
+        .secret_string(value)
+        .send()
+        .await
+        .expect("create the secret")
+        .arn
+        .expect("a secret ARN")
+}
+
+/// The grab's configuration on the emulators, with the key in `secret_arn`.
+fn config(table: &str, queue_url: &str, secret_arn: &str) -> Config {
+    let vars: HashMap<&str, &str> = [
+        ("TABLE_NAME", table),
+        ("ORDERS_QUEUE_URL", queue_url),
+        ("GRAB_TOKEN_SECRET_ARN", secret_arn),
+        // Long enough that no background recheck of the gate and no refresh of
+        // the blocklist snapshot (each a read per process per interval, whatever
+        // the traffic) falls inside a test: what is counted is the requests' cost.
+        ("SOLD_OUT_RECHECK_MS", "600000"),
+        ("BLOCKLIST_REFRESH_MS", "600000"),
+    ]
+    .into_iter()
+    .collect();
+    Config::from_lookup(|var| vars.get(var).map(|value| (*value).to_owned())).unwrap()
+}
+
 struct Stack {
     deps: Deps,
     sale_id: SaleId,
     counter: CountingClient,
+    /// What the cold start sent, before any request.
+    at_init: Counts,
 }
 
 impl Stack {
@@ -170,24 +204,15 @@ impl Stack {
                 .unwrap()
         );
 
-        let vars: HashMap<&str, String> = [
-            ("TABLE_NAME", table),
-            ("ORDERS_QUEUE_URL", queue_url),
-            ("GRAB_TOKEN_SECRET", SECRET.to_owned()),
-            // Long enough that no background recheck of the gate and no refresh of
-            // the blocklist snapshot (each a read per process per interval, whatever
-            // the traffic) falls inside a test: what is counted is the requests' cost.
-            ("SOLD_OUT_RECHECK_MS", "600000".to_owned()),
-            ("BLOCKLIST_REFRESH_MS", "600000".to_owned()),
-        ]
-        .into_iter()
-        .collect();
-        let config = Config::from_lookup(|var| vars.get(var).cloned()).unwrap();
+        let secret_arn = create_secret(&aws_sdk_secretsmanager::Client::new(&plain), SECRET).await;
+        let config = config(&table, &queue_url, &secret_arn);
         let counter = CountingClient::new();
         let counted = plain.into_builder().http_client(counter.clone()).build();
+        let deps = Deps::init(&config, &counted).await.expect("the cold start");
         Self {
-            deps: Deps::new(&config, &counted),
+            deps,
             sale_id: sale.sale_id,
+            at_init: counter.take(),
             counter,
         }
     }
@@ -285,4 +310,60 @@ async fn after_sell_out_first_attempts_send_no_request_and_a_marked_retry_one_re
         stack.counter.take(),
         counts(&[("DynamoDB_20120810.GetItem", 1)])
     );
+}
+
+#[tokio::test]
+async fn the_grab_token_secret_is_read_once_at_init_and_never_by_a_request() {
+    let stack = Stack::start(10, 2).await;
+    assert_eq!(
+        stack.at_init,
+        counts(&[("secretsmanager.GetSecretValue", 1)]),
+        "the cold start reads the key, and nothing else"
+    );
+
+    for buyer in 0..5 {
+        let user = format!("buyer-{buyer}");
+        let token = stack.grab_token(&user).await;
+        assert_eq!(stack.grab(&user, &token, 0).await.status(), 202);
+    }
+
+    let served = stack.counter.take();
+    assert!(
+        served.contains_key("AmazonSQS.SendMessage"),
+        "the grabs went through AWS: {served:?}"
+    );
+    assert!(
+        !served
+            .keys()
+            .any(|target| target.starts_with("secretsmanager.")),
+        "a request read the secret: {served:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_weak_or_missing_secret_fails_the_cold_start_naming_it() {
+    let plain = flashsale_emulators::shared().await.sdk_config().await;
+    let secrets = aws_sdk_secretsmanager::Client::new(&plain);
+    let queue_url = "http://127.0.0.1:9/000000000000/unused.fifo";
+
+    let weak_arn = create_secret(&secrets, "too-short").await;
+    let weak = Deps::init(&config("unused", queue_url, &weak_arn), &plain).await;
+    assert!(
+        matches!(&weak, Err(GrabKeyError::Weak { arn, .. }) if *arn == weak_arn),
+        "{:?}",
+        weak.err()
+    );
+
+    let gone_arn = format!("{weak_arn}-never-created");
+    let gone = Deps::init(&config("unused", queue_url, &gone_arn), &plain).await;
+    let Err(error) = gone else {
+        panic!("a secret that does not exist was read");
+    };
+    assert!(
+        matches!(&error, GrabKeyError::Unreadable { arn, .. } if *arn == gone_arn),
+        "{error:?}"
+    );
+    let reason = flashsale_http::telemetry::error_chain(&error);
+    assert!(reason.contains(&gone_arn), "{reason}");
+    assert!(reason.contains("ResourceNotFound"), "{reason}");
 }

@@ -11,6 +11,7 @@ use flashsale_domain::ports::{SaleCatalog, StockLedger};
 use flashsale_domain::testing::{
     FailingLedger, InMemoryBlocklist, InMemoryStore, ManualClock, RecordingQueue,
 };
+use flashsale_domain::token::GrabTokenSigner;
 use flashsale_domain::{Sale, SaleDraft, SaleId, UserId};
 use flashsale_grab::{Config, Deps, Ports, RETRY_ATTEMPT_HEADER, handler};
 use flashsale_http::testing::{ApiEvent, body_json, error_code};
@@ -19,6 +20,7 @@ use lambda_http::Body;
 use lambda_http::http::{HeaderValue, Response};
 
 const SECRET: &str = "0123456789abcdef0123456789abcdef-test-only";
+const SECRET_ARN: &str = "arn:aws:secretsmanager:us-east-1:123456789012:secret:grab-token-AbCdEf";
 const SALE: &str = "phone-launch";
 
 fn starts_at() -> DateTime<Utc> {
@@ -32,7 +34,7 @@ fn config_with(extra: &[(&str, &str)]) -> Result<Config, ConfigError> {
             "ORDERS_QUEUE_URL",
             "http://127.0.0.1:5000/000000000000/orders.fifo",
         ),
-        ("GRAB_TOKEN_SECRET", SECRET),
+        ("GRAB_TOKEN_SECRET_ARN", SECRET_ARN),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v.to_owned()))
@@ -77,6 +79,7 @@ impl World {
         let blocklist = Arc::new(InMemoryBlocklist::new());
         let deps = Deps::from_ports(
             &config_with(&[]).unwrap(),
+            GrabTokenSigner::new(SECRET).unwrap(),
             Ports {
                 catalog: store.clone(),
                 ledger: ledger.unwrap_or_else(|| store.clone()),
@@ -557,7 +560,7 @@ fn config_reads_exactly_the_declared_variables() {
     let _ = Config::from_lookup(|var| {
         asked.lock().unwrap().push(var.to_owned());
         match var {
-            "GRAB_TOKEN_SECRET" => Some(SECRET.to_owned()),
+            "GRAB_TOKEN_SECRET_ARN" => Some(SECRET_ARN.to_owned()),
             _ => Some("1".to_owned()),
         }
     })
@@ -572,22 +575,21 @@ fn config_reads_exactly_the_declared_variables() {
 #[test]
 fn config_fails_fast_on_a_missing_or_invalid_variable() {
     let missing =
-        Config::from_lookup(|var| (var == "GRAB_TOKEN_SECRET").then(|| SECRET.to_owned()));
+        Config::from_lookup(|var| (var == "GRAB_TOKEN_SECRET_ARN").then(|| SECRET_ARN.to_owned()));
     assert!(
         matches!(missing, Err(ConfigError::Missing("TABLE_NAME"))),
         "{missing:?}"
     );
 
-    let weak = config_with(&[("GRAB_TOKEN_SECRET", "short")]);
+    let no_secret = Config::from_lookup(|var| {
+        matches!(var, "TABLE_NAME" | "ORDERS_QUEUE_URL").then(|| "flashsale-test".to_owned())
+    });
     assert!(
         matches!(
-            weak,
-            Err(ConfigError::Invalid {
-                var: "GRAB_TOKEN_SECRET",
-                ..
-            })
+            no_secret,
+            Err(ConfigError::Missing("GRAB_TOKEN_SECRET_ARN"))
         ),
-        "{weak:?}"
+        "{no_secret:?}"
     );
 
     let recheck = config_with(&[("SOLD_OUT_RECHECK_MS", "-5")]);
@@ -624,8 +626,5 @@ fn config_fails_fast_on_a_missing_or_invalid_variable() {
     .unwrap();
     assert_eq!(config.sold_out_recheck, Duration::milliseconds(250));
     assert_eq!(config.blocklist_refresh, Duration::milliseconds(750));
-    assert!(
-        !format!("{config:?}").contains(SECRET),
-        "the secret must not be logged"
-    );
+    assert_eq!(config.grab_token_secret_arn, SECRET_ARN);
 }

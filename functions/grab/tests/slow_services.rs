@@ -26,14 +26,18 @@ use flashsale_domain::ports::{
     OrderBook, OrderQueue, ReserveRefusal, SaleCatalog, Settlement, StockLedger,
 };
 use flashsale_domain::testing::{InMemoryBlocklist, InMemoryStore, ManualClock, RecordingQueue};
+use flashsale_domain::token::GrabTokenSigner;
 use flashsale_domain::{ReleaseReason, Reservation, Sale, SaleDraft, SaleId};
-use flashsale_grab::{Config, Deps, Ports, REQUEST_DEADLINE, SDK_BUDGET, handler};
+use flashsale_grab::{
+    Config, Deps, GRAB_KEY_BUDGET, GrabKeyError, Ports, REQUEST_DEADLINE, SDK_BUDGET, handler,
+};
 use flashsale_http::testing::{ApiEvent, body_json, error_code};
 use lambda_http::Body;
 use lambda_http::http::Response;
 use tokio::time::Instant;
 
 const SECRET: &str = "0123456789abcdef0123456789abcdef-test-only";
+const SECRET_ARN: &str = "arn:aws:secretsmanager:us-east-1:123456789012:secret:grab-token-AbCdEf";
 const SALE: &str = "phone-launch";
 const QUEUE_URL: &str = "https://sqs.us-east-1.amazonaws.com/123456789012/orders.fifo";
 /// The grab's `Timeout` in template.yaml.
@@ -74,11 +78,15 @@ fn config() -> Config {
     let vars: HashMap<&str, &str> = [
         ("TABLE_NAME", "flashsale-test"),
         ("ORDERS_QUEUE_URL", QUEUE_URL),
-        ("GRAB_TOKEN_SECRET", SECRET),
+        ("GRAB_TOKEN_SECRET_ARN", SECRET_ARN),
     ]
     .into_iter()
     .collect();
     Config::from_lookup(|var| vars.get(var).map(|value| (*value).to_owned())).unwrap()
+}
+
+fn signer() -> GrabTokenSigner {
+    GrabTokenSigner::new(SECRET).unwrap()
 }
 
 fn starts_at() -> DateTime<Utc> {
@@ -106,8 +114,26 @@ fn assert_unavailable(response: &Response<Body>) {
 }
 
 #[tokio::test(start_paused = true)]
+async fn when_secrets_manager_never_answers_the_cold_start_fails_within_the_init_budget() {
+    let started = Instant::now();
+
+    let failed = Deps::init(&config(), &stalled_aws()).await;
+
+    assert!(
+        matches!(&failed, Err(GrabKeyError::Unreadable { arn, .. }) if arn == SECRET_ARN),
+        "{:?}",
+        failed.err()
+    );
+    assert!(
+        started.elapsed() <= GRAB_KEY_BUDGET.operation,
+        "gave up after {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn when_the_table_never_answers_the_buyer_gets_a_503_within_one_call_budget() {
-    let deps = Deps::new(&config(), &stalled_aws());
+    let deps = Deps::new(&config(), signer(), &stalled_aws());
     let started = Instant::now();
 
     let response = call(&deps, token_request("user-alice")).await;
@@ -173,6 +199,7 @@ fn deps(
 ) -> Deps {
     Deps::from_ports(
         &config(),
+        signer(),
         Ports {
             catalog: store.clone(),
             ledger,

@@ -1,5 +1,5 @@
 //! The AWS emulators on loopback: DynamoDB Local (AWS's own, run on the machine's
-//! Java), moto (EventBridge Scheduler) and the project's own SQS emulator
+//! Java), moto (EventBridge Scheduler, Secrets Manager) and the project's own SQS emulator
 //! (`flashsale-sqs-emulator`, in-process).
 //!
 //! Tests and the local stack either start their own set on free ports, or reuse a
@@ -86,7 +86,7 @@ pub struct EmulatorOptions {
 #[derive(Debug)]
 pub struct Emulators {
     pub dynamodb_endpoint: String,
-    /// moto: EventBridge Scheduler.
+    /// moto: EventBridge Scheduler and Secrets Manager.
     pub moto_endpoint: String,
     /// SQS, and the prefix of every queue URL.
     pub sqs_endpoint: String,
@@ -167,7 +167,8 @@ impl Emulators {
     }
 
     /// An SDK configuration whose DynamoDB client talks to DynamoDB Local, whose SQS
-    /// client talks to the SQS emulator and whose Scheduler client talks to moto, with
+    /// client talks to the SQS emulator and whose Scheduler and Secrets Manager clients
+    /// talk to moto, with
     /// static test credentials.
     pub async fn sdk_config(&self) -> SdkConfig {
         sdk_config_for(LocalEndpoints {
@@ -185,6 +186,10 @@ impl Emulators {
             ("AWS_ENDPOINT_URL_DYNAMODB", self.dynamodb_endpoint.clone()),
             ("AWS_ENDPOINT_URL_SQS", self.sqs_endpoint.clone()),
             ("AWS_ENDPOINT_URL_SCHEDULER", self.moto_endpoint.clone()),
+            (
+                "AWS_ENDPOINT_URL_SECRETS_MANAGER",
+                self.moto_endpoint.clone(),
+            ),
             ("AWS_REGION", REGION.to_owned()),
             ("AWS_DEFAULT_REGION", REGION.to_owned()),
             ("AWS_ACCESS_KEY_ID", "test".to_owned()),
@@ -228,7 +233,7 @@ pub async fn sdk_config_for(endpoints: LocalEndpoints) -> SdkConfig {
 pub struct LocalEndpoints {
     pub dynamodb: String,
     pub sqs: String,
-    /// Every other service (Scheduler).
+    /// Every other service (Scheduler, Secrets Manager).
     pub moto: String,
 }
 

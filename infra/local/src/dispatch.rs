@@ -20,7 +20,7 @@ use crate::model::FunctionSpec;
 pub enum DispatchError {
     #[error("function {function}: CodeUri {code_uri} names no function crate of this workspace")]
     UnknownCode { function: String, code_uri: String },
-    #[error("function {function}: its configuration is invalid")]
+    #[error("function {function}: its configuration is invalid or unreadable")]
     Config {
         function: String,
         #[source]
@@ -29,8 +29,9 @@ pub enum DispatchError {
 }
 
 /// The in-process implementation of `spec`, with its dependencies built once, as a
-/// Lambda execution environment builds them at cold start.
-pub fn builtin(
+/// Lambda execution environment builds them at cold start (the grab reads its key from
+/// Secrets Manager here).
+pub async fn builtin(
     spec: &FunctionSpec,
     sdk: &aws_config::SdkConfig,
 ) -> Result<Arc<dyn LambdaFunction>, DispatchError> {
@@ -45,7 +46,10 @@ pub fn builtin(
         "functions/grab" => {
             let config = flashsale_grab::Config::from_lookup(lookup)
                 .map_err(|e| config_error(Box::new(e)))?;
-            Arc::new(GrabFunction(flashsale_grab::Deps::new(&config, sdk)))
+            let deps = flashsale_grab::Deps::init(&config, sdk)
+                .await
+                .map_err(|e| config_error(Box::new(e)))?;
+            Arc::new(GrabFunction(deps))
         }
         "functions/api" => {
             let config = flashsale_api::Config::from_lookup(lookup)

@@ -60,6 +60,7 @@ pub struct StackModel {
     /// Dead-letter targets come before the queues that redrive to them.
     pub queues: Vec<QueueSpec>,
     pub schedule_groups: Vec<ScheduleGroupSpec>,
+    pub secrets: Vec<SecretSpec>,
     pub functions: Vec<FunctionSpec>,
     pub apis: Vec<HttpApiSpec>,
     /// Resources the local stack does not create (IAM roles: locally nothing is
@@ -101,6 +102,10 @@ impl StackModel {
             .find(|g| g.logical_id == logical_id)
     }
 
+    pub fn secret(&self, logical_id: &str) -> Option<&SecretSpec> {
+        self.secrets.iter().find(|s| s.logical_id == logical_id)
+    }
+
     /// Every HTTP route of every function.
     pub fn routes(&self) -> impl Iterator<Item = (&FunctionSpec, &RouteSpec)> {
         self.functions
@@ -119,6 +124,7 @@ impl StackModel {
         let mut tables = Vec::new();
         let mut queues = Vec::new();
         let mut schedule_groups = Vec::new();
+        let mut secrets = Vec::new();
         let mut not_provisioned = Vec::new();
         let mut function_decls = Vec::new();
         let mut api_decls = Vec::new();
@@ -134,6 +140,7 @@ impl StackModel {
                 "AWS::Scheduler::ScheduleGroup" => {
                     schedule_groups.push(schedule_group_spec(&mut resolver, decl)?)
                 }
+                "AWS::SecretsManager::Secret" => secrets.push(secret_spec(&mut resolver, decl)?),
                 "AWS::Serverless::Function" => function_decls.push(decl),
                 "AWS::Serverless::HttpApi" => {
                     api_decls.push(decl);
@@ -188,6 +195,7 @@ impl StackModel {
             tables,
             queues,
             schedule_groups,
+            secrets,
             functions,
             apis,
             not_provisioned,
@@ -488,6 +496,227 @@ fn schedule_group_spec(
         logical_id: decl.logical_id.clone(),
         name: identity.name,
         arn: identity.attributes.get("Arn").cloned().unwrap_or_default(),
+    })
+}
+
+// ---------------------------------------------------------------- Secrets Manager
+
+/// A Secrets Manager secret to provision.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SecretSpec {
+    pub logical_id: String,
+    pub name: String,
+    /// What `Ref` gives locally: the ARN without the random suffix Secrets Manager
+    /// appends when it creates the secret (a partial ARN, which GetSecretValue accepts
+    /// like the full one). The suffix is only known once the secret exists, and the
+    /// functions' environments are resolved before.
+    pub arn: String,
+    pub description: Option<String>,
+    pub value: SecretValue,
+}
+
+/// What a new secret holds. An existing secret keeps its value.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SecretValue {
+    /// `SecretString`, as written.
+    Literal(String),
+    /// `GenerateSecretString`: a random value, drawn when the secret is created.
+    Generated(GeneratedSecret),
+}
+
+impl SecretValue {
+    /// The value a secret created now gets.
+    pub fn draw(&self) -> String {
+        match self {
+            SecretValue::Literal(text) => text.clone(),
+            SecretValue::Generated(generated) => generated.generate(),
+        }
+    }
+}
+
+/// `GenerateSecretString`, as Secrets Manager's GetRandomPassword reads it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GeneratedSecret {
+    pub length: usize,
+    /// The characters the value is drawn from, after every exclusion.
+    pub alphabet: Vec<char>,
+    /// Character classes of which the value holds at least one each
+    /// (`RequireEachIncludedType`, on by default).
+    pub required: Vec<Vec<char>>,
+    /// `SecretStringTemplate` and `GenerateStringKey`: the value goes into this JSON
+    /// object under that key.
+    pub template: Option<(serde_json::Map<String, Value>, String)>,
+}
+
+/// The punctuation Secrets Manager draws from (and `ExcludePunctuation` removes).
+const PUNCTUATION: &str = r##"!"#$%&'()*+,-./:;<=>?@[\]^_`{|}~"##;
+
+impl GeneratedSecret {
+    /// A fresh value from the operating system's entropy (rand's CSPRNG).
+    pub fn generate(&self) -> String {
+        use rand::seq::IndexedRandom as _;
+        let mut rng = rand::rng();
+        // Drawn whole and redrawn until every required class is present: no position
+        // is biased towards a class. With 64 characters of three classes a redraw is
+        // rare (about 1 in 10^5).
+        let password = loop {
+            let candidate: String = (0..self.length)
+                .filter_map(|_| self.alphabet.choose(&mut rng))
+                .collect();
+            if self
+                .required
+                .iter()
+                .all(|class| candidate.chars().any(|c| class.contains(&c)))
+            {
+                break candidate;
+            }
+        };
+        match &self.template {
+            None => password,
+            Some((object, key)) => {
+                let mut object = object.clone();
+                object.insert(key.clone(), Value::String(password));
+                Value::Object(object).to_string()
+            }
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "PascalCase", deny_unknown_fields)]
+struct SecretProperties {
+    #[serde(default, rename = "Name")]
+    _name: Option<String>,
+    #[serde(default)]
+    description: Option<String>,
+    #[serde(default)]
+    secret_string: Option<String>,
+    #[serde(default)]
+    generate_secret_string: Option<GenerateSecretString>,
+    // Accepted; no local effect.
+    #[serde(default, rename = "KmsKeyId")]
+    _kms: Option<Value>,
+    #[serde(default, rename = "Tags")]
+    _tags: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "PascalCase", deny_unknown_fields)]
+struct GenerateSecretString {
+    #[serde(default, deserialize_with = "lenient_opt_u64")]
+    password_length: Option<u64>,
+    #[serde(default)]
+    exclude_characters: Option<String>,
+    #[serde(default, deserialize_with = "lenient_opt_bool")]
+    exclude_lowercase: Option<bool>,
+    #[serde(default, deserialize_with = "lenient_opt_bool")]
+    exclude_uppercase: Option<bool>,
+    #[serde(default, deserialize_with = "lenient_opt_bool")]
+    exclude_numbers: Option<bool>,
+    #[serde(default, deserialize_with = "lenient_opt_bool")]
+    exclude_punctuation: Option<bool>,
+    #[serde(default, deserialize_with = "lenient_opt_bool")]
+    include_space: Option<bool>,
+    #[serde(default, deserialize_with = "lenient_opt_bool")]
+    require_each_included_type: Option<bool>,
+    #[serde(default)]
+    secret_string_template: Option<String>,
+    #[serde(default)]
+    generate_string_key: Option<String>,
+}
+
+fn secret_spec(resolver: &mut Resolver<'_>, decl: &ResourceDecl) -> Result<SecretSpec, ModelError> {
+    let at = format!("Resources.{}", decl.logical_id);
+    let invalid = |what: &str| ModelError::Invalid {
+        at: at.clone(),
+        what: what.to_owned(),
+    };
+    let identity = resolver.identity(&decl.logical_id, "Resources")?;
+    let p: SecretProperties = typed_properties(resolver, decl)?;
+    let value = match (p.secret_string, p.generate_secret_string) {
+        (Some(text), None) => SecretValue::Literal(text),
+        (None, Some(generate)) => SecretValue::Generated(generated_secret(generate, &invalid)?),
+        (Some(_), Some(_)) => {
+            return Err(invalid(
+                "SecretString and GenerateSecretString are mutually exclusive",
+            ));
+        }
+        (None, None) => {
+            return Err(invalid(
+                "the local stack needs SecretString or GenerateSecretString",
+            ));
+        }
+    };
+    Ok(SecretSpec {
+        logical_id: decl.logical_id.clone(),
+        name: identity.name,
+        arn: identity.reference,
+        description: p.description,
+        value,
+    })
+}
+
+fn generated_secret(
+    g: GenerateSecretString,
+    invalid: &impl Fn(&str) -> ModelError,
+) -> Result<GeneratedSecret, ModelError> {
+    let length = g.password_length.unwrap_or(32);
+    if !(1..=4096).contains(&length) {
+        return Err(invalid("PasswordLength must be 1 to 4096"));
+    }
+    let excluded: Vec<char> = g.exclude_characters.unwrap_or_default().chars().collect();
+    let classes: Vec<(bool, Vec<char>)> = [
+        (g.exclude_lowercase, ('a'..='z').collect::<Vec<_>>()),
+        (g.exclude_uppercase, ('A'..='Z').collect()),
+        (g.exclude_numbers, ('0'..='9').collect()),
+        (g.exclude_punctuation, PUNCTUATION.chars().collect()),
+        (Some(!g.include_space.unwrap_or(false)), vec![' ']),
+    ]
+    .into_iter()
+    .map(|(exclude, class)| {
+        let kept = class
+            .into_iter()
+            .filter(|c| !excluded.contains(c))
+            .collect();
+        (!exclude.unwrap_or(false), kept)
+    })
+    .collect();
+    let included: Vec<Vec<char>> = classes
+        .into_iter()
+        .filter(|(included, class)| *included && !class.is_empty())
+        .map(|(_, class)| class)
+        .collect();
+    let alphabet: Vec<char> = included.concat();
+    if alphabet.is_empty() {
+        return Err(invalid("GenerateSecretString excludes every character"));
+    }
+    let required = if g.require_each_included_type.unwrap_or(true) {
+        included
+    } else {
+        Vec::new()
+    };
+    if required.len() as u64 > length {
+        return Err(invalid(
+            "PasswordLength is shorter than the character types RequireEachIncludedType asks for",
+        ));
+    }
+    let template = match (g.secret_string_template, g.generate_string_key) {
+        (None, None) => None,
+        (Some(template), Some(key)) => match serde_json::from_str(&template) {
+            Ok(Value::Object(object)) => Some((object, key)),
+            _ => return Err(invalid("SecretStringTemplate must be a JSON object")),
+        },
+        _ => {
+            return Err(invalid(
+                "SecretStringTemplate and GenerateStringKey go together",
+            ));
+        }
+    };
+    Ok(GeneratedSecret {
+        length: length as usize,
+        alphabet,
+        required,
+        template,
     })
 }
 
@@ -1379,10 +1608,27 @@ mod tests {
 
         let grab = model.function("GrabFunction").expect("grab");
         assert_eq!(grab.environment["SOLD_OUT_RECHECK_MS"], "1000");
-        assert!(grab.environment["GRAB_TOKEN_SECRET"].len() >= 32);
+        let secret = model
+            .secret("GrabTokenSecret")
+            .expect("the grab-token secret");
+        assert_eq!(secret.name, "st-GrabTokenSecret");
         assert_eq!(
-            model.generated_parameters,
-            vec!["GrabTokenSecret".to_owned()]
+            grab.environment["GRAB_TOKEN_SECRET_ARN"],
+            "arn:aws:secretsmanager:us-east-1:123456789012:secret:st-GrabTokenSecret"
+        );
+        assert_eq!(grab.environment["GRAB_TOKEN_SECRET_ARN"], secret.arn);
+        let SecretValue::Generated(generated) = &secret.value else {
+            panic!("the stack generates the key: {:?}", secret.value);
+        };
+        assert_eq!(generated.length, 64);
+        let key = generated.generate();
+        assert_eq!(key.len(), 64, "{key}");
+        assert!(key.chars().all(|c| c.is_ascii_alphanumeric()), "{key}");
+        assert_ne!(key, generated.generate(), "each draw is fresh");
+        assert!(
+            model.generated_parameters.is_empty(),
+            "no parameter is a secret any more: {:?}",
+            model.generated_parameters
         );
 
         let get_sale = model
@@ -1447,6 +1693,73 @@ mod tests {
             err.to_string().contains("KinesisStreamSpecification"),
             "{err}"
         );
+    }
+
+    fn secret_model(generate: &str) -> Result<StackModel, ModelError> {
+        let template = Template::parse(&format!(
+            "Resources:\n  S:\n    Type: AWS::SecretsManager::Secret\n    Properties:\n      GenerateSecretString: {generate}\n"
+        ))
+        .expect("parses");
+        StackModel::build(&template, context(), &BTreeMap::new())
+    }
+
+    fn generated(generate: &str) -> GeneratedSecret {
+        match secret_model(generate).expect("model").secrets[0]
+            .value
+            .clone()
+        {
+            SecretValue::Generated(generated) => generated,
+            other => panic!("expected a generated value, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_generated_secret_honours_length_exclusions_and_required_types() {
+        let only_digits = generated(
+            "{ PasswordLength: 40, ExcludeLowercase: true, ExcludeUppercase: true, ExcludePunctuation: true, ExcludeCharacters: \"01\" }",
+        );
+        for _ in 0..50 {
+            let value = only_digits.generate();
+            assert_eq!(value.chars().count(), 40);
+            assert!(value.chars().all(|c| ('2'..='9').contains(&c)), "{value}");
+        }
+
+        // Secrets Manager's defaults: 32 characters of every class but the space, at
+        // least one of each.
+        let defaults = generated("{}");
+        for _ in 0..50 {
+            let value = defaults.generate();
+            assert_eq!(value.chars().count(), 32);
+            assert!(!value.contains(' '), "{value}");
+            for class in [
+                char::is_ascii_lowercase,
+                char::is_ascii_uppercase,
+                char::is_ascii_digit,
+                char::is_ascii_punctuation,
+            ] {
+                assert!(value.chars().any(|c| class(&c)), "{value}");
+            }
+        }
+
+        let templated = generated(
+            "{ SecretStringTemplate: '{\"user\":\"ops\"}', GenerateStringKey: password, PasswordLength: 33 }",
+        );
+        let value: Value = serde_json::from_str(&templated.generate()).expect("JSON");
+        assert_eq!(value["user"], "ops");
+        assert_eq!(value["password"].as_str().map(str::len), Some(33));
+    }
+
+    #[test]
+    fn an_impossible_generated_secret_is_an_error() {
+        for generate in [
+            "{ PasswordLength: 0 }",
+            "{ ExcludeLowercase: true, ExcludeUppercase: true, ExcludeNumbers: true, ExcludePunctuation: true }",
+            "{ PasswordLength: 2 }",
+            "{ GenerateStringKey: password }",
+            "{ Length: 64 }",
+        ] {
+            assert!(secret_model(generate).is_err(), "{generate} was accepted");
+        }
     }
 
     #[test]

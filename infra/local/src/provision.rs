@@ -1,5 +1,6 @@
-//! Creates the stack's tables, queues and schedule groups on the emulators, as
-//! CloudFormation would. Idempotent: what exists is checked and kept; a mutable queue
+//! Creates the stack's tables, queues, schedule groups and secrets on the emulators, as
+//! CloudFormation would. Idempotent: what exists is checked and kept (a secret keeps
+//! its value, so tokens signed before a restart stay valid); a mutable queue
 //! attribute that differs is updated (as a stack update would); a difference that
 //! CloudFormation could only fix by replacing the resource is an error, never a silent
 //! second resource.
@@ -12,7 +13,7 @@ use aws_sdk_scheduler::error::ProvideErrorMetadata;
 use serde_json::Value;
 
 use crate::model::{
-    KeyElement, QueueSpec, ScheduleGroupSpec, SecondaryIndex, StackModel, TableSpec,
+    KeyElement, QueueSpec, ScheduleGroupSpec, SecondaryIndex, SecretSpec, StackModel, TableSpec,
 };
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -32,6 +33,14 @@ pub enum ProvisionError {
     Drift { resource: String, what: String },
     #[error("{resource}: invalid specification: {what}")]
     Invalid { resource: String, what: String },
+    #[error(
+        "secret {resource} has ARN {actual}, which the ARN the environment was resolved with ({expected}) does not name"
+    )]
+    SecretArnMismatch {
+        resource: String,
+        expected: String,
+        actual: String,
+    },
     #[error("queue {resource} has URL {actual}, but the environment was resolved with {expected}")]
     QueueUrlMismatch {
         resource: String,
@@ -95,6 +104,7 @@ pub struct Clients {
     pub dynamodb: aws_sdk_dynamodb::Client,
     pub sqs: aws_sdk_sqs::Client,
     pub scheduler: aws_sdk_scheduler::Client,
+    pub secretsmanager: aws_sdk_secretsmanager::Client,
 }
 
 impl Clients {
@@ -103,11 +113,12 @@ impl Clients {
             dynamodb: aws_sdk_dynamodb::Client::new(sdk),
             sqs: aws_sdk_sqs::Client::new(sdk),
             scheduler: aws_sdk_scheduler::Client::new(sdk),
+            secretsmanager: aws_sdk_secretsmanager::Client::new(sdk),
         }
     }
 }
 
-/// Provisions every table, queue and schedule group of `model`.
+/// Provisions every table, queue, schedule group and secret of `model`.
 pub async fn provision(
     model: &StackModel,
     clients: &Clients,
@@ -137,6 +148,15 @@ pub async fn provision(
             logical_id: group.logical_id.clone(),
             kind: "AWS::Scheduler::ScheduleGroup",
             physical_id: group.name.clone(),
+            change,
+        });
+    }
+    for secret in &model.secrets {
+        let (arn, change) = provision_secret(&clients.secretsmanager, secret).await?;
+        report.resources.push(ProvisionedResource {
+            logical_id: secret.logical_id.clone(),
+            kind: "AWS::SecretsManager::Secret",
+            physical_id: arn,
             change,
         });
     }
@@ -511,4 +531,63 @@ async fn provision_schedule_group(
         }
         Err(e) => Err(aws("CreateScheduleGroup", name, e)),
     }
+}
+
+// ---------------------------------------------------------------- Secrets Manager
+
+/// Creates the secret with a freshly drawn value, or keeps the one that exists, value
+/// and all: a restarted stack must go on accepting what the old one signed. Answers
+/// the secret's full ARN.
+async fn provision_secret(
+    client: &aws_sdk_secretsmanager::Client,
+    secret: &SecretSpec,
+) -> Result<(String, Change), ProvisionError> {
+    let name = secret.name.as_str();
+    let (arn, change) = match client.describe_secret().secret_id(name).send().await {
+        Ok(existing) => (existing.arn.unwrap_or_default(), Change::Unchanged),
+        Err(e)
+            if e.as_service_error()
+                .is_some_and(|s| s.is_resource_not_found_exception()) =>
+        {
+            let created = client
+                .create_secret()
+                .name(name)
+                .set_description(secret.description.clone())
+                .secret_string(secret.value.draw())
+                .send()
+                .await;
+            match created {
+                Ok(out) => (out.arn.unwrap_or_default(), Change::Created),
+                // Another provisioner (a parallel test on the same stack name) won the
+                // race; its value stands.
+                Err(e)
+                    if e.as_service_error()
+                        .is_some_and(|s| s.is_resource_exists_exception()) =>
+                {
+                    let existing = client
+                        .describe_secret()
+                        .secret_id(name)
+                        .send()
+                        .await
+                        .map_err(|e| aws("DescribeSecret", name, e))?;
+                    (existing.arn.unwrap_or_default(), Change::Unchanged)
+                }
+                Err(e) => return Err(aws("CreateSecret", name, e)),
+            }
+        }
+        Err(e) => return Err(aws("DescribeSecret", name, e)),
+    };
+    // The functions were given the partial ARN; it must name this very secret.
+    let named = arn
+        .strip_prefix(secret.arn.as_str())
+        .and_then(|suffix| suffix.strip_prefix('-'))
+        .is_some_and(|random| !random.is_empty() && !random.contains(':'));
+    if !named {
+        return Err(ProvisionError::SecretArnMismatch {
+            resource: name.to_owned(),
+            expected: secret.arn.clone(),
+            actual: arn,
+        });
+    }
+    Ok((arn, change))
 }

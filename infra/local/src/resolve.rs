@@ -624,6 +624,14 @@ impl<'t> Resolver<'t> {
                     format!("arn:{PARTITION}:scheduler:{region}:{account}:schedule-group/{name}");
                 identity(name.clone(), name, vec![("Arn", arn)])
             }
+            "AWS::SecretsManager::Secret" => {
+                let name = self.named(properties, "Name", logical_id, at)?;
+                // Partial: Secrets Manager adds a random suffix when it creates the
+                // secret; GetSecretValue finds the secret by this ARN all the same.
+                let arn =
+                    format!("arn:{PARTITION}:secretsmanager:{region}:{account}:secret:{name}");
+                identity(name, arn.clone(), vec![("Id", arn)])
+            }
             "AWS::IAM::Role" => {
                 let name = self.named(properties, "RoleName", logical_id, at)?;
                 let path = match properties.get("Path") {

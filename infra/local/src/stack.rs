@@ -257,7 +257,7 @@ impl LocalStack {
         for spec in &model.functions {
             let implementation = match options.function_overrides.get(&spec.logical_id) {
                 Some(injected) => injected.clone(),
-                None => dispatch::builtin(spec, &sdk_config)?,
+                None => dispatch::builtin(spec, &sdk_config).await?,
             };
             code.insert(spec.logical_id.clone(), implementation);
         }
@@ -381,6 +381,11 @@ impl LocalStack {
     /// URL of the queue with this logical id.
     pub fn queue_url(&self, logical_id: &str) -> Option<&str> {
         self.model.queue(logical_id).map(|q| q.url.as_str())
+    }
+
+    /// ARN of the secret with this logical id, as the functions' environments name it.
+    pub fn secret_arn(&self, logical_id: &str) -> Option<&str> {
+        self.model.secret(logical_id).map(|s| s.arn.as_str())
     }
 
     /// Name of the schedule group with this logical id.

@@ -255,7 +255,7 @@ fn env_vars_carry_the_resources_and_parameters_their_names_promise() {
             "RELEASE_SCHEDULE_DLQ_ARN",
             json!({"Fn::GetAtt": ["ReleaseSchedulesDLQ", "Arn"]}),
         ),
-        ("GRAB_TOKEN_SECRET", json!({"Ref": "GrabTokenSecret"})),
+        ("GRAB_TOKEN_SECRET_ARN", json!({"Ref": "GrabTokenSecret"})),
         ("ADMIN_CLAIM", json!({"Ref": "AdminClaim"})),
         ("ADMIN_GROUP", json!({"Ref": "AdminGroup"})),
     ]
@@ -267,11 +267,84 @@ fn env_vars_carry_the_resources_and_parameters_their_names_promise() {
             }
         }
     }
-    assert_eq!(
-        stack().raw["Parameters"]["GrabTokenSecret"]["NoEcho"],
-        json!(true),
-        "the grab-token secret is never echoed by CloudFormation"
+}
+
+// ------------------------------------------------------------------ the grab-token secret
+
+#[test]
+fn the_grab_token_key_is_a_generated_secret_no_deployer_supplies() {
+    let parameters = stack().raw["Parameters"]
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
+    for (name, parameter) in &parameters {
+        assert!(
+            !name.to_lowercase().contains("secret") && parameter["NoEcho"] != json!(true),
+            "parameter {name} asks the deployer for a secret; the stack generates it"
+        );
+    }
+    let secret = stack().expanded_resource("GrabTokenSecret");
+    assert_eq!(secret["Type"], "AWS::SecretsManager::Secret");
+    let generate = &secret["Properties"]["GenerateSecretString"];
+    let length = generate["PasswordLength"].as_u64().unwrap_or(32);
+    // Letters and digits alone carry log2(62) ~ 5.95 bits a character.
+    assert!(
+        length as f64 * 62f64.log2() >= 256.0 && length >= 32,
+        "{length} characters carry less than 32 bytes of entropy"
     );
+    assert!(
+        secret["Properties"].get("SecretString").is_none(),
+        "the value is generated, never written into the template"
+    );
+    for policy in ["UpdateReplacePolicy", "DeletionPolicy"] {
+        assert!(
+            secret.get(policy).is_some(),
+            "GrabTokenSecret: {policy} is chosen on purpose, not left to the default"
+        );
+    }
+}
+
+#[test]
+fn only_the_functions_that_sign_grab_paths_may_read_the_grab_token_secret() {
+    for f in functions() {
+        let (_, own, generated, _) = role_of(f.logical_id);
+        let readers: Vec<&Statement> = own
+            .iter()
+            .chain(&generated)
+            .filter(|s| s.actions.iter().any(|a| a.starts_with("secretsmanager:")))
+            .collect();
+        let reads_the_key = f.env_vars.contains(&"GRAB_TOKEN_SECRET_ARN");
+        if !reads_the_key {
+            assert!(
+                readers.is_empty(),
+                "{} may read secrets it never asks for",
+                f.logical_id
+            );
+            continue;
+        }
+        let [statement] = readers.as_slice() else {
+            panic!("{}: one statement reads the key: {readers:?}", f.logical_id);
+        };
+        assert_eq!(statement.effect, Effect::Allow);
+        assert_eq!(statement.actions, ["secretsmanager:GetSecretValue"]);
+        let named: BTreeSet<String> = statement
+            .resources
+            .iter()
+            .flat_map(stack::references)
+            .collect();
+        assert_eq!(
+            named,
+            ["GrabTokenSecret".to_owned()].into(),
+            "{}: exactly the grab-token secret",
+            f.logical_id
+        );
+        assert_eq!(
+            referenced_by_env(f.logical_id, &["GRAB_TOKEN_SECRET_ARN"]),
+            named,
+            "{}: the secret it may read is the one its environment names",
+            f.logical_id
+        );
+    }
 }
 
 // ------------------------------------------------------------------ IAM from the code
@@ -321,6 +394,7 @@ fn sdk() -> &'static Sdk {
             ("dynamodb", "aws-sdk-dynamodb"),
             ("sqs", "aws-sdk-sqs"),
             ("scheduler", "aws-sdk-scheduler"),
+            ("secretsmanager", "aws-sdk-secretsmanager"),
         ]
         .into_iter()
         .map(|(prefix, krate)| {
@@ -543,6 +617,9 @@ fn each_permission_names_only_the_resources_the_function_is_configured_with() {
                     referenced_by_env(f.logical_id, &["ORDERS_QUEUE_URL", "ORDERS_DLQ_URL"])
                 }
                 Some("scheduler") => referenced_by_env(f.logical_id, &["SCHEDULE_GROUP_NAME"]),
+                Some("secretsmanager") => {
+                    referenced_by_env(f.logical_id, &["GRAB_TOKEN_SECRET_ARN"])
+                }
                 Some("iam") => {
                     assert_eq!(
                         statement.condition,

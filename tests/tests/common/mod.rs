@@ -16,8 +16,6 @@ use flashsale_local::{LocalStack, StackOptions};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-pub const GRAB_TOKEN_SECRET: &str = "e2e-grab-token-secret-of-at-least-32-bytes";
-
 /// How long the consumer may take to open an order (or set its timer) before a test
 /// fails. Generous: it only bounds a failure, and a loaded machine running other
 /// builds delays the event source emulation's polls by seconds.
@@ -51,8 +49,9 @@ impl Harness {
         for (key, value) in parameters {
             options = options.parameter(*key, *value);
         }
+        // The grab-token key is the stack's own secret, generated on moto: the tests
+        // get grab paths from the token route, as buyers do.
         let options = options
-            .parameter("GrabTokenSecret", GRAB_TOKEN_SECRET)
             // Redelivery after a failure in seconds, not the deployed 3 minutes.
             .parameter("OrdersVisibilityTimeout", "2");
         let stack = LocalStack::start(options)

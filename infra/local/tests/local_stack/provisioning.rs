@@ -31,6 +31,18 @@ async fn queue_attributes(
         .unwrap_or_default()
 }
 
+/// The value of the stack's secret, read by the ARN its functions are given.
+async fn secret_value(stack: &LocalStack, logical_id: &str) -> String {
+    aws_sdk_secretsmanager::Client::new(&stack.sdk_config)
+        .get_secret_value()
+        .secret_id(stack.secret_arn(logical_id).expect("secret in template"))
+        .send()
+        .await
+        .expect("GetSecretValue by the functions' ARN")
+        .secret_string
+        .expect("a string secret")
+}
+
 #[tokio::test]
 async fn provisioning_creates_the_table_queues_and_schedule_group_the_template_declares() {
     let stack = start(options("prov").parameter("OrdersVisibilityTimeout", "7")).await;
@@ -127,6 +139,34 @@ async fn provisioning_creates_the_table_queues_and_schedule_group_the_template_d
         group.name(),
         stack.schedule_group_name("ReleaseScheduleGroup")
     );
+
+    // The grab-token key: generated as GenerateSecretString asks (64 letters and
+    // digits), and named by the grab's environment.
+    let grab_env = &stack
+        .model
+        .function("GrabFunction")
+        .expect("grab")
+        .environment;
+    assert_eq!(
+        grab_env.get("GRAB_TOKEN_SECRET_ARN").map(String::as_str),
+        stack.secret_arn("GrabTokenSecret")
+    );
+    let key = secret_value(&stack, "GrabTokenSecret").await;
+    assert_eq!(key.len(), 64, "{key}");
+    assert!(key.chars().all(|c| c.is_ascii_alphanumeric()), "{key}");
+    let created = stack
+        .provisioned
+        .resources
+        .iter()
+        .find(|r| r.logical_id == "GrabTokenSecret")
+        .expect("the secret is in the report");
+    assert!(
+        created.physical_id.starts_with(&format!(
+            "{}-",
+            stack.secret_arn("GrabTokenSecret").unwrap()
+        )),
+        "the report names the full ARN: {created:?}"
+    );
     stack.shutdown().await;
 }
 
@@ -185,6 +225,30 @@ async fn provisioning_twice_changes_nothing_and_keeps_existing_schedules() {
         "{:?}",
         second.provisioned
     );
+
+    assert_eq!(
+        secret_value(&second, "GrabTokenSecret").await,
+        secret_value(&first, "GrabTokenSecret").await,
+        "a restart keeps the grab-token key, so the grab paths it signed stay valid"
+    );
+    let secrets = aws_sdk_secretsmanager::Client::new(&first.sdk_config)
+        .list_secrets()
+        .filters(
+            aws_sdk_secretsmanager::types::Filter::builder()
+                .key(aws_sdk_secretsmanager::types::FilterNameStringType::Name)
+                .values(&stack_name)
+                .build(),
+        )
+        .send()
+        .await
+        .expect("ListSecrets")
+        .secret_list
+        .unwrap_or_default();
+    let ours = secrets
+        .iter()
+        .filter(|s| s.name().is_some_and(|n| n.starts_with(&stack_name)))
+        .count();
+    assert_eq!(ours, first.model.secrets.len(), "no duplicate secrets");
 
     let sqs = aws_sdk_sqs::Client::new(&first.sdk_config);
     let queues = sqs
