@@ -95,7 +95,7 @@ struct Drill {
     buyers_retry: bool,
     /// Abandon one consumer invocation mid-batch, as a crashed runtime would.
     crash_consumer: bool,
-    /// Every opened order gets exactly one timer: asserted where no fault can make a
+    /// No hold gets more than one timer: asserted where no fault can make a
     /// CreateSchedule's fate unknown to the proxy.
     check_one_timer_per_order: bool,
 }
@@ -598,14 +598,13 @@ async fn run(drill: Drill) -> Row {
     }
     let scheduler_counts = &counts[2].1;
     if drill.check_one_timer_per_order {
-        // Buyers act only once their order is open, so each order a buyer was told of
-        // has its timer; a hold nobody was told of (a grab cut off by its timeout after
-        // the commit) may have none, the reconciler releasing it. Never two per hold.
+        // Each timer is named after its order, so a hold never gets two. (How many
+        // were made is a lower bound here: a CreateSchedule cut off by the crash can
+        // still create its schedule unseen by the proxy's count.)
         let timers = created_timers(scheduler_counts);
-        let told_orders = u64::try_from(orders.len()).expect("small");
         assert!(
-            (told_orders..=reservations).contains(&timers),
-            "{}: {timers} timers for {told_orders} orders told of and {reservations} holds: {scheduler_counts:?}",
+            timers <= reservations,
+            "{}: {timers} timers for {reservations} holds: {scheduler_counts:?}",
             drill.name
         );
     }
