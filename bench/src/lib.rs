@@ -1,6 +1,7 @@
 //! `make bench` and the pass-through it counts with.
 //!
-//! - the counting, fault-injecting HTTP pass-through in front of an emulator ([`proxy`]);
+//! - the counting, fault-injecting HTTP pass-through in front of an emulator ([`proxy`],
+//!   which lives with the emulators, so the e2e fault drills use the same one);
 //! - the emulators, a proxy in front of each, and the local stack pointed at the proxies
 //!   ([`stack`]);
 //! - the measurements ([`scenarios`], [`external`]), bootstrap sizes and init times
@@ -9,7 +10,7 @@
 
 pub mod external;
 pub mod init;
-pub mod proxy;
+pub use flashsale_emulators::proxy;
 pub mod report;
 pub mod scenarios;
 pub mod stack;

@@ -14,6 +14,10 @@
 //! its stdin: dropping [`Emulators`] kills the group, and if this process dies without
 //! dropping (SIGKILL, `std::process::exit`), the pipe closes, the guard sees EOF and
 //! kills the emulator. Either way no emulator outlives its owner.
+//!
+//! [`proxy`] is a counting, fault-injecting pass-through to put in front of any of them.
+
+pub mod proxy;
 
 use std::fs::File;
 use std::io;
@@ -171,12 +175,16 @@ impl Emulators {
     /// talk to moto, with
     /// static test credentials.
     pub async fn sdk_config(&self) -> SdkConfig {
-        sdk_config_for(LocalEndpoints {
+        sdk_config_for(self.endpoints()).await
+    }
+
+    /// The three endpoints, as the SDK configuration takes them.
+    pub fn endpoints(&self) -> LocalEndpoints {
+        LocalEndpoints {
             dynamodb: self.dynamodb_endpoint.clone(),
             sqs: self.sqs_endpoint.clone(),
             moto: self.moto_endpoint.clone(),
-        })
-        .await
+        }
     }
 
     /// The environment that points an unmodified binary (a Lambda `bootstrap`, the AWS

@@ -4,10 +4,11 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
+use futures::future::BoxFuture;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 use tracing::Instrument;
@@ -65,7 +66,16 @@ pub enum InvokeError {
     },
     #[error("function {function} timed out after {timeout:?}")]
     TimedOut { function: String, timeout: Duration },
+    /// The execution environment died mid-invocation (a fault drill's crash): whatever
+    /// the function had done so far stays done, and it answered nothing.
+    #[error("function {function}: the runtime exited mid-invocation (Runtime.ExitError)")]
+    Crashed { function: String },
 }
+
+/// A crash armed on a function, for fault drills: called with the event of each
+/// invocation of that function; the future it answers completing first abandons the
+/// invocation, as the death of its process would. The first crash disarms it.
+pub type CrashTrigger = Arc<dyn Fn(&Value) -> BoxFuture<'static, ()> + Send + Sync>;
 
 /// How Lambda retries asynchronous invocations, locally.
 #[derive(Debug, Clone)]
@@ -97,6 +107,7 @@ pub struct LambdaService {
     sqs: aws_sdk_sqs::Client,
     timing: AsyncRetryTiming,
     shutdown: watch::Receiver<bool>,
+    crashes: Arc<Mutex<BTreeMap<String, CrashTrigger>>>,
 }
 
 impl LambdaService {
@@ -132,7 +143,18 @@ impl LambdaService {
             sqs,
             timing,
             shutdown,
+            crashes: Arc::default(),
         }
+    }
+
+    /// Arms a crash of `logical_id`: its invocations race `trigger` until one loses and
+    /// is abandoned mid-way (Lambda reports `Runtime.ExitError`; an SQS batch comes back
+    /// whole after its visibility timeout). For fault drills.
+    pub fn crash_when(&self, logical_id: &str, trigger: CrashTrigger) {
+        self.crashes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(logical_id.to_owned(), trigger);
     }
 
     pub fn model(&self) -> &StackModel {
@@ -154,8 +176,30 @@ impl LambdaService {
         };
         let span =
             tracing::info_span!("invoke", function = logical_id, request_id = %context.request_id);
+        let armed = self
+            .crashes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(logical_id)
+            .cloned();
+        let crash = armed.as_ref().map(|trigger| trigger(&event));
         let run = tokio::time::timeout(timeout, deployed.code.invoke(event, context));
-        match run.instrument(span).await {
+        let finished = match crash {
+            None => run.instrument(span).await,
+            Some(crash) => tokio::select! {
+                finished = run.instrument(span) => finished,
+                () = crash => {
+                    // Only this trigger: another may have been armed meanwhile.
+                    let mut crashes = self.crashes.lock().unwrap_or_else(PoisonError::into_inner);
+                    if crashes.get(logical_id).zip(armed.as_ref()).is_some_and(|(now, fired)| Arc::ptr_eq(now, fired)) {
+                        crashes.remove(logical_id);
+                    }
+                    tracing::warn!(function = logical_id, "invocation abandoned: the runtime exited (fault drill)");
+                    return Err(InvokeError::Crashed { function: logical_id.to_owned() });
+                }
+            },
+        };
+        match finished {
             Ok(Ok(result)) => Ok(result),
             Ok(Err(source)) => Err(InvokeError::Failed {
                 function: logical_id.to_owned(),
@@ -296,6 +340,7 @@ impl LambdaService {
 fn error_type(error: &InvokeError) -> &'static str {
     match error {
         InvokeError::TimedOut { .. } => "Sandbox.Timedout",
+        InvokeError::Crashed { .. } => "Runtime.ExitError",
         _ => "Runtime.Unhandled",
     }
 }

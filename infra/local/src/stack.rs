@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aws_config::SdkConfig;
-use flashsale_emulators::{EmulatorError, EmulatorOptions, Emulators};
+use flashsale_emulators::{EmulatorError, EmulatorOptions, Emulators, LocalEndpoints};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -64,6 +64,9 @@ pub enum EmulatorSource {
     Shared,
     /// A pair owned by this stack and stopped with it (`make run`); ports 0 = free.
     Own(EmulatorOptions),
+    /// Running emulators at these endpoints, neither started nor stopped here: the
+    /// fault drills put a fault-injecting proxy in front of each and name the proxies.
+    Endpoints(LocalEndpoints),
 }
 
 /// How to start a stack.
@@ -201,6 +204,7 @@ impl LocalStack {
         // Before any function runs, so their first metric lands in it.
         crate::metrics::LocalMetrics::install();
         let (emulators, shared) = match &options.emulators {
+            EmulatorSource::Endpoints(_) => (None, None),
             EmulatorSource::Shared => {
                 let shared = tokio::task::spawn_blocking(flashsale_emulators::try_shared_blocking)
                     .await
@@ -218,18 +222,19 @@ impl LocalStack {
                 (Some(owned), None)
             }
         };
-        let running = emulators
-            .as_ref()
-            .or(shared)
-            .expect("one of the two is set");
-        let dynamodb_endpoint = running.dynamodb_endpoint.clone();
-        let moto_endpoint = running.moto_endpoint.clone();
-        let sqs_endpoint = running.sqs_endpoint.clone();
+        let endpoints = match (&options.emulators, emulators.as_ref().or(shared)) {
+            (EmulatorSource::Endpoints(given), _) => given.clone(),
+            (_, Some(running)) => running.endpoints(),
+            (_, None) => unreachable!("a shared or owned set was started above"),
+        };
+        let dynamodb_endpoint = endpoints.dynamodb.clone();
+        let moto_endpoint = endpoints.moto.clone();
+        let sqs_endpoint = endpoints.sqs.clone();
         let emulator_groups = emulators
             .as_ref()
             .map(Emulators::process_groups)
             .unwrap_or_default();
-        let sdk_config = running.sdk_config().await;
+        let sdk_config = flashsale_emulators::sdk_config_for(endpoints).await;
 
         let template = Template::from_path(&options.template)?;
         let context = StackContext {

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use axum::Router;
 use axum::http::HeaderMap;
-use flashsale_bench::proxy::{Counts, Fault, FaultRule, Proxy};
+use flashsale_emulators::proxy::{Counts, Fault, FaultRule, Proxy};
 use serde_json::{Value, json};
 
 /// An upstream that answers 200 with the target it got, or 404 on `/missing`, and counts.
@@ -124,6 +124,7 @@ async fn a_throttle_rule_answers_the_service_throttle_without_forwarding_in_its_
         fault: Fault::Throttle,
         skip: 1,
         times: Some(2),
+        every: None,
     }]);
     let mut statuses = Vec::new();
     for _ in 0..4 {
@@ -133,7 +134,7 @@ async fn a_throttle_rule_answers_the_service_throttle_without_forwarding_in_its_
             let body: Value = answer.json().await.expect("json");
             assert_eq!(
                 body["__type"],
-                "com.amazonaws.dynamodb.v20120810#ThrottlingException"
+                "com.amazonaws.dynamodb.v20120810#ProvisionedThroughputExceededException"
             );
         }
         statuses.push(status);
@@ -238,7 +239,36 @@ async fn the_sdk_sees_an_injected_throttle_as_a_throttling_error_and_retries_it(
         .send()
         .await
         .expect_err("every attempt is throttled");
-    assert_eq!(error.code(), Some("ThrottlingException"), "{error:?}");
+    assert_eq!(
+        error.code(),
+        Some("ProvisionedThroughputExceededException"),
+        "{error:?}"
+    );
     assert_eq!(proxy.counts().of(GET_ITEM), 3, "the SDK retried a throttle");
     assert_eq!(upstream.hits.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn an_every_rule_faults_each_nth_request_after_the_skip_up_to_its_limit() {
+    let upstream = upstream().await;
+    let proxy = Proxy::start(&upstream.url, 0).await.expect("proxy");
+    proxy.set_faults(vec![FaultRule {
+        skip: 1,
+        times: Some(2),
+        ..FaultRule::every(SEND, Fault::ServerError, 3)
+    }]);
+    let mut statuses = Vec::new();
+    for _ in 0..10 {
+        statuses.push(
+            call(&proxy, SEND)
+                .await
+                .expect("an answer")
+                .status()
+                .as_u16(),
+        );
+    }
+    // Skip one, then the 3rd and 6th after it fault; the limit of two is then reached.
+    assert_eq!(statuses, [200, 200, 200, 500, 200, 200, 500, 200, 200, 200]);
+    let send = &proxy.counts().operations[SEND];
+    assert_eq!((send.total, send.faults), (10, 2));
 }

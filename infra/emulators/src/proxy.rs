@@ -9,7 +9,10 @@
 //!
 //! Faults: a rule per operation makes the proxy answer a throttle or a 500 instead of
 //! forwarding, reset the connection before forwarding, or forward (the upstream commits)
-//! and then drop the connection, so the caller cannot know it committed.
+//! and then drop the connection, so the caller cannot know it committed. A rule says
+//! how often: a window (`skip`, `times`) and a rate within it (`every` n-th request),
+//! so a drill can state the rate it ran at. `make bench` counts through it, and the
+//! e2e fault drills (tests/tests/drills.rs) inject through it.
 //!
 //! Control routes, on the same port: `GET /__counts` (JSON [`Counts`]), `POST /__reset`
 //! (zero the counts), `PUT /__faults` (a JSON list of [`FaultRule`]), `DELETE /__faults`.
@@ -113,7 +116,8 @@ pub enum Fault {
 }
 
 /// Applies `fault` to requests of `operation` (`"*"`: every operation): the first
-/// `skip` matching requests pass, then up to `times` of them (all when `None`) fault.
+/// `skip` matching requests pass; after them, every `every`-th matching request (each
+/// one when `None` or 1) faults, up to `times` faults (no limit when `None`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FaultRule {
     pub operation: String,
@@ -122,6 +126,8 @@ pub struct FaultRule {
     pub skip: u64,
     #[serde(default)]
     pub times: Option<u64>,
+    #[serde(default)]
+    pub every: Option<u64>,
 }
 
 impl FaultRule {
@@ -131,29 +137,73 @@ impl FaultRule {
             fault,
             skip: 0,
             times: None,
+            every: None,
+        }
+    }
+
+    /// Faults every `n`-th matching request (the `n`-th, the `2n`-th, ...): a rate of
+    /// 1/`n`, deterministic, so a drill's rate is what it says.
+    pub fn every(operation: impl Into<String>, fault: Fault, n: u64) -> Self {
+        Self {
+            every: Some(n),
+            ..Self::always(operation, fault)
         }
     }
 }
 
-/// The rules in force, and how many requests each has matched so far.
+/// A rule in force: how many requests it has matched and how many it has faulted.
+#[derive(Debug)]
+struct ActiveRule {
+    rule: FaultRule,
+    matched: u64,
+    faulted: u64,
+}
+
+impl ActiveRule {
+    fn new(rule: FaultRule) -> Self {
+        Self {
+            rule,
+            matched: 0,
+            faulted: 0,
+        }
+    }
+
+    /// Counts one matching request; whether it faults.
+    fn strikes(&mut self) -> bool {
+        self.matched += 1;
+        let Some(past_skip) = self.matched.checked_sub(self.rule.skip + 1) else {
+            return false;
+        };
+        let every = self.rule.every.unwrap_or(1).max(1);
+        let on_rate = (past_skip + 1) % every == 0;
+        let under_limit = self.rule.times.is_none_or(|times| self.faulted < times);
+        let strikes = on_rate && under_limit;
+        if strikes {
+            self.faulted += 1;
+        }
+        strikes
+    }
+}
+
+/// The rules in force.
 #[derive(Debug, Default)]
 struct FaultBook {
-    rules: Vec<(FaultRule, u64)>,
+    rules: Vec<ActiveRule>,
 }
 
 impl FaultBook {
+    fn replace(&mut self, rules: Vec<FaultRule>) {
+        self.rules = rules.into_iter().map(ActiveRule::new).collect();
+    }
+
     /// The fault for this request, if a rule applies to it; the first matching rule
     /// decides (and counts the request) even when it lets it pass.
     fn decide(&mut self, operation: &str) -> Option<Fault> {
-        let (rule, matched) = self
+        let active = self
             .rules
             .iter_mut()
-            .find(|(rule, _)| rule.operation == "*" || rule.operation == operation)?;
-        let seen = *matched;
-        *matched += 1;
-        let in_window =
-            seen >= rule.skip && rule.times.is_none_or(|times| seen - rule.skip < times);
-        in_window.then_some(rule.fault)
+            .find(|active| active.rule.operation == "*" || active.rule.operation == operation)?;
+        active.strikes().then_some(active.rule.fault)
     }
 }
 
@@ -241,7 +291,7 @@ impl Proxy {
 
     /// Replaces the fault rules (an empty list: forward everything).
     pub fn set_faults(&self, rules: Vec<FaultRule>) {
-        lock(&self.shared.faults).rules = rules.into_iter().map(|rule| (rule, 0)).collect();
+        lock(&self.shared.faults).replace(rules);
     }
 }
 
@@ -289,7 +339,7 @@ async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Result<Proxy
             return Ok(error_answer(
                 StatusCode::BAD_REQUEST,
                 &throttle_code(&operation),
-                "Rate exceeded (injected by flashsale-bench)",
+                "Rate exceeded (injected by the fault proxy)",
             ));
         }
         Some(Fault::ServerError) => {
@@ -297,7 +347,7 @@ async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Result<Proxy
             return Ok(error_answer(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "InternalServerError",
-                "Internal server error (injected by flashsale-bench)",
+                "Internal server error (injected by the fault proxy)",
             ));
         }
         Some(Fault::ConnectionReset) => {
@@ -370,7 +420,7 @@ async fn control(shared: &Shared, request: Request<Incoming>) -> ProxyResponse {
             match rules {
                 Ok(rules) => {
                     let count = rules.len();
-                    lock(&shared.faults).rules = rules.into_iter().map(|rule| (rule, 0)).collect();
+                    lock(&shared.faults).replace(rules);
                     json_answer(StatusCode::OK, &serde_json::json!({"rules": count}))
                 }
                 Err(message) => json_answer(
@@ -411,10 +461,12 @@ fn operation_of<B>(request: &Request<B>) -> String {
     format!("{} /{first_segment}", request.method())
 }
 
-/// The error code each service's SDK classifies as a throttle.
+/// The error code each service answers a throttled request with (each is on the SDK's
+/// list of throttling errors): DynamoDB's provisioned-capacity refusal, SQS's and
+/// Scheduler's request throttles.
 fn throttle_code(operation: &str) -> String {
     if operation.starts_with("DynamoDB_") {
-        "com.amazonaws.dynamodb.v20120810#ThrottlingException".to_owned()
+        "com.amazonaws.dynamodb.v20120810#ProvisionedThroughputExceededException".to_owned()
     } else if operation.starts_with("AmazonSQS.") {
         "com.amazonaws.sqs#RequestThrottled".to_owned()
     } else {
