@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{CONSUMER_LAG, GRAB_TOKEN_SECRET, Harness};
+use common::{CONSUMER_LAG, Harness};
 use flashsale_e2e::ApiResponse;
 use flashsale_emulators::LocalEndpoints;
 use flashsale_emulators::proxy::{Counts, Fault, FaultRule, Proxy};
@@ -232,7 +232,6 @@ impl Rig {
             flashsale_emulators::unique_suffix()
         );
         let mut options = StackOptions::new(stack_name)
-            .parameter("GrabTokenSecret", GRAB_TOKEN_SECRET)
             // Redelivery after a failure in seconds, not the deployed 3 minutes.
             .parameter("OrdersVisibilityTimeout", "2");
         for (key, value) in &drill.parameters {
