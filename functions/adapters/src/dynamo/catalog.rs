@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 
 use async_trait::async_trait;
-use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, Delete};
+use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck};
 use chrono::{DateTime, Utc};
 use flashsale_domain::ports::SaleCatalog;
 use flashsale_domain::{Sale, SaleId, StoreError};
@@ -52,7 +52,7 @@ mod stocking {
 mod committing {
     /// Puts the sale item, unless a sale with this id exists.
     pub(super) const SALE_ITEM: usize = 0;
-    /// Deletes the claim, if this call still holds it.
+    /// Retires the claim (removes its token), if this call still holds it.
     pub(super) const CLAIM_ITEM: usize = 1;
 }
 
@@ -63,7 +63,10 @@ mod committing {
 /// 1. claim: no sale item exists, and this call's claim replaces any other (one left by
 ///    a create that died, or one still running; that one then answers `false`);
 /// 2. write the shards, up to 99 a transaction, each checking the claim is still ours;
-/// 3. commit: put the sale item and delete the claim, again only if it is still ours.
+/// 3. commit: put the sale item and retire the claim (remove its token), again only if
+///    it is still ours. The claim is retired with an update, not deleted: the functions
+///    may delete items only in the blocklist's partition (template.yaml), and its TTL
+///    removes the spent claim a day later.
 ///
 /// A create that died part way left shards and a claim but no sale, so a retry, with
 /// the same definition or another, rewrites every shard and completes. Once the sale
@@ -134,11 +137,10 @@ impl DynamoStore {
                 .set_expression_attribute_names(names(&[("#pk", PK)]))
                 .build(),
         )?;
-        let release = built(
+        let retire = built(
             CREATE_SALE,
-            Delete::builder()
-                .table_name(&self.table)
-                .set_key(Some(item::claim_key(&sale.sale_id)))
+            self.update(item::claim_key(&sale.sale_id))
+                .update_expression("REMOVE #token")
                 .condition_expression(CLAIM_HELD)
                 .set_expression_attribute_names(claim_held_names())
                 .set_expression_attribute_values(claim_held_values(token))
@@ -146,7 +148,7 @@ impl DynamoStore {
         )?;
         let items = in_request_order([
             (committing::SALE_ITEM, transact::put(meta)),
-            (committing::CLAIM_ITEM, transact::delete(release)),
+            (committing::CLAIM_ITEM, transact::update(retire)),
         ]);
         match self.run(CREATE_SALE, items).await? {
             Ok(()) => Ok(true),

@@ -13,7 +13,7 @@ use aws_sdk_dynamodb::config::http::HttpResponse;
 use aws_sdk_dynamodb::error::SdkError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{
-    AttributeValue, CancellationReason, ConditionCheck, Delete, Put, TransactWriteItem, Update,
+    AttributeValue, CancellationReason, ConditionCheck, Put, TransactWriteItem, Update,
 };
 use flashsale_domain::StoreError;
 
@@ -130,10 +130,6 @@ pub(crate) fn put(put: Put) -> TransactWriteItem {
 
 pub(crate) fn update(update: Update) -> TransactWriteItem {
     TransactWriteItem::builder().update(update).build()
-}
-
-pub(crate) fn delete(delete: Delete) -> TransactWriteItem {
-    TransactWriteItem::builder().delete(delete).build()
 }
 
 pub(crate) fn check(check: ConditionCheck) -> TransactWriteItem {
