@@ -100,6 +100,20 @@ impl Code {
             .any(|body| body.body.contains(needle))
     }
 
+    /// The files of the bodies of `functions` that contain `needle` (in cleaned code).
+    pub fn files_mentioning(
+        &self,
+        functions: &BTreeSet<String>,
+        needle: &str,
+    ) -> BTreeSet<PathBuf> {
+        functions
+            .iter()
+            .flat_map(|name| self.functions.get(name).into_iter().flatten())
+            .filter(|body| body.body.contains(needle))
+            .map(|body| body.file.clone())
+            .collect()
+    }
+
     /// Whether any function of this code contains `needle`.
     pub fn mentions_anywhere(&self, needle: &str) -> bool {
         self.functions

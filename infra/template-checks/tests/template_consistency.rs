@@ -513,6 +513,77 @@ fn role_of(logical_id: &str) -> (String, Vec<Statement>, Vec<Statement>, Vec<Str
     (role_id, own, generated, policies.managed_policy_arns)
 }
 
+/// How the adapters' code performs a DynamoDB action: the SDK's own call, or an item of
+/// a transaction.
+fn item_action_spellings(action: &str) -> Option<&'static [&'static str]> {
+    match action {
+        "dynamodb:DeleteItem" => Some(&[".delete_item()", "TransactWriteItem::builder().delete("]),
+        "dynamodb:PutItem" => Some(&[".put_item()", "TransactWriteItem::builder().put("]),
+        "dynamodb:UpdateItem" => Some(&[".update_item()", "TransactWriteItem::builder().update("]),
+        "dynamodb:Query" => Some(&[".query()"]),
+        _ => None,
+    }
+}
+
+/// A statement confined by `dynamodb:LeadingKeys` allows its actions only on items of
+/// those partitions, which matching action names cannot see: a sale's creation once
+/// deleted its claim item under a role that deletes only in the blocklist's partition,
+/// and AWS would have refused it. So an action a role allows only under that condition
+/// is reached only from the adapter module of that partition.
+#[test]
+fn actions_confined_to_a_partition_are_reached_only_from_its_adapter() {
+    let adapters = code_of(&["functions/adapters/src"]);
+    let partition_module = |keys: &Value| -> String {
+        match keys.as_array().map(Vec::as_slice) {
+            Some([Value::String(key)]) if key == "BLOCKLIST" => "dynamo/blocklist.rs".to_owned(),
+            _ => panic!("a LeadingKeys condition this test does not map to a module: {keys}"),
+        }
+    };
+    let mut confined_seen = 0;
+    for f in functions() {
+        let (_, own, _, _) = role_of(f.logical_id);
+        let reached: BTreeSet<String> = port_methods_of(&f)
+            .iter()
+            .flat_map(|method| adapters.reachable(method))
+            .collect();
+        for action in actions_reached_by(&f) {
+            let leading_keys: Vec<&Value> = own
+                .iter()
+                .filter(|s| {
+                    s.effect == Effect::Allow
+                        && s.actions.iter().any(|p| iam::action_matches(p, &action))
+                })
+                .map(|s| {
+                    &s.condition.as_ref().unwrap_or(&Value::Null)["ForAllValues:StringEquals"]
+                        ["dynamodb:LeadingKeys"]
+                })
+                .collect();
+            if leading_keys.is_empty() || leading_keys.iter().any(|keys| keys.is_null()) {
+                continue; // not allowed at all (the test above says so), or not confined
+            }
+            confined_seen += 1;
+            let spellings = item_action_spellings(&action)
+                .unwrap_or_else(|| panic!("{}: {action} is confined to a partition; teach this test how the code spells it", f.logical_id));
+            let modules: BTreeSet<String> =
+                leading_keys.into_iter().map(partition_module).collect();
+            for spelling in spellings {
+                for file in adapters.files_mentioning(&reached, spelling) {
+                    assert!(
+                        modules.iter().any(|module| file.ends_with(module)),
+                        "{}: {} performs {action} (`{spelling}`), but its role allows {action} only within the partitions of {modules:?}",
+                        f.logical_id,
+                        file.display()
+                    );
+                }
+            }
+        }
+    }
+    assert!(
+        confined_seen > 0,
+        "no confined action was checked: the test no longer sees the blocklist's statement"
+    );
+}
+
 #[test]
 fn each_function_may_call_exactly_the_aws_actions_its_code_reaches() {
     for f in functions() {
