@@ -155,8 +155,12 @@ bench-tools: tools
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null; \
 	fi
 
+# The functions in a build of their own, as build-lambdas builds them: built together with
+# the local stack, cargo unifies features and the bootstraps would link the SDK's default
+# aws-lc client beside their own ring one, so sizes and init would not be the deployed ones.
 bench: bench-tools
-	cargo build --release --locked $(BENCH_BINS)
+	cargo build --release --locked -p flashsale-local -p flashsale-bench
+	cargo build --release --locked $(addprefix -p ,$(LAMBDA_PACKAGES))
 	target/release/flashsale-bench run --command "make bench" --report docs/benchmarks.md \
 	  --local-bin target/release/flashsale-local --bin-dir target/release
 

@@ -11,6 +11,7 @@ pub mod correlation;
 mod dynamo;
 mod retry;
 mod scheduler;
+mod sdk;
 mod sqs;
 
 pub use dynamo::{
@@ -20,4 +21,5 @@ pub use dynamo::{
 pub use scheduler::{
     EventBridgeScheduler, FIRING_SLACK, MAX_EARLY_FIRING, NoReleaseTarget, ReleaseTarget,
 };
+pub use sdk::{https_client, load_sdk_config};
 pub use sqs::SqsOrderQueue;

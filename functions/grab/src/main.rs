@@ -8,7 +8,7 @@ use lambda_http::{Error, service_fn};
 async fn main() -> Result<(), Error> {
     let telemetry = flashsale_http::telemetry::init()?;
     let config = Config::from_env().map_err(startup_failure)?;
-    let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    let sdk = flashsale_adapters::load_sdk_config().await;
     // The grab-token key is read here, once per cold start; a missing, unreadable or
     // weak one fails the start with its reason logged.
     let deps = Deps::init(&config, &sdk).await.map_err(startup_failure)?;

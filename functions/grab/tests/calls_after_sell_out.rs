@@ -14,8 +14,6 @@ use std::sync::{Arc, Mutex};
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
 };
-use aws_smithy_http_client::tls::Provider;
-use aws_smithy_http_client::tls::rustls_provider::CryptoMode;
 use aws_smithy_runtime_api::client::http::{
     HttpClient, HttpConnector, HttpConnectorFuture, HttpConnectorSettings, SharedHttpClient,
     SharedHttpConnector,
@@ -45,9 +43,7 @@ struct CountingClient {
 
 impl CountingClient {
     fn new() -> Self {
-        let transport = aws_smithy_http_client::Builder::new()
-            .tls_provider(Provider::Rustls(CryptoMode::AwsLc))
-            .build_https();
+        let transport = flashsale_adapters::https_client();
         Self {
             inner: transport,
             counts: Arc::default(),

@@ -8,7 +8,7 @@ use serde_json::Value;
 async fn main() -> Result<(), Error> {
     let telemetry = flashsale_http::telemetry::init()?;
     let config = Config::from_env().map_err(flashsale_http::telemetry::startup_failure)?;
-    let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    let sdk = flashsale_adapters::load_sdk_config().await;
     let deps = Deps::new(&config, &sdk);
     lambda_runtime::run(service_fn(|event: LambdaEvent<Value>| {
         telemetry.flushed(handler(&deps, event.payload))

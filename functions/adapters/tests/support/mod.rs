@@ -11,8 +11,6 @@ use aws_sdk_dynamodb::types::{
     AttributeDefinition, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType, Projection,
     ProjectionType, ScalarAttributeType, TimeToLiveSpecification,
 };
-use aws_smithy_http_client::tls::Provider;
-use aws_smithy_http_client::tls::rustls_provider::CryptoMode;
 use chrono::{Duration, Utc};
 use flashsale_adapters::DynamoStore;
 use flashsale_domain::{OrderId, Reservation, Sale, SaleId, UserId};
@@ -135,9 +133,7 @@ pub async fn small_pages_store(limit: i32) -> (DynamoStore, SmallPages) {
 /// A DynamoDB client whose `TransactWriteItems` calls conflict as `pattern` says;
 /// the injector counts what it did.
 pub async fn conflicting_client(pattern: Pattern) -> (aws_sdk_dynamodb::Client, ConflictInjector) {
-    let transport = aws_smithy_http_client::Builder::new()
-        .tls_provider(Provider::Rustls(CryptoMode::AwsLc))
-        .build_https();
+    let transport = flashsale_adapters::https_client();
     let injector = ConflictInjector::new(transport, pattern);
     let config = aws_sdk_dynamodb::config::Builder::from(&sdk_config().await)
         .http_client(injector.clone())
