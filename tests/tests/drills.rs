@@ -48,22 +48,13 @@ const POLL_EVERY: Duration = Duration::from_millis(700);
 
 /// Polls `probe` every [`POLL_EVERY`] until it answers `Ok`, failing with its last
 /// answer after `within`.
-async fn eventually<T, E, F, Fut>(within: Duration, mut probe: F) -> T
+async fn eventually<T, E, F, Fut>(within: Duration, probe: F) -> T
 where
     E: std::fmt::Debug,
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, E>>,
 {
-    let deadline = tokio::time::Instant::now() + within;
-    loop {
-        match probe().await {
-            Ok(value) => return value,
-            Err(last) if tokio::time::Instant::now() >= deadline => {
-                panic!("still not there after {within:?}; last answer: {last:?}")
-            }
-            Err(_) => tokio::time::sleep(POLL_EVERY).await,
-        }
-    }
+    common::eventually_every(within, POLL_EVERY, probe).await
 }
 
 /// Drills run at once.

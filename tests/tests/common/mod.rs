@@ -364,8 +364,20 @@ pub fn orders_queue_event(order_id: &str, reservation: &Value, message_ids: &[&s
     json!({ "Records": records })
 }
 
-/// Polls `probe` until it answers `Ok`, failing with its last answer after `within`.
-pub async fn eventually<T, E, F, Fut>(within: Duration, mut probe: F) -> T
+/// Polls `probe` every 100 ms until it answers `Ok`, failing with its last answer after
+/// `within`.
+pub async fn eventually<T, E, F, Fut>(within: Duration, probe: F) -> T
+where
+    E: std::fmt::Debug,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
+    eventually_every(within, Duration::from_millis(100), probe).await
+}
+
+/// Polls `probe` every `poll` until it answers `Ok`, failing with its last answer after
+/// `within`.
+pub async fn eventually_every<T, E, F, Fut>(within: Duration, poll: Duration, mut probe: F) -> T
 where
     E: std::fmt::Debug,
     F: FnMut() -> Fut,
@@ -378,7 +390,7 @@ where
             Err(last) if tokio::time::Instant::now() >= deadline => {
                 panic!("still not there after {within:?}; last answer: {last:?}")
             }
-            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            Err(_) => tokio::time::sleep(poll).await,
         }
     }
 }
