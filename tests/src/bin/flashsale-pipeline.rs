@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use clap::Parser;
 use flashsale_adapters::DynamoStore;
-use flashsale_domain::ports::{SaleCatalog, StockLedger};
+use flashsale_domain::ports::{OpenOutcome, OrderBook, SaleCatalog, StockLedger};
 use flashsale_domain::{OrderId, Reservation, Sale, SaleId, UserId};
 use flashsale_e2e::ApiClient;
 use flashsale_e2e::client::expect_status;
@@ -34,7 +34,7 @@ use serde_json::{Value, json};
 #[command(
     name = "flashsale-pipeline",
     about = "Grab successes/s through the local gateway versus raw TransactWriteItems/s of the grab's shape on the same DynamoDB Local; one JSON line per concurrency level",
-    after_help = "Output fields: concurrency, grabs, raw_transact_per_s, gateway_grabs_per_s, ratio (gateway/raw), http_503, http_429, failures, raw_p50_ms, raw_p99_ms, gateway_p50_ms, gateway_p99_ms.\n\nWithout --api it starts its own stack (DynamoDB Local, the SQS emulator, moto; free ports) with every gateway throttle lifted, so only the stack itself limits the rate."
+    after_help = "Output fields: concurrency, grabs, raw_transact_per_s, raw_reserve_open_per_s (the grab's transaction, then the consumer's, per unit), gateway_grabs_per_s, ratio (gateway/raw), ratio_to_reserve_open (gateway/raw_reserve_open), http_503, http_429, failures, raw_p50_ms, raw_p99_ms, gateway_p50_ms, gateway_p99_ms.\n\nWithout --api it starts its own stack (DynamoDB Local, the SQS emulator, moto; free ports) with every gateway throttle lifted, so only the stack itself limits the rate."
 )]
 struct Args {
     /// Concurrency levels to measure, comma-separated; each gets both measurements.
@@ -216,12 +216,24 @@ impl Tally {
     }
 }
 
-/// Raw: the grab's transaction, through the grab's own adapter, straight to DynamoDB.
+/// What a raw measurement sends for each unit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RawWork {
+    /// The grab's transaction only.
+    Reserve,
+    /// The grab's transaction, then the consumer's (`OrderBook::open`): every write a
+    /// sold unit costs the database through the pipeline.
+    ReserveAndOpen,
+}
+
+/// Raw: the grab's transaction (and with [`RawWork::ReserveAndOpen`] the consumer's),
+/// through the functions' own adapter, straight to DynamoDB.
 async fn raw(
     target: &Target,
     sale: Sale,
     concurrency: usize,
     grabs: usize,
+    work: RawWork,
 ) -> (Duration, Arc<Tally>) {
     let tally = Arc::new(Tally::default());
     let store = Arc::new(target.store.clone());
@@ -246,14 +258,19 @@ async fn raw(
                     expires_at: sale.payment_deadline(now),
                 };
                 let started = Instant::now();
-                match store.reserve(&sale, shard, &reservation).await {
-                    Ok(Ok(())) => {
-                        tally.latency(started);
-                        tally.successes.fetch_add(1, Ordering::Relaxed);
-                    }
-                    _ => {
-                        tally.failures.fetch_add(1, Ordering::Relaxed);
-                    }
+                let reserved =
+                    matches!(store.reserve(&sale, shard, &reservation).await, Ok(Ok(())));
+                let done = reserved
+                    && (work == RawWork::Reserve
+                        || matches!(
+                            store.open(&reservation).await,
+                            Ok(OpenOutcome::AwaitingPayment)
+                        ));
+                if done {
+                    tally.latency(started);
+                    tally.successes.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    tally.failures.fetch_add(1, Ordering::Relaxed);
                 }
             }
         }
@@ -383,11 +400,22 @@ async fn main() -> Result<(), Failure> {
     let stock = args.grabs;
     for &concurrency in &args.concurrency {
         let raw_sale = new_sale(&target, "raw", stock).await?;
-        let (raw_elapsed, raw_tally) = raw(&target, raw_sale, concurrency, args.grabs).await;
+        let (raw_elapsed, raw_tally) =
+            raw(&target, raw_sale, concurrency, args.grabs, RawWork::Reserve).await;
+        let pair_sale = new_sale(&target, "pair", stock).await?;
+        let (pair_elapsed, pair_tally) = raw(
+            &target,
+            pair_sale,
+            concurrency,
+            args.grabs,
+            RawWork::ReserveAndOpen,
+        )
+        .await;
         let gateway_sale = new_sale(&target, "gw", stock).await?;
         let (gateway_elapsed, gateway_tally) =
             gateway(&target, &gateway_sale, concurrency, args.grabs).await?;
         let raw_rate = per_second(raw_tally.successes.load(Ordering::Relaxed), raw_elapsed);
+        let pair_rate = per_second(pair_tally.successes.load(Ordering::Relaxed), pair_elapsed);
         let gateway_rate = per_second(
             gateway_tally.successes.load(Ordering::Relaxed),
             gateway_elapsed,
@@ -398,11 +426,14 @@ async fn main() -> Result<(), Failure> {
                 "concurrency": concurrency,
                 "grabs": args.grabs,
                 "raw_transact_per_s": round(raw_rate, 1),
+                "raw_reserve_open_per_s": round(pair_rate, 1),
                 "gateway_grabs_per_s": round(gateway_rate, 1),
                 "ratio": round(gateway_rate / raw_rate.max(f64::EPSILON), 3),
+                "ratio_to_reserve_open": round(gateway_rate / pair_rate.max(f64::EPSILON), 3),
                 "http_503": gateway_tally.status_503.load(Ordering::Relaxed),
                 "http_429": gateway_tally.status_429.load(Ordering::Relaxed),
                 "failures": raw_tally.failures.load(Ordering::Relaxed)
+                    + pair_tally.failures.load(Ordering::Relaxed)
                     + gateway_tally.failures.load(Ordering::Relaxed),
                 "raw_p50_ms": round(raw_tally.percentile_ms(0.5), 1),
                 "raw_p99_ms": round(raw_tally.percentile_ms(0.99), 1),
