@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use clap::Parser;
 use flashsale_adapters::DynamoStore;
-use flashsale_domain::ports::{OpenOutcome, OrderBook, SaleCatalog, StockLedger};
+use flashsale_domain::ports::{OpenOutcome, OrderBook, ReserveRefusal, SaleCatalog, StockLedger};
 use flashsale_domain::{OrderId, Reservation, Sale, SaleId, UserId};
 use flashsale_e2e::ApiClient;
 use flashsale_e2e::client::expect_status;
@@ -247,19 +247,28 @@ async fn raw(
                     tally.failures.fetch_add(1, Ordering::Relaxed);
                     return;
                 };
-                let shard = sale.shard_order(&user).next().unwrap_or(0);
                 let now = Utc::now();
-                let reservation = Reservation {
+                let mut reservation = Reservation {
                     order_id: OrderId::new(sale.sale_id.clone()),
                     sale_id: sale.sale_id.clone(),
+                    shard: 0,
                     user_id: user,
-                    shard,
                     created_at: now,
                     expires_at: sale.payment_deadline(now),
                 };
                 let started = Instant::now();
-                let reserved =
-                    matches!(store.reserve(&sale, shard, &reservation).await, Ok(Ok(())));
+                // Shard by shard in the buyer's order, as the grab does: near the end a
+                // buyer's first shard may be empty while others still hold stock.
+                let mut reserved = false;
+                for shard in sale.shard_order(&reservation.user_id) {
+                    reservation.shard = shard;
+                    match store.reserve(&sale, shard, &reservation).await {
+                        Ok(Ok(())) => reserved = true,
+                        Ok(Err(ReserveRefusal::ShardEmpty)) => continue,
+                        _ => {}
+                    }
+                    break;
+                }
                 let done = reserved
                     && (work == RawWork::Reserve
                         || matches!(
