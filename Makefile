@@ -26,12 +26,12 @@ STACK_NAME ?= flashsale-local
 # With SQS on the project's emulator (moto's FIFO slowed as messages waited), DynamoDB
 # Local is the cap: each grab costs it two writes (the grab's transaction, then the
 # consumer's order open), and its JVM used 34 s of CPU in a run where the whole local
-# stack used 2.7 s. On an idle 2-core machine `flashsale-pipeline` measured 82 grabs/s
-# at concurrency 8 and 123/s at 32 with no 503; under load its latency meets the grab's
-# 1 s SDK budget (503) much sooner. So the grab and token routes are throttled to about
-# what it sustains at concurrency 8, as production throttles them to what DynamoDB and
-# the grab's reserved concurrency sustain. The deployed defaults (template.yaml) are far
-# higher.
+# stack used 2.7 s. `make bench` measured 134 gateway grabs/s at concurrency 8 on one
+# 2-core machine and 49/s on a slower one, with no 503; when DynamoDB Local's latency meets
+# the grab's 1 s SDK budget it answers 503. So the grab and token routes are throttled to
+# about what the stack sustains at concurrency 8 (README, "What caps the local grab path"),
+# as production throttles them to what DynamoDB and the grab's reserved concurrency
+# sustain. The deployed defaults (template.yaml) are far higher.
 LOCAL_PARAMETERS ?= GrabThrottleRateLimit=80 GrabThrottleBurstLimit=40
 
 # The steps share one venv (each tool is its own pip install, with common dependencies)
