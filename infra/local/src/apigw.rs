@@ -2,20 +2,26 @@
 //! authorizer in front, and each request turned into the payload-format-2.0 event API
 //! Gateway would send, answered from the function's payload-format-2.0 response.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use aws_lambda_events::apigw::{
+    ApiGatewayRequestAuthorizer, ApiGatewayRequestAuthorizerJwtDescription,
+    ApiGatewayV2httpRequest, ApiGatewayV2httpRequestContext,
+    ApiGatewayV2httpRequestContextHttpDescription,
+};
+use aws_lambda_events::query_map::QueryMap;
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{ConnectInfo, State};
 use axum::response::Response;
 use base64::Engine;
 use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
-use crate::auth::LocalJwt;
+use crate::auth::{LocalJwt, Verified};
 use crate::lambda::{LambdaService, error_chain};
 use crate::model::{CorsSpec, RouteAuth, RouteSpec, Throttle};
 
@@ -406,9 +412,7 @@ async fn route_request(
                 .get(authorizer.header.as_str())
                 .and_then(|v| v.to_str().ok());
             match gateway.jwt.verify(authorizer, scopes, header_value) {
-                Ok(verified) => Some(json!({
-                    "jwt": {"claims": verified.claims, "scopes": verified.scopes}
-                })),
+                Ok(verified) => Some(verified),
                 Err(e) => {
                     let status =
                         StatusCode::from_u16(e.status()).unwrap_or(StatusCode::UNAUTHORIZED);
@@ -446,6 +450,13 @@ async fn route_request(
         },
         &body,
     );
+    let event = match event {
+        Ok(event) => event,
+        Err(e) => {
+            tracing::error!(route = %route.spec.route_key(), error = %e, "gateway event not serializable");
+            return gateway_refusal(StatusCode::INTERNAL_SERVER_ERROR);
+        }
+    };
     let result = gateway.lambda.invoke(&route.function, event).await;
     let mut response = match result {
         Ok(payload) => gateway_response(payload),
@@ -472,114 +483,132 @@ struct EventParts<'a> {
     peer: SocketAddr,
     request_id: &'a str,
     path_parameters: BTreeMap<String, String>,
-    authorizer: Option<Value>,
+    authorizer: Option<Verified>,
 }
 
-/// The payload-format-2.0 event for one request.
-fn gateway_event(p: &EventParts<'_>, body: &[u8]) -> Value {
-    let mut headers: Map<String, Value> = Map::new();
-    let mut cookies: Vec<Value> = Vec::new();
-    for (name, value) in p.headers {
-        let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
-        if name == header::COOKIE {
-            cookies.extend(value.split(';').map(|c| Value::String(c.trim().to_owned())));
-            continue;
+/// The payload-format-2.0 event for one request, as the function receives it.
+fn gateway_event(p: &EventParts<'_>, body: &[u8]) -> Result<Value, serde_json::Error> {
+    let request = gateway_request(p, body);
+    let mut event = serde_json::to_value(&request)?;
+    // The type also carries the Custom Authorizer v1 fields, serialized even when unset;
+    // payload format 2.0 never has them, so the function must not see them either.
+    if let Some(object) = event.as_object_mut() {
+        for v1_only in V1_AUTHORIZER_FIELDS {
+            object.remove(v1_only);
         }
-        // Repeated headers arrive comma-joined.
-        match headers.get_mut(name.as_str()) {
-            Some(Value::String(existing)) => {
-                existing.push(',');
-                existing.push_str(&value);
-            }
-            _ => {
-                headers.insert(name.as_str().to_owned(), Value::String(value));
-            }
+        if request.stage_variables.is_empty() {
+            object.remove("stageVariables");
         }
     }
-    let mut query: Map<String, Value> = Map::new();
+    Ok(event)
+}
+
+/// Fields of `ApiGatewayV2httpRequest` that only Custom Authorizer v1 payloads carry.
+const V1_AUTHORIZER_FIELDS: [&str; 6] = [
+    "type",
+    "methodArn",
+    "httpMethod",
+    "identitySource",
+    "authorizationToken",
+    "resource",
+];
+
+fn gateway_request(p: &EventParts<'_>, body: &[u8]) -> ApiGatewayV2httpRequest {
+    let header_text = |name: header::HeaderName| {
+        p.headers
+            .get(name)
+            .and_then(|h| h.to_str().ok())
+            .map(str::to_owned)
+    };
+    // Repeated headers arrive comma-joined, cookies apart.
+    let mut headers = HeaderMap::new();
+    let mut cookies: Vec<String> = Vec::new();
+    for name in p.headers.keys() {
+        let values: Vec<String> = p
+            .headers
+            .get_all(name)
+            .iter()
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+            .collect();
+        if name == header::COOKIE {
+            for value in &values {
+                cookies.extend(value.split(';').map(|c| c.trim().to_owned()));
+            }
+        } else if let Ok(joined) = HeaderValue::from_str(&values.join(",")) {
+            headers.insert(name.clone(), joined);
+        }
+    }
+    // Repeated parameters arrive comma-joined too: the type's serializer joins them.
+    let mut query: HashMap<String, Vec<String>> = HashMap::new();
     for pair in p.raw_query.split('&').filter(|s| !s.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        let key = percent_decode(&key.replace('+', " "));
-        let value = percent_decode(&value.replace('+', " "));
-        match query.get_mut(&key) {
-            Some(Value::String(existing)) => {
-                existing.push(',');
-                existing.push_str(&value);
-            }
-            _ => {
-                query.insert(key, Value::String(value));
-            }
-        }
+        query
+            .entry(percent_decode(&key.replace('+', " ")))
+            .or_default()
+            .push(percent_decode(&value.replace('+', " ")));
     }
-    let host = p
-        .headers
-        .get(header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .unwrap_or("localhost")
-        .to_owned();
-    let content_type = p
-        .headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|h| h.to_str().ok())
+    let host = header_text(header::HOST).unwrap_or_else(|| "localhost".to_owned());
+    let content_type = header_text(header::CONTENT_TYPE)
         .unwrap_or_default()
         .to_ascii_lowercase();
     let now = chrono::Utc::now();
     let spec = &p.route.spec;
-    let route_key = spec.route_key();
-    let mut event = json!({
-        "version": "2.0",
-        "routeKey": if spec.path == "$default" { "$default".to_owned() } else { route_key.clone() },
-        "rawPath": p.raw_path,
-        "rawQueryString": p.raw_query,
-        "headers": headers,
-        "requestContext": {
-            "accountId": p.account_id,
-            "apiId": spec.api_id,
-            "domainName": host,
-            "domainPrefix": host.split('.').next().unwrap_or_default(),
-            "http": {
-                "method": p.method.as_str(),
-                "path": p.raw_path,
-                "protocol": format!("{:?}", p.version),
-                "sourceIp": p.peer.ip().to_string(),
-                "userAgent": p.headers.get(header::USER_AGENT).and_then(|h| h.to_str().ok()).unwrap_or_default(),
-            },
-            "requestId": p.request_id,
-            "routeKey": if spec.path == "$default" { "$default".to_owned() } else { route_key },
-            "stage": spec.stage,
-            "time": now.format("%d/%b/%Y:%H:%M:%S %z").to_string(),
-            "timeEpoch": now.timestamp_millis(),
-        },
-        "isBase64Encoded": false,
+    let route_key = if spec.path == "$default" {
+        "$default".to_owned()
+    } else {
+        spec.route_key()
+    };
+
+    let mut http = ApiGatewayV2httpRequestContextHttpDescription::default();
+    http.method = p.method.clone();
+    http.path = Some(p.raw_path.to_owned());
+    http.protocol = Some(format!("{:?}", p.version));
+    http.source_ip = Some(p.peer.ip().to_string());
+    http.user_agent = Some(header_text(header::USER_AGENT).unwrap_or_default());
+
+    let mut context = ApiGatewayV2httpRequestContext::default();
+    context.account_id = Some(p.account_id.to_owned());
+    context.apiid = Some(spec.api_id.clone());
+    context.domain_prefix = host.split('.').next().map(str::to_owned);
+    context.domain_name = Some(host);
+    context.http = http;
+    context.request_id = Some(p.request_id.to_owned());
+    context.route_key = Some(route_key.clone());
+    context.stage = Some(spec.stage.clone());
+    context.time = Some(now.format("%d/%b/%Y:%H:%M:%S %z").to_string());
+    context.time_epoch = now.timestamp_millis();
+    context.authorizer = p.authorizer.as_ref().map(|verified| {
+        let mut jwt = ApiGatewayRequestAuthorizerJwtDescription::default();
+        jwt.claims = verified.claims.clone().into_iter().collect();
+        jwt.scopes = verified.scopes.clone();
+        let mut authorizer = ApiGatewayRequestAuthorizer::default();
+        authorizer.jwt = Some(jwt);
+        authorizer
     });
-    if !cookies.is_empty() {
-        event["cookies"] = Value::Array(cookies);
-    }
-    if !query.is_empty() {
-        event["queryStringParameters"] = Value::Object(query);
-    }
-    if !p.path_parameters.is_empty() {
-        event["pathParameters"] = json!(p.path_parameters);
-    }
-    if !spec.stage_variables.is_empty() {
-        event["stageVariables"] = json!(spec.stage_variables);
-    }
-    if let Some(authorizer) = &p.authorizer {
-        event["requestContext"]["authorizer"] = authorizer.clone();
-    }
+
+    let mut request = ApiGatewayV2httpRequest::default();
+    request.version = Some("2.0".to_owned());
+    request.route_key = Some(route_key);
+    request.raw_path = Some(p.raw_path.to_owned());
+    request.raw_query_string = Some(p.raw_query.to_owned());
+    request.cookies = (!cookies.is_empty()).then_some(cookies);
+    request.headers = headers;
+    request.query_string_parameters = QueryMap::from(query);
+    request.path_parameters = p.path_parameters.clone().into_iter().collect();
+    request.stage_variables = spec.stage_variables.clone().into_iter().collect();
+    request.request_context = context;
     if !body.is_empty() {
         let textual = TEXT_TYPES.iter().any(|t| content_type.starts_with(t))
             || content_type.ends_with("+json");
-        match (textual, std::str::from_utf8(body)) {
-            (true, Ok(text)) => event["body"] = Value::String(text.to_owned()),
+        request.body = Some(match (textual, std::str::from_utf8(body)) {
+            (true, Ok(text)) => text.to_owned(),
             _ => {
-                event["body"] =
-                    Value::String(base64::engine::general_purpose::STANDARD.encode(body));
-                event["isBase64Encoded"] = Value::Bool(true);
+                request.is_base64_encoded = true;
+                base64::engine::general_purpose::STANDARD.encode(body)
             }
-        }
+        });
     }
-    event
+    request
 }
 
 /// The HTTP response API Gateway makes of a payload-format-2.0 function result: a
@@ -658,6 +687,99 @@ mod tests {
             segments: segments(path),
             bucket: None,
         }
+    }
+
+    fn event_for(headers: HeaderMap, query: &str, body: &[u8], with_jwt: bool) -> Value {
+        let route = route("POST", "/sales/{sale_id}/grab/{token}");
+        let authorizer = with_jwt.then(|| Verified {
+            claims: BTreeMap::from([("sub".to_owned(), "buyer-1".to_owned())]),
+            scopes: None,
+        });
+        gateway_event(
+            &EventParts {
+                account_id: "123456789012",
+                route: &route,
+                method: &Method::POST,
+                raw_path: "/sales/s1/grab/abc",
+                raw_query: query,
+                headers: &headers,
+                version: http::Version::HTTP_11,
+                peer: SocketAddr::from(([127, 0, 0, 1], 4000)),
+                request_id: "req-1",
+                path_parameters: BTreeMap::from([
+                    ("sale_id".to_owned(), "s1".to_owned()),
+                    ("token".to_owned(), "abc".to_owned()),
+                ]),
+                authorizer,
+            },
+            body,
+        )
+        .expect("serializable")
+    }
+
+    #[test]
+    fn the_event_is_payload_format_2_0_as_lambda_http_reads_it() {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::HOST, HeaderValue::from_static("api.local"));
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        headers.append("x-many", HeaderValue::from_static("a"));
+        headers.append("x-many", HeaderValue::from_static("b"));
+        headers.append(header::COOKIE, HeaderValue::from_static("k=1; l=2"));
+        let event = event_for(headers, "q=1&q=2&name=caf%C3%A9+x", br#"{"a":1}"#, true);
+
+        for v1_only in V1_AUTHORIZER_FIELDS.iter().chain(&["stageVariables"]) {
+            assert!(event.get(v1_only).is_none(), "{v1_only} in {event}");
+        }
+        assert_eq!(event["version"], "2.0");
+        assert_eq!(event["routeKey"], "POST /sales/{sale_id}/grab/{token}");
+        assert_eq!(event["headers"]["x-many"], "a,b");
+        assert_eq!(event["cookies"], json!(["k=1", "l=2"]));
+        assert_eq!(event["queryStringParameters"]["q"], "1,2");
+        assert_eq!(event["requestContext"]["http"]["method"], "POST");
+        assert_eq!(
+            event["requestContext"]["authorizer"]["jwt"]["claims"]["sub"],
+            "buyer-1"
+        );
+
+        let request =
+            lambda_http::request::from_str(&event.to_string()).expect("lambda_http reads it");
+        use lambda_http::RequestExt;
+        assert_eq!(request.method(), Method::POST);
+        // lambda_http puts the stage in front of the path unless told not to.
+        assert_eq!(request.uri().path(), "/dev/sales/s1/grab/abc");
+        assert_eq!(request.raw_http_path(), "/sales/s1/grab/abc");
+        assert_eq!(
+            request.query_string_parameters().all("q"),
+            Some(vec!["1", "2"])
+        );
+        assert_eq!(
+            request.query_string_parameters().first("name"),
+            Some("café x")
+        );
+        assert_eq!(request.path_parameters().first("token"), Some("abc"));
+        assert_eq!(request.headers()[header::COOKIE], "k=1; l=2");
+        assert_eq!(request.body().as_ref(), br#"{"a":1}"#);
+    }
+
+    #[test]
+    fn a_body_that_is_not_text_arrives_base64_encoded_and_a_public_route_has_no_authorizer() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/octet-stream"),
+        );
+        let event = event_for(headers, "", &[0, 159, 146, 150], false);
+        assert_eq!(event["isBase64Encoded"], true);
+        assert_eq!(event["body"], "AJ+Slg==");
+        assert!(event["requestContext"].get("authorizer").is_none());
+        assert!(event.get("queryStringParameters").is_none());
+        assert!(event.get("cookies").is_none());
+        let request =
+            lambda_http::request::from_str(&event.to_string()).expect("lambda_http reads it");
+        assert_eq!(request.body().as_ref(), &[0, 159, 146, 150]);
     }
 
     #[test]
