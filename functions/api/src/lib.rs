@@ -9,9 +9,9 @@ use flashsale_domain::ports::{
 };
 use flashsale_domain::service::{BlocklistService, CachedCatalog, OrderService, SaleService};
 use flashsale_domain::{SaleDraft, UserId};
-use flashsale_http::caller::{DEFAULT_ADMIN_CLAIM, DEFAULT_ADMIN_GROUP};
-use flashsale_http::config::{Env, process_env};
-use flashsale_http::{
+use flashsale_lambda::caller::{DEFAULT_ADMIN_CLAIM, DEFAULT_ADMIN_GROUP};
+use flashsale_lambda::config::{Env, process_env};
+use flashsale_lambda::{
     AdminRule, ApiError, CachePolicy, CallBudget, Caller, ConfigError, ensure_within_limit, json,
     json_body, order_id_param, respond, route_key, sale_id_param, user_of,
 };
@@ -181,7 +181,7 @@ impl Deps {
 /// The Lambda handler. Never fails as a Lambda invocation: every error becomes an
 /// HTTP answer.
 pub async fn handler(deps: &Deps, req: Request) -> Result<Response<Body>, lambda_http::Error> {
-    let correlation_id = flashsale_http::correlation::of(&req).unwrap_or_default();
+    let correlation_id = flashsale_lambda::correlation::of(&req).unwrap_or_default();
     let span = tracing::info_span!("request", correlation_id = %correlation_id);
     Ok(respond(
         tracing::Instrument::instrument(route(deps, &req), span).await,
@@ -264,7 +264,7 @@ struct Blocklisted {
 /// The `user_id` path parameter. Unlike sale and order ids it names something the
 /// admin is about to write, so a malformed one is bad input, not a missing thing.
 fn user_id_param(req: &Request) -> Result<UserId, ApiError> {
-    let raw = flashsale_http::path_param(req, "user_id")?;
+    let raw = flashsale_lambda::path_param(req, "user_id")?;
     Ok(UserId::parse(raw).map_err(flashsale_domain::AppError::from)?)
 }
 
@@ -316,7 +316,7 @@ async fn pay_order(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiErro
     let order_id = order_id_param(req)?;
     let order = deps.orders.pay(&order_id, &user).await?;
     tracing::info!(%order_id, "paid");
-    flashsale_http::metrics::order_step(flashsale_http::metrics::ORDERS_PAID, &order.sale_id);
+    flashsale_lambda::metrics::order_step(flashsale_lambda::metrics::ORDERS_PAID, &order.sale_id);
     json(StatusCode::OK, &order, CachePolicy::NoStore)
 }
 
@@ -325,7 +325,10 @@ async fn cancel_order(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiE
     let order_id = order_id_param(req)?;
     let order = deps.orders.cancel(&order_id, &user).await?;
     tracing::info!(%order_id, "cancelled");
-    flashsale_http::metrics::order_step(flashsale_http::metrics::ORDERS_CANCELLED, &order.sale_id);
+    flashsale_lambda::metrics::order_step(
+        flashsale_lambda::metrics::ORDERS_CANCELLED,
+        &order.sale_id,
+    );
     json(StatusCode::OK, &order, CachePolicy::NoStore)
 }
 

@@ -11,8 +11,8 @@ use flashsale_domain::testing::{
     FailingLedger, InMemoryBlocklist, InMemoryStore, ManualClock, RecordingScheduler,
 };
 use flashsale_domain::{OrderId, Reservation, Sale, SaleDraft, SaleId, UserId};
-use flashsale_http::testing::{ApiEvent, body_json, error_code, fixture};
-use flashsale_http::{ConfigError, MAX_BODY_BYTES};
+use flashsale_lambda::testing::{ApiEvent, body_json, error_code, fixture};
+use flashsale_lambda::{ConfigError, MAX_BODY_BYTES};
 use lambda_http::Body;
 use lambda_http::http::Response;
 use serde_json::{Value, json};

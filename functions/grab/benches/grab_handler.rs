@@ -27,7 +27,7 @@ use flashsale_domain::testing::{InMemoryBlocklist, InMemoryStore, ManualClock, R
 use flashsale_domain::token::GrabTokenSigner;
 use flashsale_domain::{Sale, SaleDraft, SaleId, UserId};
 use flashsale_grab::{Config, Deps, Ports, handler};
-use flashsale_http::testing::ApiEvent;
+use flashsale_lambda::testing::ApiEvent;
 use lambda_http::Request;
 use nix::time::{ClockId, clock_gettime};
 use tokio::runtime::Runtime;

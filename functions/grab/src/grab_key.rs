@@ -6,7 +6,7 @@
 use aws_sdk_secretsmanager::operation::get_secret_value::GetSecretValueOutput;
 use flashsale_domain::error::BoxError;
 use flashsale_domain::token::{GrabTokenSigner, WeakSecret};
-use flashsale_http::CallBudget;
+use flashsale_lambda::CallBudget;
 
 /// How long reading the key may take. It runs once, in Lambda's init phase (10 s at
 /// most), where a slow first TLS handshake is normal: longer than a request's budget,

@@ -25,9 +25,9 @@ use flashsale_domain::ports::{
 use flashsale_domain::service::{Attempt, CachedBlocklist, CachedCatalog, GrabService};
 use flashsale_domain::token::GrabTokenSigner;
 use flashsale_domain::{OrderId, OrderStatus, ReleaseReason, Reservation, Sale, StoreError};
-use flashsale_http::config::{Env, process_env};
-use flashsale_http::metrics::GrabOutcome;
-use flashsale_http::{
+use flashsale_lambda::config::{Env, process_env};
+use flashsale_lambda::metrics::GrabOutcome;
+use flashsale_lambda::{
     ApiError, CachePolicy, CallBudget, ConfigError, ensure_within_limit, json, respond, route_key,
     sale_id_param, user_of,
 };
@@ -213,7 +213,7 @@ struct Reserved {
 /// HTTP answer, so API Gateway never turns one into an opaque 500.
 pub async fn handler(deps: &Deps, req: Request) -> Result<Response<Body>, lambda_http::Error> {
     let probe = Arc::new(ReserveProbe::default());
-    let correlation_id = flashsale_http::correlation::of(&req).unwrap_or_default();
+    let correlation_id = flashsale_lambda::correlation::of(&req).unwrap_or_default();
     // Every log line of the request carries the id, and the order's queue message too.
     let span = tracing::info_span!("request", correlation_id = %correlation_id);
     let work = RESERVE_PROBE.scope(
@@ -234,9 +234,9 @@ fn record_outcome(req: &Request, answer: &Result<Response<Body>, ApiError>, prob
     let sale_id = sale_id_param(req).ok();
     match route_key(req).as_str() {
         TOKEN_ROUTE => match (answer, &sale_id) {
-            (Ok(_), Some(sale_id)) => flashsale_http::metrics::token_issued(sale_id),
+            (Ok(_), Some(sale_id)) => flashsale_lambda::metrics::token_issued(sale_id),
             (Ok(_), None) => {}
-            (Err(err), _) => flashsale_http::metrics::token_refused(err.code()),
+            (Err(err), _) => flashsale_lambda::metrics::token_refused(err.code()),
         },
         GRAB_ROUTE => {
             let reached_database = probe.reserves.load(Ordering::Relaxed) > 0;
@@ -249,7 +249,7 @@ fn record_outcome(req: &Request, answer: &Result<Response<Body>, ApiError>, prob
                 Err(err) if err.code() == "sold_out" => GrabOutcome::SoldOutGate,
                 Err(err) => GrabOutcome::Refused(err.code()),
             };
-            flashsale_http::metrics::grab(sale_id.as_ref(), outcome, reached_database);
+            flashsale_lambda::metrics::grab(sale_id.as_ref(), outcome, reached_database);
         }
         _ => {}
     }
@@ -326,7 +326,7 @@ async fn issue_token(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiEr
 async fn grab(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
     let user = user_of(req)?;
     let sale_id = sale_id_param(req)?;
-    let token = flashsale_http::path_param(req, "token")?;
+    let token = flashsale_lambda::path_param(req, "token")?;
     let attempt = attempt_of(req);
     let reservation = deps.grab.grab(&sale_id, token, &user, attempt).await?;
     tracing::info!(

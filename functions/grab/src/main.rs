@@ -1,12 +1,12 @@
 //! The grab Lambda: wiring only. The behaviour lives in the library.
 
 use flashsale_grab::{Config, Deps, handler};
-use flashsale_http::telemetry::startup_failure;
+use flashsale_lambda::telemetry::startup_failure;
 use lambda_http::{Error, service_fn};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    let telemetry = flashsale_http::telemetry::init()?;
+    let telemetry = flashsale_lambda::telemetry::init()?;
     let config = Config::from_env().map_err(startup_failure)?;
     let sdk = flashsale_adapters::load_sdk_config().await;
     // The grab-token key is read here, once per cold start; a missing, unreadable or

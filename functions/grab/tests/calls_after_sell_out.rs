@@ -25,7 +25,7 @@ use flashsale_adapters::DynamoStore;
 use flashsale_domain::ports::SaleCatalog;
 use flashsale_domain::{Sale, SaleId};
 use flashsale_grab::{Config, Deps, GrabKeyError, RETRY_ATTEMPT_HEADER, handler};
-use flashsale_http::testing::{ApiEvent, body_json, error_code};
+use flashsale_lambda::testing::{ApiEvent, body_json, error_code};
 use lambda_http::Body;
 use lambda_http::http::{HeaderValue, Response};
 
@@ -359,7 +359,7 @@ async fn a_weak_or_missing_secret_fails_the_cold_start_naming_it() {
         matches!(&error, GrabKeyError::Unreadable { arn, .. } if *arn == gone_arn),
         "{error:?}"
     );
-    let reason = flashsale_http::telemetry::error_chain(&error);
+    let reason = flashsale_lambda::telemetry::error_chain(&error);
     assert!(reason.contains(&gone_arn), "{reason}");
     assert!(reason.contains("ResourceNotFound"), "{reason}");
 }

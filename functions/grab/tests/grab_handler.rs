@@ -14,8 +14,8 @@ use flashsale_domain::testing::{
 use flashsale_domain::token::GrabTokenSigner;
 use flashsale_domain::{Sale, SaleDraft, SaleId, UserId};
 use flashsale_grab::{Config, Deps, Ports, RETRY_ATTEMPT_HEADER, handler};
-use flashsale_http::testing::{ApiEvent, body_json, error_code};
-use flashsale_http::{ConfigError, MAX_BODY_BYTES};
+use flashsale_lambda::testing::{ApiEvent, body_json, error_code};
+use flashsale_lambda::{ConfigError, MAX_BODY_BYTES};
 use lambda_http::Body;
 use lambda_http::http::{HeaderValue, Response};
 
@@ -281,7 +281,7 @@ async fn a_forged_token_is_invalid_token_and_reserves_nothing() {
     let genuine = world.grab_token("user-alice").await;
     let (expiry, tag) = genuine.split_once('.').unwrap();
     let later = expiry.parse::<i64>().unwrap() + 3600;
-    let fixture_token = flashsale_http::testing::fixture("grab.json")["pathParameters"]["token"]
+    let fixture_token = flashsale_lambda::testing::fixture("grab.json")["pathParameters"]["token"]
         .as_str()
         .unwrap()
         .to_owned();

@@ -31,7 +31,7 @@ use flashsale_domain::{ReleaseReason, Reservation, Sale, SaleDraft, SaleId};
 use flashsale_grab::{
     Config, Deps, GRAB_KEY_BUDGET, GrabKeyError, Ports, REQUEST_DEADLINE, SDK_BUDGET, handler,
 };
-use flashsale_http::testing::{ApiEvent, body_json, error_code};
+use flashsale_lambda::testing::{ApiEvent, body_json, error_code};
 use lambda_http::Body;
 use lambda_http::http::Response;
 use tokio::time::Instant;

@@ -17,9 +17,9 @@ use flashsale_adapters::{DynamoStore, EventBridgeScheduler, ReleaseTarget};
 use flashsale_domain::ports::{Clock, OrderBook, ReleaseScheduler, StockLedger, SystemClock};
 use flashsale_domain::service::{Opened, OrderService};
 use flashsale_domain::{AppError, OrderId, Reservation};
-use flashsale_http::config::{Env, process_env};
-use flashsale_http::telemetry::{diagnostic, error_chain};
-use flashsale_http::{CallBudget, ConfigError};
+use flashsale_lambda::config::{Env, process_env};
+use flashsale_lambda::telemetry::{diagnostic, error_chain};
+use flashsale_lambda::{CallBudget, ConfigError};
 use futures::StreamExt as _;
 use lambda_runtime::Diagnostic;
 use tracing::Instrument as _;
@@ -277,8 +277,8 @@ async fn consume(deps: &Deps, record: &SqsMessage) -> Result<Opened, RecordError
         })?;
     if opened == Opened::AwaitingPayment {
         // At least once, like the message: a redelivered record counts again.
-        flashsale_http::metrics::order_step(
-            flashsale_http::metrics::ORDERS_OPENED,
+        flashsale_lambda::metrics::order_step(
+            flashsale_lambda::metrics::ORDERS_OPENED,
             &reservation.sale_id,
         );
     }
@@ -332,7 +332,7 @@ async fn park(deps: &Deps, record: &SqsMessage, why: &Diagnostic) -> bool {
     let reason = letter.reason.as_str();
     match deps.dead_letters.park(&letter).await {
         Ok(()) => {
-            flashsale_http::metrics::dlq_parked();
+            flashsale_lambda::metrics::dlq_parked();
             tracing::error!(error_type, reason, group_id = %letter.group_id, "poison record parked in the dead-letter queue");
             false
         }

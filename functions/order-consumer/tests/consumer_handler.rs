@@ -13,8 +13,8 @@ use flashsale_domain::error::StoreError;
 use flashsale_domain::ports::{OrderBook, ReleaseScheduler, SaleCatalog, StockLedger};
 use flashsale_domain::testing::{InMemoryStore, ManualClock, RecordingScheduler};
 use flashsale_domain::{OrderId, OrderStatus, ReleaseReason, Reservation, Sale, SaleDraft};
-use flashsale_http::ConfigError;
-use flashsale_http::testing::fixture;
+use flashsale_lambda::ConfigError;
+use flashsale_lambda::testing::fixture;
 use flashsale_order_consumer::{
     Config, DeadLetter, DeadLetterQueue, Deps, MAX_CONCURRENT_RECORDS, ParkError, Ports, handler,
 };

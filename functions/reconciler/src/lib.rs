@@ -17,9 +17,9 @@ use flashsale_domain::ports::{
     Clock, OrderBook, OrderQueue, SaleCatalog, StockLedger, SystemClock,
 };
 use flashsale_domain::service::{ReconcileReport, Reconciler, SaleService};
-use flashsale_http::config::{Env, process_env};
-use flashsale_http::telemetry::{diagnostic, error_chain};
-use flashsale_http::{CallBudget, ConfigError};
+use flashsale_lambda::config::{Env, process_env};
+use flashsale_lambda::telemetry::{diagnostic, error_chain};
+use flashsale_lambda::{CallBudget, ConfigError};
 use lambda_runtime::Diagnostic;
 use serde_json::Value;
 
@@ -226,7 +226,7 @@ async fn reconcile(deps: &Deps) -> Result<ReconcileReport, ReconcileError> {
         failed_sales,
     } = report;
     let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
-    flashsale_http::metrics::reconciled(
+    flashsale_lambda::metrics::reconciled(
         count(requeued),
         count(expired),
         count(failed),
@@ -272,7 +272,7 @@ async fn record_stock(deps: &Deps) {
     };
     for sale in sales {
         match deps.sales.stats(&sale.sale_id).await {
-            Ok(stats) => flashsale_http::metrics::stock(&sale.sale_id, &stats.counts),
+            Ok(stats) => flashsale_lambda::metrics::stock(&sale.sale_id, &stats.counts),
             Err(error) => {
                 tracing::warn!(sale_id = %sale.sale_id, error = %error_chain(&error), "could not count a sale's stock");
             }

@@ -13,8 +13,8 @@ use flashsale_domain::testing::{InMemoryStore, ManualClock, RecordingQueue};
 use flashsale_domain::{
     AppError, OrderId, OrderStatus, Reservation, Sale, SaleDraft, SaleId, UserId,
 };
-use flashsale_http::ConfigError;
-use flashsale_http::testing::fixture;
+use flashsale_lambda::ConfigError;
+use flashsale_lambda::testing::fixture;
 use flashsale_reconciler::{Config, Deps, Ports, ReconcileError, handler};
 use lambda_runtime::Diagnostic;
 use serde_json::{Value, json};

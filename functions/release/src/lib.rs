@@ -28,9 +28,9 @@ use flashsale_adapters::DynamoStore;
 use flashsale_domain::ports::{Clock, Settlement, StockLedger, SystemClock};
 use flashsale_domain::service::ExpiryService;
 use flashsale_domain::{AppError, OrderId, OrderStatus, Reservation};
-use flashsale_http::config::{Env, process_env};
-use flashsale_http::telemetry::{diagnostic, error_chain};
-use flashsale_http::{CallBudget, ConfigError};
+use flashsale_lambda::config::{Env, process_env};
+use flashsale_lambda::telemetry::{diagnostic, error_chain};
+use flashsale_lambda::{CallBudget, ConfigError};
 use lambda_runtime::Diagnostic;
 use serde::Serialize;
 use serde_json::Value;
@@ -221,11 +221,11 @@ async fn release(deps: &Deps, event: Value) -> Result<Outcome, ReleaseError> {
             let lag = deps.expiry.clock.now() - reservation.expires_at;
             // Milliseconds first: a lag under a second is still worth seeing.
             let lag_secs = lag.num_milliseconds() as f64 / 1000.0;
-            flashsale_http::metrics::order_step(
-                flashsale_http::metrics::ORDERS_EXPIRED,
+            flashsale_lambda::metrics::order_step(
+                flashsale_lambda::metrics::ORDERS_EXPIRED,
                 &reservation.sale_id,
             );
-            flashsale_http::metrics::release_lag(&reservation.sale_id, lag_secs);
+            flashsale_lambda::metrics::release_lag(&reservation.sale_id, lag_secs);
             tracing::info!(%order_id, outcome = "released", waited_ms = waited.as_millis() as u64, lag_secs, "order expired; unit back in stock");
             Ok(Outcome::Released { order_id })
         }

@@ -183,7 +183,7 @@ pub(crate) async fn transact(
         match cancellation {
             Cancellation::Conditions(failed) => return Ok(Err(Refusal { failed, error })),
             Cancellation::Conflict if policy.allows_another(attempts) => {
-                // Named as in flashsale_http::metrics, which the adapters do not depend on.
+                // Named as in flashsale_lambda::metrics, which the adapters do not depend on.
                 metrics::counter!("transaction_conflicts_retried", "operation" => operation)
                     .increment(1);
                 let delay = policy.delay(attempts - 1);

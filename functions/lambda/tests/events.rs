@@ -1,9 +1,9 @@
 //! The shared HTTP glue against the repository's API Gateway fixtures: callers, admin
 //! claims, route keys and path parameters as API Gateway really sends them.
 
-use flashsale_http::caller::{AdminRule, Caller, user_of};
-use flashsale_http::testing::{ApiEvent, events_dir};
-use flashsale_http::{ApiError, order_id_param, route_key, sale_id_param};
+use flashsale_lambda::caller::{AdminRule, Caller, user_of};
+use flashsale_lambda::testing::{ApiEvent, events_dir};
+use flashsale_lambda::{ApiError, order_id_param, route_key, sale_id_param};
 
 #[test]
 fn the_caller_is_the_jwt_subject_and_a_plain_user_is_no_admin() {

@@ -2,10 +2,10 @@
 //! One test function, because the collector is the process's global recorder.
 
 use flashsale_domain::SaleId;
-use flashsale_http::metrics::{self, GrabOutcome};
+use flashsale_lambda::metrics::{self, GrabOutcome};
 use serde_json::Value;
 
-fn documents(telemetry: flashsale_http::telemetry::Telemetry) -> Vec<Value> {
+fn documents(telemetry: flashsale_lambda::telemetry::Telemetry) -> Vec<Value> {
     let mut out = Vec::new();
     telemetry.flush_to(&mut out).expect("flush to memory");
     String::from_utf8(out)
@@ -27,7 +27,7 @@ fn find<'a>(docs: &'a [Value], dims: &[(&str, &str)]) -> &'a Value {
 
 #[test]
 fn grab_outcomes_are_emf_documents_with_the_namespace_dimensions_and_counts() {
-    let telemetry = flashsale_http::telemetry::install_metrics("stack-GrabFunction-AbC")
+    let telemetry = flashsale_lambda::telemetry::install_metrics("stack-GrabFunction-AbC")
         .expect("the only recorder of this process");
     let phone = SaleId::parse("phone").unwrap();
 
