@@ -13,6 +13,9 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 use tracing::Instrument;
 
+/// An error and its sources on one line, for logs: the functions' own.
+pub use flashsale_lambda::telemetry::error_chain;
+
 use crate::model::{FunctionSpec, StackModel};
 
 /// A function's own error, as the Lambda runtime reports it.
@@ -343,16 +346,4 @@ fn error_type(error: &InvokeError) -> &'static str {
         InvokeError::Crashed { .. } => "Runtime.ExitError",
         _ => "Runtime.Unhandled",
     }
-}
-
-/// An error and its sources on one line, for logs.
-pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
