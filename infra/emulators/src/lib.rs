@@ -15,7 +15,8 @@
 //! dropping (SIGKILL, `std::process::exit`), the pipe closes, the guard sees EOF and
 //! kills the emulator. Either way no emulator outlives its owner.
 //!
-//! [`proxy`] is a counting, fault-injecting pass-through to put in front of any of them.
+//! [`proxy`] is a counting, fault-injecting pass-through to put in front of any of them;
+//! in front of DynamoDB Local it can also play DynamoDB's transaction conflicts.
 
 pub mod proxy;
 

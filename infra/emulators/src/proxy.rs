@@ -14,8 +14,22 @@
 //! so a drill can state the rate it ran at. `make bench` counts through it, and the
 //! e2e fault drills (tests/tests/drills.rs) inject through it.
 //!
+//! Transaction conflicts (off by default; `proxy/conflicts.rs` has the rule): DynamoDB
+//! Local runs one transaction at a time and never answers `TransactionConflict`; with a
+//! [`ConflictMode`] the proxy plays DynamoDB's rule. A `TransactWriteItems` holds its
+//! items from its arrival until its answer is back plus the mode's commit time; another
+//! transaction touching a held item is cancelled (`TransactionCanceledException`,
+//! `TransactionConflict` at that item), a `PutItem`/`UpdateItem`/`DeleteItem` of one
+//! refused (`TransactionConflictException`), neither forwarded. Fault rules decide
+//! first; the conflicts are counted by operation, under outcome `"400"`. A `Put` is
+//! keyed through its table's key schema, which the proxy asks its upstream for once.
+//!
 //! Control routes, on the same port: `GET /__counts` (JSON [`Counts`]), `POST /__reset`
-//! (zero the counts), `PUT /__faults` (a JSON list of [`FaultRule`]), `DELETE /__faults`.
+//! (zero the counts), `PUT /__faults` (a JSON list of [`FaultRule`]), `DELETE /__faults`,
+//! `PUT /__conflicts` (a JSON [`ConflictMode`]: `{"commit_time_ms": 15}`),
+//! `DELETE /__conflicts`, `GET /__conflicts` (the mode and how many items are held).
+
+mod conflicts;
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -33,16 +47,23 @@ use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use tokio::task::{JoinHandle, JoinSet};
 
+pub use conflicts::ConflictMode;
+use conflicts::{Admission, Conflicts, Refusal, Rule};
+
 /// Requests and statuses seen for one operation.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OperationCounts {
     pub total: u64,
     /// By outcome: the HTTP status (`"200"`, `"400"`), or `"reset"` (the connection was
     /// cut before forwarding), `"dropped_after_commit"`, `"upstream_error"` (the
-    /// upstream did not answer).
+    /// upstream did not answer), `"body_unreadable"` (the caller's body broke off).
     pub by_outcome: BTreeMap<String, u64>,
     /// How many of `total` a fault rule answered or cut.
     pub faults: u64,
+    /// How many of `total` the conflict mode answered with a transaction conflict
+    /// (also counted under outcome `"400"`).
+    #[serde(default)]
+    pub conflicts: u64,
 }
 
 /// Everything the proxy counted since its start or last reset, by operation.
@@ -84,6 +105,7 @@ impl Counts {
                         total,
                         by_outcome,
                         faults: now.faults.saturating_sub(before.faults),
+                        conflicts: now.conflicts.saturating_sub(before.conflicts),
                     },
                 );
             }
@@ -91,14 +113,27 @@ impl Counts {
         Counts { operations }
     }
 
-    fn record(&mut self, operation: &str, outcome: &str, fault: bool) {
+    fn record(&mut self, operation: &str, outcome: &str, cause: Cause) {
         let entry = self.operations.entry(operation.to_owned()).or_default();
         entry.total += 1;
         *entry.by_outcome.entry(outcome.to_owned()).or_default() += 1;
-        if fault {
-            entry.faults += 1;
+        match cause {
+            Cause::Upstream => {}
+            Cause::Fault => entry.faults += 1,
+            Cause::Conflict => entry.conflicts += 1,
         }
     }
+}
+
+/// Who decided a request's outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cause {
+    /// The upstream answered (or failed to), or the caller broke off.
+    Upstream,
+    /// A fault rule.
+    Fault,
+    /// The conflict mode.
+    Conflict,
 }
 
 /// What a fault rule does to a matching request.
@@ -220,6 +255,14 @@ struct Shared {
     client: Client<HttpConnector, Full<Bytes>>,
     counts: Mutex<Counts>,
     faults: Mutex<FaultBook>,
+    conflicts: Conflicts,
+}
+
+/// How a proxy starts; the default forwards everything.
+#[derive(Debug, Clone, Default)]
+pub struct ProxyOptions {
+    /// Play DynamoDB's transaction conflicts from the start.
+    pub conflicts: Option<ConflictMode>,
 }
 
 /// A running proxy. Stops (with every connection it holds) when dropped.
@@ -242,12 +285,34 @@ enum Cut {
     Reset,
     #[error("fault: connection dropped after the upstream answered")]
     DroppedAfterCommit,
+    #[error("the request's body could not be read")]
+    Body(#[source] hyper::Error),
+}
+
+/// Why the upstream gave no answer.
+#[derive(Debug, thiserror::Error)]
+enum UpstreamError {
+    #[error("the upstream URL cannot take the path {0:?}")]
+    Uri(String),
+    #[error("the upstream did not answer")]
+    Request(#[from] hyper_util::client::legacy::Error),
+    #[error("the upstream's answer could not be read")]
+    Body(#[from] hyper::Error),
 }
 
 impl Proxy {
     /// Listens on 127.0.0.1:`port` (0: a free port) and forwards to `upstream`
     /// (`http://127.0.0.1:8000`).
     pub async fn start(upstream: &str, port: u16) -> Result<Self, ProxyError> {
+        Self::start_with(upstream, port, ProxyOptions::default()).await
+    }
+
+    /// [`Proxy::start`] with options (the conflict mode on from the start).
+    pub async fn start_with(
+        upstream: &str,
+        port: u16,
+        options: ProxyOptions,
+    ) -> Result<Self, ProxyError> {
         let upstream_uri: Uri = upstream
             .parse()
             .map_err(|_| ProxyError::Upstream(upstream.to_owned()))?;
@@ -267,6 +332,7 @@ impl Proxy {
                 .build(connector),
             counts: Mutex::new(Counts::default()),
             faults: Mutex::new(FaultBook::default()),
+            conflicts: Conflicts::new(options.conflicts),
         });
         let server = tokio::spawn(serve(listener, Arc::clone(&shared)));
         Ok(Self {
@@ -292,6 +358,22 @@ impl Proxy {
     /// Replaces the fault rules (an empty list: forward everything).
     pub fn set_faults(&self, rules: Vec<FaultRule>) {
         lock(&self.shared.faults).replace(rules);
+    }
+
+    /// Turns DynamoDB's transaction conflicts on (`Some`) or off. Items already held
+    /// stay held until their transactions are answered.
+    pub fn set_conflict_mode(&self, mode: Option<ConflictMode>) {
+        self.shared.conflicts.set_mode(mode);
+    }
+
+    pub fn conflict_mode(&self) -> Option<ConflictMode> {
+        self.shared.conflicts.mode()
+    }
+
+    /// How many items in-flight transactions hold now: lets a test start a second
+    /// request only once the first one holds its items.
+    pub fn held_items(&self) -> usize {
+        self.shared.conflicts.held_items()
     }
 }
 
@@ -330,12 +412,21 @@ async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Result<Proxy
         return Ok(control(&shared, request).await);
     }
     let operation = operation_of(&request);
-    let fault = lock(&shared.faults).decide(&operation);
     let record =
-        |outcome: &str, fault: bool| lock(&shared.counts).record(&operation, outcome, fault);
+        |outcome: &str, cause: Cause| lock(&shared.counts).record(&operation, outcome, cause);
+    // Whole before anything is decided: the conflict rule reads the items in it.
+    let (parts, body) = request.into_parts();
+    let body = match body.collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(error) => {
+            record("body_unreadable", Cause::Upstream);
+            return Err(Cut::Body(error));
+        }
+    };
+    let fault = lock(&shared.faults).decide(&operation);
     match fault {
         Some(Fault::Throttle) => {
-            record("400", true);
+            record("400", Cause::Fault);
             return Ok(error_answer(
                 StatusCode::BAD_REQUEST,
                 &throttle_code(&operation),
@@ -343,7 +434,7 @@ async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Result<Proxy
             ));
         }
         Some(Fault::ServerError) => {
-            record("500", true);
+            record("500", Cause::Fault);
             return Ok(error_answer(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "InternalServerError",
@@ -351,96 +442,236 @@ async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Result<Proxy
             ));
         }
         Some(Fault::ConnectionReset) => {
-            record("reset", true);
+            record("reset", Cause::Fault);
             return Err(Cut::Reset);
         }
         Some(Fault::CommitThenDrop) | None => {}
     }
-    let answer = forward(&shared, request).await;
+    let hold = match admit(&shared, &operation, &parts.headers, &body).await {
+        Admission::Free => None,
+        Admission::Held(hold) => Some(hold),
+        Admission::Refused(refusal) => {
+            record("400", Cause::Conflict);
+            return Ok(refusal_answer(&refusal));
+        }
+    };
+    let answer = forward(&shared, parts, body).await;
+    if let Some(hold) = hold {
+        // The commit time is added to the transaction's own round trip, its items
+        // held all along; dropping the hold releases them.
+        tokio::time::sleep(hold.commit_time()).await;
+        drop(hold);
+    }
     match (answer, fault) {
         (Ok(_), Some(Fault::CommitThenDrop)) => {
-            record("dropped_after_commit", true);
+            record("dropped_after_commit", Cause::Fault);
             Err(Cut::DroppedAfterCommit)
         }
         (Ok(response), _) => {
-            record(response.status().as_str(), false);
+            record(response.status().as_str(), Cause::Upstream);
             Ok(response)
         }
         (Err(error), _) => {
-            tracing::warn!(%error, %operation, "upstream did not answer");
-            record("upstream_error", false);
+            tracing::warn!(error = %error_chain(&error), %operation, "upstream did not answer");
+            record("upstream_error", Cause::Upstream);
             Ok(error_answer(
                 StatusCode::BAD_GATEWAY,
                 "UpstreamUnavailable",
-                &error.to_string(),
+                &error_chain(&error),
             ))
         }
     }
 }
 
+/// What the conflict mode makes of a request: `Free` when it is off, or the request is
+/// none of its business.
+async fn admit(
+    shared: &Shared,
+    operation: &str,
+    headers: &http::HeaderMap,
+    body: &Bytes,
+) -> Admission {
+    if shared.conflicts.mode().is_none() {
+        return Admission::Free;
+    }
+    let Some(rule) = Rule::of(operation) else {
+        return Admission::Free;
+    };
+    // A body that is not JSON is the upstream's to refuse.
+    let Ok(request) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return Admission::Free;
+    };
+    for table in conflicts::tables_needing_key_schema(rule, &request) {
+        if shared.conflicts.knows_key_schema(&table) {
+            continue;
+        }
+        // Not cached on failure: a table that does not exist yet may later.
+        match describe_key_schema(shared, headers, &table).await {
+            Some(key_attributes) => shared.conflicts.remember_key_schema(&table, key_attributes),
+            None => tracing::warn!(%table, "no key schema: its Put items cannot conflict"),
+        }
+    }
+    shared.conflicts.admit(rule, &request)
+}
+
+/// The table's key attribute names, from a `DescribeTable` sent to the upstream. It
+/// carries the caller's credentials: DynamoDB Local keeps a database per access key and
+/// region (it reads them from the Authorization header and checks no signature).
+async fn describe_key_schema(
+    shared: &Shared,
+    headers: &http::HeaderMap,
+    table: &str,
+) -> Option<Vec<String>> {
+    let mut request = Request::new(Full::new(Bytes::from(conflicts::describe_table_request(
+        table,
+    ))));
+    *request.method_mut() = Method::POST;
+    let copied = request.headers_mut();
+    for name in ["authorization", "x-amz-date", "x-amz-security-token"] {
+        if let Some(value) = headers.get(name) {
+            copied.insert(name, value.clone());
+        }
+    }
+    copied.insert(
+        "x-amz-target",
+        HeaderValue::from_static("DynamoDB_20120810.DescribeTable"),
+    );
+    copied.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/x-amz-json-1.0"),
+    );
+    let (parts, body) = request.into_parts();
+    let response = match send_upstream(shared, parts, body).await {
+        Ok(response) => response,
+        Err(error) => {
+            tracing::warn!(error = %error_chain(&error), %table, "DescribeTable failed");
+            return None;
+        }
+    };
+    let (parts, body) = response.into_parts();
+    let body = body.collect().await.ok()?.to_bytes();
+    if !parts.status.is_success() {
+        tracing::warn!(%table, status = %parts.status, "DescribeTable refused");
+        return None;
+    }
+    conflicts::key_schema_of(&serde_json::from_slice(&body).ok()?)
+}
+
 async fn forward(
     shared: &Shared,
-    request: Request<Incoming>,
-) -> Result<ProxyResponse, Box<dyn std::error::Error + Send + Sync>> {
-    let (mut parts, body) = request.into_parts();
-    let body = body.collect().await?.to_bytes();
+    parts: http::request::Parts,
+    body: Bytes,
+) -> Result<ProxyResponse, UpstreamError> {
+    send_upstream(shared, parts, Full::new(body)).await
+}
+
+/// Sends a request to the upstream under its own path, and reads the whole answer.
+async fn send_upstream(
+    shared: &Shared,
+    mut parts: http::request::Parts,
+    body: Full<Bytes>,
+) -> Result<ProxyResponse, UpstreamError> {
     let path_and_query = parts
         .uri
         .path_and_query()
         .map_or("/", |pq| pq.as_str())
         .to_owned();
     let mut uri = shared.upstream.clone().into_parts();
-    uri.path_and_query = Some(path_and_query.parse()?);
-    parts.uri = Uri::from_parts(uri)?;
+    uri.path_and_query = Some(
+        path_and_query
+            .parse()
+            .map_err(|_| UpstreamError::Uri(path_and_query.clone()))?,
+    );
+    parts.uri = Uri::from_parts(uri).map_err(|_| UpstreamError::Uri(path_and_query))?;
     // The Host header stays the proxy's: moto builds queue URLs from it, so the URLs
     // it hands out lead back through the proxy (and match what the stack resolved).
     let response = shared
         .client
-        .request(Request::from_parts(parts, Full::new(body)))
+        .request(Request::from_parts(parts, body))
         .await?;
     let (parts, body) = response.into_parts();
     let body = body.collect().await?.to_bytes();
     Ok(Response::from_parts(parts, Full::new(body)))
 }
 
+/// An error and its sources, one after another.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+async fn read_json<T: serde::de::DeserializeOwned>(body: Incoming) -> Result<T, String> {
+    let bytes = body
+        .collect()
+        .await
+        .map_err(|error| error.to_string())?
+        .to_bytes();
+    serde_json::from_slice(&bytes).map_err(|error| error.to_string())
+}
+
 async fn control(shared: &Shared, request: Request<Incoming>) -> ProxyResponse {
     let (parts, body) = request.into_parts();
+    let refused = |error: &str, message: String| {
+        json_answer(
+            StatusCode::BAD_REQUEST,
+            &serde_json::json!({"error": error, "message": message}),
+        )
+    };
     match (&parts.method, parts.uri.path()) {
         (&Method::GET, "/__counts") => json_answer(StatusCode::OK, &*lock(&shared.counts)),
         (&Method::POST, "/__reset") => {
             *lock(&shared.counts) = Counts::default();
             json_answer(StatusCode::OK, &serde_json::json!({"reset": true}))
         }
-        (&Method::PUT, "/__faults") => {
-            let rules = match body.collect().await {
-                Ok(bytes) => serde_json::from_slice::<Vec<FaultRule>>(&bytes.to_bytes())
-                    .map_err(|error| error.to_string()),
-                Err(error) => Err(error.to_string()),
-            };
-            match rules {
-                Ok(rules) => {
-                    let count = rules.len();
-                    lock(&shared.faults).replace(rules);
-                    json_answer(StatusCode::OK, &serde_json::json!({"rules": count}))
-                }
-                Err(message) => json_answer(
-                    StatusCode::BAD_REQUEST,
-                    &serde_json::json!({"error": "bad_rules", "message": message}),
-                ),
+        (&Method::PUT, "/__faults") => match read_json::<Vec<FaultRule>>(body).await {
+            Ok(rules) => {
+                let count = rules.len();
+                lock(&shared.faults).replace(rules);
+                json_answer(StatusCode::OK, &serde_json::json!({"rules": count}))
             }
-        }
+            Err(message) => refused("bad_rules", message),
+        },
         (&Method::DELETE, "/__faults") => {
             lock(&shared.faults).rules.clear();
             json_answer(StatusCode::OK, &serde_json::json!({"rules": 0}))
         }
+        (&Method::PUT, "/__conflicts") => match read_json::<ConflictMode>(body).await {
+            Ok(mode) => {
+                shared.conflicts.set_mode(Some(mode));
+                conflicts_answer(shared)
+            }
+            Err(message) => refused("bad_conflict_mode", message),
+        },
+        (&Method::DELETE, "/__conflicts") => {
+            shared.conflicts.set_mode(None);
+            conflicts_answer(shared)
+        }
+        (&Method::GET, "/__conflicts") => conflicts_answer(shared),
         _ => json_answer(
             StatusCode::NOT_FOUND,
             &serde_json::json!({
                 "error": "not_found",
-                "message": "control routes: GET /__counts, POST /__reset, PUT|DELETE /__faults"
+                "message": "control routes: GET /__counts, POST /__reset, PUT|DELETE /__faults, \
+                            GET|PUT|DELETE /__conflicts"
             }),
         ),
     }
+}
+
+fn conflicts_answer(shared: &Shared) -> ProxyResponse {
+    json_answer(
+        StatusCode::OK,
+        &serde_json::json!({
+            "mode": shared.conflicts.mode(),
+            "held_items": shared.conflicts.held_items(),
+        }),
+    )
 }
 
 fn operation_of<B>(request: &Request<B>) -> String {
@@ -476,6 +707,17 @@ fn throttle_code(operation: &str) -> String {
 
 fn error_answer(status: StatusCode, code: &str, message: &str) -> ProxyResponse {
     let body = serde_json::json!({ "__type": code, "message": message });
+    aws_json_answer(status, code, &body)
+}
+
+/// The conflict mode's refusal, as DynamoDB answers it: always a 400.
+fn refusal_answer(refusal: &Refusal) -> ProxyResponse {
+    aws_json_answer(StatusCode::BAD_REQUEST, refusal.error_type, &refusal.body)
+}
+
+/// An error in the JSON protocols' form: the body, and the code again in
+/// `x-amzn-errortype`.
+fn aws_json_answer(status: StatusCode, code: &str, body: &serde_json::Value) -> ProxyResponse {
     let mut response = Response::new(Full::new(Bytes::from(body.to_string())));
     *response.status_mut() = status;
     let headers = response.headers_mut();
