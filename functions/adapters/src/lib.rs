@@ -9,6 +9,7 @@
 mod classify;
 pub mod correlation;
 mod dynamo;
+mod pause;
 mod retry;
 mod scheduler;
 mod sdk;
@@ -18,6 +19,7 @@ pub use dynamo::{
     ContentionExhausted, CorruptItem, DynamoStore, Inconsistency, InvalidRequest, ItemError,
     UnexpectedRefusal, UnprocessedKeys,
 };
+pub use pause::TokioPause;
 pub use scheduler::{
     EventBridgeScheduler, FIRING_SLACK, MAX_EARLY_FIRING, NoReleaseTarget, ReleaseTarget,
 };

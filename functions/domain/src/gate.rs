@@ -96,6 +96,27 @@ impl SoldOutGate {
         })
     }
 
+    /// Those of `candidates` (in their order) not known to be empty: what a grab going
+    /// round again still has to try, now that other grabs may have marked some.
+    pub fn still_worth_a_write(
+        &self,
+        sale_id: &SaleId,
+        shards: u16,
+        candidates: Vec<u16>,
+    ) -> Vec<u16> {
+        self.with_marks(sale_id, shards, |marks| {
+            candidates
+                .into_iter()
+                .filter(|&shard| {
+                    marks
+                        .empty_since
+                        .get(usize::from(shard))
+                        .is_some_and(Option::is_none)
+                })
+                .collect()
+        })
+    }
+
     pub fn mark_empty(&self, sale_id: &SaleId, shards: u16, shard: u16, now: DateTime<Utc>) {
         self.with_marks(sale_id, shards, |marks| {
             marks.empty_since[usize::from(shard)] = Some(now);

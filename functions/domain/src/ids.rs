@@ -163,6 +163,15 @@ impl OrderId {
     pub fn unique_part(&self) -> String {
         self.unique.to_string()
     }
+
+    /// The random bits of the id: different for every order, so whatever is drawn from
+    /// them (a grab's backoff, say) spreads buyers apart without a random source.
+    pub fn random_bits(&self) -> u64 {
+        // The low 64 of the ULID's 80 random bits; truncation is the point.
+        #[allow(clippy::cast_possible_truncation)]
+        let bits = self.unique.random() as u64;
+        bits
+    }
 }
 
 impl TryFrom<String> for OrderId {

@@ -6,6 +6,7 @@
 
 pub mod error;
 pub mod gate;
+pub mod grab;
 pub mod ids;
 pub mod order;
 pub mod ports;

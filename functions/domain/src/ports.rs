@@ -27,6 +27,12 @@ impl Clock for SystemClock {
     }
 }
 
+/// Waiting between tries. A port so tests need not wait (or can count the waits).
+#[async_trait]
+pub trait Pause: Send + Sync {
+    async fn pause(&self, how_long: std::time::Duration);
+}
+
 /// Sales and their definitions.
 #[async_trait]
 pub trait SaleCatalog: Send + Sync {
@@ -59,6 +65,11 @@ pub enum ReserveRefusal {
     /// A hold for this very order exists already: the grab is a retry of one that
     /// committed. Checked before the limit and the shard.
     AlreadyHeld,
+    /// Another transaction held the shard or the user's item (DynamoDB's
+    /// `TransactionConflict`): nothing was written and nothing was decided, so the
+    /// same reservation may be tried at once on another shard, or on this one a moment
+    /// later.
+    Contended,
 }
 
 /// What happened to a hold that was asked to end.
@@ -81,8 +92,9 @@ pub trait StockLedger: Send + Sync {
     /// The shard must have stock (`available > 0`) and the user must hold fewer than
     /// `sale.per_user_limit` open or paid units and have cancelled or let lapse fewer
     /// than [`MAX_ABANDONED_HOLDS`](crate::sale::MAX_ABANDONED_HOLDS) holds of this
-    /// sale; either limit answers `LimitReached`. Write contention is retried inside the
-    /// adapter with jitter. Idempotent per order id: once a hold for
+    /// sale; either limit answers `LimitReached`. Write contention is not waited out
+    /// here: it answers `Contended` at once, so the caller can try a shard that is free
+    /// instead of queueing on a busy one. Idempotent per order id: once a hold for
     /// `reservation.order_id` exists (in any status), another call writes nothing and
     /// answers `AlreadyHeld`, so a caller that cannot tell whether a timed-out call
     /// committed may simply call again.

@@ -268,11 +268,18 @@ impl Sale {
     }
 
     /// The order in which a user tries the shards: their own first, so load spreads,
-    /// then every other one, so no stock is stranded while buyers remain.
+    /// then every other one, so no stock is stranded while buyers remain. The others
+    /// come at a stride of the user's own (coprime with the shard count, so every shard
+    /// comes once): buyers who leave the same empty or contended shard scatter over the
+    /// rest instead of all moving on to its neighbour.
     pub fn shard_order(&self, user: &UserId) -> impl Iterator<Item = u16> + use<> {
-        let shards = self.shards;
-        let first = self.bucket_of(user);
-        (0..shards).map(move |offset| (first + offset) % shards)
+        let shards = u32::from(self.shards.max(1));
+        let first = u32::from(self.bucket_of(user));
+        let stride = coprime_stride(user.stable_hash() >> 32, shards);
+        (0..shards).map(move |step| {
+            // Below `shards`, which is a u16.
+            u16::try_from((first + step * stride) % shards).unwrap_or(0)
+        })
     }
 
     /// The user's home shard, also the stats bucket their items are indexed under.
@@ -288,6 +295,26 @@ impl Sale {
         let round_up = i64::from(deadline.timestamp_subsec_nanos() > 0);
         DateTime::from_timestamp(whole + round_up, 0).unwrap_or(deadline)
     }
+}
+
+/// A step in `1..shards` drawn from `seed` that is coprime with `shards`, so that
+/// stepping by it from any shard visits every shard once (1 when there is one shard).
+fn coprime_stride(seed: u64, shards: u32) -> u32 {
+    if shards <= 2 {
+        return 1;
+    }
+    let mut stride = 1 + u32::try_from(seed % u64::from(shards - 1)).unwrap_or(0);
+    while gcd(stride, shards) != 1 {
+        stride = stride % (shards - 1) + 1;
+    }
+    stride
+}
+
+fn gcd(mut a: u32, mut b: u32) -> u32 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
 }
 
 /// Counts of a sale's stock by where it is. Sold stock is `paid`; held stock is
@@ -362,6 +389,38 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
+
+    #[test]
+    fn every_user_tries_every_shard_once_starting_at_their_own() {
+        for shards in [1_u16, 2, 3, 4, 10, 12, 16, 128, 1000] {
+            let sale = Sale {
+                shards,
+                ..Sale::from_draft(serde_json::from_value(draft_json()).unwrap()).unwrap()
+            };
+            let mut second_steps = std::collections::BTreeSet::new();
+            for name in ["alice", "bob", "carol", "dave", "erin", "frank", "grace"] {
+                let user = UserId::parse(name).unwrap();
+                let order: Vec<u16> = sale.shard_order(&user).collect();
+                assert_eq!(order[0], sale.bucket_of(&user));
+                let mut sorted = order.clone();
+                sorted.sort_unstable();
+                assert_eq!(
+                    sorted,
+                    (0..shards).collect::<Vec<_>>(),
+                    "{shards} shards, {name}"
+                );
+                if shards > 1 {
+                    second_steps.insert((order[1] + shards - order[0]) % shards);
+                }
+            }
+            if shards > 4 {
+                assert!(
+                    second_steps.len() > 1,
+                    "users of {shards} shards step alike"
+                );
+            }
+        }
+    }
 
     fn draft_json() -> Value {
         json!({

@@ -10,21 +10,19 @@ use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
 
 use crate::error::{AppError, StoreError};
-use crate::gate::SoldOutGate;
 use crate::ids::{OrderId, SaleId, UserId};
 use crate::order::{Order, OrderStatus, ReleaseReason, Reservation};
 use crate::ports::{
     Blocklist, Clock, OpenOutcome, OrderBook, OrderQueue, PayOutcome, ReleaseScheduler,
-    ReserveRefusal, SaleCatalog, Settlement, StockLedger,
+    SaleCatalog, Settlement, StockLedger,
 };
-use crate::sale::{
-    MAX_PAYMENT_TIMEOUT_SECS, Sale, SaleDraft, SalePhase, SaleStats, SaleView, TOKEN_LEAD,
-};
-use crate::token::GrabTokenSigner;
+use crate::sale::{MAX_PAYMENT_TIMEOUT_SECS, Sale, SaleDraft, SaleStats, SaleView};
 
-/// How long a grab path stays valid. Short, so a leaked path is soon useless, and a
-/// client that needs another simply asks again.
-pub const GRAB_PATH_LIFETIME: Duration = Duration::minutes(5);
+// The hot path has a module of its own; its names stay reachable from here.
+pub use crate::grab::{
+    Attempt, ContentionPolicy, GRAB_PATH_LIFETIME, GrabOutcome, GrabPass, GrabReport, GrabService,
+    SoldOutBy,
+};
 
 /// Sale administration and the public sale page.
 pub struct SaleService {
@@ -61,185 +59,6 @@ impl SaleService {
         let sale = self.sale(sale_id).await?;
         let counts = self.orders.count(&sale).await?;
         Ok(SaleStats::reconcile(sale.stock_total, counts))
-    }
-}
-
-/// The grab path that the token endpoint hands out.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct GrabPass {
-    pub grab_path: String,
-    pub expires_at: DateTime<Utc>,
-}
-
-/// Which try of one grab path a grab is, as the client says (the `X-Retry-Attempt`
-/// header over HTTP).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Attempt {
-    /// The first request on this path: it cannot have taken a unit before.
-    First,
-    /// A repeat of a request on the same path whose answer the client did not get.
-    Retry,
-}
-
-/// The hot path: hand out grab paths, and turn a grab into a reservation.
-pub struct GrabService {
-    pub catalog: Arc<dyn SaleCatalog>,
-    pub ledger: Arc<dyn StockLedger>,
-    /// Read only to answer a retried grab; see [`GrabService::grab`].
-    pub orders: Arc<dyn OrderBook>,
-    pub queue: Arc<dyn OrderQueue>,
-    pub clock: Arc<dyn Clock>,
-    pub signer: GrabTokenSigner,
-    pub gate: SoldOutGate,
-    /// Checked first on both routes, from memory: a blocked user costs no store call.
-    pub blocked_users: CachedBlocklist,
-}
-
-impl GrabService {
-    async fn sale(&self, sale_id: &SaleId) -> Result<Sale, AppError> {
-        self.catalog
-            .find_sale(sale_id)
-            .await?
-            .ok_or(AppError::SaleNotFound)
-    }
-
-    /// Refuses a blocked user before anything else is looked at.
-    async fn refuse_blocked(&self, user: &UserId, now: DateTime<Utc>) -> Result<(), AppError> {
-        if self.blocked_users.is_blocked(user, now).await? {
-            tracing::debug!(%user, "refused a blocked user");
-            return Err(AppError::Blocked);
-        }
-        Ok(())
-    }
-
-    /// A grab path for this user, only once the sale is (about to be) active, and never
-    /// for a blocked user.
-    pub async fn issue_pass(&self, sale_id: &SaleId, user: &UserId) -> Result<GrabPass, AppError> {
-        let now = self.clock.now();
-        self.refuse_blocked(user, now).await?;
-        let sale = self.sale(sale_id).await?;
-        match sale.phase(now + TOKEN_LEAD) {
-            SalePhase::Upcoming => return Err(AppError::NotStarted),
-            SalePhase::Ended if sale.phase(now) == SalePhase::Ended => return Err(AppError::Ended),
-            _ => {}
-        }
-        let expires_at = sale.ends_at.min(now + GRAB_PATH_LIFETIME);
-        let token = self.signer.issue(sale_id, user, expires_at);
-        Ok(GrabPass {
-            grab_path: format!("/sales/{sale_id}/grab/{token}"),
-            expires_at,
-        })
-    }
-
-    /// Reserves one unit for `user`, or says why not. At most one transaction per shard
-    /// tried; none at all once the gate knows the sale is sold out, or for a blocked
-    /// user (whose grab path, issued before the block, is refused too).
-    ///
-    /// A refused first attempt reads nothing. Only a [`Attempt::Retry`] may be the
-    /// retry of a grab whose answer was lost after it took a unit, so only a retry that
-    /// the gate refuses pays one read, on the buyer's own key, to answer that order. A
-    /// database answer that this path's order is held is itself proof of a retry, and
-    /// is answered the same way whatever the client said.
-    pub async fn grab(
-        &self,
-        sale_id: &SaleId,
-        token: &str,
-        user: &UserId,
-        attempt: Attempt,
-    ) -> Result<Reservation, AppError> {
-        let now = self.clock.now();
-        self.refuse_blocked(user, now).await?;
-        let sale = self.sale(sale_id).await?;
-        match sale.phase(now) {
-            SalePhase::Upcoming => return Err(AppError::NotStarted),
-            SalePhase::Ended => return Err(AppError::Ended),
-            SalePhase::Active => {}
-        }
-        let order_id = self
-            .signer
-            .verify(token, sale_id, user, now)
-            .ok_or(AppError::InvalidToken)?;
-        let mut plan = self
-            .gate
-            .plan(sale_id, sale.shards, sale.shard_order(user), now);
-        if let Some(recheck) = plan.recheck.take() {
-            // This grab drew the sale's one recheck turn of the interval: it reads the
-            // shards (one read, no write) and tries whatever came back.
-            recheck.settle(self.ledger.availability(&sale).await, self.clock.now());
-            plan = self
-                .gate
-                .plan(sale_id, sale.shards, sale.shard_order(user), now);
-        }
-        if plan.shards.is_empty() {
-            // Sold out as far as this process knows, so no write.
-            return match attempt {
-                Attempt::First => Err(AppError::SoldOut),
-                Attempt::Retry => self.resume(&order_id, user, AppError::SoldOut).await,
-            };
-        }
-        let mut reservation = Reservation {
-            order_id,
-            sale_id: sale_id.clone(),
-            user_id: user.clone(),
-            shard: 0,
-            created_at: now,
-            expires_at: sale.payment_deadline(now),
-        };
-        for shard in plan.shards {
-            reservation.shard = shard;
-            match self.ledger.reserve(&sale, shard, &reservation).await? {
-                Ok(()) => {
-                    self.gate.mark_stocked(sale_id, sale.shards, shard);
-                    self.hand_over(&reservation).await?;
-                    return Ok(reservation);
-                }
-                Err(ReserveRefusal::ShardEmpty) => {
-                    self.gate.mark_empty(sale_id, sale.shards, shard, now);
-                }
-                Err(ReserveRefusal::LimitReached) => return Err(AppError::LimitReached),
-                Err(ReserveRefusal::AlreadyHeld) => {
-                    return self
-                        .resume(&reservation.order_id, user, AppError::OrderNotFound)
-                        .await;
-                }
-            }
-        }
-        Err(AppError::SoldOut)
-    }
-
-    /// A retried grab: if this path's order is held and open, finish the hand-over
-    /// (the queue deduplicates by order id) and answer it again. A path whose order is
-    /// settled is used up. With no hold at all, answer `otherwise`.
-    async fn resume(
-        &self,
-        order_id: &OrderId,
-        user: &UserId,
-        otherwise: AppError,
-    ) -> Result<Reservation, AppError> {
-        match self.orders.find(order_id, user).await? {
-            Some((order, reservation)) if order.status.is_open() => {
-                self.hand_over(&reservation).await?;
-                Ok(reservation)
-            }
-            Some(_) => Err(AppError::InvalidToken),
-            None => Err(otherwise),
-        }
-    }
-
-    /// Sends a committed reservation to the order consumer. If that fails, the hold
-    /// stays: the buyer's retry of the same grab path resumes it and sends it again
-    /// (the queue deduplicates by order id), and if the buyer never retries, the
-    /// [`Reconciler`] sends it. Releasing it here instead would turn that retry into a
-    /// used-up path.
-    async fn hand_over(&self, reservation: &Reservation) -> Result<(), AppError> {
-        self.queue.enqueue(reservation).await.map_err(|error| {
-            tracing::error!(
-                order_id = %reservation.order_id,
-                error = &error as &dyn std::error::Error,
-                "enqueue failed; the hold waits for a retry or the reconciler"
-            );
-            AppError::from(error)
-        })
     }
 }
 

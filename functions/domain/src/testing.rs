@@ -1,9 +1,9 @@
 //! In-memory fakes of every port, faithful to the contracts in [`crate::ports`], for
 //! domain tests and for handler tests that do not need the real services.
 
-use std::collections::{BTreeSet, HashMap};
-use std::sync::Mutex;
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use chrono::{DateTime, Duration, Utc};
@@ -12,7 +12,7 @@ use crate::error::StoreError;
 use crate::ids::{OrderId, SaleId, UserId};
 use crate::order::{Order, OrderStatus, ReleaseReason, Reservation};
 use crate::ports::{
-    Blocklist, Clock, OpenOutcome, OrderBook, OrderQueue, PayOutcome, ReleaseScheduler,
+    Blocklist, Clock, OpenOutcome, OrderBook, OrderQueue, Pause, PayOutcome, ReleaseScheduler,
     ReserveRefusal, SaleCatalog, Settlement, StockLedger,
 };
 use crate::sale::{MAX_ABANDONED_HOLDS, Sale, StockCounts};
@@ -338,6 +338,105 @@ impl OrderBook for InMemoryStore {
             }
         }
         Ok(counts)
+    }
+}
+
+/// Pauses that do not wait, each recorded.
+#[derive(Debug, Default)]
+pub struct RecordedPauses {
+    pub pauses: Mutex<Vec<std::time::Duration>>,
+}
+
+impl RecordedPauses {
+    pub fn taken(&self) -> Vec<std::time::Duration> {
+        locked(&self.pauses).clone()
+    }
+}
+
+#[async_trait]
+impl Pause for RecordedPauses {
+    async fn pause(&self, how_long: std::time::Duration) {
+        locked(&self.pauses).push(how_long);
+    }
+}
+
+/// What a [`ScriptedLedger`] does with one reserve call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReserveScript {
+    /// Passes it to the ledger behind.
+    Pass,
+    /// Answers `Contended` without asking the ledger behind, as DynamoDB cancels a
+    /// transaction that met another one on its items.
+    Contend,
+    /// Fails transiently without asking the ledger behind: nothing was written, but
+    /// the caller cannot know that.
+    FailBefore,
+    /// Passes it to the ledger behind, then fails transiently: it committed, and the
+    /// caller cannot know that (a lost answer, an attempt that timed out).
+    CommitThenFail,
+}
+
+/// A ledger that plays a script over reserve calls, one step per call in call order,
+/// then passes every call once the script is played out; other calls pass.
+pub struct ScriptedLedger {
+    inner: Arc<dyn StockLedger>,
+    script: Mutex<VecDeque<ReserveScript>>,
+    /// The shard of every reserve call, in call order.
+    pub shards_tried: Mutex<Vec<u16>>,
+}
+
+impl ScriptedLedger {
+    pub fn new(
+        inner: Arc<dyn StockLedger>,
+        script: impl IntoIterator<Item = ReserveScript>,
+    ) -> Self {
+        Self {
+            inner,
+            script: Mutex::new(script.into_iter().collect()),
+            shards_tried: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn tried(&self) -> Vec<u16> {
+        locked(&self.shards_tried).clone()
+    }
+}
+
+#[async_trait]
+impl StockLedger for ScriptedLedger {
+    async fn reserve(
+        &self,
+        sale: &Sale,
+        shard: u16,
+        reservation: &Reservation,
+    ) -> Result<Result<(), ReserveRefusal>, StoreError> {
+        locked(&self.shards_tried).push(shard);
+        let step = locked(&self.script)
+            .pop_front()
+            .unwrap_or(ReserveScript::Pass);
+        match step {
+            ReserveScript::Pass => self.inner.reserve(sale, shard, reservation).await,
+            ReserveScript::Contend => Ok(Err(ReserveRefusal::Contended)),
+            ReserveScript::FailBefore => Err(StoreError::transient("reserve", InjectedFailure)),
+            ReserveScript::CommitThenFail => {
+                // Whatever it answered, the caller hears only the failure.
+                let _answer = self.inner.reserve(sale, shard, reservation).await?;
+                Err(StoreError::transient("reserve", InjectedFailure))
+            }
+        }
+    }
+
+    async fn availability(&self, sale: &Sale) -> Result<Vec<u64>, StoreError> {
+        self.inner.availability(sale).await
+    }
+
+    async fn release(
+        &self,
+        reservation: &Reservation,
+        reason: ReleaseReason,
+        now: DateTime<Utc>,
+    ) -> Result<Settlement, StoreError> {
+        self.inner.release(reservation, reason, now).await
     }
 }
 

@@ -130,6 +130,7 @@ impl Bench {
                 queue: Arc::new(RecordingQueue::default()),
                 clock: Arc::new(ManualClock::new(now)),
                 blocklist: Arc::new(InMemoryBlocklist::new()),
+                pause: Arc::new(flashsale_adapters::TokioPause),
             },
         );
         Self {

@@ -10,23 +10,23 @@
 mod grab_key;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
-use async_trait::async_trait;
 use tracing::Instrument as _;
 
 use chrono::{DateTime, Duration, Utc};
-use flashsale_adapters::{DynamoStore, SqsOrderQueue};
+use flashsale_adapters::{DynamoStore, SqsOrderQueue, TokioPause};
 use flashsale_domain::gate::SoldOutGate;
 use flashsale_domain::ports::{
-    Blocklist, Clock, OrderBook, OrderQueue, ReserveRefusal, SaleCatalog, Settlement, StockLedger,
-    SystemClock,
+    Blocklist, Clock, OrderBook, OrderQueue, Pause, SaleCatalog, StockLedger, SystemClock,
 };
-use flashsale_domain::service::{Attempt, CachedBlocklist, CachedCatalog, GrabService};
+use flashsale_domain::service::{
+    Attempt, CachedBlocklist, CachedCatalog, ContentionPolicy, GrabOutcome, GrabReport,
+    GrabService, SoldOutBy,
+};
 use flashsale_domain::token::GrabTokenSigner;
-use flashsale_domain::{OrderId, OrderStatus, ReleaseReason, Reservation, Sale, StoreError};
+use flashsale_domain::{OrderId, OrderStatus};
 use flashsale_lambda::config::{Env, process_env};
-use flashsale_lambda::metrics::GrabOutcome;
+use flashsale_lambda::metrics;
 use flashsale_lambda::{
     ApiError, CachePolicy, CallBudget, ConfigError, ensure_within_limit, json, respond, route_key,
     sale_id_param, user_of,
@@ -69,11 +69,13 @@ pub const SDK_BUDGET: CallBudget = CallBudget {
 
 /// How long a request may take before the buyer gets a 503 to retry; the template
 /// gives the function 5 s. Most grabs make two calls, but one can make many more: a
-/// reserve per shard until one has stock (up to 64), each retried on transaction
-/// conflicts. Answering first keeps the process, with its sale cache and sold-out gate,
-/// which a Lambda timeout would throw away. Whatever the abandoned request committed is
-/// safe: the retry of the same path resumes its order (reserve is idempotent per order
-/// id), and the reconciler sends it on if the buyer never comes back.
+/// reserve per shard until one has stock, and more walks over contended shards. The
+/// grab stops starting reserves after its own budget
+/// ([`ContentionPolicy::budget`], 2.5 s), so this deadline is only the backstop.
+/// Answering first keeps the process, with its sale cache and sold-out gate, which a
+/// Lambda timeout would throw away. Whatever the abandoned request committed is safe:
+/// the retry of the same path resumes its order (reserve is idempotent per order id),
+/// and the reconciler sends it on if the buyer never comes back.
 pub const REQUEST_DEADLINE: std::time::Duration = std::time::Duration::from_secs(4);
 
 /// The grab function's configuration.
@@ -130,6 +132,8 @@ pub struct Ports {
     pub clock: Arc<dyn Clock>,
     /// Read whole, at most once per `blocklist_refresh`, behind the process's cache.
     pub blocklist: Arc<dyn Blocklist>,
+    /// Waits between walks over contended shards.
+    pub pause: Arc<dyn Pause>,
 }
 
 /// What the handler needs, built once per process.
@@ -165,6 +169,7 @@ impl Deps {
                 queue: Arc::new(SqsOrderQueue::new(sqs, &config.orders_queue_url)),
                 clock: Arc::new(SystemClock),
                 blocklist: store,
+                pause: Arc::new(TokioPause),
             },
         )
     }
@@ -173,13 +178,15 @@ impl Deps {
         Self {
             grab: GrabService {
                 catalog: ports.catalog,
-                ledger: Arc::new(ProbedLedger(ports.ledger)),
+                ledger: ports.ledger,
                 orders: ports.orders,
                 queue: ports.queue,
                 clock: ports.clock,
+                pause: ports.pause,
                 signer,
                 gate: SoldOutGate::new(config.sold_out_recheck),
                 blocked_users: CachedBlocklist::new(ports.blocklist, config.blocklist_refresh),
+                contention: ContentionPolicy::DEFAULT,
             },
         }
     }
@@ -212,25 +219,52 @@ struct Reserved {
 /// The Lambda handler. Never fails as a Lambda invocation: every error becomes an
 /// HTTP answer, so API Gateway never turns one into an opaque 500.
 pub async fn handler(deps: &Deps, req: Request) -> Result<Response<Body>, lambda_http::Error> {
-    let probe = Arc::new(ReserveProbe::default());
     let correlation_id = flashsale_lambda::correlation::of(&req).unwrap_or_default();
     // Every log line of the request carries the id, and the order's queue message too.
     let span = tracing::info_span!("request", correlation_id = %correlation_id);
-    let work = RESERVE_PROBE.scope(
-        probe.clone(),
-        tokio::time::timeout(REQUEST_DEADLINE, route(deps, &req)),
-    );
-    let answer = flashsale_adapters::correlation::scope(correlation_id, work)
+    let work = tokio::time::timeout(REQUEST_DEADLINE, route(deps, &req));
+    let (answer, grab) = flashsale_adapters::correlation::scope(correlation_id, work)
         .instrument(span)
         .await
-        .unwrap_or(Err(ApiError::DeadlineExceeded(REQUEST_DEADLINE)));
-    record_outcome(&req, &answer, &probe);
+        .unwrap_or((Err(ApiError::DeadlineExceeded(REQUEST_DEADLINE)), None));
+    record_outcome(&req, &answer, grab);
     Ok(respond(answer))
+}
+
+/// What the grab metric needs of a grab that the use case answered.
+#[derive(Debug, Clone, Copy)]
+struct GrabSeen {
+    /// `None` for a refusal, which the answer's error code names.
+    outcome: Option<metrics::GrabOutcome>,
+    /// It ran at least one reserve transaction.
+    reached_database: bool,
+}
+
+impl GrabSeen {
+    fn of(report: &GrabReport) -> Self {
+        let outcome = match &report.outcome {
+            Ok(GrabOutcome::Reserved(_)) => Some(metrics::GrabOutcome::Reserved),
+            Ok(GrabOutcome::Resumed(_)) => Some(metrics::GrabOutcome::Resumed),
+            Ok(GrabOutcome::SoldOut(SoldOutBy::Gate)) => Some(metrics::GrabOutcome::SoldOutGate),
+            Ok(GrabOutcome::SoldOut(SoldOutBy::Database)) => {
+                Some(metrics::GrabOutcome::SoldOutDatabase)
+            }
+            Err(_) => None,
+        };
+        Self {
+            outcome,
+            reached_database: report.reserves > 0,
+        }
+    }
 }
 
 /// The one place a request's outcome becomes a metric: after the deadline, so a grab
 /// cut short counts as `unavailable` too.
-fn record_outcome(req: &Request, answer: &Result<Response<Body>, ApiError>, probe: &ReserveProbe) {
+fn record_outcome(
+    req: &Request,
+    answer: &Result<Response<Body>, ApiError>,
+    seen: Option<GrabSeen>,
+) {
     let sale_id = sale_id_param(req).ok();
     match route_key(req).as_str() {
         TOKEN_ROUTE => match (answer, &sale_id) {
@@ -239,80 +273,39 @@ fn record_outcome(req: &Request, answer: &Result<Response<Body>, ApiError>, prob
             (Err(err), _) => flashsale_lambda::metrics::token_refused(err.code()),
         },
         GRAB_ROUTE => {
-            let reached_database = probe.reserves.load(Ordering::Relaxed) > 0;
-            let outcome = match answer {
-                Ok(_) if probe.took.load(Ordering::Relaxed) => GrabOutcome::Reserved,
-                Ok(_) => GrabOutcome::Resumed,
-                Err(err) if err.code() == "sold_out" && reached_database => {
-                    GrabOutcome::SoldOutDatabase
-                }
-                Err(err) if err.code() == "sold_out" => GrabOutcome::SoldOutGate,
-                Err(err) => GrabOutcome::Refused(err.code()),
+            // A grab cut short by the deadline was waiting on a store call.
+            let reached_database = seen.is_none_or(|seen| seen.reached_database);
+            let outcome = match (seen.and_then(|seen| seen.outcome), answer) {
+                (Some(outcome), _) => outcome,
+                (None, Err(err)) => metrics::GrabOutcome::Refused(err.code()),
+                (None, Ok(_)) => return,
             };
-            flashsale_lambda::metrics::grab(sale_id.as_ref(), outcome, reached_database);
+            metrics::grab(sale_id.as_ref(), outcome, reached_database);
         }
         _ => {}
     }
 }
 
-/// What the stock ledger saw of one request: how many reserve transactions it ran,
-/// and whether one took a unit. The use case answers only "reserved" or "sold out";
-/// this tells a fresh reservation from a resumed one, and the gate's "sold out" from
-/// the database's, without the domain knowing about metrics.
-#[derive(Debug, Default)]
-struct ReserveProbe {
-    reserves: AtomicU32,
-    took: AtomicBool,
-}
-
-tokio::task_local! {
-    static RESERVE_PROBE: Arc<ReserveProbe>;
-}
-
-/// The grab's stock ledger, reporting each reserve to the request's [`ReserveProbe`].
-struct ProbedLedger(Arc<dyn StockLedger>);
-
-#[async_trait]
-impl StockLedger for ProbedLedger {
-    async fn reserve(
-        &self,
-        sale: &Sale,
-        shard: u16,
-        reservation: &Reservation,
-    ) -> Result<Result<(), ReserveRefusal>, StoreError> {
-        let result = self.0.reserve(sale, shard, reservation).await;
-        // Outside a request (no probe) there is nothing to report to.
-        let _ = RESERVE_PROBE.try_with(|probe| {
-            probe.reserves.fetch_add(1, Ordering::Relaxed);
-            if matches!(result, Ok(Ok(()))) {
-                probe.took.store(true, Ordering::Relaxed);
-            }
-        });
-        result
+/// The answer, and what the metric needs of the grab when the use case ran.
+async fn route(deps: &Deps, req: &Request) -> (Result<Response<Body>, ApiError>, Option<GrabSeen>) {
+    if let Err(error) = ensure_within_limit(req) {
+        return (Err(error), None);
     }
-
-    async fn availability(&self, sale: &Sale) -> Result<Vec<u64>, StoreError> {
-        self.0.availability(sale).await
-    }
-
-    async fn release(
-        &self,
-        reservation: &Reservation,
-        reason: ReleaseReason,
-        now: DateTime<Utc>,
-    ) -> Result<Settlement, StoreError> {
-        self.0.release(reservation, reason, now).await
-    }
-}
-
-async fn route(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
-    ensure_within_limit(req)?;
     match route_key(req).as_str() {
-        TOKEN_ROUTE => issue_token(deps, req).await,
-        GRAB_ROUTE => grab(deps, req).await,
-        other => Err(ApiError::RouteNotFound {
-            route: other.to_owned(),
-        }),
+        TOKEN_ROUTE => (issue_token(deps, req).await, None),
+        GRAB_ROUTE => match grab_report(deps, req).await {
+            Ok(report) => {
+                let seen = GrabSeen::of(&report);
+                (answer_grab(report), Some(seen))
+            }
+            Err(error) => (Err(error), None),
+        },
+        other => (
+            Err(ApiError::RouteNotFound {
+                route: other.to_owned(),
+            }),
+            None,
+        ),
     }
 }
 
@@ -323,16 +316,27 @@ async fn issue_token(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiEr
     json(StatusCode::OK, &pass, CachePolicy::NoStore)
 }
 
-async fn grab(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
+/// Runs the grab use case on the request's caller, sale and path.
+async fn grab_report(deps: &Deps, req: &Request) -> Result<GrabReport, ApiError> {
     let user = user_of(req)?;
     let sale_id = sale_id_param(req)?;
     let token = flashsale_lambda::path_param(req, "token")?;
-    let attempt = attempt_of(req);
-    let reservation = deps.grab.grab(&sale_id, token, &user, attempt).await?;
+    Ok(deps
+        .grab
+        .grab(&sale_id, token, &user, attempt_of(req))
+        .await)
+}
+
+/// The HTTP answer to what the grab did: 202 with the order, or the refusal.
+fn answer_grab(report: GrabReport) -> Result<Response<Body>, ApiError> {
+    let (reserves, contended) = (report.reserves, report.contended);
+    let reservation = report.into_answer()?;
     tracing::info!(
         order_id = %reservation.order_id,
-        sale_id = %sale_id,
+        sale_id = %reservation.sale_id,
         shard = reservation.shard,
+        reserves,
+        contended,
         "reserved"
     );
     let mut response = json(

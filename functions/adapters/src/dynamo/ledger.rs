@@ -11,7 +11,7 @@ use super::item::{
     self, ABANDONED, ACTIVE, AVAILABLE, GSI1_PK, GSI1_SK, Hold, PK, SHARD, STATUS, n, s,
 };
 use super::requests::{Consistency, built, names, values};
-use super::transact::{self, in_request_order};
+use super::transact::{self, Attempted, in_request_order};
 use super::{DynamoStore, InvalidRequest};
 
 const RESERVE: &str = "dynamodb.reserve";
@@ -143,12 +143,18 @@ impl StockLedger for DynamoStore {
             (reserving::SHARD_ITEM, transact::update(take)),
             (reserving::USER_ITEM, transact::update(hold)),
         ]);
-        match self.run(RESERVE, items).await? {
-            Ok(()) => Ok(Ok(())),
+        let refusal = match self.run_once(RESERVE, items).await? {
+            Attempted::Committed => return Ok(Ok(())),
+            // A hot shard admits one transaction at a time; the grab tries another
+            // shard at once instead of waiting for this one.
+            Attempted::Conflicted(_) => return Ok(Err(ReserveRefusal::Contended)),
+            Attempted::Refused(refusal) => refusal,
+        };
+        match refusal {
             // The user's refusal wins when both failed: a retry gets its order back
             // whatever the shard holds now, and a user at the limit is told so rather
             // than sent on to try every other shard.
-            Err(refusal) if refusal.failed(reserving::USER_ITEM) => {
+            refusal if refusal.failed(reserving::USER_ITEM) => {
                 let held = match refusal.old_item(reserving::USER_ITEM) {
                     Some(old) => old.contains_key(&hold_attribute),
                     // The condition cannot fail on a missing user item, so no old item
@@ -164,10 +170,8 @@ impl StockLedger for DynamoStore {
                     ReserveRefusal::LimitReached
                 }))
             }
-            Err(refusal) if refusal.failed(reserving::SHARD_ITEM) => {
-                Ok(Err(ReserveRefusal::ShardEmpty))
-            }
-            Err(refusal) => Err(refusal.unexpected(RESERVE)),
+            refusal if refusal.failed(reserving::SHARD_ITEM) => Ok(Err(ReserveRefusal::ShardEmpty)),
+            refusal => Err(refusal.unexpected(RESERVE)),
         }
     }
 

@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 use flashsale_domain::{OrderId, OrderStatus, Reservation, Sale, StoreError, UserId};
 
 use super::item::{self, AVAILABLE, GSI1, Hold, Item, ItemError, PK, STATUS, s};
-use super::transact::{Refusal, transact};
+use super::transact::{Attempted, Refusal, transact, transact_once};
 use super::{CorruptItem, DynamoStore, Inconsistency, UnprocessedKeys};
 use crate::classify::store_error;
 
@@ -100,6 +100,15 @@ impl DynamoStore {
         items: Vec<TransactWriteItem>,
     ) -> Result<Result<(), Refusal>, StoreError> {
         transact(&self.client, &self.contention, operation, items).await
+    }
+
+    /// Runs a transaction once, leaving a conflict to the caller.
+    pub(super) async fn run_once(
+        &self,
+        operation: &'static str,
+        items: Vec<TransactWriteItem>,
+    ) -> Result<Attempted, StoreError> {
+        transact_once(&self.client, operation, items).await
     }
 
     /// A consistent read of one item, or of some of its attributes.

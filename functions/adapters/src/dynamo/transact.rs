@@ -152,7 +152,61 @@ pub(crate) fn in_request_order<const N: usize>(
     items.into_iter().map(|(_, item)| item).collect()
 }
 
-/// Runs the transaction, retrying only on `TransactionConflict`, with full jitter.
+/// What one `TransactWriteItems` request did.
+#[derive(Debug)]
+pub(crate) enum Attempted {
+    Committed,
+    /// Conditions failed; nothing was written.
+    Refused(Refusal),
+    /// Another transaction held one of the items (`TransactionConflict`); nothing was
+    /// written and nothing was decided.
+    Conflicted(TransactError),
+}
+
+/// Counts a `TransactionConflict` that will be tried again, here or by the caller.
+fn count_conflict(operation: &'static str) {
+    // Named as in flashsale_lambda::metrics, which the adapters do not depend on.
+    metrics::counter!("transaction_conflicts_retried", "operation" => operation).increment(1);
+}
+
+/// Sends the transaction once. A conflict is the caller's to handle: the grab tries
+/// another shard rather than waiting on a busy one.
+pub(crate) async fn transact_once(
+    client: &Client,
+    operation: &'static str,
+    items: Vec<TransactWriteItem>,
+) -> Result<Attempted, StoreError> {
+    // The SDK fills in a fresh ClientRequestToken per call and reuses it on its own
+    // retries, so a commit whose response was lost is not applied twice.
+    let error = match client
+        .transact_write_items()
+        .set_transact_items(Some(items))
+        .send()
+        .await
+    {
+        Ok(_) => return Ok(Attempted::Committed),
+        Err(error) => error,
+    };
+    let cancellation = match error.as_service_error() {
+        Some(TransactWriteItemsError::TransactionCanceledException(cancelled)) => {
+            read_reasons(cancelled.cancellation_reasons())
+        }
+        _ => return Err(store_error(operation, error)),
+    };
+    match cancellation {
+        Cancellation::Conditions(failed) => Ok(Attempted::Refused(Refusal { failed, error })),
+        Cancellation::Conflict => {
+            count_conflict(operation);
+            Ok(Attempted::Conflicted(error))
+        }
+        Cancellation::Throttled => Err(StoreError::transient(operation, error)),
+        Cancellation::Invalid => Err(StoreError::permanent(operation, error)),
+    }
+}
+
+/// Runs the transaction, retrying only on `TransactionConflict`, with full jitter: for
+/// the writes off the hot path (open, pay, release), which have only one item set to
+/// write and may as well wait their turn.
 /// `Ok(Err(refusal))` means a condition failed and nothing was written.
 pub(crate) async fn transact(
     client: &Client,
@@ -163,50 +217,28 @@ pub(crate) async fn transact(
     let mut attempts = 0_u32;
     loop {
         attempts += 1;
-        // The SDK fills in a fresh ClientRequestToken per call and reuses it on its own
-        // retries, so a commit whose response was lost is not applied twice.
-        let result = client
-            .transact_write_items()
-            .set_transact_items(Some(items.clone()))
-            .send()
-            .await;
-        let error = match result {
-            Ok(_) => return Ok(Ok(())),
-            Err(error) => error,
+        let error = match transact_once(client, operation, items.clone()).await? {
+            Attempted::Committed => return Ok(Ok(())),
+            Attempted::Refused(refusal) => return Ok(Err(refusal)),
+            Attempted::Conflicted(error) => error,
         };
-        let cancellation = match error.as_service_error() {
-            Some(TransactWriteItemsError::TransactionCanceledException(cancelled)) => {
-                read_reasons(cancelled.cancellation_reasons())
-            }
-            _ => return Err(store_error(operation, error)),
-        };
-        match cancellation {
-            Cancellation::Conditions(failed) => return Ok(Err(Refusal { failed, error })),
-            Cancellation::Conflict if policy.allows_another(attempts) => {
-                // Named as in flashsale_lambda::metrics, which the adapters do not depend on.
-                metrics::counter!("transaction_conflicts_retried", "operation" => operation)
-                    .increment(1);
-                let delay = policy.delay(attempts - 1);
-                tracing::debug!(
-                    operation,
+        if !policy.allows_another(attempts) {
+            return Err(StoreError::transient(
+                operation,
+                ContentionExhausted {
                     attempts,
-                    ?delay,
-                    "transaction conflict; retrying"
-                );
-                tokio::time::sleep(delay).await;
-            }
-            Cancellation::Conflict => {
-                return Err(StoreError::transient(
-                    operation,
-                    ContentionExhausted {
-                        attempts,
-                        source: error,
-                    },
-                ));
-            }
-            Cancellation::Throttled => return Err(StoreError::transient(operation, error)),
-            Cancellation::Invalid => return Err(StoreError::permanent(operation, error)),
+                    source: error,
+                },
+            ));
         }
+        let delay = policy.delay(attempts - 1);
+        tracing::debug!(
+            operation,
+            attempts,
+            ?delay,
+            "transaction conflict; retrying"
+        );
+        tokio::time::sleep(delay).await;
     }
 }
 

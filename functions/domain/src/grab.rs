@@ -1,0 +1,458 @@
+//! The hot path: hand out grab paths, and turn a grab into a reservation.
+//!
+//! A grab walks the sale's shards in the buyer's order until one gives it a unit. Two
+//! things make that walk more than a loop:
+//! - **Contention.** On AWS a stock shard admits one transaction at a time: any other
+//!   transaction touching it meanwhile is cancelled (`TransactionConflict`), writing
+//!   nothing. A contended shard is left at once for the next one in the buyer's order,
+//!   and only when every shard still worth a write was contended does the grab pause
+//!   (full jitter) and go round again. Queueing on one busy shard while others are free
+//!   is what made a crowd sell out slowly.
+//! - **Unknown outcomes.** A reserve that timed out or failed in transit may still have
+//!   committed. The grab never answers such a request as anything but what happened:
+//!   it reads the buyer's own item (one consistent read, which names the path's order)
+//!   and answers 202 if the hold is there. If it is not, the reserve is tried again
+//!   (idempotent per order id), so a commit that lands late is found by that attempt
+//!   (`AlreadyHeld`) rather than hidden behind a "sold out".
+
+use std::sync::Arc;
+
+use chrono::{DateTime, Duration, Utc};
+use serde::Serialize;
+
+use crate::error::{AppError, StoreError};
+use crate::gate::SoldOutGate;
+use crate::ids::{OrderId, SaleId, UserId};
+use crate::order::Reservation;
+use crate::ports::{Clock, OrderBook, OrderQueue, Pause, ReserveRefusal, SaleCatalog, StockLedger};
+use crate::sale::{Sale, SalePhase, TOKEN_LEAD};
+use crate::service::CachedBlocklist;
+use crate::token::GrabTokenSigner;
+
+/// How long a grab path stays valid. Short, so a leaked path is soon useless, and a
+/// client that needs another simply asks again.
+pub const GRAB_PATH_LIFETIME: Duration = Duration::minutes(5);
+
+/// The grab path that the token endpoint hands out.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GrabPass {
+    pub grab_path: String,
+    pub expires_at: DateTime<Utc>,
+}
+
+/// Which try of one grab path a grab is, as the client says (the `X-Retry-Attempt`
+/// header over HTTP).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attempt {
+    /// The first request on this path: it cannot have taken a unit before.
+    First,
+    /// A repeat of a request on the same path whose answer the client did not get.
+    Retry,
+}
+
+/// Who decided that a grab found the sale sold out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SoldOutBy {
+    /// The in-memory gate: no write was sent.
+    Gate,
+    /// The database: every shard tried refused for want of stock.
+    Database,
+}
+
+/// What a grab did, when it did not fail.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GrabOutcome {
+    /// This request's reserve took the unit (including one whose answer was lost and
+    /// that the grab found committed).
+    Reserved(Reservation),
+    /// The path's order was held already (a retry whose first answer was lost): the
+    /// same order, answered again.
+    Resumed(Reservation),
+    /// No unit left.
+    SoldOut(SoldOutBy),
+}
+
+/// A grab's outcome, with what it cost the database.
+#[derive(Debug)]
+pub struct GrabReport {
+    pub outcome: Result<GrabOutcome, AppError>,
+    /// Reserve transactions sent (0: answered from memory, or refused before the
+    /// ledger was asked).
+    pub reserves: u32,
+    /// Of those, how many were cancelled by contention.
+    pub contended: u32,
+}
+
+impl GrabReport {
+    /// The answer as the buyer hears it: the reservation they hold, or why not.
+    pub fn into_answer(self) -> Result<Reservation, AppError> {
+        match self.outcome? {
+            GrabOutcome::Reserved(reservation) | GrabOutcome::Resumed(reservation) => {
+                Ok(reservation)
+            }
+            GrabOutcome::SoldOut(_) => Err(AppError::SoldOut),
+        }
+    }
+}
+
+/// How a grab goes round the shards when they are contended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ContentionPolicy {
+    /// Walks over the shards worth a write, the first included. Every walk after the
+    /// first tries only the shards the previous one found contended (or whose answer
+    /// was lost).
+    pub max_walks: u32,
+    /// The ceiling of the pause before the second walk; it doubles with each walk.
+    pub pause_base: std::time::Duration,
+    /// No pause exceeds this.
+    pub pause_cap: std::time::Duration,
+    /// No reserve starts once the grab has run this long, so that it always has time
+    /// left to resolve an unknown outcome and answer within the function's deadline.
+    pub budget: Duration,
+    /// Reserves whose outcome was unknown (and whose hold the read did not find) that a
+    /// grab goes on after. One more means the table is failing rather than slow: the
+    /// grab answers 503 instead of adding load, and the buyer's retry of the same path
+    /// (idempotent) tells.
+    pub max_unknown_outcomes: u32,
+}
+
+impl ContentionPolicy {
+    /// A transaction holds a shard for about its own latency (10 to 30 ms on AWS), so a
+    /// first pause of up to 10 ms, doubling, reaches past several commits by the third
+    /// walk; six walks wait at most 10 + 20 + 40 + 80 + 160 ms.
+    pub const DEFAULT: Self = Self {
+        max_walks: 6,
+        pause_base: std::time::Duration::from_millis(10),
+        pause_cap: std::time::Duration::from_millis(200),
+        budget: Duration::milliseconds(2500),
+        max_unknown_outcomes: 1,
+    };
+
+    /// The pause before walk number `walk` (1 for the second), uniform in
+    /// `[0, min(cap, base * 2^(walk-1))]`, drawn from the order's own random bits so
+    /// that buyers who collided spread apart instead of colliding again in step.
+    fn pause_before(&self, walk: u32, order_id: &OrderId) -> std::time::Duration {
+        let factor = 1_u32
+            .checked_shl(walk.saturating_sub(1))
+            .unwrap_or(u32::MAX);
+        let ceiling = self.pause_base.saturating_mul(factor).min(self.pause_cap);
+        let ceiling_micros = u64::try_from(ceiling.as_micros()).unwrap_or(u64::MAX);
+        let draw = splitmix64(order_id.random_bits() ^ u64::from(walk));
+        std::time::Duration::from_micros(draw % (ceiling_micros + 1))
+    }
+}
+
+impl Default for ContentionPolicy {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+/// A well-mixed 64-bit value from `x` (Steele, Lea and Flood's SplitMix64 finaliser).
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Reserve attempts and contention seen by one grab.
+#[derive(Debug, Default)]
+struct Tally {
+    reserves: u32,
+    contended: u32,
+}
+
+/// The hot path: hand out grab paths, and turn a grab into a reservation.
+pub struct GrabService {
+    pub catalog: Arc<dyn SaleCatalog>,
+    pub ledger: Arc<dyn StockLedger>,
+    /// Read to answer a retried grab, and to resolve a reserve whose outcome is
+    /// unknown; see [`GrabService::grab`].
+    pub orders: Arc<dyn OrderBook>,
+    pub queue: Arc<dyn OrderQueue>,
+    pub clock: Arc<dyn Clock>,
+    /// Waits between walks over contended shards.
+    pub pause: Arc<dyn Pause>,
+    pub signer: GrabTokenSigner,
+    pub gate: SoldOutGate,
+    /// Checked first on both routes, from memory: a blocked user costs no store call.
+    pub blocked_users: CachedBlocklist,
+    pub contention: ContentionPolicy,
+}
+
+/// Contention that outlasted every walk: transient, the buyer's retry of the same path
+/// may find a shard free.
+#[derive(Debug, thiserror::Error)]
+#[error("every shard with stock stayed contended for {walks} walks")]
+pub struct ContentionOutlasted {
+    pub walks: u32,
+}
+
+const GRAB: &str = "grab";
+
+impl GrabService {
+    async fn sale(&self, sale_id: &SaleId) -> Result<Sale, AppError> {
+        self.catalog
+            .find_sale(sale_id)
+            .await?
+            .ok_or(AppError::SaleNotFound)
+    }
+
+    /// Refuses a blocked user before anything else is looked at.
+    async fn refuse_blocked(&self, user: &UserId, now: DateTime<Utc>) -> Result<(), AppError> {
+        if self.blocked_users.is_blocked(user, now).await? {
+            tracing::debug!(%user, "refused a blocked user");
+            return Err(AppError::Blocked);
+        }
+        Ok(())
+    }
+
+    /// A grab path for this user, only once the sale is (about to be) active, and never
+    /// for a blocked user.
+    pub async fn issue_pass(&self, sale_id: &SaleId, user: &UserId) -> Result<GrabPass, AppError> {
+        let now = self.clock.now();
+        self.refuse_blocked(user, now).await?;
+        let sale = self.sale(sale_id).await?;
+        match sale.phase(now + TOKEN_LEAD) {
+            SalePhase::Upcoming => return Err(AppError::NotStarted),
+            SalePhase::Ended if sale.phase(now) == SalePhase::Ended => return Err(AppError::Ended),
+            _ => {}
+        }
+        let expires_at = sale.ends_at.min(now + GRAB_PATH_LIFETIME);
+        let token = self.signer.issue(sale_id, user, expires_at);
+        Ok(GrabPass {
+            grab_path: format!("/sales/{sale_id}/grab/{token}"),
+            expires_at,
+        })
+    }
+
+    /// Reserves one unit for `user`, or says why not, and what it cost.
+    ///
+    /// No write at all once the gate knows the sale is sold out, or for a blocked user
+    /// (whose grab path, issued before the block, is refused too). A refused first
+    /// attempt reads nothing. Only an [`Attempt::Retry`] may be the retry of a grab
+    /// whose answer was lost after it took a unit, so only a retry that the gate
+    /// refuses pays one read, on the buyer's own key, to answer that order. A database
+    /// answer that this path's order is held is itself proof of a retry, and is
+    /// answered the same way whatever the client said.
+    ///
+    /// A reservation that committed is answered as one: when a reserve's outcome is
+    /// unknown the grab resolves it before answering, and a failed hand-over to the
+    /// queue does not turn a held unit into an error (the reconciler sends it on).
+    pub async fn grab(
+        &self,
+        sale_id: &SaleId,
+        token: &str,
+        user: &UserId,
+        attempt: Attempt,
+    ) -> GrabReport {
+        let mut tally = Tally::default();
+        let outcome = self
+            .grab_counted(sale_id, token, user, attempt, &mut tally)
+            .await;
+        GrabReport {
+            outcome,
+            reserves: tally.reserves,
+            contended: tally.contended,
+        }
+    }
+
+    async fn grab_counted(
+        &self,
+        sale_id: &SaleId,
+        token: &str,
+        user: &UserId,
+        attempt: Attempt,
+        tally: &mut Tally,
+    ) -> Result<GrabOutcome, AppError> {
+        let started = self.clock.now();
+        self.refuse_blocked(user, started).await?;
+        let sale = self.sale(sale_id).await?;
+        match sale.phase(started) {
+            SalePhase::Upcoming => return Err(AppError::NotStarted),
+            SalePhase::Ended => return Err(AppError::Ended),
+            SalePhase::Active => {}
+        }
+        let order_id = self
+            .signer
+            .verify(token, sale_id, user, started)
+            .ok_or(AppError::InvalidToken)?;
+        let mut shards = self.shards_worth_a_write(&sale, user, started).await;
+        if shards.is_empty() {
+            // Sold out as far as this process knows, so no write.
+            return match attempt {
+                Attempt::First => Ok(GrabOutcome::SoldOut(SoldOutBy::Gate)),
+                Attempt::Retry => Ok(self
+                    .resume(&order_id, user)
+                    .await?
+                    .map_or(GrabOutcome::SoldOut(SoldOutBy::Gate), GrabOutcome::Resumed)),
+            };
+        }
+        let mut unknown_outcomes = 0_u32;
+        let mut reservation = Reservation {
+            order_id,
+            sale_id: sale_id.clone(),
+            user_id: user.clone(),
+            shard: 0,
+            created_at: started,
+            expires_at: sale.payment_deadline(started),
+        };
+        for walk in 0..self.contention.max_walks.max(1) {
+            if walk > 0 {
+                let pause = self.contention.pause_before(walk, &reservation.order_id);
+                self.pause.pause(pause).await;
+            }
+            // Shards still to try on the next walk: contended, or their answer lost.
+            let mut again = Vec::new();
+            for shard in shards {
+                if self.clock.now() - started >= self.contention.budget {
+                    again.push(shard);
+                    continue;
+                }
+                reservation.shard = shard;
+                tally.reserves += 1;
+                match self.ledger.reserve(&sale, shard, &reservation).await {
+                    Ok(Ok(())) => {
+                        self.gate.mark_stocked(sale_id, sale.shards, shard);
+                        self.hand_over(&reservation).await;
+                        return Ok(GrabOutcome::Reserved(reservation));
+                    }
+                    Ok(Err(ReserveRefusal::ShardEmpty)) => {
+                        self.gate
+                            .mark_empty(sale_id, sale.shards, shard, self.clock.now());
+                    }
+                    Ok(Err(ReserveRefusal::LimitReached)) => return Err(AppError::LimitReached),
+                    Ok(Err(ReserveRefusal::AlreadyHeld)) => {
+                        return self
+                            .resume(&reservation.order_id, user)
+                            .await?
+                            .map(GrabOutcome::Resumed)
+                            .ok_or(AppError::OrderNotFound);
+                    }
+                    Ok(Err(ReserveRefusal::Contended)) => {
+                        tally.contended += 1;
+                        again.push(shard);
+                    }
+                    Err(error) if error.is_retryable() => {
+                        tracing::warn!(
+                            order_id = %reservation.order_id,
+                            shard,
+                            error = &error as &dyn std::error::Error,
+                            "reserve outcome unknown; reading the buyer's item"
+                        );
+                        // A read that fails too leaves nothing known: the buyer's retry
+                        // of the same path (idempotent) will tell.
+                        if let Some(held) = self.resume(&reservation.order_id, user).await? {
+                            return Ok(GrabOutcome::Reserved(held));
+                        }
+                        unknown_outcomes += 1;
+                        if unknown_outcomes > self.contention.max_unknown_outcomes {
+                            return Err(error.into());
+                        }
+                        again.push(shard);
+                    }
+                    Err(error) => return Err(error.into()),
+                }
+            }
+            if again.is_empty() {
+                return Ok(GrabOutcome::SoldOut(SoldOutBy::Database));
+            }
+            // Another process may have found some of them empty meanwhile.
+            shards = self.gate.still_worth_a_write(sale_id, sale.shards, again);
+            if shards.is_empty() {
+                return Ok(GrabOutcome::SoldOut(SoldOutBy::Database));
+            }
+            if self.clock.now() - started >= self.contention.budget {
+                break;
+            }
+        }
+        Err(AppError::Store(StoreError::transient(
+            GRAB,
+            ContentionOutlasted {
+                walks: self.contention.max_walks,
+            },
+        )))
+    }
+
+    /// The sale's shards that the gate thinks worth a write, in the buyer's order. If
+    /// this grab drew the sale's one recheck turn of the interval, it first reads the
+    /// shards (one read, no write) and the gate takes in what came back.
+    async fn shards_worth_a_write(
+        &self,
+        sale: &Sale,
+        user: &UserId,
+        now: DateTime<Utc>,
+    ) -> Vec<u16> {
+        let mut plan = self
+            .gate
+            .plan(&sale.sale_id, sale.shards, sale.shard_order(user), now);
+        if let Some(recheck) = plan.recheck.take() {
+            recheck.settle(self.ledger.availability(sale).await, self.clock.now());
+            plan = self
+                .gate
+                .plan(&sale.sale_id, sale.shards, sale.shard_order(user), now);
+        }
+        plan.shards
+    }
+
+    /// The path's order, if it is held and open: the hand-over is finished (the queue
+    /// deduplicates by order id) and the reservation answered again. A path whose order
+    /// is settled is used up (`InvalidToken`). `None`: no hold at all.
+    async fn resume(
+        &self,
+        order_id: &OrderId,
+        user: &UserId,
+    ) -> Result<Option<Reservation>, AppError> {
+        match self.orders.find(order_id, user).await? {
+            Some((order, reservation)) if order.status.is_open() => {
+                self.hand_over(&reservation).await;
+                Ok(Some(reservation))
+            }
+            Some(_) => Err(AppError::InvalidToken),
+            None => Ok(None),
+        }
+    }
+
+    /// Sends a committed reservation to the order consumer. If that fails, the hold
+    /// stays and the buyer is still told they hold it: the hand-over is the system's
+    /// job, not the buyer's. A retry of the same grab path sends it again (the queue
+    /// deduplicates by order id), and the [`Reconciler`](crate::service::Reconciler)
+    /// sends any reserved hold whose message never arrived.
+    async fn hand_over(&self, reservation: &Reservation) {
+        if let Err(error) = self.queue.enqueue(reservation).await {
+            tracing::error!(
+                order_id = %reservation.order_id,
+                error = &error as &dyn std::error::Error,
+                "enqueue failed; the hold waits for a retry or the reconciler"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pauses_stay_under_their_ceiling_and_differ_between_orders() {
+        let policy = ContentionPolicy::DEFAULT;
+        let sale = SaleId::parse("s").unwrap();
+        let orders: Vec<OrderId> = (0..200).map(|_| OrderId::new(sale.clone())).collect();
+        for walk in 1..8 {
+            let ceiling = policy
+                .pause_base
+                .saturating_mul(1 << (walk - 1))
+                .min(policy.pause_cap);
+            let pauses: Vec<_> = orders
+                .iter()
+                .map(|order| policy.pause_before(walk, order))
+                .collect();
+            assert!(pauses.iter().all(|pause| *pause <= ceiling));
+            assert!(
+                pauses.iter().any(|pause| *pause != pauses[0]),
+                "full jitter must not pause in step"
+            );
+        }
+    }
+}

@@ -1,0 +1,270 @@
+//! The grab under contention and lost answers, on the in-memory fakes: a contended
+//! shard is left for a free one at once, a crowd that contends everywhere pauses with
+//! jitter and goes round again, and a reserve whose outcome is unknown is resolved
+//! before the buyer hears anything.
+
+use std::sync::Arc;
+
+use chrono::{DateTime, Duration, TimeZone, Utc};
+use flashsale_domain::gate::SoldOutGate;
+use flashsale_domain::ports::{Clock, OrderBook, SaleCatalog, StockLedger};
+use flashsale_domain::service::{
+    Attempt, CachedBlocklist, ContentionPolicy, GrabOutcome, GrabReport, GrabService, SoldOutBy,
+};
+use flashsale_domain::testing::{
+    InMemoryBlocklist, InMemoryStore, ManualClock, RecordedPauses, RecordingQueue, ReserveScript,
+    ScriptedLedger,
+};
+use flashsale_domain::token::GrabTokenSigner;
+use flashsale_domain::{AppError, OrderStatus, Sale, SaleDraft, UserId};
+
+use ReserveScript::{CommitThenFail, Contend, FailBefore};
+
+const SECRET: &[u8] = b"an-hmac-key-of-at-least-32-bytes!";
+
+fn start() -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 11, 11, 0, 0, 0).unwrap()
+}
+
+struct World {
+    store: Arc<InMemoryStore>,
+    ledger: Arc<ScriptedLedger>,
+    queue: Arc<RecordingQueue>,
+    pauses: Arc<RecordedPauses>,
+    grabs: GrabService,
+    sale: Sale,
+}
+
+impl World {
+    /// A sale of `stock` on `shards`, its reserves played through `script`.
+    async fn new(stock: i64, shards: i64, script: impl IntoIterator<Item = ReserveScript>) -> Self {
+        let store = Arc::new(InMemoryStore::new());
+        let sale = Sale::from_draft(SaleDraft {
+            sale_id: Some("phone".into()),
+            name: "Phone".into(),
+            stock,
+            starts_at: start(),
+            ends_at: start() + Duration::hours(1),
+            per_user_limit: Some(1),
+            payment_timeout_secs: Some(900),
+            shards: Some(shards),
+        })
+        .unwrap();
+        assert!(store.create_sale(&sale).await.unwrap());
+        let ledger = Arc::new(ScriptedLedger::new(store.clone(), script));
+        let queue = Arc::new(RecordingQueue::default());
+        let pauses = Arc::new(RecordedPauses::default());
+        let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(start()));
+        let grabs = GrabService {
+            catalog: store.clone(),
+            ledger: ledger.clone(),
+            orders: store.clone(),
+            queue: queue.clone(),
+            clock,
+            pause: pauses.clone(),
+            signer: GrabTokenSigner::new(SECRET).unwrap(),
+            gate: SoldOutGate::new(Duration::seconds(1)),
+            blocked_users: CachedBlocklist::new(
+                Arc::new(InMemoryBlocklist::new()),
+                Duration::seconds(5),
+            ),
+            contention: ContentionPolicy::DEFAULT,
+        };
+        Self {
+            store,
+            ledger,
+            queue,
+            pauses,
+            grabs,
+            sale,
+        }
+    }
+
+    async fn grab(&self, user: &str) -> GrabReport {
+        let user = UserId::parse(user).unwrap();
+        let pass = self
+            .grabs
+            .issue_pass(&self.sale.sale_id, &user)
+            .await
+            .unwrap();
+        let token = pass.grab_path.rsplit('/').next().unwrap();
+        self.grabs
+            .grab(&self.sale.sale_id, token, &user, Attempt::First)
+            .await
+    }
+
+    fn available(&self) -> u64 {
+        (0..self.sale.shards)
+            .map(|shard| self.store.shard_available(&self.sale.sale_id, shard))
+            .sum()
+    }
+
+    fn order_of(&self, user: &str) -> Vec<u16> {
+        self.sale
+            .shard_order(&UserId::parse(user).unwrap())
+            .collect()
+    }
+}
+
+fn reserved(report: &GrabReport) -> &flashsale_domain::Reservation {
+    match &report.outcome {
+        Ok(GrabOutcome::Reserved(reservation)) => reservation,
+        other => panic!("expected a fresh reservation, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_contended_shard_is_left_for_the_next_at_once() {
+    let world = World::new(8, 4, [Contend]).await;
+    let report = world.grab("alice").await;
+    let reservation = reserved(&report);
+    let order = world.order_of("alice");
+    assert_eq!(world.ledger.tried(), order[..2]);
+    assert_eq!(reservation.shard, order[1]);
+    assert_eq!((report.reserves, report.contended), (2, 1));
+    assert!(
+        world.pauses.taken().is_empty(),
+        "no wait while a shard was free"
+    );
+    assert_eq!(world.available(), 7);
+}
+
+#[tokio::test]
+async fn when_every_shard_is_contended_the_grab_pauses_and_goes_round_again() {
+    let world = World::new(8, 4, [Contend; 4]).await;
+    let report = world.grab("alice").await;
+    let reservation = reserved(&report);
+    let order = world.order_of("alice");
+    assert_eq!(reservation.shard, order[0]);
+    assert_eq!((report.reserves, report.contended), (5, 4));
+    let pauses = world.pauses.taken();
+    assert_eq!(pauses.len(), 1);
+    assert!(pauses[0] <= ContentionPolicy::DEFAULT.pause_base);
+    assert_eq!(world.available(), 7);
+}
+
+#[tokio::test]
+async fn contention_that_outlasts_every_walk_is_a_transient_failure_that_took_nothing() {
+    let walks = ContentionPolicy::DEFAULT.max_walks;
+    let world = World::new(8, 2, vec![Contend; 2 * walks as usize]).await;
+    let report = world.grab("alice").await;
+    assert_eq!(report.contended, 2 * walks);
+    match &report.outcome {
+        Err(error) => assert!(error.is_retryable(), "{error:?}"),
+        other => panic!("expected a transient failure, got {other:?}"),
+    }
+    assert_eq!(world.pauses.taken().len(), walks as usize - 1);
+    assert_eq!(world.available(), 8);
+    assert!(world.queue.sent.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_reserve_that_committed_but_lost_its_answer_is_answered_reserved() {
+    let world = World::new(8, 4, [CommitThenFail]).await;
+    let report = world.grab("alice").await;
+    let reservation = reserved(&report).clone();
+    assert_eq!(
+        report.reserves, 1,
+        "one reserve, then a read, no second write"
+    );
+    assert_eq!(world.available(), 7);
+    assert_eq!(
+        world.queue.sent.lock().unwrap().as_slice(),
+        std::slice::from_ref(&reservation)
+    );
+    let (order, _) = world
+        .store
+        .find(&reservation.order_id, &reservation.user_id)
+        .await
+        .unwrap()
+        .expect("held");
+    assert_eq!(order.status, OrderStatus::Reserved);
+}
+
+#[tokio::test]
+async fn a_reserve_that_failed_before_committing_is_tried_again_and_takes_one_unit() {
+    let world = World::new(8, 4, [FailBefore]).await;
+    let report = world.grab("alice").await;
+    let reservation = reserved(&report);
+    let order = world.order_of("alice");
+    // Nothing was held when the buyer's item was read, so the walk goes on: the order
+    // id, not the shard, makes the reserve idempotent.
+    assert_eq!(reservation.shard, order[1]);
+    assert_eq!(world.ledger.tried(), order[..2]);
+    assert_eq!(world.available(), 7);
+}
+
+#[tokio::test]
+async fn a_lost_answer_then_an_empty_sale_is_told_sold_out_only_after_a_definite_answer() {
+    // One unit, taken by bob; alice's first reserve fails before committing.
+    let world = World::new(1, 1, [ReserveScript::Pass, FailBefore]).await;
+    reserved(&world.grab("bob").await);
+    let report = world.grab("alice").await;
+    assert_eq!(
+        report.outcome.as_ref().ok(),
+        Some(&GrabOutcome::SoldOut(SoldOutBy::Database))
+    );
+    // The failed attempt, then the one whose answer (empty) is definite.
+    assert_eq!(report.reserves, 2);
+}
+
+#[tokio::test]
+async fn the_gate_and_the_database_each_say_sold_out_in_their_own_name() {
+    let world = World::new(1, 1, []).await;
+    reserved(&world.grab("bob").await);
+    let by_database = world.grab("carol").await;
+    assert_eq!(
+        by_database.outcome.as_ref().ok(),
+        Some(&GrabOutcome::SoldOut(SoldOutBy::Database))
+    );
+    assert_eq!(by_database.reserves, 1);
+    let by_gate = world.grab("dave").await;
+    assert_eq!(
+        by_gate.outcome.as_ref().ok(),
+        Some(&GrabOutcome::SoldOut(SoldOutBy::Gate))
+    );
+    assert_eq!(by_gate.reserves, 0);
+    assert!(matches!(by_gate.into_answer(), Err(AppError::SoldOut)));
+}
+
+#[tokio::test]
+async fn a_retry_of_a_path_that_committed_is_resumed_not_sold_out() {
+    let world = World::new(1, 1, []).await;
+    let user = UserId::parse("alice").unwrap();
+    let pass = world
+        .grabs
+        .issue_pass(&world.sale.sale_id, &user)
+        .await
+        .unwrap();
+    let token = pass.grab_path.rsplit('/').next().unwrap();
+    let first = world
+        .grabs
+        .grab(&world.sale.sale_id, token, &user, Attempt::First)
+        .await;
+    let reservation = reserved(&first).clone();
+    // Bob finds it empty, and the gate learns so.
+    assert!(matches!(
+        world.grab("bob").await.into_answer(),
+        Err(AppError::SoldOut)
+    ));
+    // Sold out now; a marked retry reads once and gets its order back.
+    let again = world
+        .grabs
+        .grab(&world.sale.sale_id, token, &user, Attempt::Retry)
+        .await;
+    assert_eq!(again.outcome.ok(), Some(GrabOutcome::Resumed(reservation)));
+    assert_eq!(again.reserves, 0);
+    assert_eq!(world.ledger.availability(&world.sale).await.unwrap(), [0]);
+}
+
+#[tokio::test]
+async fn a_table_that_keeps_failing_is_answered_unavailable_after_two_unknown_outcomes() {
+    let world = World::new(8, 4, [FailBefore, FailBefore]).await;
+    let report = world.grab("alice").await;
+    match &report.outcome {
+        Err(error) => assert!(error.is_retryable(), "{error:?}"),
+        other => panic!("expected a transient failure, got {other:?}"),
+    }
+    assert_eq!(report.reserves, 2, "no more load on a failing table");
+    assert_eq!(world.available(), 8);
+}
