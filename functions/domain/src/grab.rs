@@ -4,10 +4,11 @@
 //! things make that walk more than a loop:
 //! - **Contention.** On AWS a stock shard admits one transaction at a time: any other
 //!   transaction touching it meanwhile is cancelled (`TransactionConflict`), writing
-//!   nothing. A contended shard is left at once for the next one in the buyer's order,
-//!   and only when every shard still worth a write was contended does the grab pause
-//!   (full jitter) and go round again. Queueing on one busy shard while others are free
-//!   is what made a crowd sell out slowly.
+//!   nothing, and billed. A contended shard is left at once for the next one in the
+//!   buyer's order, and after a couple of contended shards in a row the grab pauses
+//!   (full jitter, growing) and goes round again. Queueing on one busy shard while
+//!   others are free is what made a crowd sell out slowly; probing every shard while
+//!   all are busy would multiply the billed, cancelled writes.
 //! - **Unknown outcomes.** A reserve that timed out or failed in transit may still have
 //!   committed. The grab never answers such a request as anything but what happened:
 //!   it reads the buyer's own item (one consistent read, which names the path's order)
@@ -98,10 +99,14 @@ impl GrabReport {
 /// How a grab goes round the shards when they are contended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ContentionPolicy {
-    /// Walks over the shards worth a write, the first included. Every walk after the
-    /// first tries only the shards the previous one found contended (or whose answer
-    /// was lost).
+    /// Walks over the shards worth a write, the first included. A walk ends at the
+    /// first free shard, or after `max_contended_per_walk` contended ones; the next one
+    /// starts with the shards it did not reach, then those it found contended.
     pub max_walks: u32,
+    /// Contended shards a walk tries before it pauses. Hopping on is right while some
+    /// shards are free; once this many in a row were busy, every further probe is
+    /// likely one more billed, cancelled write.
+    pub max_contended_per_walk: u32,
     /// The ceiling of the pause before the second walk; it doubles with each walk.
     pub pause_base: std::time::Duration,
     /// No pause exceeds this.
@@ -119,9 +124,11 @@ pub struct ContentionPolicy {
 impl ContentionPolicy {
     /// A transaction holds a shard for about its own latency (10 to 30 ms on AWS), so a
     /// first pause of up to 10 ms, doubling, reaches past several commits by the third
-    /// walk; six walks wait at most 10 + 20 + 40 + 80 + 160 ms.
+    /// walk; twelve walks wait at most 10 + 20 + 40 + 80 + 160 + 6 × 200 ms, about
+    /// 1.5 s, inside the budget.
     pub const DEFAULT: Self = Self {
-        max_walks: 6,
+        max_walks: 12,
+        max_contended_per_walk: 2,
         pause_base: std::time::Duration::from_millis(10),
         pause_cap: std::time::Duration::from_millis(200),
         budget: Duration::milliseconds(2500),
@@ -181,8 +188,8 @@ pub struct GrabService {
     pub contention: ContentionPolicy,
 }
 
-/// Contention that outlasted every walk: transient, the buyer's retry of the same path
-/// may find a shard free.
+/// Contention that outlasted every walk (or the budget): transient, the buyer's retry of
+/// the same path may find a shard free.
 #[derive(Debug, thiserror::Error)]
 #[error("every shard with stock stayed contended for {walks} walks")]
 pub struct ContentionOutlasted {
@@ -298,17 +305,16 @@ impl GrabService {
             created_at: started,
             expires_at: sale.payment_deadline(started),
         };
-        for walk in 0..self.contention.max_walks.max(1) {
-            if walk > 0 {
-                let pause = self.contention.pause_before(walk, &reservation.order_id);
-                self.pause.pause(pause).await;
-            }
-            // Shards still to try on the next walk: contended, or their answer lost.
-            let mut again = Vec::new();
-            for shard in shards {
+        let mut walks = 0_u32;
+        loop {
+            walks += 1;
+            // Shards this walk found contended, or whose answer was lost.
+            let mut contended = Vec::new();
+            let mut untried = shards.into_iter();
+            while let Some(shard) = untried.next() {
                 if self.clock.now() - started >= self.contention.budget {
-                    again.push(shard);
-                    continue;
+                    contended.push(shard);
+                    break;
                 }
                 reservation.shard = shard;
                 tally.reserves += 1;
@@ -332,7 +338,7 @@ impl GrabService {
                     }
                     Ok(Err(ReserveRefusal::Contended)) => {
                         tally.contended += 1;
-                        again.push(shard);
+                        contended.push(shard);
                     }
                     Err(error) if error.is_retryable() => {
                         tracing::warn!(
@@ -350,29 +356,34 @@ impl GrabService {
                         if unknown_outcomes > self.contention.max_unknown_outcomes {
                             return Err(error.into());
                         }
-                        again.push(shard);
+                        contended.push(shard);
                     }
                     Err(error) => return Err(error.into()),
                 }
+                // Every contended shard is one more write for nothing: past a few in a
+                // row the crowd is everywhere, and waiting is cheaper than probing.
+                if contended.len() >= self.contention.max_contended_per_walk as usize {
+                    break;
+                }
             }
-            if again.is_empty() {
-                return Ok(GrabOutcome::SoldOut(SoldOutBy::Database));
-            }
-            // Another process may have found some of them empty meanwhile.
-            shards = self.gate.still_worth_a_write(sale_id, sale.shards, again);
+            // The next walk tries what this one did not reach first, then what it found
+            // contended; another process may have found some of them empty meanwhile.
+            let next: Vec<u16> = untried.chain(contended).collect();
+            shards = self.gate.still_worth_a_write(sale_id, sale.shards, next);
             if shards.is_empty() {
                 return Ok(GrabOutcome::SoldOut(SoldOutBy::Database));
             }
-            if self.clock.now() - started >= self.contention.budget {
-                break;
+            if walks >= self.contention.max_walks
+                || self.clock.now() - started >= self.contention.budget
+            {
+                return Err(AppError::Store(StoreError::transient(
+                    GRAB,
+                    ContentionOutlasted { walks },
+                )));
             }
+            let pause = self.contention.pause_before(walks, &reservation.order_id);
+            self.pause.pause(pause).await;
         }
-        Err(AppError::Store(StoreError::transient(
-            GRAB,
-            ContentionOutlasted {
-                walks: self.contention.max_walks,
-            },
-        )))
     }
 
     /// The sale's shards that the gate thinks worth a write, in the buyer's order. If

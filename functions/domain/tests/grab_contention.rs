@@ -130,16 +130,22 @@ async fn a_contended_shard_is_left_for_the_next_at_once() {
 }
 
 #[tokio::test]
-async fn when_every_shard_is_contended_the_grab_pauses_and_goes_round_again() {
+async fn after_a_few_contended_shards_the_grab_pauses_and_goes_on_where_it_left_off() {
     let world = World::new(8, 4, [Contend; 4]).await;
     let report = world.grab("alice").await;
     let reservation = reserved(&report);
     let order = world.order_of("alice");
+    // Two contended, pause; the two not reached yet, contended, pause; then the first.
+    assert_eq!(
+        world.ledger.tried(),
+        [order[0], order[1], order[2], order[3], order[0]]
+    );
     assert_eq!(reservation.shard, order[0]);
     assert_eq!((report.reserves, report.contended), (5, 4));
     let pauses = world.pauses.taken();
-    assert_eq!(pauses.len(), 1);
+    assert_eq!(pauses.len(), 2);
     assert!(pauses[0] <= ContentionPolicy::DEFAULT.pause_base);
+    assert!(pauses[1] <= 2 * ContentionPolicy::DEFAULT.pause_base);
     assert_eq!(world.available(), 7);
 }
 
