@@ -311,7 +311,7 @@ impl GrabService {
             // Shards this walk found contended, or whose answer was lost.
             let mut contended = Vec::new();
             let mut untried = shards.into_iter();
-            while let Some(shard) = untried.next() {
+            for shard in untried.by_ref() {
                 if self.clock.now() - started >= self.contention.budget {
                     contended.push(shard);
                     break;
