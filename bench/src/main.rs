@@ -8,7 +8,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use flashsale_bench::external::{self, Measured};
 use flashsale_bench::init;
-use flashsale_bench::proxy::Proxy;
+use flashsale_bench::proxy::{ConflictMode, Proxy, ProxyOptions};
 use flashsale_bench::report::{BenchReport, Machine};
 use flashsale_bench::scenarios::{self, RejectionSizes, Session};
 use flashsale_bench::stack::{BenchStack, LIFTED_THROTTLES, StackSpec};
@@ -30,6 +30,10 @@ enum Command {
         /// 0: any free port (printed).
         #[arg(long, default_value_t = 0)]
         port: u16,
+        /// Play DynamoDB's transaction conflicts from the start, with this commit time
+        /// (a DynamoDB Local upstream; `PUT /__conflicts` changes it later).
+        #[arg(long, value_name = "MS")]
+        conflict_commit_ms: Option<u64>,
     },
     /// Sizes and init times of the function binaries in a folder.
     Init {
@@ -112,7 +116,11 @@ async fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let result = match Cli::parse().command {
-        Command::Proxy { upstream, port } => proxy(&upstream, port).await,
+        Command::Proxy {
+            upstream,
+            port,
+            conflict_commit_ms,
+        } => proxy(&upstream, port, conflict_commit_ms).await,
         Command::Init {
             template,
             bin_dir,
@@ -137,10 +145,21 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn proxy(upstream: &str, port: u16) -> Result<(), BenchError> {
-    let proxy = Proxy::start(upstream, port).await?;
+async fn proxy(
+    upstream: &str,
+    port: u16,
+    conflict_commit_ms: Option<u64>,
+) -> Result<(), BenchError> {
+    let options = ProxyOptions {
+        conflicts: conflict_commit_ms
+            .map(|ms| ConflictMode::with_commit_time(Duration::from_millis(ms))),
+    };
+    let proxy = Proxy::start_with(upstream, port, options).await?;
+    let conflicts = conflict_commit_ms
+        .map_or_else(|| "off".to_owned(), |ms| format!("on, commit time {ms} ms"));
     println!(
-        "{} -> {upstream}  (GET /__counts, POST /__reset, PUT|DELETE /__faults)",
+        "{} -> {upstream}  (GET /__counts, POST /__reset, PUT|DELETE /__faults, \
+         GET|PUT|DELETE /__conflicts; transaction conflicts {conflicts})",
         proxy.url()
     );
     let _ = tokio::signal::ctrl_c().await;
