@@ -4,10 +4,11 @@
 //!   which lives with the emulators, so the e2e fault drills use the same one);
 //! - the emulators, a proxy in front of each, and the local stack pointed at the proxies
 //!   ([`stack`]);
-//! - the measurements ([`scenarios`], [`external`]), bootstrap sizes and init times
-//!   ([`init`]);
+//! - the measurements ([`scenarios`], [`external`]), the grab under the proxy's
+//!   transaction-conflict mode ([`contention`]), bootstrap sizes and init times ([`init`]);
 //! - `docs/benchmarks.md` ([`report`]).
 
+pub mod contention;
 pub mod external;
 pub mod init;
 pub use flashsale_emulators::proxy;

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use flashsale_bench::contention::{self, ContentionSizes};
 use flashsale_bench::external::{self, Measured};
 use flashsale_bench::init;
 use flashsale_bench::proxy::{ConflictMode, Proxy, ProxyOptions};
@@ -90,6 +91,8 @@ enum BenchError {
     Stack(#[from] flashsale_bench::stack::StackError),
     #[error(transparent)]
     Scenario(#[from] scenarios::ScenarioError),
+    #[error("the contention scenario")]
+    Contention(#[from] contention::ContentionError),
     #[error(transparent)]
     Init(#[from] init::InitError),
     #[error(transparent)]
@@ -220,6 +223,7 @@ struct Sizes {
     init_runs: usize,
     pipeline_concurrency: &'static [usize],
     tool_limit: Duration,
+    contention: ContentionSizes,
 }
 
 const RUN: Sizes = Sizes {
@@ -239,6 +243,19 @@ const RUN: Sizes = Sizes {
     init_runs: 20,
     pipeline_concurrency: &[8, 32],
     tool_limit: Duration::from_secs(1800),
+    contention: ContentionSizes {
+        commit_times_ms: &[15, 30],
+        stock: 100,
+        shards: 10,
+        buyers: 1500,
+        concurrency: 48,
+        grab_attempts: 40,
+        curve_commit_times_ms: &[5, 15, 30],
+        curve_stock: 400,
+        curve_reservers: 16,
+        curve_reservations: 300,
+        drain_timeout: Duration::from_secs(120),
+    },
 };
 
 const SMOKE: Sizes = Sizes {
@@ -257,6 +274,19 @@ const SMOKE: Sizes = Sizes {
     init_runs: 2,
     pipeline_concurrency: &[2],
     tool_limit: Duration::from_secs(120),
+    contention: ContentionSizes {
+        commit_times_ms: &[15],
+        stock: 6,
+        shards: 2,
+        buyers: 30,
+        concurrency: 6,
+        grab_attempts: 40,
+        curve_commit_times_ms: &[15],
+        curve_stock: 40,
+        curve_reservers: 4,
+        curve_reservations: 20,
+        drain_timeout: Duration::from_secs(30),
+    },
 };
 
 async fn run(args: &RunArgs) -> Result<(), BenchError> {
@@ -290,6 +320,9 @@ async fn run(args: &RunArgs) -> Result<(), BenchError> {
     })
     .await?;
     let session = Session::open(&stack).await?;
+    // First, while no earlier sale has holds whose timers or reconciliation could write
+    // during its windows; it leaves none of its own.
+    let contention = contention::contention(&session, &stack, &sizes.contention).await?;
     eprintln!("bench: 1. rejections after sell-out");
     let rejection = scenarios::rejection_cost(&session, &stack, sizes.rejection).await?;
     eprintln!("bench: 6. latency per route");
@@ -356,6 +389,7 @@ async fn run(args: &RunArgs) -> Result<(), BenchError> {
         deployed,
         deployed_arch,
         surge,
+        contention,
     };
     let markdown = report.markdown();
     if let Some(dir) = args.report.parent().filter(|d| !d.as_os_str().is_empty()) {

@@ -1,9 +1,11 @@
 //! `docs/benchmarks.md`: every number of one run, with the machine and the command.
 
+use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use crate::contention::{self, ContentionReport, ContentionRun};
 use crate::external::{CriterionResult, Measured, PipelineRun};
 use crate::init::FunctionInit;
 use crate::scenarios::{CallCost, LatenessReport, RejectionReport, SurgeLatencyReport};
@@ -84,6 +86,7 @@ pub struct BenchReport {
     pub deployed: Vec<FunctionInit>,
     pub deployed_arch: Option<String>,
     pub surge: SurgeLatencyReport,
+    pub contention: ContentionReport,
 }
 
 fn ms(p: Option<&Percentiles>, pick: fn(&Percentiles) -> f64) -> String {
@@ -99,6 +102,36 @@ fn outcomes(map: &std::collections::BTreeMap<String, usize>) -> String {
 
 fn goal(met: bool) -> &'static str {
     if met { "met" } else { "**missed**" }
+}
+
+fn opt_u64(value: Option<u64>) -> String {
+    value.map_or_else(|| "-".to_owned(), |v| v.to_string())
+}
+
+fn opt_f64(value: Option<f64>, places: usize) -> String {
+    value.map_or_else(|| "-".to_owned(), |v| format!("{v:.places$}"))
+}
+
+fn opt_ms(value: Option<std::time::Duration>) -> String {
+    value.map_or_else(
+        || "- (not sold out)".to_owned(),
+        |d| format!("{:.0}", d.as_secs_f64() * 1e3),
+    )
+}
+
+fn opt_ms_fine(value: Option<std::time::Duration>) -> String {
+    value.map_or_else(
+        || "-".to_owned(),
+        |d| format!("{:.2}", d.as_secs_f64() * 1e3),
+    )
+}
+
+fn percent(part: u64, whole: u64) -> String {
+    if whole == 0 {
+        String::new()
+    } else {
+        format!(" ({:.0} %)", part as f64 * 100.0 / whole as f64)
+    }
 }
 
 fn mb(bytes: u64) -> String {
@@ -158,6 +191,7 @@ impl BenchReport {
         self.lateness_section(&mut out);
         self.bootstrap_section(&mut out);
         self.surge_section(&mut out);
+        self.contention_section(&mut out);
         out
     }
 
@@ -382,6 +416,367 @@ impl BenchReport {
         out.push('\n');
     }
 
+    fn contention_section(&self, out: &mut String) {
+        let c = &self.contention;
+        let retry = &c.textbook_retry;
+        let _ = writeln!(
+            out,
+            "## 7. Contention under the conflict mode (issue 14 §3)\n\n\
+             DynamoDB Local runs one transaction at a time and never answers \
+             `TransactionConflict`; AWS does. Here the DynamoDB proxy plays AWS's rule \
+             (`ConflictMode`, one commit time per column): a `TransactWriteItems` holds its \
+             items for its round trip plus the commit time, any other transaction touching a \
+             held item is cancelled (`TransactionConflict` at that item) and a plain write of \
+             one is refused. Both clients below run on the same proxy, mode and table, one \
+             after the other.\n\n\
+             - **The surge through the gateway**: a sale of {stock} units on {shards} shards; \
+             {buyers} buyers each fetch a grab path, then all grab at concurrency {conc}, \
+             retrying 429, 503 and no answer on the same path with `X-Retry-Attempt: n` after \
+             `Retry-After` plus full jitter (flashsale-e2e's `retry_delay`), up to {attempts} \
+             requests a buyer, as the sale page does. DynamoDB requests are counted from the \
+             release of the grabs until the order consumer had opened every unit sold, so \
+             every write a unit costs is in.\n\
+             - **The textbook client**: a second sale of {stock} units on {shards} shards, \
+             bought by raw buyers at concurrency {conc} calling the grab's store \
+             (`DynamoStore::reserve`) through the proxy: the buyer's shards in \
+             `Sale::shard_order`, the next one on `ShardEmpty`, the same one again on \
+             `Contended` after a pause uniform in [0, min({cap} ms, {base} ms · 2^(n−1))], \
+             {tries} tries of a shard, then the buyer gives up as a 503 would. No consumer runs \
+             behind it, and no new buyer starts once the stock is reserved (of up to {buyers}): \
+             its measure is the sell-out.\n",
+            stock = c.stock,
+            shards = c.shards,
+            buyers = c.buyers,
+            conc = c.concurrency,
+            attempts = c.grab_attempts,
+            cap = retry.cap.as_millis(),
+            base = retry.base.as_millis(),
+            tries = retry.attempts,
+        );
+        if c.runs.is_empty() {
+            out.push_str("No commit time was measured.\n\n");
+        } else {
+            self.contention_table(out);
+        }
+        self.curve_section(out);
+    }
+
+    fn contention_table(&self, out: &mut String) {
+        let c = &self.contention;
+        let runs = &c.runs;
+        let header: String = runs
+            .iter()
+            .map(|r| format!(" commit {} ms |", r.commit_time_ms))
+            .collect();
+        let _ = writeln!(
+            out,
+            "| measure |{header} goal |\n|---|{}---|",
+            "---:|".repeat(runs.len())
+        );
+        let row =
+            |out: &mut String, name: &str, value: &dyn Fn(&ContentionRun) -> String, goal: &str| {
+                let cells: String = runs.iter().map(|r| format!(" {} |", value(r))).collect();
+                let _ = writeln!(out, "| {name} |{cells} {goal} |");
+            };
+        let verdicts = |target: &str, met: &dyn Fn(&ContentionRun) -> Option<bool>| {
+            let each: Vec<&str> = runs
+                .iter()
+                .map(|r| match met(r) {
+                    Some(met) => goal(met),
+                    None => "not measured",
+                })
+                .collect();
+            format!("{target}: {}", each.join(" · "))
+        };
+        let stock = c.stock as usize;
+        row(
+            out,
+            "units sold (202s with distinct order ids)",
+            &|r| r.gateway.sold.to_string(),
+            &verdicts(&format!("exactly {stock}"), &|r| {
+                Some(r.gateway.sold == stock)
+            }),
+        );
+        row(
+            out,
+            "units left afterwards (stats `available`)",
+            &|r| opt_u64(r.gateway.left),
+            "",
+        );
+        row(
+            out,
+            "buyers told `sold_out` while units were left",
+            &|r| r.gateway.sold_out_while_left().to_string(),
+            &verdicts("0", &|r| {
+                r.gateway.left.map(|_| r.gateway.sold_out_while_left() == 0)
+            }),
+        );
+        row(
+            out,
+            "`sold_out` answers before the last unit's 202 (they race its answer)",
+            &|r| r.gateway.sold_out_before_last_unit.to_string(),
+            "",
+        );
+        row(
+            out,
+            "stats `consistent` (after the consumer drained)",
+            &|r| {
+                let drained = if r.gateway.drained {
+                    ""
+                } else {
+                    " (not drained)"
+                };
+                format!(
+                    "{}{drained}",
+                    r.gateway
+                        .consistent
+                        .map_or("-".to_owned(), |b| b.to_string())
+                )
+            },
+            &verdicts("true", &|r| r.gateway.consistent),
+        );
+        row(
+            out,
+            "buyers holding two orders",
+            &|r| r.gateway.buyers_with_two_orders.to_string(),
+            "",
+        );
+        row(
+            out,
+            "grab answers (retries included)",
+            &|r| r.gateway.answers.to_string(),
+            "",
+        );
+        row(
+            out,
+            "503 answers (share of grab answers)",
+            &|r| {
+                format!(
+                    "{} ({:.2} %)",
+                    r.gateway.unavailable,
+                    r.gateway.unavailable_share() * 100.0
+                )
+            },
+            &verdicts("≤ 0.5 %", &|r| {
+                Some(r.gateway.unavailable_share() <= 0.005)
+            }),
+        );
+        row(
+            out,
+            "other 5xx answers",
+            &|r| r.gateway.other_5xx.to_string(),
+            &verdicts("0", &|r| Some(r.gateway.other_5xx == 0)),
+        );
+        row(
+            out,
+            "429 answers / requests with no answer",
+            &|r| format!("{} / {}", r.gateway.throttled, r.gateway.no_answer),
+            "",
+        );
+        row(
+            out,
+            "`TransactWriteItems` during the surge: conflicts / seen",
+            &|r| {
+                let (seen, conflicts) = contention::transactions(&r.gateway.surge_dynamodb);
+                format!("{conflicts} / {seen}{}", percent(conflicts, seen))
+            },
+            "",
+        );
+        row(
+            out,
+            "reserve conflicts as the grab counted them (`/local/metrics`)",
+            &|r| {
+                r.gateway
+                    .consumer
+                    .map_or("-".to_owned(), |m| m.reserve_conflicts.to_string())
+            },
+            "",
+        );
+        row(
+            out,
+            "DynamoDB write requests, release → consumer drained",
+            &|r| contention::writes(&r.gateway.through_drain_dynamodb).to_string(),
+            "",
+        );
+        row(
+            out,
+            "**all DynamoDB writes per unit sold**",
+            &|r| opt_f64(r.gateway.writes_per_unit(), 2),
+            &verdicts("≤ 3", &|r| r.gateway.writes_per_unit().map(|w| w <= 3.0)),
+        );
+        row(
+            out,
+            "of the writes, the consumer's (orders opened + their conflicts)",
+            &|r| {
+                r.gateway
+                    .consumer
+                    .map_or("-".to_owned(), |m| m.writes().to_string())
+            },
+            "",
+        );
+        row(
+            out,
+            "grab-path writes per unit sold (all less the consumer's)",
+            &|r| opt_f64(r.gateway.grab_path_writes_per_unit(), 2),
+            "",
+        );
+        row(
+            out,
+            &format!("**gateway sell-out** (ms, release → the {stock}th unit's 202)"),
+            &|r| opt_ms(r.gateway.sell_out),
+            "",
+        );
+        row(
+            out,
+            &format!("**textbook sell-out** (ms, start → the {stock}th reservation)"),
+            &|r| opt_ms(r.textbook.target_reached_after),
+            "",
+        );
+        row(
+            out,
+            "**gateway / textbook sell-out**",
+            &|r| {
+                r.sell_out_ratio()
+                    .map_or("-".to_owned(), |x| format!("{x:.2}×"))
+            },
+            &verdicts("≤ 1.0×", &|r| r.sell_out_ratio().map(|x| x <= 1.0)),
+        );
+        row(
+            out,
+            "gateway: surge / through the drain (s)",
+            &|r| {
+                format!(
+                    "{:.2} / {:.2}",
+                    r.gateway.surge.as_secs_f64(),
+                    r.gateway.through_drain.as_secs_f64()
+                )
+            },
+            "",
+        );
+        row(
+            out,
+            "textbook: `TransactWriteItems` conflicts / seen",
+            &|r| {
+                let (seen, conflicts) = contention::transactions(&r.textbook.dynamodb);
+                format!("{conflicts} / {seen}{}", percent(conflicts, seen))
+            },
+            "",
+        );
+        row(
+            out,
+            "textbook: units reserved / buyers started / gave up / failed",
+            &|r| {
+                let t = &r.textbook;
+                format!(
+                    "{} / {} / {} / {}",
+                    t.reserved, t.buyers_started, t.gave_up, t.failed
+                )
+            },
+            "",
+        );
+        row(
+            out,
+            "textbook: mean round trip of a committed reserve (ms)",
+            &|r| opt_ms_fine(r.textbook.committed_round_trip),
+            "",
+        );
+        out.push('\n');
+        for r in runs {
+            let _ = writeln!(
+                out,
+                "At {} ms, the buyers' last answers: {}.{}",
+                r.commit_time_ms,
+                outcomes(&r.gateway.final_outcomes),
+                r.textbook
+                    .first_failure
+                    .as_ref()
+                    .map_or(String::new(), |why| format!(
+                        " The textbook client's first failure: {why}."
+                    ))
+            );
+        }
+        out.push_str(
+            "\nThe proxy sees every DynamoDB request but not who sent it; the consumer's share \
+             comes from the local stack's own metrics (`orders_opened` of the sale, one \
+             order-open transaction each, and `transaction_conflicts_retried` of \
+             `dynamodb.open`). Write requests are `TransactWriteItems`, `PutItem`, \
+             `UpdateItem`, `DeleteItem` and `BatchWriteItem`, cancelled and refused ones \
+             included: every one is a request the table answers. No sale here has a payment \
+             window shorter than the run, so no release writes in a window.\n\n\
+             DynamoDB requests from the release until the consumer drained, by operation \
+             (seen, of which conflicts):\n\n",
+        );
+        let mut operations: BTreeSet<&str> = BTreeSet::new();
+        for r in runs {
+            operations.extend(
+                r.gateway
+                    .through_drain_dynamodb
+                    .operations
+                    .keys()
+                    .map(String::as_str),
+            );
+        }
+        let _ = writeln!(
+            out,
+            "| operation |{header}\n|---|{}",
+            "---:|".repeat(runs.len())
+        );
+        for operation in operations {
+            let cells: String = runs
+                .iter()
+                .map(|r| {
+                    let op = r.gateway.through_drain_dynamodb.operations.get(operation);
+                    let (total, conflicts) = op.map_or((0, 0), |op| (op.total, op.conflicts));
+                    format!(" {total} ({conflicts}) |")
+                })
+                .collect();
+            let _ = writeln!(out, "| `{operation}` |{cells}");
+        }
+        out.push('\n');
+    }
+
+    fn curve_section(&self, out: &mut String) {
+        let c = &self.contention;
+        let _ = writeln!(
+            out,
+            "### The per-shard curve\n\n\
+             One shard with {} units; {} raw reservers, each reservation by a new buyer, with \
+             the textbook retry above, until {} reservations (buyers in flight then still \
+             finish, so a few more may be reserved). The round trip is the client's, of the \
+             reserves that committed; the proxy answers a transaction only once its commit time \
+             has passed, so it includes the commit time, and one shard admitting one \
+             transaction at a time takes about `1 / round trip` a second (a little more: the \
+             hold starts and ends inside the client's round trip). The service time \
+             is that round trip less the commit time (DynamoDB Local, the proxy and the \
+             client). The capacity model ([docs/capacity.md](capacity.md)) takes these \
+             numbers.\n",
+            c.curve_stock, c.curve_reservers, c.curve_reservations
+        );
+        out.push_str(
+            "| commit ms | reserved | until the target s | reservations/s | conflicts per reservation | gave up | mean committed round trip ms | of which service time ms | mean attempt round trip ms | 1 / round trip per s |\n\
+             |---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        );
+        for point in &c.curve {
+            let r = &point.run;
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                point.commit_time_ms,
+                r.reserved,
+                r.target_reached_after
+                    .map_or("-".to_owned(), |d| format!("{:.2}", d.as_secs_f64())),
+                opt_f64(r.reservations_per_sec(), 1),
+                opt_f64(r.conflicts_per_reservation(), 2),
+                r.gave_up,
+                opt_ms_fine(r.committed_round_trip),
+                opt_ms_fine(point.service_time()),
+                opt_ms_fine(r.attempt_round_trip),
+                opt_f64(point.bound_per_sec(), 1),
+            );
+        }
+        out.push('\n');
+    }
+
     /// What the smoke asserts: every step produced numbers, and they agree.
     pub fn inconsistencies(&self) -> Vec<String> {
         let mut problems = Vec::new();
@@ -436,6 +831,55 @@ impl BenchReport {
         }
         if self.lateness.orders == 0 {
             problems.push("the lateness step placed no order".to_owned());
+        }
+        problems.extend(self.contention_problems());
+        problems
+    }
+
+    /// Correctness under contention: what the smoke fails on (the goals on rates and
+    /// costs are stated in the report, not enforced).
+    pub fn contention_problems(&self) -> Vec<String> {
+        let c = &self.contention;
+        let stock = c.stock as usize;
+        let mut problems = Vec::new();
+        if c.runs.is_empty() {
+            problems.push("the contention scenario measured no commit time".to_owned());
+        }
+        for r in &c.runs {
+            let at = format!("contention at {} ms", r.commit_time_ms);
+            let g = &r.gateway;
+            if g.sold > stock || g.buyers_with_two_orders > 0 {
+                problems.push(format!(
+                    "{at}: oversold: {} units sold of {stock}, {} buyers with two orders",
+                    g.sold, g.buyers_with_two_orders
+                ));
+            }
+            if g.sold == 0 {
+                problems.push(format!("{at}: the surge sold nothing"));
+            }
+            if g.other_5xx > 0 {
+                problems.push(format!("{at}: {} answers 5xx other than 503", g.other_5xx));
+            }
+            if g.consistent != Some(true) {
+                problems.push(format!(
+                    "{at}: the stats are not consistent: {}",
+                    g.final_stats
+                ));
+            }
+            if r.textbook.reserved > stock {
+                problems.push(format!(
+                    "{at}: the textbook client reserved {} of {stock}",
+                    r.textbook.reserved
+                ));
+            }
+        }
+        for point in &c.curve {
+            if point.run.reserved > c.curve_stock as usize {
+                problems.push(format!(
+                    "the shard at {} ms reserved {} of {}",
+                    point.commit_time_ms, point.run.reserved, c.curve_stock
+                ));
+            }
         }
         problems
     }

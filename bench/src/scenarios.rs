@@ -31,9 +31,10 @@ pub enum ScenarioError {
 /// A client of the stack's API with an admin token.
 pub struct Session {
     pub api: ApiClient,
-    http: reqwest::Client,
-    admin: String,
-    run: String,
+    pub(crate) http: reqwest::Client,
+    pub(crate) admin: String,
+    /// Unique per run, in every sale and buyer name, so runs on one table never meet.
+    pub(crate) run: String,
 }
 
 /// What one request got.
@@ -89,9 +90,21 @@ impl Session {
         stock: u32,
         payment_timeout_secs: u32,
     ) -> Result<String, ScenarioError> {
+        self.create_sale_on_shards(name, stock, payment_timeout_secs, None)
+            .await
+    }
+
+    /// [`Session::create_sale`] on `shards` stock shards (`None`: the sale's default).
+    pub(crate) async fn create_sale_on_shards(
+        &self,
+        name: &str,
+        stock: u32,
+        payment_timeout_secs: u32,
+        shards: Option<u16>,
+    ) -> Result<String, ScenarioError> {
         let sale_id = format!("bench-{name}-{}", self.run);
         let now = Utc::now();
-        let sale = json!({
+        let mut sale = json!({
             "sale_id": sale_id,
             "name": format!("bench {name}"),
             "stock": stock,
@@ -99,13 +112,16 @@ impl Session {
             "ends_at": rfc3339(now + chrono::Duration::hours(2)),
             "payment_timeout_secs": payment_timeout_secs,
         });
+        if let Some(shards) = shards {
+            sale["shards"] = json!(shards);
+        }
         let created = self.api.create_sale(&self.admin, &sale).await?;
         expect_status(&created, StatusCode::CREATED, "/admin/sales")?;
         Ok(sale_id)
     }
 
     /// Buyer tokens and grab paths for `count` new buyers of `sale_id`.
-    async fn buyers_with_paths(
+    pub(crate) async fn buyers_with_paths(
         &self,
         sale_id: &str,
         tag: &str,

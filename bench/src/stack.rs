@@ -69,6 +69,8 @@ pub struct BenchStack {
     pub sqs: Proxy,
     /// In front of moto (EventBridge Scheduler).
     pub moto: Proxy,
+    /// The physical names of the stack's resources start with it.
+    pub stack_name: String,
     pub log: PathBuf,
     _emulators: Emulators,
 }
@@ -88,9 +90,10 @@ impl BenchStack {
         let api_port = free_port().map_err(StackError::Spawn)?;
         let suffix = flashsale_emulators::unique_suffix();
         let log = std::env::temp_dir().join(format!("flashsale-bench-local-{suffix}.log"));
+        let stack_name = format!("bench-{suffix}");
         let mut command = Command::new(&spec.local_bin);
         command
-            .args(["--stack-name", &format!("bench-{suffix}")])
+            .args(["--stack-name", &stack_name])
             .arg("--template")
             .arg(&spec.template)
             .args(["--api-port", &api_port.to_string()])
@@ -110,6 +113,7 @@ impl BenchStack {
             dynamodb,
             sqs,
             moto,
+            stack_name,
             log,
             _emulators: emulators,
         };

@@ -1,0 +1,984 @@
+//! Issue 14 §3: the grab under contention, measured under the proxy's conflict mode.
+//!
+//! DynamoDB Local runs one transaction at a time and never answers `TransactionConflict`;
+//! AWS does. With [`ConflictMode`] on, the DynamoDB proxy holds a `TransactWriteItems`'
+//! items for its round trip plus a commit time and cancels any other transaction that
+//! touches them, so the local stack meets the contention AWS would answer. For each
+//! commit time, in the same run, on the same proxy and table:
+//!
+//! 1. **The surge through the gateway**: a sale on a few shards, every buyer fetches a
+//!    grab path, then all grab at a fixed concurrency, retrying 429/503 on the same path
+//!    with `X-Retry-Attempt` and jittered backoff honouring `Retry-After`, as the sale
+//!    page does.
+//! 2. **The textbook client**: a second, identical sale, bought by raw buyers calling
+//!    the grab's own store (`DynamoStore::reserve`) through the proxy, walking the
+//!    buyer's shards on `ShardEmpty` and retrying `Contended` on the same shard with full
+//!    jitter, so the gateway's sell-out can be set beside it.
+//!
+//! and, for its own commit times, **the per-shard curve**: one shard, a fixed number of
+//! raw reservers with the textbook retry, reservations/s and conflicts per reservation,
+//! with the transaction round trip the capacity model needs.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use flashsale_adapters::DynamoStore;
+use flashsale_domain::ports::{OpenOutcome, OrderBook, ReserveRefusal, SaleCatalog, StockLedger};
+use flashsale_domain::{OrderId, Reservation, Sale, SaleId, StoreError, UserId, ValidationError};
+use flashsale_e2e::client::{ClientError, expect_status};
+use flashsale_e2e::surge::retry_delay;
+use flashsale_local::metrics::Summary;
+use futures::stream::{self, StreamExt};
+use reqwest::StatusCode;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::proxy::{ConflictMode, Counts, Proxy};
+use crate::scenarios::{RETRY_HEADER, ScenarioError, Session};
+use crate::stack::BenchStack;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ContentionError {
+    #[error(transparent)]
+    Scenario(#[from] ScenarioError),
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    #[error("the textbook client's store")]
+    Store(#[from] StoreError),
+    #[error("a name the bench made is not a valid id")]
+    InvalidId(#[from] ValidationError),
+    #[error("listing DynamoDB Local's tables")]
+    ListTables(#[source] Box<aws_sdk_dynamodb::Error>),
+    #[error("no table of the stack {stack} among {tables:?}")]
+    NoTable { stack: String, tables: Vec<String> },
+    #[error("the sale {0} was created but is not in the table")]
+    SaleMissing(String),
+}
+
+/// The sizes of one run of the scenario.
+#[derive(Debug, Clone, Copy)]
+pub struct ContentionSizes {
+    /// Commit times of the surge and the textbook client, side by side.
+    pub commit_times_ms: &'static [u64],
+    pub stock: u32,
+    pub shards: u16,
+    pub buyers: usize,
+    /// Buyers in flight at once, in the surge and in the textbook client.
+    pub concurrency: usize,
+    /// Requests per buyer on its one grab path, as the sale page (`MAX_GRAB_ATTEMPTS`).
+    pub grab_attempts: u32,
+    pub curve_commit_times_ms: &'static [u64],
+    pub curve_stock: u32,
+    pub curve_reservers: usize,
+    pub curve_reservations: usize,
+    /// How long the order consumer gets to open every unit the surge sold.
+    pub drain_timeout: Duration,
+}
+
+/// The textbook answer to `Contended`: try the same shard again after a pause drawn
+/// uniformly in `[0, min(cap, base · 2^(n-1))]`, `attempts` times in all.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct TextbookRetry {
+    pub base: Duration,
+    pub cap: Duration,
+    pub attempts: u32,
+}
+
+pub const TEXTBOOK_RETRY: TextbookRetry = TextbookRetry {
+    base: Duration::from_millis(5),
+    cap: Duration::from_millis(200),
+    attempts: 10,
+};
+
+impl TextbookRetry {
+    /// The pause before retry `retry` (1 for the first).
+    fn pause(&self, retry: u32) -> Duration {
+        let factor = 1_u32
+            .checked_shl(retry.saturating_sub(1))
+            .unwrap_or(u32::MAX);
+        let ceiling = self.base.saturating_mul(factor).min(self.cap);
+        let micros = u64::try_from(ceiling.as_micros()).unwrap_or(u64::MAX);
+        Duration::from_micros(rand::random_range(0..=micros))
+    }
+}
+
+/// The payment window of every sale here: longer than any run, so no release timer
+/// fires (and writes) while a later window is counting.
+const PAYMENT_WINDOW_SECS: u32 = 3600;
+
+const DYNAMODB: &str = "DynamoDB_20120810.";
+/// The operations counted as DynamoDB write requests.
+pub const WRITE_OPERATIONS: [&str; 5] = [
+    "TransactWriteItems",
+    "PutItem",
+    "UpdateItem",
+    "DeleteItem",
+    "BatchWriteItem",
+];
+const TRANSACT_WRITE: &str = "DynamoDB_20120810.TransactWriteItems";
+
+/// DynamoDB write requests in `counts`, refused ones included: a cancelled transaction
+/// is a request the table had to answer.
+pub fn writes(counts: &Counts) -> u64 {
+    WRITE_OPERATIONS
+        .iter()
+        .map(|operation| counts.of(&format!("{DYNAMODB}{operation}")))
+        .sum()
+}
+
+/// `TransactWriteItems` seen, and how many the conflict mode cancelled.
+pub fn transactions(counts: &Counts) -> (u64, u64) {
+    counts
+        .operations
+        .get(TRANSACT_WRITE)
+        .map_or((0, 0), |op| (op.total, op.conflicts))
+}
+
+fn ratio(part: f64, whole: f64) -> Option<f64> {
+    (whole > 0.0).then(|| part / whole)
+}
+
+/// Everything the scenario measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct ContentionReport {
+    pub stock: u32,
+    pub shards: u16,
+    pub buyers: usize,
+    pub concurrency: usize,
+    pub grab_attempts: u32,
+    pub textbook_retry: TextbookRetry,
+    pub runs: Vec<ContentionRun>,
+    pub curve_stock: u32,
+    pub curve_reservers: usize,
+    pub curve_reservations: usize,
+    pub curve: Vec<ShardPoint>,
+}
+
+/// The surge and the textbook client at one commit time.
+#[derive(Debug, Clone, Serialize)]
+pub struct ContentionRun {
+    pub commit_time_ms: u64,
+    pub gateway: GatewaySurge,
+    pub textbook: RawRun,
+}
+
+impl ContentionRun {
+    /// Gateway sell-out over the textbook client's; `None` unless both sold out.
+    pub fn sell_out_ratio(&self) -> Option<f64> {
+        let gateway = self.gateway.sell_out?.as_secs_f64();
+        let textbook = self.textbook.target_reached_after?.as_secs_f64();
+        ratio(gateway, textbook)
+    }
+}
+
+/// The consumer's share of the DynamoDB writes, from the local stack's own metrics
+/// (`GET /local/metrics`): the proxy sees every write but not who sent it.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct ConsumerWrites {
+    /// `orders_opened` of the sale: one order-open transaction each (a redelivery that
+    /// finds its order open is one refused transaction, and counted too).
+    pub orders_opened: u64,
+    /// `transaction_conflicts_retried{operation="dynamodb.open"}`: opens cancelled by
+    /// the conflict mode and sent again.
+    pub open_conflicts: u64,
+    /// `transaction_conflicts_retried{operation="dynamodb.reserve"}`: the grab's reserves
+    /// cancelled, as the grab itself counted them (a check on the proxy's count).
+    pub reserve_conflicts: u64,
+}
+
+impl ConsumerWrites {
+    pub fn writes(&self) -> u64 {
+        self.orders_opened + self.open_conflicts
+    }
+}
+
+/// The surge through the gateway.
+#[derive(Debug, Clone, Serialize)]
+pub struct GatewaySurge {
+    pub sale_id: String,
+    pub buyers: usize,
+    /// Units sold: 202 answers with distinct order ids.
+    pub sold: usize,
+    pub buyers_with_two_orders: usize,
+    /// `available` in the stats once the consumer drained; `None` if they could not be read.
+    pub left: Option<u64>,
+    pub consistent: Option<bool>,
+    pub final_stats: Value,
+    /// Every answer of the grab route, retried ones included.
+    pub answers: usize,
+    pub unavailable: usize,
+    pub throttled: usize,
+    /// 5xx answers other than 503.
+    pub other_5xx: usize,
+    /// Requests that got no answer (sent again, as a 503 would be).
+    pub no_answer: usize,
+    /// Buyers whose last answer was `sold_out`.
+    pub told_sold_out: usize,
+    /// `sold_out` answers that arrived before the last unit's 202: they race that
+    /// answer (the unit committed before its 202 came back), so not by themselves an
+    /// undersell; the units left at the end are the test.
+    pub sold_out_before_last_unit: usize,
+    /// Each buyer's last answer.
+    pub final_outcomes: BTreeMap<String, usize>,
+    /// From the release of the grabs to the `stock`-th unit's 202.
+    pub sell_out: Option<Duration>,
+    /// From the release to the last buyer's last answer.
+    pub surge: Duration,
+    pub surge_dynamodb: Counts,
+    /// From the release until the consumer had opened every unit sold.
+    pub through_drain: Duration,
+    pub drained: bool,
+    pub through_drain_dynamodb: Counts,
+    pub consumer: Option<ConsumerWrites>,
+}
+
+impl GatewaySurge {
+    pub fn unavailable_share(&self) -> f64 {
+        ratio(self.unavailable as f64, self.answers as f64).unwrap_or(0.0)
+    }
+
+    /// Buyers told `sold_out` although units were still there at the end.
+    pub fn sold_out_while_left(&self) -> usize {
+        match self.left {
+            Some(left) if left > 0 => self.told_sold_out,
+            _ => 0,
+        }
+    }
+
+    /// Every DynamoDB write request from the release until the consumer drained, per
+    /// unit sold.
+    pub fn writes_per_unit(&self) -> Option<f64> {
+        ratio(
+            writes(&self.through_drain_dynamodb) as f64,
+            self.sold as f64,
+        )
+    }
+
+    /// The same less the consumer's writes (as its metrics count them).
+    pub fn grab_path_writes_per_unit(&self) -> Option<f64> {
+        let consumer = self.consumer?.writes();
+        let all = writes(&self.through_drain_dynamodb);
+        ratio(all.saturating_sub(consumer) as f64, self.sold as f64)
+    }
+}
+
+/// Raw buyers on the grab's store, with the textbook retry.
+#[derive(Debug, Clone, Serialize)]
+pub struct RawRun {
+    pub sale_id: String,
+    pub stock: u32,
+    pub shards: u16,
+    pub workers: usize,
+    /// Units to reserve before no new buyer starts: the stock for the textbook client.
+    pub target: usize,
+    pub buyers_started: usize,
+    pub reserved: usize,
+    pub sold_out: usize,
+    /// Buyers whose shard stayed contended for every attempt (a 503, for a grab).
+    pub gave_up: usize,
+    /// Buyers whose reserve failed otherwise.
+    pub failed: usize,
+    pub first_failure: Option<String>,
+    /// From the start to the `target`-th reservation.
+    pub target_reached_after: Option<Duration>,
+    pub elapsed: Duration,
+    /// Reserve calls, and how many answered `Contended`.
+    pub attempts: u64,
+    pub contended: u64,
+    /// Mean client-side round trip of the reserves that committed (under the conflict
+    /// mode it includes the commit time: the proxy answers after it).
+    pub committed_round_trip: Option<Duration>,
+    /// ... and of every reserve, conflicted ones (answered by the proxy) included.
+    pub attempt_round_trip: Option<Duration>,
+    pub dynamodb: Counts,
+}
+
+impl RawRun {
+    /// Reservations per second until the target was reached.
+    pub fn reservations_per_sec(&self) -> Option<f64> {
+        let reached = self.target_reached_after?;
+        ratio(self.target as f64, reached.as_secs_f64())
+    }
+
+    pub fn conflicts_per_reservation(&self) -> Option<f64> {
+        ratio(self.contended as f64, self.reserved as f64)
+    }
+}
+
+/// One point of the per-shard curve.
+#[derive(Debug, Clone, Serialize)]
+pub struct ShardPoint {
+    pub commit_time_ms: u64,
+    pub run: RawRun,
+}
+
+impl ShardPoint {
+    /// One shard admits one transaction at a time, each holding it for about its round
+    /// trip (the proxy answers a transaction only once its commit time has passed, so the
+    /// client's round trip includes it): about the rate the measured round trip allows.
+    pub fn bound_per_sec(&self) -> Option<f64> {
+        let round_trip = self.run.committed_round_trip?.as_secs_f64();
+        ratio(1.0, round_trip)
+    }
+
+    /// The committed round trip less the commit time: what the table (DynamoDB Local
+    /// behind the proxy) and the client took.
+    pub fn service_time(&self) -> Option<Duration> {
+        let round_trip = self.run.committed_round_trip?;
+        Some(round_trip.saturating_sub(Duration::from_millis(self.commit_time_ms)))
+    }
+}
+
+/// The conflict mode, on for as long as this lives: an early return cannot leave the
+/// later scenarios under it.
+struct ConflictsOn<'a> {
+    proxy: &'a Proxy,
+}
+
+impl<'a> ConflictsOn<'a> {
+    fn new(proxy: &'a Proxy, commit_time_ms: u64) -> Self {
+        proxy.set_conflict_mode(Some(ConflictMode::with_commit_time(Duration::from_millis(
+            commit_time_ms,
+        ))));
+        Self { proxy }
+    }
+}
+
+impl Drop for ConflictsOn<'_> {
+    fn drop(&mut self) {
+        self.proxy.set_conflict_mode(None);
+    }
+}
+
+/// The raw client's view of the stack: the grab's store on the DynamoDB proxy.
+struct RawTarget {
+    store: Arc<DynamoStore>,
+}
+
+impl RawTarget {
+    async fn new(stack: &BenchStack) -> Result<Self, ContentionError> {
+        let sdk = |dynamodb: String| {
+            flashsale_emulators::sdk_config_for(flashsale_emulators::LocalEndpoints {
+                dynamodb,
+                sqs: String::new(),
+                moto: String::new(),
+            })
+        };
+        // The table is found on DynamoDB Local itself, so the listing is not counted.
+        let direct = aws_sdk_dynamodb::Client::new(&sdk(stack.dynamodb_endpoint.clone()).await);
+        let listed = direct
+            .list_tables()
+            .send()
+            .await
+            .map_err(|error| ContentionError::ListTables(Box::new(error.into())))?;
+        let prefix = format!("{}-", stack.stack_name);
+        let tables = listed.table_names().to_vec();
+        let mine: Vec<&String> = tables.iter().filter(|t| t.starts_with(&prefix)).collect();
+        let [table] = mine.as_slice() else {
+            return Err(ContentionError::NoTable {
+                stack: stack.stack_name.clone(),
+                tables,
+            });
+        };
+        let counted = aws_sdk_dynamodb::Client::new(&sdk(stack.dynamodb.url()).await);
+        Ok(Self {
+            store: Arc::new(DynamoStore::new(counted, (*table).clone())),
+        })
+    }
+
+    async fn sale(&self, sale_id: &str) -> Result<Sale, ContentionError> {
+        self.store
+            .find_sale(&SaleId::parse(sale_id)?)
+            .await?
+            .ok_or_else(|| ContentionError::SaleMissing(sale_id.to_owned()))
+    }
+}
+
+/// Runs the whole scenario; the conflict mode is off again when it returns.
+pub async fn contention(
+    session: &Session,
+    stack: &BenchStack,
+    sizes: &ContentionSizes,
+) -> Result<ContentionReport, ContentionError> {
+    let started = Instant::now();
+    let raw = RawTarget::new(stack).await?;
+    let mut runs = Vec::new();
+    for &commit_time_ms in sizes.commit_times_ms {
+        let conflicts = ConflictsOn::new(&stack.dynamodb, commit_time_ms);
+        eprintln!(
+            "bench: 7. contention at {commit_time_ms} ms: the surge through the gateway ({} buyers, {} units on {} shards)",
+            sizes.buyers, sizes.stock, sizes.shards
+        );
+        let gateway = gateway_surge(session, stack, sizes, commit_time_ms).await?;
+        eprintln!("bench: 7. contention at {commit_time_ms} ms: the textbook client");
+        let sale_id = session
+            .create_sale_on_shards(
+                &format!("textbook{commit_time_ms}"),
+                sizes.stock,
+                PAYMENT_WINDOW_SECS,
+                Some(sizes.shards),
+            )
+            .await?;
+        let sale = raw.sale(&sale_id).await?;
+        let (textbook, held) = raw_run(
+            &raw,
+            &stack.dynamodb,
+            sale,
+            RawPlan {
+                workers: sizes.concurrency,
+                max_buyers: sizes.buyers,
+                target: sizes.stock as usize,
+                tag: format!("textbook{commit_time_ms}-{}", session.run),
+            },
+        )
+        .await;
+        drop(conflicts);
+        open_raw_holds(&raw, held).await;
+        runs.push(ContentionRun {
+            commit_time_ms,
+            gateway,
+            textbook,
+        });
+    }
+    let mut curve = Vec::new();
+    for &commit_time_ms in sizes.curve_commit_times_ms {
+        eprintln!(
+            "bench: 7. per-shard curve at {commit_time_ms} ms ({} reservers, {} reservations)",
+            sizes.curve_reservers, sizes.curve_reservations
+        );
+        let conflicts = ConflictsOn::new(&stack.dynamodb, commit_time_ms);
+        let sale_id = session
+            .create_sale_on_shards(
+                &format!("shard{commit_time_ms}"),
+                sizes.curve_stock,
+                PAYMENT_WINDOW_SECS,
+                Some(1),
+            )
+            .await?;
+        let sale = raw.sale(&sale_id).await?;
+        let (run, held) = raw_run(
+            &raw,
+            &stack.dynamodb,
+            sale,
+            RawPlan {
+                workers: sizes.curve_reservers,
+                // Give-ups take no unit; enough buyers that the target is reached.
+                max_buyers: sizes.curve_reservations * 20,
+                target: sizes.curve_reservations,
+                tag: format!("shard{commit_time_ms}-{}", session.run),
+            },
+        )
+        .await;
+        drop(conflicts);
+        open_raw_holds(&raw, held).await;
+        if let Some(round_trip) = run.committed_round_trip {
+            eprintln!(
+                "bench: 7. one shard at {commit_time_ms} ms: {:.1} reservations/s, mean committed round trip {:.2} ms",
+                run.reservations_per_sec().unwrap_or(0.0),
+                round_trip.as_secs_f64() * 1e3
+            );
+        }
+        curve.push(ShardPoint {
+            commit_time_ms,
+            run,
+        });
+    }
+    eprintln!(
+        "bench: 7. contention measured in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(ContentionReport {
+        stock: sizes.stock,
+        shards: sizes.shards,
+        buyers: sizes.buyers,
+        concurrency: sizes.concurrency,
+        grab_attempts: sizes.grab_attempts,
+        textbook_retry: TEXTBOOK_RETRY,
+        runs,
+        curve_stock: sizes.curve_stock,
+        curve_reservers: sizes.curve_reservers,
+        curve_reservations: sizes.curve_reservations,
+        curve,
+    })
+}
+
+/// One answer of the grab route.
+#[derive(Debug, Clone)]
+struct GrabAnswer {
+    /// Since the release of the grabs.
+    at: Duration,
+    /// 0: no answer.
+    status: u16,
+    code: Option<String>,
+    order_id: Option<String>,
+}
+
+impl GrabAnswer {
+    fn outcome(&self) -> String {
+        match (&self.code, self.status) {
+            (_, 0) => "no answer".to_owned(),
+            (Some(code), status) => format!("{status} {code}"),
+            (None, status) => status.to_string(),
+        }
+    }
+}
+
+/// One buyer's grabs on its path, until an answer that retrying cannot change, or
+/// `attempts` requests: a 429, a 503 or no answer is sent again after `Retry-After`
+/// plus jitter, marked `X-Retry-Attempt: n`, as the sale page does.
+async fn grab_until_answered(
+    http: &reqwest::Client,
+    url: String,
+    token: &str,
+    attempts: u32,
+    released: Instant,
+) -> Vec<GrabAnswer> {
+    let mut answers = Vec::new();
+    for retry in 0..attempts.max(1) {
+        let mut request = http.post(&url).bearer_auth(token);
+        if retry > 0 {
+            request = request.header(RETRY_HEADER, retry.to_string());
+        }
+        let (status, retry_after, body) = match request.send().await {
+            Ok(response) => {
+                let status = response.status().as_u16();
+                let retry_after = response
+                    .headers()
+                    .get(reqwest::header::RETRY_AFTER)
+                    .and_then(|value| value.to_str().ok())
+                    .and_then(|value| value.trim().parse::<u64>().ok())
+                    .map(Duration::from_secs);
+                let body = response.json::<Value>().await.unwrap_or(Value::Null);
+                (status, retry_after, body)
+            }
+            Err(_) => (0, None, Value::Null),
+        };
+        let field = |name: &str| body.get(name).and_then(Value::as_str).map(str::to_owned);
+        answers.push(GrabAnswer {
+            at: released.elapsed(),
+            status,
+            code: field("error"),
+            order_id: field("order_id"),
+        });
+        if !matches!(status, 0 | 429 | 503) {
+            break;
+        }
+        if retry + 1 < attempts {
+            tokio::time::sleep(retry_delay(retry, retry_after)).await;
+        }
+    }
+    answers
+}
+
+/// The functions' metrics as the local stack serves them.
+async fn local_metrics(session: &Session) -> Option<Summary> {
+    let url = format!("{}/local/metrics", session.api.base_url());
+    let response = session.http.get(url).send().await.ok()?;
+    response.json::<Summary>().await.ok()
+}
+
+fn consumer_writes(before: &Summary, after: &Summary, sale_id: &str) -> ConsumerWrites {
+    let delta = |name: &str, labels: &[(&str, &str)]| {
+        let grown = after.counter(name, labels) - before.counter(name, labels);
+        // Counters, read as floats: whole and never negative.
+        grown.max(0.0).round() as u64
+    };
+    let conflicts = "transaction_conflicts_retried";
+    ConsumerWrites {
+        orders_opened: delta("orders_opened", &[("sale_id", sale_id)]),
+        open_conflicts: delta(conflicts, &[("operation", "dynamodb.open")]),
+        reserve_conflicts: delta(conflicts, &[("operation", "dynamodb.reserve")]),
+    }
+}
+
+async fn gateway_surge(
+    session: &Session,
+    stack: &BenchStack,
+    sizes: &ContentionSizes,
+    commit_time_ms: u64,
+) -> Result<GatewaySurge, ContentionError> {
+    let sale_id = session
+        .create_sale_on_shards(
+            &format!("surge{commit_time_ms}"),
+            sizes.stock,
+            PAYMENT_WINDOW_SECS,
+            Some(sizes.shards),
+        )
+        .await?;
+    let buyers = session
+        .buyers_with_paths(&sale_id, &format!("surge{commit_time_ms}"), sizes.buyers)
+        .await?;
+    let metrics_before = local_metrics(session).await;
+    let counts_before = stack.dynamodb.counts();
+    let released = Instant::now();
+    let base_url = session.api.base_url();
+    let per_buyer: Vec<Vec<GrabAnswer>> = stream::iter(&buyers)
+        .map(|(token, path)| {
+            grab_until_answered(
+                &session.http,
+                format!("{base_url}{path}"),
+                token,
+                sizes.grab_attempts,
+                released,
+            )
+        })
+        .buffer_unordered(sizes.concurrency.max(1))
+        .collect()
+        .await;
+    let surge = released.elapsed();
+    let surge_dynamodb = stack.dynamodb.counts().since(&counts_before);
+
+    let mut orders_by_buyer = Vec::new();
+    let mut reserved_at: Vec<(Duration, &str)> = Vec::new();
+    let mut final_outcomes = BTreeMap::new();
+    for answers in &per_buyer {
+        let orders: BTreeSet<&str> = answers
+            .iter()
+            .filter(|a| a.status == 202)
+            .filter_map(|a| a.order_id.as_deref())
+            .collect();
+        orders_by_buyer.push(orders.len());
+        for answer in answers.iter().filter(|a| a.status == 202) {
+            if let Some(order) = answer.order_id.as_deref() {
+                reserved_at.push((answer.at, order));
+            }
+        }
+        if let Some(last) = answers.last() {
+            *final_outcomes.entry(last.outcome()).or_default() += 1;
+        }
+    }
+    // Each order at its first 202 (a retry may answer it again).
+    reserved_at.sort();
+    let mut seen = BTreeSet::new();
+    reserved_at.retain(|(_, order)| seen.insert(*order));
+    let sold = reserved_at.len();
+    let sell_out = reserved_at
+        .get((sizes.stock as usize).saturating_sub(1))
+        .filter(|_| sizes.stock > 0)
+        .map(|(at, _)| *at);
+    let last_unit_at = reserved_at.last().map(|(at, _)| *at);
+    let all: Vec<&GrabAnswer> = per_buyer.iter().flatten().collect();
+    let is_sold_out = |a: &&GrabAnswer| a.code.as_deref() == Some("sold_out");
+    let count = |keep: &dyn Fn(&&GrabAnswer) -> bool| all.iter().filter(|a| keep(a)).count();
+
+    let (drained, final_stats) = wait_for_consumer(session, &sale_id, sizes.drain_timeout).await?;
+    let through_drain = released.elapsed();
+    let through_drain_dynamodb = stack.dynamodb.counts().since(&counts_before);
+    let metrics_after = local_metrics(session).await;
+    let consumer = metrics_before
+        .zip(metrics_after)
+        .map(|(before, after)| consumer_writes(&before, &after, &sale_id));
+    Ok(GatewaySurge {
+        sale_id,
+        buyers: buyers.len(),
+        sold,
+        buyers_with_two_orders: orders_by_buyer.iter().filter(|n| **n > 1).count(),
+        left: final_stats.get("available").and_then(Value::as_u64),
+        consistent: final_stats.get("consistent").and_then(Value::as_bool),
+        final_stats,
+        answers: all.len(),
+        unavailable: count(&|a| a.status == 503),
+        throttled: count(&|a| a.status == 429),
+        other_5xx: count(&|a| (500..600).contains(&a.status) && a.status != 503),
+        no_answer: count(&|a| a.status == 0),
+        told_sold_out: per_buyer
+            .iter()
+            .filter_map(|answers| answers.last())
+            .filter(|a| is_sold_out(a))
+            .count(),
+        sold_out_before_last_unit: count(&|a| {
+            is_sold_out(a) && last_unit_at.is_some_and(|last| a.at < last)
+        }),
+        final_outcomes,
+        sell_out,
+        surge,
+        surge_dynamodb,
+        through_drain,
+        drained,
+        through_drain_dynamodb,
+        consumer,
+    })
+}
+
+/// Waits until the consumer has opened every reserved unit of the sale (nothing left
+/// `reserved`), so that its writes are all in the count; answers whether it did in
+/// time, and the last stats read.
+async fn wait_for_consumer(
+    session: &Session,
+    sale_id: &str,
+    within: Duration,
+) -> Result<(bool, Value), ContentionError> {
+    let started = Instant::now();
+    loop {
+        let stats = session.api.stats(&session.admin, sale_id).await?;
+        expect_status(&stats, StatusCode::OK, "stats")?;
+        let reserved = stats.body.get("reserved").and_then(Value::as_u64);
+        if reserved == Some(0) {
+            return Ok((true, stats.body));
+        }
+        if started.elapsed() > within {
+            return Ok((false, stats.body));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// How a raw run goes.
+struct RawPlan {
+    workers: usize,
+    max_buyers: usize,
+    target: usize,
+    /// In every buyer's name.
+    tag: String,
+}
+
+/// What one raw buyer got.
+enum RawOutcome {
+    Reserved(Reservation),
+    SoldOut,
+    GaveUp,
+    Failed(String),
+}
+
+/// Reserve calls of a raw run, and their round trips.
+#[derive(Debug, Default)]
+struct RawTally {
+    attempts: u64,
+    contended: u64,
+    committed: u32,
+    committed_time: Duration,
+    attempt_time: Duration,
+}
+
+impl RawTally {
+    fn record(&mut self, round_trip: Duration, committed: bool, contended: bool) {
+        self.attempts += 1;
+        self.attempt_time += round_trip;
+        if committed {
+            self.committed += 1;
+            self.committed_time += round_trip;
+        }
+        if contended {
+            self.contended += 1;
+        }
+    }
+}
+
+fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The textbook buyer: the shards in the buyer's order, the next one on `ShardEmpty`,
+/// the same one again on `Contended` after a full-jitter pause, giving up after
+/// `TEXTBOOK_RETRY.attempts` tries of one shard.
+async fn textbook_buyer(
+    store: &DynamoStore,
+    sale: &Sale,
+    user: UserId,
+    tally: &Mutex<RawTally>,
+) -> RawOutcome {
+    let now = Utc::now();
+    let mut reservation = Reservation {
+        order_id: OrderId::new(sale.sale_id.clone()),
+        sale_id: sale.sale_id.clone(),
+        user_id: user,
+        shard: 0,
+        created_at: now,
+        expires_at: sale.payment_deadline(now),
+    };
+    let shards: Vec<u16> = sale.shard_order(&reservation.user_id).collect();
+    for shard in shards {
+        reservation.shard = shard;
+        let mut attempt = 1;
+        loop {
+            let sent = Instant::now();
+            let answer = store.reserve(sale, shard, &reservation).await;
+            let round_trip = sent.elapsed();
+            let contended = matches!(answer, Ok(Err(ReserveRefusal::Contended)));
+            locked(tally).record(round_trip, matches!(answer, Ok(Ok(()))), contended);
+            match answer {
+                Ok(Ok(())) => return RawOutcome::Reserved(reservation),
+                Ok(Err(ReserveRefusal::ShardEmpty)) => break,
+                Ok(Err(ReserveRefusal::Contended)) if attempt < TEXTBOOK_RETRY.attempts => {
+                    tokio::time::sleep(TEXTBOOK_RETRY.pause(attempt)).await;
+                    attempt += 1;
+                }
+                Ok(Err(ReserveRefusal::Contended)) => return RawOutcome::GaveUp,
+                Ok(Err(refusal)) => return RawOutcome::Failed(format!("{refusal:?}")),
+                Err(error) => return RawOutcome::Failed(error.to_string()),
+            }
+        }
+    }
+    RawOutcome::SoldOut
+}
+
+/// Raw buyers on `workers` tasks, each a new user, until `target` units are reserved
+/// (no new buyer starts after that: the measure is the time to the target) or
+/// `max_buyers` have tried. Answers the run and the reservations made.
+async fn raw_run(
+    raw: &RawTarget,
+    proxy: &Proxy,
+    sale: Sale,
+    plan: RawPlan,
+) -> (RawRun, Vec<Reservation>) {
+    #[derive(Default)]
+    struct Shared {
+        next: AtomicUsize,
+        reserved: AtomicUsize,
+        reached: OnceLock<Duration>,
+        tally: Mutex<RawTally>,
+        held: Mutex<Vec<Reservation>>,
+        sold_out: AtomicUsize,
+        gave_up: AtomicUsize,
+        failed: AtomicUsize,
+        first_failure: OnceLock<String>,
+    }
+    let shared = Arc::new(Shared::default());
+    let sale = Arc::new(sale);
+    let plan = Arc::new(plan);
+    let counts_before = proxy.counts();
+    let started = Instant::now();
+    let workers: Vec<_> = (0..plan.workers.max(1))
+        .map(|_| {
+            let (shared, sale, plan) = (shared.clone(), sale.clone(), plan.clone());
+            let store = raw.store.clone();
+            tokio::spawn(async move {
+                while shared.reserved.load(Ordering::SeqCst) < plan.target {
+                    let index = shared.next.fetch_add(1, Ordering::SeqCst);
+                    if index >= plan.max_buyers {
+                        break;
+                    }
+                    let user = match UserId::parse(format!("bench-{}-{index}", plan.tag)) {
+                        Ok(user) => user,
+                        Err(error) => {
+                            shared.failed.fetch_add(1, Ordering::SeqCst);
+                            let _ = shared.first_failure.set(error.to_string());
+                            continue;
+                        }
+                    };
+                    match textbook_buyer(&store, &sale, user, &shared.tally).await {
+                        RawOutcome::Reserved(reservation) => {
+                            locked(&shared.held).push(reservation);
+                            let reserved = shared.reserved.fetch_add(1, Ordering::SeqCst) + 1;
+                            if reserved == plan.target {
+                                let _ = shared.reached.set(started.elapsed());
+                            }
+                        }
+                        RawOutcome::SoldOut => {
+                            shared.sold_out.fetch_add(1, Ordering::SeqCst);
+                        }
+                        RawOutcome::GaveUp => {
+                            shared.gave_up.fetch_add(1, Ordering::SeqCst);
+                        }
+                        RawOutcome::Failed(why) => {
+                            shared.failed.fetch_add(1, Ordering::SeqCst);
+                            let _ = shared.first_failure.set(why);
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        if let Err(error) = worker.await {
+            shared.failed.fetch_add(1, Ordering::SeqCst);
+            let _ = shared
+                .first_failure
+                .set(format!("a raw buyer's task: {error}"));
+        }
+    }
+    let elapsed = started.elapsed();
+    let dynamodb = proxy.counts().since(&counts_before);
+    let tally = std::mem::take(&mut *locked(&shared.tally));
+    let held = std::mem::take(&mut *locked(&shared.held));
+    let mean = |total: Duration, n: u64| (n > 0).then(|| total.div_f64(n as f64));
+    let run = RawRun {
+        sale_id: sale.sale_id.to_string(),
+        stock: sale.stock_total,
+        shards: sale.shards,
+        workers: plan.workers,
+        target: plan.target,
+        buyers_started: shared.next.load(Ordering::SeqCst).min(plan.max_buyers),
+        reserved: held.len(),
+        sold_out: shared.sold_out.load(Ordering::SeqCst),
+        gave_up: shared.gave_up.load(Ordering::SeqCst),
+        failed: shared.failed.load(Ordering::SeqCst),
+        first_failure: shared.first_failure.get().cloned(),
+        target_reached_after: shared.reached.get().copied(),
+        elapsed,
+        attempts: tally.attempts,
+        contended: tally.contended,
+        committed_round_trip: mean(tally.committed_time, u64::from(tally.committed)),
+        attempt_round_trip: mean(tally.attempt_time, tally.attempts),
+        dynamodb,
+    };
+    (run, held)
+}
+
+/// Opens the raw client's reservations as the consumer would (outside every counted
+/// window, conflict mode off): left `reserved`, the reconciler would send each of them
+/// to the consumer a minute later, whose writes would then land in a later window.
+async fn open_raw_holds(raw: &RawTarget, held: Vec<Reservation>) {
+    let failed = stream::iter(held)
+        .map(|reservation| {
+            let store = raw.store.clone();
+            async move { store.open(&reservation).await }
+        })
+        .buffer_unordered(8)
+        .filter(|opened| {
+            let failed = !matches!(opened, Ok(OpenOutcome::AwaitingPayment));
+            async move { failed }
+        })
+        .count()
+        .await;
+    if failed > 0 {
+        tracing::warn!(
+            failed,
+            "raw reservations not opened; the reconciler will send them on"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn textbook_pauses_stay_under_a_doubling_ceiling_capped_at_200_ms() {
+        for retry in 1..12 {
+            let ceiling = Duration::from_millis(5 * (1 << (retry - 1))).min(TEXTBOOK_RETRY.cap);
+            for _ in 0..50 {
+                assert!(TEXTBOOK_RETRY.pause(retry) <= ceiling);
+            }
+        }
+    }
+
+    fn counts(pairs: &[(&str, u64, u64)]) -> Counts {
+        let mut counts = Counts::default();
+        for (operation, total, conflicts) in pairs {
+            let entry = counts
+                .operations
+                .entry(format!("{DYNAMODB}{operation}"))
+                .or_default();
+            entry.total = *total;
+            entry.conflicts = *conflicts;
+        }
+        counts
+    }
+
+    #[test]
+    fn writes_count_every_write_operation_refused_or_not_and_no_read() {
+        let counts = counts(&[
+            ("TransactWriteItems", 250, 40),
+            ("PutItem", 3, 0),
+            ("UpdateItem", 2, 1),
+            ("GetItem", 900, 0),
+            ("Query", 12, 0),
+        ]);
+        assert_eq!(writes(&counts), 255);
+        assert_eq!(transactions(&counts), (250, 40));
+    }
+}
