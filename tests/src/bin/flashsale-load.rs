@@ -15,7 +15,9 @@ use std::time::Duration;
 use chrono::Utc;
 use clap::{Args, Parser, Subcommand};
 use flashsale_e2e::ApiClient;
-use flashsale_e2e::load::model::{self, Arrival, Calls, Prices, Quotas, Scenario, Work};
+use flashsale_e2e::load::model::{
+    self, Arrival, Calls, Contention, Prices, Quotas, Scenario, Work,
+};
 use flashsale_e2e::load::report::RunConfig;
 use flashsale_e2e::load::tokens::{TokenFile, TokenSource};
 use flashsale_e2e::load::{self, LoadRun, Outputs, audit};
@@ -132,6 +134,8 @@ struct ModelArgs {
     quotas: Quotas,
     #[command(flatten)]
     work: Work,
+    #[command(flatten)]
+    contention: Contention,
 }
 
 #[tokio::main]
@@ -285,6 +289,7 @@ fn run_model(args: ModelArgs) -> Result<bool, Box<dyn std::error::Error>> {
         calls,
         quotas: args.quotas,
         work: args.work,
+        contention: args.contention,
         prices: Prices::default(),
     };
     let outcome = model::run(&scenario);

@@ -2,8 +2,11 @@
 //! layers (CDN, API Gateway, Lambda, DynamoDB, SQS FIFO, EventBridge Scheduler), each
 //! layer admits what its quota allows, and the model reports demand against quota,
 //! the first bottleneck, the time to sell out, the share throttled at each layer and
-//! the cost per sale. No network: it is arithmetic on quotas, prices and the calls per
-//! request that `make bench` counts. docs/capacity.md states the sources.
+//! the cost per sale. A stock shard admits one transaction at a time (DynamoDB cancels
+//! the others with TransactionConflict, and bills them), so what a shard sells and what
+//! its cancelled attempts cost come from the commit time, not only from the key's WCU.
+//! No network: it is arithmetic on quotas, prices and the calls per request that
+//! `make bench` counts. docs/capacity.md states the sources.
 
 use std::fmt::Write as _;
 
@@ -245,6 +248,163 @@ impl Default for Work {
     }
 }
 
+/// How a stock shard takes the grab's transactions. While a TransactWriteItems is in
+/// flight on an item, DynamoDB cancels every other transaction touching that item
+/// (TransactionConflict), and a cancelled attempt is billed like one that committed.
+/// Defaults: the design's guesses until `make bench`'s per-shard curve replaces them.
+#[derive(Debug, Clone, PartialEq, Serialize, clap::Args)]
+pub struct Contention {
+    /// How long DynamoDB holds a transaction's items while it commits, ms.
+    #[arg(long, default_value_t = 15.0)]
+    pub commit_time_ms: f64,
+    /// The grab's round trip to DynamoDB for one transaction, ms: the rest of the time
+    /// a shard is held, and what each cancelled attempt costs the grab.
+    #[arg(long, default_value_t = 10.0)]
+    pub transaction_rtt_ms: f64,
+    /// Reservations/s one shard admits, measured; replaces 1000 / (commit + round trip).
+    #[arg(long)]
+    pub shard_rate: Option<f64>,
+    /// Cancelled attempts per reservation, measured; replaces the Erlang-loss estimate
+    /// u / (1 - u) at the shards' utilisation u.
+    #[arg(long)]
+    pub cancelled_per_reservation: Option<f64>,
+    /// Walks over the contended shards one grab makes (grab ContentionPolicy max_walks).
+    #[arg(long, default_value_t = 6.0)]
+    pub grab_walks: f64,
+    /// A grab starts no reserve after this long (grab ContentionPolicy budget), ms.
+    #[arg(long, default_value_t = 2_500.0)]
+    pub grab_budget_ms: f64,
+}
+
+impl Default for Contention {
+    fn default() -> Self {
+        Self {
+            commit_time_ms: 15.0,
+            transaction_rtt_ms: 10.0,
+            shard_rate: None,
+            cancelled_per_reservation: None,
+            grab_walks: 6.0,
+            grab_budget_ms: 2_500.0,
+        }
+    }
+}
+
+/// What one stock shard sustains, in reservations/s.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct ShardRates {
+    /// One transaction per commit time + round trip (or `--shard-rate`): the rate the
+    /// conflict rule allows, approached only as cancelled attempts grow without bound.
+    pub conflict_rate: f64,
+    /// The most whose writes, cancelled attempts included, fit the key's WCU.
+    pub wcu_rate: f64,
+    /// The most before the average grab would spend its whole attempt budget.
+    pub budget_rate: f64,
+    /// The least of the three: what the model lets one shard sell.
+    pub shard_rate: f64,
+}
+
+/// The stock shards of a scenario under contention.
+#[derive(Debug, Clone, Copy)]
+struct Shards {
+    count: f64,
+    /// Reservations/s the conflict rule allows one shard.
+    conflict_rate: f64,
+    /// Reserve transactions per reservation on its shard.
+    transactions: f64,
+    partition_wcu: f64,
+    measured_cancelled: Option<f64>,
+    /// Attempts one grab makes at most: a walk over every shard per walk, and no more
+    /// than its time budget holds round trips.
+    attempt_budget: f64,
+    rtt_ms: f64,
+}
+
+impl Shards {
+    fn new(scenario: &Scenario) -> Self {
+        let k = &scenario.contention;
+        let count = scenario.shards.max(1.0);
+        let transactions = scenario
+            .calls
+            .success_dynamodb_transactions
+            .max(f64::EPSILON);
+        let conflict_rate = k.shard_rate.unwrap_or_else(|| {
+            1000.0 / (k.commit_time_ms + k.transaction_rtt_ms).max(f64::EPSILON) / transactions
+        });
+        let attempt_budget = (k.grab_walks.max(1.0) * count)
+            .min(k.grab_budget_ms / k.transaction_rtt_ms.max(f64::EPSILON))
+            .max(1.0);
+        Self {
+            count,
+            conflict_rate,
+            transactions,
+            partition_wcu: scenario.quotas.partition_wcu,
+            measured_cancelled: k.cancelled_per_reservation,
+            attempt_budget,
+            rtt_ms: k.transaction_rtt_ms,
+        }
+    }
+
+    /// The utilisation at which the average reservation's cancelled attempts use up a
+    /// grab's budget: u / (1 - u) = budget - 1. A measured count has no such bound.
+    fn max_utilisation(&self) -> f64 {
+        match self.measured_cancelled {
+            Some(_) => 1.0,
+            None => (self.attempt_budget - 1.0) / self.attempt_budget,
+        }
+    }
+
+    /// Cancelled attempts per reservation while each shard sells `rate` reservations/s.
+    /// Erlang loss (M/M/1/1): offered attempts `a` on a shard serving `mu` are admitted
+    /// a / (1 + a/mu); the grab re-offers every cancelled attempt (on its next shard), so
+    /// `a` grows until the admitted rate is `rate`: a = rate / (1 - u), u = rate / mu,
+    /// and the cancelled share per reservation is u / (1 - u).
+    fn cancelled_per_reservation(&self, rate: f64) -> f64 {
+        self.measured_cancelled.unwrap_or_else(|| {
+            let u = (rate / self.conflict_rate).clamp(0.0, self.max_utilisation());
+            self.transactions * u / (1.0 - u)
+        })
+    }
+
+    fn rates(&self) -> ShardRates {
+        let budget_rate = self.conflict_rate * self.max_utilisation();
+        let wcu_rate = match self.measured_cancelled {
+            Some(cancelled) => {
+                self.partition_wcu / (TRANSACTIONAL_WCU_PER_ITEM * (self.transactions + cancelled))
+            }
+            // 2 tx rate / (1 - rate/mu) <= P  <=>  rate <= 1 / (2 tx / P + 1 / mu).
+            None => {
+                1.0 / (TRANSACTIONAL_WCU_PER_ITEM * self.transactions / self.partition_wcu
+                    + 1.0 / self.conflict_rate)
+            }
+        };
+        ShardRates {
+            conflict_rate: self.conflict_rate,
+            wcu_rate,
+            budget_rate,
+            shard_rate: self.conflict_rate.min(wcu_rate).min(budget_rate),
+        }
+    }
+}
+
+/// The largest rate R no more than `ceiling` with R x cost(R) <= quota, for a cost per
+/// reservation that grows with R (cancelled attempts do); above `ceiling` the shards
+/// sell no more, so the cost stops growing and the layer's own rate is quota / cost.
+fn sustainable(quota: f64, ceiling: f64, cost: impl Fn(f64) -> f64) -> f64 {
+    if ceiling * cost(ceiling) <= quota {
+        return quota / cost(ceiling);
+    }
+    let (mut low, mut high) = (0.0, ceiling);
+    for _ in 0..200 {
+        let middle = 0.5 * (low + high);
+        if middle * cost(middle) <= quota {
+            low = middle;
+        } else {
+            high = middle;
+        }
+    }
+    low
+}
+
 /// On-demand prices, USD, us-east-1 (docs/capacity.md gives the date and pages).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Prices {
@@ -288,6 +448,7 @@ pub struct Scenario {
     pub calls: Calls,
     pub quotas: Quotas,
     pub work: Work,
+    pub contention: Contention,
     pub prices: Prices,
 }
 
@@ -298,6 +459,11 @@ const GRAB_ITEMS: f64 = 2.0;
 /// A reservation also writes the buyer's item into the stats index (gsi1), a
 /// non-transactional 1 WCU write on one of K bucket partitions.
 const GSI_WCU_PER_RESERVATION: f64 = 1.0;
+/// An eventually consistent read of an item of up to 4 KB (the page's availability and
+/// the gate's recheck read every shard so).
+const EVENTUAL_RCU_PER_ITEM: f64 = 0.5;
+/// Keys per BatchGetItem: a read of every shard takes K / 100 calls, one after another.
+const BATCH_GET_KEYS: f64 = 100.0;
 /// The release transaction: order, hold, shard.
 const RELEASE_ITEMS: f64 = 3.0;
 /// Pay: hold and order.
@@ -413,6 +579,21 @@ pub struct Outcome {
     /// Reservations/s each layer can sustain, and the least of them.
     pub capacity: Vec<(String, f64)>,
     pub design_capacity: f64,
+    /// What one stock shard sustains, and the cancelled attempts per reservation when
+    /// the sale runs at the design capacity.
+    pub shard_rates: ShardRates,
+    pub design_cancelled_per_reservation: f64,
+    /// Reserve attempts DynamoDB cancelled for a conflict (billed), in all and per unit
+    /// sold.
+    pub cancelled_attempts: f64,
+    pub cancelled_per_reservation: f64,
+    /// Grabs whose attempts were all cancelled until their budget ran out (503; the
+    /// buyer retries).
+    pub outlasted_grabs: f64,
+    /// The sold-out gate's cost: failed transactions while the instances learned the
+    /// shards were empty, and BatchGetItem calls of its rechecks (K / 100 each).
+    pub gate_probes: f64,
+    pub gate_batch_gets: f64,
     pub cost: Cost,
     pub cost_per_sale: f64,
     /// Orders per second the consumer turns into awaiting payment, and the time it
@@ -422,33 +603,51 @@ pub struct Outcome {
 }
 
 /// Sustainable reservations/s per layer for a scenario's quotas and shard count: the
-/// design capacity is the least of them.
+/// design capacity is the least of them. Layers whose cost per reservation includes
+/// cancelled attempts (the shard keys, the table, the grab's duration) are evaluated at
+/// the rate they would carry, since more reservations per shard mean more conflicts.
 pub fn capacity(scenario: &Scenario) -> Vec<(String, f64)> {
     let q = &scenario.quotas;
     let w = &scenario.work;
     let c = &scenario.calls;
+    let shards = Shards::new(scenario);
+    let rates = shards.rates();
+    let ceiling = shards.count * rates.shard_rate;
+    let per_shard = |rate: f64| rate / shards.count;
     let concurrency = grab_concurrency_cap(q);
-    let per_reservation_secs = (w.token_ms + w.grab_success_ms) / 1000.0;
-    let shard_wcu = TRANSACTIONAL_WCU_PER_ITEM * c.success_dynamodb_transactions.max(f64::EPSILON);
-    let table_wcu = c.success_dynamodb_transactions * GRAB_ITEMS * TRANSACTIONAL_WCU_PER_ITEM
-        + GSI_WCU_PER_RESERVATION;
+    // A cancelled attempt costs the grab a round trip before it tries the next shard.
+    let grab_secs = |rate: f64| {
+        (w.token_ms
+            + w.grab_success_ms
+            + shards.cancelled_per_reservation(per_shard(rate)) * shards.rtt_ms)
+            / 1000.0
+    };
+    // Every attempt bills both items, committed or cancelled; the index only commits.
+    let table_wcu = |rate: f64| {
+        (shards.transactions + shards.cancelled_per_reservation(per_shard(rate)))
+            * GRAB_ITEMS
+            * TRANSACTIONAL_WCU_PER_ITEM
+            + GSI_WCU_PER_RESERVATION
+    };
     vec![
         // Each reservation is one request on the token route and one on the grab route.
         ("api_gateway_route".to_owned(), q.grab_route_rps),
         ("api_gateway_account".to_owned(), q.account_rps / 2.0),
         (
             "lambda_grab_concurrency".to_owned(),
-            concurrency / per_reservation_secs,
+            sustainable(concurrency, ceiling, grab_secs),
         ),
-        (
-            "dynamodb_shard_partitions".to_owned(),
-            scenario.shards * q.partition_wcu / shard_wcu,
-        ),
+        // K x the least of: one transaction per commit + round trip, the key's WCU with
+        // the cancelled attempts, the grab's attempt budget.
+        ("dynamodb_shard_keys".to_owned(), ceiling),
         (
             "dynamodb_gsi_bucket_partitions".to_owned(),
-            scenario.shards * q.partition_wcu / GSI_WCU_PER_RESERVATION,
+            shards.count * q.partition_wcu / GSI_WCU_PER_RESERVATION,
         ),
-        ("dynamodb_table".to_owned(), q.table_wru / table_wcu),
+        (
+            "dynamodb_table".to_owned(),
+            sustainable(q.table_wru, ceiling, table_wcu),
+        ),
         (
             "sqs_fifo_send".to_owned(),
             q.sqs_send_tps / c.success_sqs_sends.max(f64::EPSILON),
@@ -465,13 +664,61 @@ fn grab_concurrency_cap(q: &Quotas) -> f64 {
     }
 }
 
+/// What one second's grabs do on the shards.
+#[derive(Debug, Clone, Copy, Default)]
+struct Selling {
+    sold: f64,
+    /// Grabs whose every attempt was cancelled until their budget ran out (503): they
+    /// come back the next second.
+    outlasted: f64,
+    /// Grabs that came after the stock ran out.
+    rejections: f64,
+    /// Cancelled attempts, of the grabs that reserved and of those that outlasted.
+    cancelled: f64,
+    /// Reservations/s while stock lasted.
+    rate: f64,
+}
+
+/// The grabs arrive evenly through the second; while stock lasts the shards sell up to
+/// K x shard rate of them per second, each reservation after its cancelled attempts, and
+/// the grabs beyond that spend their whole attempt budget on cancelled attempts.
+fn sell(stock: &Shards, shard_rate: f64, remaining: f64, grabs: f64) -> Selling {
+    if grabs <= 0.0 || remaining <= 1e-9 {
+        return Selling {
+            rejections: grabs.max(0.0),
+            ..Selling::default()
+        };
+    }
+    let rate = grabs.min(stock.count * shard_rate);
+    if rate <= 0.0 {
+        return Selling {
+            outlasted: grabs,
+            cancelled: grabs * stock.attempt_budget,
+            ..Selling::default()
+        };
+    }
+    let selling_secs = (remaining / rate).min(1.0);
+    let sold = rate * selling_secs;
+    let outlasted = (grabs - rate) * selling_secs;
+    Selling {
+        sold,
+        outlasted,
+        rejections: grabs * (1.0 - selling_secs),
+        cancelled: sold * stock.cancelled_per_reservation(rate / stock.count)
+            + outlasted * stock.attempt_budget,
+        rate,
+    }
+}
+
 /// Runs the model.
 #[allow(clippy::too_many_lines)] // one pass over the layers, in the buyers' order
 pub fn run(scenario: &Scenario) -> Outcome {
     let q = &scenario.quotas;
     let w = &scenario.work;
     let c = &scenario.calls;
-    let shards = scenario.shards.max(1.0);
+    let stock = Shards::new(scenario);
+    let rates = stock.rates();
+    let shards = stock.count;
 
     let mut cdn = Layer::new("cdn_page_and_status", 0.0, "requests/s to the origin");
     let mut route = Layer::new(
@@ -495,6 +742,11 @@ pub fn run(scenario: &Scenario) -> Outcome {
         q.partition_wcu,
         "WCU/s on one bucket key",
     );
+    let mut reads = Layer::new(
+        "dynamodb_shard_reads",
+        q.partition_rcu,
+        "RCU/s on one shard key",
+    );
     let mut table = Layer::new("dynamodb_table", q.table_wru, "WRU/s");
     let mut sqs = Layer::new("sqs_fifo_send", q.sqs_send_tps, "SendMessage/s");
 
@@ -507,6 +759,13 @@ pub fn run(scenario: &Scenario) -> Outcome {
     let mut backlog = 0.0;
     let mut sell_out_at: Option<f64> = None;
     let mut totals = Totals::default();
+    let mut peak_instances: f64 = 0.0;
+    // Failed transactions the instances sent to learn the shards were empty.
+    let mut probed = 0.0;
+    let mut gate_probes = 0.0;
+    let mut gate_rechecks = 0.0;
+    let mut cancelled_attempts = 0.0;
+    let mut outlasted_grabs = 0.0;
     let mut second = 0;
     loop {
         #[allow(clippy::cast_precision_loss)]
@@ -549,11 +808,13 @@ pub fn run(scenario: &Scenario) -> Outcome {
         totals.gateway_requests += through;
 
         // Lambda: concurrency = rate x duration (Little's law), capped by reserved
-        // concurrency, the account and how fast Lambda adds environments.
-        let would_sell = remaining.min(grabs);
+        // concurrency, the account and how fast Lambda adds environments. A grab's
+        // duration grows by a round trip per cancelled attempt.
+        let selling = sell(&stock, rates.shard_rate, remaining, grabs);
         let concurrency = (tokens * w.token_ms
-            + would_sell * w.grab_success_ms
-            + (grabs - would_sell) * w.grab_rejection_ms)
+            + selling.sold * w.grab_success_ms
+            + selling.cancelled * stock.rtt_ms
+            + selling.rejections * w.grab_rejection_ms)
             / 1000.0;
         let scaling_cap = q.grab_provisioned_concurrency
             + q.lambda_scaling_per_10s * (1.0 + (now / 10.0).floor());
@@ -563,47 +824,77 @@ pub fn run(scenario: &Scenario) -> Outcome {
         } else {
             1.0
         };
-        lambda.observe(second, concurrency, (tokens + grabs) * (1.0 - run_share));
+        // In the layer's unit, concurrency, so that its throttled share is a share.
+        lambda.observe(second, concurrency, concurrency - concurrency.min(cap));
         tokens *= run_share;
         grabs *= run_share;
         let instances = concurrency.min(cap);
+        peak_instances = peak_instances.max(instances);
         totals.grab_invocations += tokens + grabs;
-        totals.grab_gb_seconds += concurrency.min(cap) * w.grab_memory_mb / 1024.0;
+        totals.grab_gb_seconds += instances * w.grab_memory_mb / 1024.0;
 
-        // DynamoDB: each reservation writes its shard (2 WCU) and, once sold out, each
-        // grab instance probes every shard once per recheck interval (a failed
-        // condition still costs the write).
-        let shard_tx_cap = shards * q.partition_wcu
-            / (TRANSACTIONAL_WCU_PER_ITEM * c.success_dynamodb_transactions.max(f64::EPSILON));
-        let wanted = remaining.min(grabs);
-        let sold_now = wanted.min(shard_tx_cap);
-        let rejections = grabs - wanted;
+        // DynamoDB: the grabs that ran, on the shards (every attempt, cancelled or not,
+        // writes 2 WCU on its shard key). Once sold out, each grab instance learns that
+        // shards are empty from failed transactions (a failed condition still costs the
+        // write), then rechecks with one read of every shard per interval.
+        let selling = sell(&stock, rates.shard_rate, remaining, grabs);
+        let sold_now = selling.sold;
+        let rejections = selling.rejections;
         let sold_out_after = remaining - sold_now <= 1e-9;
+        // Every environment the sale warmed learns, one shard per round trip, and only
+        // until its first mark goes stale: then its recheck read marks every empty shard
+        // at once. A probe per round trip fits the environments that already exist.
+        let probes_per_instance_second = 1000.0 / stock.rtt_ms.max(f64::EPSILON);
+        let probes_per_instance =
+            shards.min((q.gate_recheck_secs * probes_per_instance_second).max(1.0));
         let probes = if sold_out_after && rejections > 0.0 {
-            (rejections * shards).min(instances * shards / q.gate_recheck_secs)
+            let unlearned = (peak_instances * probes_per_instance - probed).max(0.0);
+            unlearned
+                .min(rejections * shards.min(stock.attempt_budget))
+                .min(peak_instances * probes_per_instance_second)
         } else {
             0.0
         };
-        let shard_wcu_demand = TRANSACTIONAL_WCU_PER_ITEM
-            * (wanted * c.success_dynamodb_transactions + probes)
+        probed += probes;
+        totals.grab_gb_seconds += probes * stock.rtt_ms / 1000.0 * w.grab_memory_mb / 1024.0;
+        let rechecks = if sell_out_at.is_some() && rejections > 0.0 {
+            rejections.min(instances / q.gate_recheck_secs)
+        } else {
+            0.0
+        };
+        gate_rechecks += rechecks;
+        let key_wcu = TRANSACTIONAL_WCU_PER_ITEM
+            * (sold_now * stock.transactions + selling.cancelled + probes)
             / shards;
-        shard.observe(
-            second,
-            shard_wcu_demand,
-            (shard_wcu_demand - q.partition_wcu).max(0.0),
-        );
+        shard.observe(second, key_wcu, (key_wcu - q.partition_wcu).max(0.0));
+        // Attempts the key throttles are refused unbilled.
+        let through = if key_wcu > q.partition_wcu {
+            q.partition_wcu / key_wcu
+        } else {
+            1.0
+        };
+        cancelled_attempts += selling.cancelled * through;
+        outlasted_grabs += selling.outlasted;
+        gate_probes += probes * through;
+        // The page's origin reads and the rechecks read every shard, eventually
+        // consistent: half a read unit per item.
+        let shard_reads = origin + rechecks;
+        let key_rcu = shard_reads * EVENTUAL_RCU_PER_ITEM;
+        reads.observe(second, key_rcu, (key_rcu - q.partition_rcu).max(0.0));
         let gsi_demand = sold_now * GSI_WCU_PER_RESERVATION / shards;
         gsi.observe(second, gsi_demand, (gsi_demand - q.partition_wcu).max(0.0));
-        let write_units =
-            sold_now * c.success_dynamodb_transactions * GRAB_ITEMS * TRANSACTIONAL_WCU_PER_ITEM
-                + sold_now * GSI_WCU_PER_RESERVATION
-                + (probes + rejections * c.rejection_dynamodb_transactions)
-                    * GRAB_ITEMS
-                    * TRANSACTIONAL_WCU_PER_ITEM;
+        let write_units = sold_now
+            * (stock.transactions * GRAB_ITEMS * TRANSACTIONAL_WCU_PER_ITEM
+                + GSI_WCU_PER_RESERVATION)
+            + ((selling.cancelled + probes) * through
+                + rejections * c.rejection_dynamodb_transactions)
+                * GRAB_ITEMS
+                * TRANSACTIONAL_WCU_PER_ITEM;
         table.observe(second, write_units, (write_units - q.table_wru).max(0.0));
         totals.write_units += write_units;
-        totals.read_units +=
-            rejections * c.rejection_dynamodb_reads + tokens * c.token_dynamodb_reads;
+        totals.read_units += rejections * c.rejection_dynamodb_reads
+            + tokens * c.token_dynamodb_reads
+            + shard_reads * shards * EVENTUAL_RCU_PER_ITEM;
 
         // SQS FIFO: one message per reservation.
         let sends = sold_now * c.success_sqs_sends;
@@ -613,8 +904,7 @@ pub fn run(scenario: &Scenario) -> Outcome {
         if sold_now > 0.0 && sold_out_after && sell_out_at.is_none() {
             // Grabs arrive through the second at the rate the layers pass them; the
             // last unit goes to the `remaining`-th of them.
-            let selling_rate = grabs.min(shard_tx_cap);
-            sell_out_at = Some(now + (remaining / selling_rate).min(1.0));
+            sell_out_at = Some(now + (remaining / selling.rate).min(1.0));
         }
         remaining = (remaining - sold_now).max(0.0);
         // Who did not get an answer comes back next second; sold-out answers leave.
@@ -665,7 +955,7 @@ pub fn run(scenario: &Scenario) -> Outcome {
     );
 
     let layers = vec![
-        cdn, route, account, lambda, shard, gsi, table, sqs, scheduler, timers,
+        cdn, route, account, lambda, shard, reads, gsi, table, sqs, scheduler, timers,
     ];
     let first_bottleneck = layers
         .iter()
@@ -679,6 +969,8 @@ pub fn run(scenario: &Scenario) -> Outcome {
         .fold(f64::INFINITY, f64::min);
     let cost = totals.cost(&scenario.prices);
     let cost_per_sale = if sold > 0.0 { cost.total() / sold } else { 0.0 };
+    let design_cancelled_per_reservation =
+        stock.cancelled_per_reservation(design_capacity.min(shards * rates.shard_rate) / shards);
     Outcome {
         sold,
         sell_out_secs: sell_out_at,
@@ -687,6 +979,17 @@ pub fn run(scenario: &Scenario) -> Outcome {
         first_bottleneck,
         capacity,
         design_capacity,
+        shard_rates: rates,
+        design_cancelled_per_reservation,
+        cancelled_attempts,
+        cancelled_per_reservation: if sold > 0.0 {
+            cancelled_attempts / sold
+        } else {
+            0.0
+        },
+        outlasted_grabs,
+        gate_probes,
+        gate_batch_gets: gate_rechecks * (shards / BATCH_GET_KEYS).ceil(),
         cost,
         cost_per_sale,
         consumer_orders_per_sec,
@@ -813,6 +1116,39 @@ pub fn render(scenario: &Scenario, outcome: &Outcome) -> String {
         "orders: the consumer makes {:.0}/s, so the sale's orders wait up to {:.1} s",
         outcome.consumer_orders_per_sec, outcome.consumer_drain_secs
     );
+    let rates = &outcome.shard_rates;
+    let k = &scenario.contention;
+    let conflict_source = if k.shard_rate.is_some() {
+        "measured".to_owned()
+    } else {
+        format!(
+            "one transaction per {} + {} ms",
+            k.commit_time_ms, k.transaction_rtt_ms
+        )
+    };
+    let _ = writeln!(
+        out,
+        "stock shard: {:.1} reservations/s (the least of: conflicts {:.1}/s, {conflict_source}; the key's WCU with the cancelled attempts {:.1}/s; the grab's attempt budget {:.1}/s)",
+        rates.shard_rate, rates.conflict_rate, rates.wcu_rate, rates.budget_rate
+    );
+    let _ = writeln!(
+        out,
+        "cancelled attempts (billed): {:.0}, {:.2} per unit sold; {:.2} per reservation at the design capacity{}; {:.0} grabs outlasted their attempt budget (503)",
+        outcome.cancelled_attempts,
+        outcome.cancelled_per_reservation,
+        outcome.design_cancelled_per_reservation,
+        if k.cancelled_per_reservation.is_some() {
+            " (measured)"
+        } else {
+            ""
+        },
+        outcome.outlasted_grabs
+    );
+    let _ = writeln!(
+        out,
+        "sold-out gate: {:.0} failed probes while instances learned the shards were empty, {:.0} BatchGetItem calls rechecking",
+        outcome.gate_probes, outcome.gate_batch_gets
+    );
     let _ = writeln!(out, "\nreservations/s each layer sustains:");
     for (layer, rate) in &outcome.capacity {
         let _ = writeln!(out, "  {layer:<32} {rate:>12.0}");
@@ -853,6 +1189,7 @@ mod tests {
             calls: Calls::default(),
             quotas: Quotas::default(),
             work: Work::default(),
+            contention: Contention::default(),
             prices: Prices::default(),
         }
     }
@@ -930,9 +1267,92 @@ mod tests {
         );
     }
 
-    /// Capacity per layer, by hand: 64 shards x 1,000 WCU / 2 WCU = 32,000/s; the
-    /// bucket index 64 x 1,000 = 64,000/s; the table 40,000 / (2 x 2 + 1) = 8,000/s;
-    /// Lambda 100 / 0.030 s = 3,333/s; the route 300/s is the least.
+    /// The smaller root of a2 u^2 + a1 u + a0 = 0 in [0, 1): the utilisation at which a
+    /// layer whose cost grows with the cancelled attempts reaches its quota, solved by
+    /// hand rather than by the model's bisection.
+    fn utilisation_at_quota(a2: f64, a1: f64, a0: f64) -> f64 {
+        let discriminant = (a1 * a1 - 4.0 * a2 * a0).sqrt();
+        [
+            (-a1 + discriminant) / (2.0 * a2),
+            (-a1 - discriminant) / (2.0 * a2),
+        ]
+        .into_iter()
+        .filter(|u| (0.0..1.0).contains(u))
+        .fold(f64::INFINITY, f64::min)
+    }
+
+    /// A shard at 15 ms commit + 10 ms round trip admits one transaction per 25 ms:
+    /// 40/s. With the cancelled attempts u/(1-u) per reservation billed on the key,
+    /// 2 rate / (1 - rate/40) <= 1,000 WCU gives rate <= 1 / (2/1000 + 1/40) = 37.04/s.
+    /// The grab's budget (6 walks x 64 shards, but only 2,500 / 10 = 250 round trips)
+    /// stops at u = 249/250: 39.84/s. At 30 ms: 25/s and 1 / (0.002 + 0.04) = 23.81/s.
+    #[test]
+    fn a_shard_sells_one_transaction_per_commit_and_round_trip_less_its_conflicts() {
+        let mut sale = scenario(1.0, 64.0, 1.0, Arrival::uniform(1));
+        let rates = Shards::new(&sale).rates();
+        assert!(close(rates.conflict_rate, 40.0), "{rates:?}");
+        assert!(close(rates.wcu_rate, 1.0 / (0.002 + 0.025)), "{rates:?}");
+        assert!(close(rates.budget_rate, 40.0 * 249.0 / 250.0), "{rates:?}");
+        assert!(close(rates.shard_rate, 1000.0 / 27.0), "{rates:?}");
+
+        sale.contention.commit_time_ms = 30.0;
+        let rates = Shards::new(&sale).rates();
+        assert!(close(rates.conflict_rate, 25.0), "{rates:?}");
+        assert!(close(rates.shard_rate, 1.0 / (0.002 + 0.04)), "{rates:?}");
+
+        // One shard: a grab has only 6 attempts (one per walk), so the average grab
+        // spends them all at u = 5/6, before the key's WCU bind.
+        let one = Shards::new(&scenario(1.0, 1.0, 1.0, Arrival::uniform(1))).rates();
+        assert!(close(one.shard_rate, 40.0 * 5.0 / 6.0), "{one:?}");
+    }
+
+    /// Measured values replace the derived ones: a shard rate of 50/s keeps the Erlang
+    /// estimate (WCU bound 1 / (0.002 + 0.02) = 45.45/s); a measured 2 cancelled
+    /// attempts per reservation makes 3 attempts x 2 WCU, so the key takes 1,000 / 6 =
+    /// 166.7/s and the conflict rate (40/s) binds.
+    #[test]
+    fn measured_shard_rate_and_cancellations_replace_the_derived_ones() {
+        let mut sale = scenario(1.0, 64.0, 1.0, Arrival::uniform(1));
+        sale.contention.shard_rate = Some(50.0);
+        let rates = Shards::new(&sale).rates();
+        assert!(close(rates.conflict_rate, 50.0), "{rates:?}");
+        assert!(close(rates.shard_rate, 1.0 / (0.002 + 0.02)), "{rates:?}");
+
+        sale.contention.shard_rate = None;
+        sale.contention.cancelled_per_reservation = Some(2.0);
+        let shards = Shards::new(&sale);
+        let rates = shards.rates();
+        assert!(close(rates.wcu_rate, 1000.0 / 6.0), "{rates:?}");
+        assert!(close(rates.shard_rate, 40.0), "{rates:?}");
+        assert!(close(shards.cancelled_per_reservation(5.0), 2.0));
+        assert!(close(shards.cancelled_per_reservation(35.0), 2.0));
+    }
+
+    /// Erlang loss: at 20/s on a 40/s shard (u = 0.5) the grab offers a = 20 / (1 - 0.5)
+    /// = 40 attempts/s, blocked with B = rho / (1 + rho) = 0.5 (rho = a / mu = 1), so 20
+    /// commit and 20 are cancelled: 1 per reservation. At 30/s: 3; at 4/s: 1/9.
+    #[test]
+    fn cancelled_attempts_follow_the_erlang_loss_of_the_shard() {
+        let shards = Shards::new(&scenario(1.0, 64.0, 1.0, Arrival::uniform(1)));
+        for (rate, cancelled) in [(20.0, 1.0), (30.0, 3.0), (4.0, 1.0 / 9.0)] {
+            assert!(
+                close(shards.cancelled_per_reservation(rate), cancelled),
+                "{rate}"
+            );
+            let offered = rate * (1.0 + cancelled);
+            let rho = offered / 40.0;
+            let blocked = rho / (1.0 + rho);
+            assert!(close(offered * (1.0 - blocked), rate), "{rate}");
+        }
+    }
+
+    /// Capacity per layer, by hand, at 64 shards and the default 15 ms commit. The shard
+    /// keys: 64 x 37.04 = 2,370/s (the old model's 64 x 500 = 32,000 ignored conflicts).
+    /// The bucket index 64 x 1,000 = 64,000/s. The table and Lambda now pay for the
+    /// cancelled attempts, which grow with the rate R (u = R / (64 x 40)): the table
+    /// needs R (5 + 4u/(1-u)) <= 40,000, Lambda R (0.030 + 0.010 u/(1-u)) <= 100, each a
+    /// quadratic in u (2,016/s and 1,825/s, where the old 8,000/s and 3,333/s counted
+    /// one attempt per reservation). The route's 300/s is still the least.
     #[test]
     fn the_design_capacity_is_the_least_layer() {
         let capacity = capacity(&scenario(1.0, 64.0, 1.0, Arrival::uniform(1)));
@@ -943,10 +1363,22 @@ mod tests {
                 .map(|(_, rate)| *rate)
                 .unwrap()
         };
-        assert!(close(rate("dynamodb_shard_partitions"), 32_000.0));
+        let full = 64.0 * 40.0;
+        assert!(close(rate("dynamodb_shard_keys"), 64.0 * 1000.0 / 27.0));
         assert!(close(rate("dynamodb_gsi_bucket_partitions"), 64_000.0));
-        assert!(close(rate("dynamodb_table"), 8_000.0));
-        assert!(close(rate("lambda_grab_concurrency"), 100.0 / 0.030));
+        // full u (5 (1-u) + 4u) = 40,000 (1-u)
+        let table_u = utilisation_at_quota(-full, 5.0 * full + 40_000.0, -40_000.0);
+        assert!(
+            close(rate("dynamodb_table"), full * table_u),
+            "{capacity:?}"
+        );
+        assert!((table_u * full - 2016.4).abs() < 0.1, "{table_u}");
+        // full u (0.030 (1-u) + 0.010 u) = 100 (1-u)
+        let lambda_u = utilisation_at_quota(-0.020 * full, 0.030 * full + 100.0, -100.0);
+        assert!(
+            close(rate("lambda_grab_concurrency"), full * lambda_u),
+            "{capacity:?}"
+        );
         assert!(close(rate("api_gateway_account"), 5_000.0));
         let least = capacity
             .iter()
@@ -956,7 +1388,10 @@ mod tests {
     }
 
     /// With every quota raised but the shards left at 8, the shard keys cap the sale at
-    /// 8 x 500 = 4,000 reservations/s, and the refused writes are hot-key throttles.
+    /// 8 x 37.04 = 296.3 reservations/s (it was 8 x 500 = 4,000 before conflicts were
+    /// counted), and that is the design capacity. The grabs beyond it spend their
+    /// attempt budget (6 walks x 8 shards = 48) on cancelled attempts, which throttle
+    /// the keys from second 0.
     #[test]
     fn too_few_shards_make_the_shard_key_the_bottleneck() {
         let mut sale = scenario(100_000.0, 8.0, 200_000.0, Arrival::uniform(10));
@@ -970,22 +1405,111 @@ mod tests {
         sale.quotas.table_wru = 10_000_000.0;
         sale.quotas.sqs_send_tps = 1_000_000.0;
         let outcome = run(&sale);
+        let per_second = 8.0 * 1000.0 / 27.0;
+        assert!(close(outcome.design_capacity, per_second), "{outcome:?}");
         assert_eq!(
             outcome.first_bottleneck.as_deref(),
             Some("dynamodb_hot_shard")
         );
         let shard = layer(&outcome, "dynamodb_hot_shard");
-        // Second 0: 20,000 grabs want 2 WCU each on 8 keys.
         assert_eq!(shard.first_throttled_at, Some(0.0), "{shard:?}");
-        // 100,000 units at 4,000/s: 25 s.
-        assert!(close(outcome.sell_out_secs.unwrap(), 25.0), "{outcome:?}");
+        // 100,000 units at 296.3/s: 337.5 s.
+        assert!(close(outcome.sell_out_secs.unwrap(), 337.5), "{outcome:?}");
     }
 
-    /// After the sale sells out, each grab instance probes every shard once per
-    /// recheck interval: 1,000 instances put 1,000 x 2 WCU a second on every shard key.
+    /// Second 0 of the sale above, by hand: 20,000 grabs; 296.3 reserve after 12.5
+    /// cancelled attempts each (u = 37.04 / 40), the other 19,703.7 spend all 48.
     #[test]
-    fn gate_probes_heat_every_shard_once_sold_out() {
-        let mut sale = scenario(10.0, 4.0, 2_000_000.0, Arrival::uniform(1));
+    fn grabs_beyond_the_shards_spend_their_attempt_budget() {
+        let mut sale = scenario(100_000.0, 8.0, 20_000.0, Arrival::uniform(1));
+        sale.quotas.grab_route_rps = 1_000_000.0;
+        sale.quotas.grab_route_burst = 1_000_000.0;
+        sale.quotas.account_rps = 1_000_000.0;
+        sale.quotas.account_burst = 1_000_000.0;
+        sale.quotas.lambda_account_concurrency = 100_000.0;
+        sale.quotas.grab_reserved_concurrency = 0.0;
+        sale.quotas.lambda_scaling_per_10s = 100_000.0;
+        let stock = Shards::new(&sale);
+        let selling = sell(&stock, stock.rates().shard_rate, 100_000.0, 20_000.0);
+        let per_second = 8.0 * 1000.0 / 27.0;
+        assert!(close(selling.sold, per_second), "{selling:?}");
+        assert!(
+            close(selling.outlasted, 20_000.0 - per_second),
+            "{selling:?}"
+        );
+        assert!(
+            close(
+                selling.cancelled,
+                per_second * 12.5 + (20_000.0 - per_second) * 48.0
+            ),
+            "{selling:?}"
+        );
+        let outcome = run(&sale);
+        let shard = layer(&outcome, "dynamodb_hot_shard");
+        let key_wcu = 2.0 * (per_second + selling.cancelled) / 8.0;
+        assert!(close(shard.peak_demand, key_wcu), "{shard:?}");
+        // The key passes 1,000 WCU of them in second 0; the rest is throttled.
+        assert!(shard.throttled >= key_wcu - 1000.0 - 1e-6, "{shard:?}");
+    }
+
+    /// Cancelled attempts are billed: a sale of 100 units to 100 buyers in one second on
+    /// 10 shards (10/s per shard, u = 1/4, so 1/3 cancelled per reservation) writes
+    /// 100 x (2 x 2 + 1) + 33.3 x 2 x 2 WRU. With a measured 7 per reservation instead,
+    /// the table takes 100 x 7 x 4 = 2,800 WRU more, $0.00175 at $0.625 per million.
+    #[test]
+    fn cancelled_attempts_are_billed_to_the_table_and_the_unit() {
+        let sale = scenario(100.0, 10.0, 100.0, Arrival::uniform(1));
+        let derived = run(&sale);
+        assert!(
+            close(derived.cancelled_attempts, 100.0 / 3.0),
+            "{derived:?}"
+        );
+        assert!(close(derived.cancelled_per_reservation, 1.0 / 3.0));
+        let table = layer(&derived, "dynamodb_table");
+        assert!(close(table.peak_demand, 500.0 + 400.0 / 3.0), "{table:?}");
+
+        let mut none = sale.clone();
+        none.contention.cancelled_per_reservation = Some(0.0);
+        let mut seven = sale;
+        seven.contention.cancelled_per_reservation = Some(7.0);
+        let (none, seven) = (run(&none), run(&seven));
+        assert!(close(seven.cancelled_attempts, 700.0));
+        let extra = layer(&seven, "dynamodb_table").total - layer(&none, "dynamodb_table").total;
+        assert!(close(extra, 2_800.0), "{extra}");
+        assert!(
+            close(seven.cost.dynamodb - none.cost.dynamodb, 0.001_75),
+            "{:?} {:?}",
+            seven.cost,
+            none.cost
+        );
+        assert!(seven.cost_per_sale > none.cost_per_sale);
+    }
+
+    /// The answer (a) sale: the route admits 350 grabs in second 0, 35/s on each of 10
+    /// shards (u = 0.875), so the 100 units cost 7 cancelled attempts each.
+    #[test]
+    fn a_hundred_units_at_the_route_rate_cost_seven_cancelled_attempts_each() {
+        let outcome = run(&scenario(100.0, 10.0, 1_000_000.0, Arrival::uniform(10)));
+        assert!(close(outcome.cancelled_attempts, 700.0), "{outcome:?}");
+        assert!(close(outcome.sell_out_secs.unwrap(), 100.0 / 350.0));
+        // The route's 300/s over 10 shards: u = 0.75.
+        assert!(close(outcome.design_cancelled_per_reservation, 3.0));
+    }
+
+    /// After the sale sells out, each grab instance learns each shard is empty from one
+    /// failed transaction, once: 1,000 instances x 4 shards = 4,000 probes, 2 WCU each,
+    /// 2,000 WCU on every key in the second after sell-out, and none later. Then each
+    /// instance rechecks with one read of the 4 shards per second: 1,000 x 0.5 RCU on
+    /// each key, plus the page's 13 origin reads.
+    #[test]
+    fn gate_probes_heat_every_shard_once_as_instances_learn_it_is_empty() {
+        // 10 buyers take the 10 units in second 0; 2,000,000 come in second 1.
+        let mut sale = scenario(
+            10.0,
+            4.0,
+            2_000_010.0,
+            Arrival::profile(&[10.0, 2_000_000.0]).unwrap(),
+        );
         sale.clients_stop_on_sold_out = false;
         sale.quotas.grab_route_rps = 1_000_000.0;
         sale.quotas.grab_route_burst = 0.0;
@@ -993,13 +1517,20 @@ mod tests {
         sale.quotas.account_burst = 0.0;
         sale.quotas.grab_reserved_concurrency = 0.0;
         let outcome = run(&sale);
+        assert!(close(outcome.sell_out_secs.unwrap(), 1.0), "{outcome:?}");
         let shard = layer(&outcome, "dynamodb_hot_shard");
-        // Lambda runs at its 1,000 cap; probes = 1,000 x 4 shards, 2 WCU each over 4 keys.
+        assert!(close(shard.peak_demand, 2.0 * 1_000.0), "{shard:?}");
+        assert_eq!(shard.first_throttled_at, Some(1.0), "{shard:?}");
+        // Second 0: 10 reservations at 2.5/s per shard, u = 1/16, 1/15 cancelled each.
+        let selling = 2.0 * 10.0 * (1.0 + 1.0 / 15.0) / 4.0;
+        assert!(close(shard.total, 2_000.0 + selling), "{shard:?}");
+        // Half the probes' WCU pass the keys' 1,000; the other half is throttled.
+        assert!(close(outcome.gate_probes, 2_000.0), "{outcome:?}");
+        let reads = layer(&outcome, "dynamodb_shard_reads");
         assert!(
-            close(shard.peak_demand, 2.0 * 1_000.0 + 2.0 * 10.0 / 4.0),
-            "{shard:?}"
+            close(reads.peak_demand, (1_000.0 + 13.0) * 0.5),
+            "{reads:?}"
         );
-        assert!(shard.throttled > 0.0);
     }
 
     #[test]
