@@ -4,6 +4,7 @@
 #![allow(dead_code)] // each test file uses its own part of this module
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use aws_sdk_dynamodb::types::{AttributeValue, Select};
@@ -12,7 +13,9 @@ use flashsale_adapters::DynamoStore;
 use flashsale_domain::ports::OrderBook;
 use flashsale_domain::{OrderId, UserId};
 use flashsale_e2e::{ApiClient, ApiResponse};
-use flashsale_local::{LocalStack, StackOptions};
+use flashsale_emulators::LocalEndpoints;
+use flashsale_emulators::proxy::{ConflictMode, Proxy, ProxyOptions};
+use flashsale_local::{EmulatorSource, LocalStack, StackOptions};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -35,6 +38,9 @@ pub struct Harness {
     pub admin: String,
     pub dynamodb: aws_sdk_dynamodb::Client,
     pub scheduler: aws_sdk_scheduler::Client,
+    /// The proxy the stack's DynamoDB calls go through, when it plays transaction
+    /// conflicts ([`Harness::start_contended`]); held here so it lives as the stack does.
+    pub dynamodb_proxy: Option<Arc<Proxy>>,
 }
 
 impl Harness {
@@ -44,6 +50,32 @@ impl Harness {
 
     /// A stack with template parameters overridden, like `--parameter-overrides`.
     pub async fn start_with(name: &str, parameters: &[(&str, &str)]) -> Self {
+        Self::start_on(name, parameters, None).await
+    }
+
+    /// A stack whose DynamoDB calls meet transaction conflicts as on AWS: they go
+    /// through a proxy in conflict mode (flashsale_emulators::proxy), every transaction
+    /// holding its items for its round trip plus `commit_time`. DynamoDB Local alone
+    /// runs one transaction at a time and never answers a conflict. The test's own
+    /// reads go straight to DynamoDB Local, neither counted nor conflicted.
+    pub async fn start_contended(
+        name: &str,
+        parameters: &[(&str, &str)],
+        commit_time: Duration,
+    ) -> Self {
+        Self::start_on(
+            name,
+            parameters,
+            Some(ConflictMode::with_commit_time(commit_time)),
+        )
+        .await
+    }
+
+    async fn start_on(
+        name: &str,
+        parameters: &[(&str, &str)],
+        conflicts: Option<ConflictMode>,
+    ) -> Self {
         let stack_name = format!("e2e-{name}-{}", flashsale_emulators::unique_suffix());
         let mut options = StackOptions::new(stack_name);
         for (key, value) in parameters {
@@ -51,23 +83,53 @@ impl Harness {
         }
         // The grab-token key is the stack's own secret, generated on moto: the tests
         // get grab paths from the token route, as buyers do.
-        let options = options
+        let mut options = options
             // Redelivery after a failure in seconds, not the deployed 3 minutes.
             .parameter("OrdersVisibilityTimeout", "2");
+        let mut dynamodb_proxy = None;
+        let mut own_reads = None;
+        if let Some(mode) = conflicts {
+            let emulators = flashsale_emulators::shared().await;
+            let proxy = Proxy::start_with(
+                &emulators.dynamodb_endpoint,
+                0,
+                ProxyOptions {
+                    conflicts: Some(mode),
+                },
+            )
+            .await
+            .expect("the conflict proxy starts");
+            options.emulators = EmulatorSource::Endpoints(LocalEndpoints {
+                dynamodb: proxy.url(),
+                ..emulators.endpoints()
+            });
+            dynamodb_proxy = Some(Arc::new(proxy));
+            own_reads = Some(emulators.sdk_config().await);
+        }
         let stack = LocalStack::start(options)
             .await
             .expect("the local stack starts");
         let api = ApiClient::new(&stack.api_url);
         let admin = stack.token("e2e-admin", true).expect("an admin token");
-        let dynamodb = aws_sdk_dynamodb::Client::new(&stack.sdk_config);
-        let scheduler = aws_sdk_scheduler::Client::new(&stack.sdk_config);
+        let own_reads = own_reads.as_ref().unwrap_or(&stack.sdk_config);
+        let dynamodb = aws_sdk_dynamodb::Client::new(own_reads);
+        let scheduler = aws_sdk_scheduler::Client::new(own_reads);
         Self {
             stack,
             api,
             admin,
             dynamodb,
             scheduler,
+            dynamodb_proxy,
         }
+    }
+
+    /// Transaction conflicts the proxy answered, by operation (none without one).
+    pub fn conflicts_answered(&self) -> std::collections::BTreeMap<String, u64> {
+        self.dynamodb_proxy
+            .as_ref()
+            .map(|proxy| conflicts_by_operation(&proxy.counts()))
+            .unwrap_or_default()
     }
 
     pub fn user(&self, name: &str) -> String {
@@ -334,6 +396,18 @@ impl Harness {
             .expect("ListSchedules");
         listed.schedules().len()
     }
+}
+
+/// The conflicts in `counts`, by operation, leaving out those that had none.
+pub fn conflicts_by_operation(
+    counts: &flashsale_emulators::proxy::Counts,
+) -> std::collections::BTreeMap<String, u64> {
+    counts
+        .operations
+        .iter()
+        .filter(|(_, op)| op.conflicts > 0)
+        .map(|(name, op)| (name.clone(), op.conflicts))
+        .collect()
 }
 
 /// An SQS event of the orders queue, as the event source mapping hands it to the
