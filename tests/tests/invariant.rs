@@ -1,8 +1,11 @@
 //! The sale's invariant under a surge: exactly the stock is reserved, nobody holds two,
 //! every shard ends at zero, and the books reconcile. Through the local HTTP API, on
-//! DynamoDB Local (never moto, which loses updates under concurrent transactions).
+//! DynamoDB Local (never moto, which loses updates under concurrent transactions) behind
+//! the proxy's conflict mode, so hot shards meet `TransactionConflict` as on AWS.
 
 mod common;
+
+use std::time::Duration;
 
 use common::Harness;
 use flashsale_e2e::surge::{self, SurgePlan};
@@ -21,6 +24,11 @@ const LOCAL_GRAB_THROTTLE: [(&str, &str); 2] = [
     ("GrabThrottleRateLimit", "60"),
     ("GrabThrottleBurstLimit", "30"),
 ];
+
+/// What each transaction adds to its round trip on the conflict proxy: DynamoDB Local
+/// runs one transaction at a time and answers none with a conflict, so without it the
+/// surge would never meet the `TransactionConflict`s that hot shards get on AWS.
+const COMMIT_TIME: Duration = Duration::from_millis(15);
 
 /// One surge at a time: the stacks share one DynamoDB Local, which runs transactions one
 /// at a time, so surges side by side would measure each other rather than the system.
@@ -46,7 +54,10 @@ async fn surge_on(
     let report = surge::run(&harness.api, &plan, |_| {})
         .await
         .expect("the surge runs");
-    eprintln!("surge on {shards} shard(s), {buyers} buyers:\n{report}");
+    eprintln!(
+        "surge on {shards} shard(s), {buyers} buyers:\n{report}\nconflicts answered: {:?}",
+        harness.conflicts_answered()
+    );
     report
 }
 
@@ -76,21 +87,21 @@ async fn assert_sold_exactly_the_stock(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_surge_on_one_shard_sells_exactly_the_stock() {
-    let harness = Harness::start_with("one-shard", &LOCAL_GRAB_THROTTLE).await;
+    let harness = Harness::start_contended("one-shard", &LOCAL_GRAB_THROTTLE, COMMIT_TIME).await;
     let report = surge_on(&harness, "surge-k1", 1, BUYERS, ATTEMPTS).await;
     assert_sold_exactly_the_stock(&harness, "surge-k1", 1, &report).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_surge_on_eight_shards_sells_exactly_the_stock() {
-    let harness = Harness::start_with("eight-shards", &LOCAL_GRAB_THROTTLE).await;
+    let harness = Harness::start_contended("eight-shards", &LOCAL_GRAB_THROTTLE, COMMIT_TIME).await;
     let report = surge_on(&harness, "surge-k8", 8, BUYERS, ATTEMPTS).await;
     assert_sold_exactly_the_stock(&harness, "surge-k8", 8, &report).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn when_fewer_buyers_than_items_arrive_every_buyer_gets_one() {
-    let harness = Harness::start_with("undersell", &LOCAL_GRAB_THROTTLE).await;
+    let harness = Harness::start_contended("undersell", &LOCAL_GRAB_THROTTLE, COMMIT_TIME).await;
     // 8 shards of 12 or 13: many buyers share a home shard and must spill to others.
     let buyers = 90;
     let report = surge_on(&harness, "surge-few", 8, buyers, buyers).await;
