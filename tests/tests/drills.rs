@@ -1,9 +1,11 @@
 //! Fault drills: a small surge on a local stack whose every AWS call goes through a
-//! fault-injecting proxy (flashsale_emulators::proxy), one drill per fault. Whatever
-//! the fault, nothing may be lost: every reservation ends paid, cancelled or expired
-//! with its unit returned (available == stock - paid), the stats are consistent, no
-//! unit is sold twice and no buyer holds more than the limit. Each drill also proves
-//! its fault was injected, and prints one row of the drill table in
+//! fault-injecting proxy (flashsale_emulators::proxy), one drill per fault. In every
+//! drill the DynamoDB proxy also plays DynamoDB's transaction conflicts (a transaction
+//! holds its items for its round trip plus a commit time), which DynamoDB Local alone
+//! never answers. Whatever the fault, nothing may be lost: every reservation ends paid,
+//! cancelled or expired with its unit returned (available == stock - paid), the stats
+//! are consistent, no unit is sold twice and no buyer holds more than the limit. Each
+//! drill also proves its fault was injected, and prints one row of the drill table in
 //! docs/reliability.md: the fault, its rate, the outcome, what repaired it and how long
 //! the sale took to settle.
 //!
@@ -22,7 +24,7 @@ use std::time::{Duration, Instant};
 use common::{CONSUMER_LAG, Harness};
 use flashsale_e2e::ApiResponse;
 use flashsale_emulators::LocalEndpoints;
-use flashsale_emulators::proxy::{Counts, Fault, FaultRule, Proxy};
+use flashsale_emulators::proxy::{ConflictMode, Counts, Fault, FaultRule, Proxy, ProxyOptions};
 use flashsale_local::lambda::CrashTrigger;
 use flashsale_local::{EmulatorSource, StackOptions};
 use reqwest::{Method, StatusCode};
@@ -57,6 +59,12 @@ where
     common::eventually_every(within, POLL_EVERY, probe).await
 }
 
+/// What each DynamoDB transaction adds to its round trip on the conflict proxy, in
+/// every drill: the contention AWS answers with `TransactionConflict`.
+const COMMIT_TIME: Duration = Duration::from_millis(15);
+/// The conflicts drill's: twice as long, so every hot item is contended all surge long.
+const CONFLICTS_DRILL_COMMIT_TIME: Duration = Duration::from_millis(30);
+
 /// Drills run at once.
 const SIDE_BY_SIDE: usize = 3;
 
@@ -89,6 +97,10 @@ struct Drill {
     /// No hold gets more than one timer: asserted where no fault can make a
     /// CreateSchedule's fate unknown to the proxy.
     check_one_timer_per_order: bool,
+    /// How long a DynamoDB transaction holds its items beyond its round trip.
+    commit_time: Duration,
+    /// The point of the drill is the conflicts: assert some were answered.
+    expect_conflicts: bool,
 }
 
 fn on_all(fault: Fault, every: u64) -> Vec<(Service, FaultRule)> {
@@ -109,11 +121,19 @@ fn drills() -> Vec<Drill> {
         buyers_retry: true,
         crash_consumer: false,
         check_one_timer_per_order: false,
+        commit_time: COMMIT_TIME,
+        expect_conflicts: false,
     };
     vec![
         Drill {
             check_one_timer_per_order: true,
-            ..base("baseline", "none (baseline)", "-", "-", Vec::new())
+            ..base(
+                "baseline",
+                "none (baseline; conflicts at a 15 ms commit time, as in every drill)",
+                "-",
+                "-",
+                Vec::new(),
+            )
         },
         base(
             "throttle",
@@ -187,6 +207,17 @@ fn drills() -> Vec<Drill> {
             )
         },
         Drill {
+            commit_time: CONFLICTS_DRILL_COMMIT_TIME,
+            expect_conflicts: true,
+            ..base(
+                "conflicts",
+                "transaction conflicts: a transaction holds its items for its round trip + 30 ms; another touching one is cancelled (TransactionConflict), a plain write of one refused",
+                "every hot item (the shards, the buyers' and orders' items) for the whole surge",
+                "the store's jittered retry of a TransactionConflict, the grab's turn to another shard, the buyer's retry of the same grab path (503)",
+                Vec::new(),
+            )
+        },
+        Drill {
             crash_consumer: true,
             check_one_timer_per_order: true,
             ..base(
@@ -214,7 +245,14 @@ impl Rig {
         let proxy = |upstream: String| async move {
             Arc::new(Proxy::start(&upstream, 0).await.expect("a proxy starts"))
         };
-        let dynamodb = proxy(emulators.dynamodb_endpoint.clone()).await;
+        let conflicts = ProxyOptions {
+            conflicts: Some(ConflictMode::with_commit_time(drill.commit_time)),
+        };
+        let dynamodb = Arc::new(
+            Proxy::start_with(&emulators.dynamodb_endpoint, 0, conflicts)
+                .await
+                .expect("a proxy starts"),
+        );
         let sqs = proxy(emulators.sqs_endpoint.clone()).await;
         let scheduler = proxy(emulators.moto_endpoint.clone()).await;
         let stack_name = format!(
@@ -244,6 +282,7 @@ impl Rig {
             dynamodb: aws_sdk_dynamodb::Client::new(&raw),
             scheduler: aws_sdk_scheduler::Client::new(&raw),
             stack,
+            dynamodb_proxy: Some(Arc::clone(&dynamodb)),
         };
         Self {
             harness,
@@ -582,6 +621,19 @@ async fn run(drill: Drill) -> Row {
             drill.name
         );
     }
+    let (_, dynamodb_counts) = counts
+        .iter()
+        .find(|(s, _)| *s == Service::DynamoDb)
+        .expect("all three");
+    let conflicts = common::conflicts_by_operation(dynamodb_counts);
+    let conflicts_answered: u64 = conflicts.values().sum();
+    if drill.expect_conflicts {
+        assert!(
+            conflicts_answered > 0,
+            "{}: no transaction conflict was answered: {dynamodb_counts:?}",
+            drill.name,
+        );
+    }
     let crashed = crashed_batch.map(|batch| batch.load(Ordering::SeqCst));
     if let Some(batch) = crashed {
         assert!(batch > 0, "{}: the consumer never crashed", drill.name);
@@ -607,6 +659,10 @@ async fn run(drill: Drill) -> Row {
             drill.rate,
             (batch / 2).max(1)
         ),
+        None if drill.expect_conflicts => format!(
+            "{}: {conflicts_answered} of {requests} AWS requests answered a conflict {conflicts:?}",
+            drill.rate
+        ),
         None if drill.rules.is_empty() => format!("no fault ({requests} AWS requests)"),
         None => format!(
             "{}: {injected} of {requests} AWS requests faulted",
@@ -619,7 +675,7 @@ async fn run(drill: Drill) -> Row {
         .map(|(_, count)| count)
         .sum();
     let outcome = format!(
-        "{} holds: {} paid, {} cancelled, {} expired and returned; available {} = stock {STOCK} - paid; consistent; {} timer(s) created{}",
+        "{} holds: {} paid, {} cancelled, {} expired and returned; available {} = stock {STOCK} - paid; consistent; {} timer(s) created; {conflicts_answered} transaction conflict(s) answered{}",
         reservations,
         count("paid"),
         count("cancelled"),
