@@ -135,27 +135,42 @@ fn drills() -> Vec<Drill> {
                 Vec::new(),
             )
         },
-        base(
-            "throttle",
-            "throttling: ProvisionedThroughputExceededException (DynamoDB), RequestThrottled (SQS), ThrottlingException (Scheduler)",
-            "every 3rd request to each service",
-            "the SDK's retries; what outlasted them: the buyer's retry of the same grab path (503), SQS redelivery, the next scheduler poll",
-            on_all(Fault::Throttle, 3),
-        ),
-        base(
-            "server-error",
-            "500 InternalServerError from every service",
-            "every 3rd request to each service",
-            "the SDK's retries; what outlasted them: the buyer's retry (503), SQS redelivery, the next scheduler poll",
-            on_all(Fault::ServerError, 3),
-        ),
-        base(
-            "reset",
-            "connection reset before the request is forwarded",
-            "every 3rd request to each service",
-            "the SDK's retries; what outlasted them: the buyer's retry (503), SQS redelivery, the next scheduler poll",
-            on_all(Fault::ConnectionReset, 3),
-        ),
+        Drill {
+            // A grab whose SendMessage failed after its commit is still answered 202;
+            // its hand-over is the reconciler's, after this grace.
+            parameters: vec![("ReconcileHandoverGraceSecs", "5")],
+            ..base(
+                "throttle",
+                "throttling: ProvisionedThroughputExceededException (DynamoDB), RequestThrottled (SQS), ThrottlingException (Scheduler)",
+                "every 3rd request to each service",
+                "the SDK's retries; what outlasted them: the buyer's retry of the same grab path (503), SQS redelivery, the next scheduler poll, and the reconciler for a hand-over that failed after its commit (5 s grace here)",
+                on_all(Fault::Throttle, 3),
+            )
+        },
+        Drill {
+            // A grab whose SendMessage failed after its commit is still answered 202;
+            // its hand-over is the reconciler's, after this grace.
+            parameters: vec![("ReconcileHandoverGraceSecs", "5")],
+            ..base(
+                "server-error",
+                "500 InternalServerError from every service",
+                "every 3rd request to each service",
+                "the SDK's retries; what outlasted them: the buyer's retry (503), SQS redelivery, the next scheduler poll, and the reconciler for a hand-over that failed after its commit (5 s grace here)",
+                on_all(Fault::ServerError, 3),
+            )
+        },
+        Drill {
+            // A grab whose SendMessage failed after its commit is still answered 202;
+            // its hand-over is the reconciler's, after this grace.
+            parameters: vec![("ReconcileHandoverGraceSecs", "5")],
+            ..base(
+                "reset",
+                "connection reset before the request is forwarded",
+                "every 3rd request to each service",
+                "the SDK's retries; what outlasted them: the buyer's retry (503), SQS redelivery, the next scheduler poll, and the reconciler for a hand-over that failed after its commit (5 s grace here)",
+                on_all(Fault::ConnectionReset, 3),
+            )
+        },
         base(
             "commit-then-drop",
             "the request is applied, its answer dropped (transaction committed, message sent, schedule created)",
@@ -168,7 +183,7 @@ fn drills() -> Vec<Drill> {
             buyers_retry: false,
             ..base(
                 "send-after-commit",
-                "SendMessage fails after the reservation committed; buyers give up after the 503",
+                "SendMessage fails after the reservation committed; buyers are answered 202 and do not retry",
                 "the first 15 SendMessage calls",
                 "the reconciler: a hold left reserved past the handover grace (5 s here) is sent again, or released once past its deadline",
                 vec![(
