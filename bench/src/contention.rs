@@ -217,10 +217,6 @@ pub struct GatewaySurge {
     pub no_answer: usize,
     /// Buyers whose last answer was `sold_out`.
     pub told_sold_out: usize,
-    /// `sold_out` answers that arrived before the last unit's 202: they race that
-    /// answer (the unit committed before its 202 came back), so not by themselves an
-    /// undersell; the units left at the end are the test.
-    pub sold_out_before_last_unit: usize,
     /// Each buyer's last answer.
     pub final_outcomes: BTreeMap<String, usize>,
     /// From the release of the grabs to the `stock`-th unit's 202.
@@ -238,6 +234,14 @@ pub struct GatewaySurge {
 impl GatewaySurge {
     pub fn unavailable_share(&self) -> f64 {
         ratio(self.unavailable as f64, self.answers as f64).unwrap_or(0.0)
+    }
+
+    /// Units taken from the shards (stock less `available`) for which no buyer was
+    /// answered 202: their holders were told something else (the reconciler sends such
+    /// a hold on to the consumer a minute later).
+    pub fn taken_without_202(&self, stock: u32) -> Option<u64> {
+        let taken = u64::from(stock).saturating_sub(self.left?);
+        Some(taken.saturating_sub(self.sold as u64))
     }
 
     /// Buyers told `sold_out` although units were still there at the end.
@@ -580,6 +584,21 @@ async fn local_metrics(session: &Session) -> Option<Summary> {
     response.json::<Summary>().await.ok()
 }
 
+/// The metrics once the consumer's count of opened orders of the sale has reached
+/// `opened` (it counts an open just after it commits, so right after the stats show
+/// it, it may not have yet), or after a few seconds.
+async fn metrics_once_counted(session: &Session, sale_id: &str, opened: u64) -> Option<Summary> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let summary = local_metrics(session).await?;
+        let counted = summary.counter("orders_opened", &[("sale_id", sale_id)]);
+        if counted >= opened as f64 || Instant::now() > deadline {
+            return Some(summary);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 fn consumer_writes(before: &Summary, after: &Summary, sale_id: &str) -> ConsumerWrites {
     let delta = |name: &str, labels: &[(&str, &str)]| {
         let grown = after.counter(name, labels) - before.counter(name, labels);
@@ -659,7 +678,6 @@ async fn gateway_surge(
         .get((sizes.stock as usize).saturating_sub(1))
         .filter(|_| sizes.stock > 0)
         .map(|(at, _)| *at);
-    let last_unit_at = reserved_at.last().map(|(at, _)| *at);
     let all: Vec<&GrabAnswer> = per_buyer.iter().flatten().collect();
     let is_sold_out = |a: &&GrabAnswer| a.code.as_deref() == Some("sold_out");
     let count = |keep: &dyn Fn(&&GrabAnswer) -> bool| all.iter().filter(|a| keep(a)).count();
@@ -667,7 +685,11 @@ async fn gateway_surge(
     let (drained, final_stats) = wait_for_consumer(session, &sale_id, sizes.drain_timeout).await?;
     let through_drain = released.elapsed();
     let through_drain_dynamodb = stack.dynamodb.counts().since(&counts_before);
-    let metrics_after = local_metrics(session).await;
+    let opened = final_stats
+        .get("pending_payment")
+        .and_then(Value::as_u64)
+        .unwrap_or(0);
+    let metrics_after = metrics_once_counted(session, &sale_id, opened).await;
     let consumer = metrics_before
         .zip(metrics_after)
         .map(|(before, after)| consumer_writes(&before, &after, &sale_id));
@@ -689,9 +711,6 @@ async fn gateway_surge(
             .filter_map(|answers| answers.last())
             .filter(|a| is_sold_out(a))
             .count(),
-        sold_out_before_last_unit: count(&|a| {
-            is_sold_out(a) && last_unit_at.is_some_and(|last| a.at < last)
-        }),
         final_outcomes,
         sell_out,
         surge,
@@ -722,7 +741,8 @@ async fn wait_for_consumer(
         if started.elapsed() > within {
             return Ok((false, stats.body));
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Each stats read is a dozen DynamoDB reads; the consumer needs no hurrying.
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
 
