@@ -44,6 +44,13 @@ const WINDOW_SECS: u32 = 30;
 /// reconciler passes once a minute, and the machine may be loaded.
 const SETTLE_WITHIN: Duration = Duration::from_secs(300);
 
+/// How long a buyer answered 202 waits for the order to open before the drill fails. A
+/// unit whose queue hand-over failed after its commit is answered 202 all the same and
+/// opens only once the reconciler, passing once a minute, finds it past its hand-over
+/// grace: up to a minute and the grace beyond the consumer's own lag. Only a bound on a
+/// failure; a passing drill does not wait it out.
+const OPEN_WITHIN: Duration = Duration::from_secs(CONSUMER_LAG.as_secs() + 90);
+
 /// How often a drill looks at an order or the stats while it waits: gently, since the
 /// drills share one DynamoDB Local, which runs one transaction at a time.
 const POLL_EVERY: Duration = Duration::from_millis(700);
@@ -437,7 +444,7 @@ async fn buyer(harness: &Harness, drill: &Drill, sale_id: &str, n: usize) -> Buy
         }
         let order_id = answer.str_field("order_id").expect("order_id").to_owned();
         // As a buyer's page does: act once the order awaits payment (or has lapsed).
-        let opened = eventually(CONSUMER_LAG, || async {
+        let opened = eventually(OPEN_WITHIN, || async {
             let status = harness.order_status(&token, &order_id).await;
             matches!(status.as_str(), "pending_payment" | "expired")
                 .then(|| status.clone())
