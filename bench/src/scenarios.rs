@@ -115,9 +115,28 @@ impl Session {
         if let Some(shards) = shards {
             sale["shards"] = json!(shards);
         }
-        let created = self.api.create_sale(&self.admin, &sale).await?;
-        expect_status(&created, StatusCode::CREATED, "/admin/sales")?;
-        Ok(sale_id)
+        // A busy answer may hide a committed create (its SDK call timed out), so after
+        // one, a 409 for this run's unique id means the sale is there.
+        let mut retry = 0;
+        loop {
+            let created = self.api.create_sale(&self.admin, &sale).await?;
+            match created.status {
+                StatusCode::CREATED => return Ok(sale_id),
+                StatusCode::CONFLICT
+                    if retry > 0 && created.error_code() == Some("sale_exists") =>
+                {
+                    return Ok(sale_id);
+                }
+                StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS if retry < 10 => {
+                    tokio::time::sleep(flashsale_e2e::surge::backoff(retry)).await;
+                    retry += 1;
+                }
+                _ => {
+                    expect_status(&created, StatusCode::CREATED, "/admin/sales")?;
+                    return Ok(sale_id);
+                }
+            }
+        }
     }
 
     /// Buyer tokens and grab paths for `count` new buyers of `sale_id`.
@@ -133,7 +152,20 @@ impl Session {
                 let token = api
                     .local_token(&format!("bench-{tag}-{n}-{}", self.run), false)
                     .await?;
-                let pass = api.grab_pass(&token, sale_id).await?;
+                // Preparation, not measurement: a busy answer is asked again.
+                let mut retry = 0;
+                let pass = loop {
+                    let pass = api.grab_pass(&token, sale_id).await?;
+                    let busy = matches!(
+                        pass.status,
+                        StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS
+                    );
+                    if !busy || retry == 10 {
+                        break pass;
+                    }
+                    tokio::time::sleep(flashsale_e2e::surge::backoff(retry)).await;
+                    retry += 1;
+                };
                 expect_status(&pass, StatusCode::OK, "grab path")?;
                 let path = pass
                     .str_field("grab_path")
