@@ -430,7 +430,10 @@ fn actions_of_calls(calls: &BTreeSet<(String, String)>) -> BTreeSet<String> {
 
 /// The port methods a function's use cases call, read from the domain's services.
 fn port_methods_of(f: &Function) -> BTreeSet<String> {
-    let domain = code_of(&["functions/domain/src/service.rs"]);
+    let domain = code_of(&[
+        "functions/domain/src/service.rs",
+        "functions/domain/src/grab.rs",
+    ]);
     let mut ports = BTreeSet::new();
     let mut roots: Vec<String> = Vec::new();
     for (service, method) in f.use_cases {
