@@ -72,6 +72,10 @@ const COMMIT_TIME: Duration = Duration::from_millis(15);
 /// The conflicts drill's: twice as long, so every hot item is contended all surge long.
 const CONFLICTS_DRILL_COMMIT_TIME: Duration = Duration::from_millis(30);
 
+/// The reconciler's hand-over grace where a drill makes SendMessage fail after a
+/// commit: 5 s instead of the deployed 60, so the drill settles within minutes.
+const HANDOVER_GRACE: (&str, &str) = ("ReconcileHandoverGraceSecs", "5");
+
 /// Drills run at once.
 const SIDE_BY_SIDE: usize = 3;
 
@@ -92,7 +96,7 @@ struct Drill {
     name: &'static str,
     fault: &'static str,
     rate: &'static str,
-    repaired_by: &'static str,
+    repaired_by: String,
     rules: Vec<(Service, FaultRule)>,
     /// Template parameters beyond the drills' common ones.
     parameters: Vec<(&'static str, &'static str)>,
@@ -118,18 +122,41 @@ fn on_all(fault: Fault, every: u64) -> Vec<(Service, FaultRule)> {
 }
 
 fn drills() -> Vec<Drill> {
-    let base = |name, fault, rate, repaired_by, rules| Drill {
-        name,
-        fault,
-        rate,
-        repaired_by,
-        rules,
-        parameters: Vec::new(),
-        buyers_retry: true,
-        crash_consumer: false,
-        check_one_timer_per_order: false,
-        commit_time: COMMIT_TIME,
-        expect_conflicts: false,
+    fn base(
+        name: &'static str,
+        fault: &'static str,
+        rate: &'static str,
+        repaired_by: impl Into<String>,
+        rules: Vec<(Service, FaultRule)>,
+    ) -> Drill {
+        Drill {
+            name,
+            fault,
+            rate,
+            repaired_by: repaired_by.into(),
+            rules,
+            parameters: Vec::new(),
+            buyers_retry: true,
+            crash_consumer: false,
+            check_one_timer_per_order: false,
+            commit_time: COMMIT_TIME,
+            expect_conflicts: false,
+        }
+    }
+    // One request in three to every service faults. SendMessage is among them, so a
+    // grab whose hand-over failed after its commit is answered 202 all the same and
+    // handed over by the reconciler, after a short grace here.
+    let one_request_in_three = |name, fault_text, buyer_retry, fault| Drill {
+        parameters: vec![HANDOVER_GRACE],
+        ..base(
+            name,
+            fault_text,
+            "every 3rd request to each service",
+            format!(
+                "the SDK's retries; what outlasted them: {buyer_retry}, SQS redelivery, the next scheduler poll, and the reconciler for a hand-over that failed after its commit (5 s grace here)"
+            ),
+            on_all(fault, 3),
+        )
     };
     vec![
         Drill {
@@ -142,42 +169,24 @@ fn drills() -> Vec<Drill> {
                 Vec::new(),
             )
         },
-        Drill {
-            // A grab whose SendMessage failed after its commit is still answered 202;
-            // its hand-over is the reconciler's, after this grace.
-            parameters: vec![("ReconcileHandoverGraceSecs", "5")],
-            ..base(
-                "throttle",
-                "throttling: ProvisionedThroughputExceededException (DynamoDB), RequestThrottled (SQS), ThrottlingException (Scheduler)",
-                "every 3rd request to each service",
-                "the SDK's retries; what outlasted them: the buyer's retry of the same grab path (503), SQS redelivery, the next scheduler poll, and the reconciler for a hand-over that failed after its commit (5 s grace here)",
-                on_all(Fault::Throttle, 3),
-            )
-        },
-        Drill {
-            // A grab whose SendMessage failed after its commit is still answered 202;
-            // its hand-over is the reconciler's, after this grace.
-            parameters: vec![("ReconcileHandoverGraceSecs", "5")],
-            ..base(
-                "server-error",
-                "500 InternalServerError from every service",
-                "every 3rd request to each service",
-                "the SDK's retries; what outlasted them: the buyer's retry (503), SQS redelivery, the next scheduler poll, and the reconciler for a hand-over that failed after its commit (5 s grace here)",
-                on_all(Fault::ServerError, 3),
-            )
-        },
-        Drill {
-            // A grab whose SendMessage failed after its commit is still answered 202;
-            // its hand-over is the reconciler's, after this grace.
-            parameters: vec![("ReconcileHandoverGraceSecs", "5")],
-            ..base(
-                "reset",
-                "connection reset before the request is forwarded",
-                "every 3rd request to each service",
-                "the SDK's retries; what outlasted them: the buyer's retry (503), SQS redelivery, the next scheduler poll, and the reconciler for a hand-over that failed after its commit (5 s grace here)",
-                on_all(Fault::ConnectionReset, 3),
-            )
-        },
+        one_request_in_three(
+            "throttle",
+            "throttling: ProvisionedThroughputExceededException (DynamoDB), RequestThrottled (SQS), ThrottlingException (Scheduler)",
+            "the buyer's retry of the same grab path (503)",
+            Fault::Throttle,
+        ),
+        one_request_in_three(
+            "server-error",
+            "500 InternalServerError from every service",
+            "the buyer's retry (503)",
+            Fault::ServerError,
+        ),
+        one_request_in_three(
+            "reset",
+            "connection reset before the request is forwarded",
+            "the buyer's retry (503)",
+            Fault::ConnectionReset,
+        ),
         base(
             "commit-then-drop",
             "the request is applied, its answer dropped (transaction committed, message sent, schedule created)",
@@ -186,7 +195,7 @@ fn drills() -> Vec<Drill> {
             on_all(Fault::CommitThenDrop, 4),
         ),
         Drill {
-            parameters: vec![("ReconcileHandoverGraceSecs", "5")],
+            parameters: vec![HANDOVER_GRACE],
             buyers_retry: false,
             ..base(
                 "send-after-commit",
@@ -494,7 +503,7 @@ struct Row {
     fault: &'static str,
     rate: String,
     outcome: String,
-    repaired_by: &'static str,
+    repaired_by: String,
     settled_in: Duration,
 }
 
