@@ -1194,6 +1194,18 @@ mod tests {
         }
     }
 
+    /// Quotas of API Gateway and Lambda far above any demand, so that only the shards
+    /// (and what a test leaves at its default) can bind.
+    fn raise_the_gateway_and_lambda(sale: &mut Scenario) {
+        sale.quotas.grab_route_rps = 1_000_000.0;
+        sale.quotas.grab_route_burst = 1_000_000.0;
+        sale.quotas.account_rps = 1_000_000.0;
+        sale.quotas.account_burst = 1_000_000.0;
+        sale.quotas.lambda_account_concurrency = 100_000.0;
+        sale.quotas.grab_reserved_concurrency = 0.0;
+        sale.quotas.lambda_scaling_per_10s = 100_000.0;
+    }
+
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() < 1e-6 * b.abs().max(1.0)
     }
@@ -1395,13 +1407,7 @@ mod tests {
     #[test]
     fn too_few_shards_make_the_shard_key_the_bottleneck() {
         let mut sale = scenario(100_000.0, 8.0, 200_000.0, Arrival::uniform(10));
-        sale.quotas.grab_route_rps = 1_000_000.0;
-        sale.quotas.grab_route_burst = 1_000_000.0;
-        sale.quotas.account_rps = 1_000_000.0;
-        sale.quotas.account_burst = 1_000_000.0;
-        sale.quotas.lambda_account_concurrency = 100_000.0;
-        sale.quotas.grab_reserved_concurrency = 0.0;
-        sale.quotas.lambda_scaling_per_10s = 100_000.0;
+        raise_the_gateway_and_lambda(&mut sale);
         sale.quotas.table_wru = 10_000_000.0;
         sale.quotas.sqs_send_tps = 1_000_000.0;
         let outcome = run(&sale);
@@ -1422,13 +1428,7 @@ mod tests {
     #[test]
     fn grabs_beyond_the_shards_spend_their_attempt_budget() {
         let mut sale = scenario(100_000.0, 8.0, 20_000.0, Arrival::uniform(1));
-        sale.quotas.grab_route_rps = 1_000_000.0;
-        sale.quotas.grab_route_burst = 1_000_000.0;
-        sale.quotas.account_rps = 1_000_000.0;
-        sale.quotas.account_burst = 1_000_000.0;
-        sale.quotas.lambda_account_concurrency = 100_000.0;
-        sale.quotas.grab_reserved_concurrency = 0.0;
-        sale.quotas.lambda_scaling_per_10s = 100_000.0;
+        raise_the_gateway_and_lambda(&mut sale);
         let stock = Shards::new(&sale);
         let selling = sell(&stock, stock.rates().shard_rate, 100_000.0, 20_000.0);
         let per_second = 8.0 * 1000.0 / 27.0;
