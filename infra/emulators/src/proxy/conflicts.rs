@@ -6,7 +6,11 @@
 //! `TransactGetItems` touching it is cancelled with `TransactionConflict` at that
 //! item's index, and a `PutItem`, `UpdateItem` or `DeleteItem` of it fails with
 //! `TransactionConflictException`. Plain writes hold nothing: they never cancel a
-//! transaction. Reads and every other operation pass.
+//! transaction. Reads and every other operation pass. A `TransactWriteItems` that
+//! repeats the `ClientRequestToken` of one still in flight (the SDK's own retry of an
+//! attempt that timed out) is refused with `TransactionInProgressException`, as
+//! DynamoDB's idempotency rule has it, not cancelled as a conflict with itself: the
+//! two answers tell the caller opposite things about whether its write may land.
 //!
 //! This module decides; it knows nothing of HTTP. The proxy parses the request, fetches
 //! key schemas from its upstream when a `Put` needs one, asks [`Conflicts::admit`] and
@@ -214,6 +218,19 @@ impl Refusal {
         }
     }
 
+    /// `TransactionInProgressException`: a transaction with this request's token is in
+    /// flight, so this request's outcome is that one's, still unknown.
+    fn in_progress() -> Self {
+        let error_type = "com.amazonaws.dynamodb.v20120810#TransactionInProgressException";
+        Self {
+            error_type,
+            body: json!({
+                "__type": error_type,
+                "message": "The transaction with the given request token is already in progress.",
+            }),
+        }
+    }
+
     /// `TransactionConflictException`, a plain write's refusal.
     fn conflict() -> Self {
         let error_type = "com.amazonaws.dynamodb.v20120810#TransactionConflictException";
@@ -237,13 +254,21 @@ pub(super) enum Admission {
     Refused(Refusal),
 }
 
-type HeldItems = Arc<Mutex<HashSet<ItemKey>>>;
+/// What in-flight transactions hold: their items, and their request tokens.
+#[derive(Debug, Default)]
+struct InFlight {
+    items: HashSet<ItemKey>,
+    tokens: HashSet<String>,
+}
+
+type HeldItems = Arc<Mutex<InFlight>>;
 
 /// The items an admitted transaction holds; released when dropped, so a request whose
 /// connection went away mid-flight releases its items too.
 #[derive(Debug)]
 pub(super) struct Hold {
     items: Vec<ItemKey>,
+    token: Option<String>,
     held: HeldItems,
     commit_time: Duration,
 }
@@ -258,7 +283,10 @@ impl Drop for Hold {
     fn drop(&mut self) {
         let mut held = lock(&self.held);
         for item in &self.items {
-            held.remove(item);
+            held.items.remove(item);
+        }
+        if let Some(token) = &self.token {
+            held.tokens.remove(token);
         }
     }
 }
@@ -291,7 +319,7 @@ impl Conflicts {
     }
 
     pub(super) fn held_items(&self) -> usize {
-        lock(&self.held).len()
+        lock(&self.held).items.len()
     }
 
     pub(super) fn knows_key_schema(&self, table: &str) -> bool {
@@ -310,10 +338,24 @@ impl Conflicts {
             return Admission::Free;
         };
         let items = self.keys(rule, request);
+        let token = (rule == Rule::TransactWrite)
+            .then(|| {
+                request
+                    .get("ClientRequestToken")?
+                    .as_str()
+                    .map(str::to_owned)
+            })
+            .flatten();
         let mut held = lock(&self.held);
+        if token
+            .as_ref()
+            .is_some_and(|token| held.tokens.contains(token))
+        {
+            return Admission::Refused(Refusal::in_progress());
+        }
         let conflicting: Vec<bool> = items
             .iter()
-            .map(|item| item.as_ref().is_some_and(|key| held.contains(key)))
+            .map(|item| item.as_ref().is_some_and(|key| held.items.contains(key)))
             .collect();
         if conflicting.contains(&true) {
             return Admission::Refused(match rule {
@@ -327,9 +369,13 @@ impl Conflicts {
         let mut items: Vec<ItemKey> = items.into_iter().flatten().collect();
         // DynamoDB refuses a transaction naming one item twice; should one come, hold
         // (and release) the item once.
-        items.retain(|item| held.insert(item.clone()));
+        items.retain(|item| held.items.insert(item.clone()));
+        if let Some(token) = &token {
+            held.tokens.insert(token.clone());
+        }
         Admission::Held(Hold {
             items,
+            token,
             held: Arc::clone(&self.held),
             commit_time: mode.commit_time,
         })
@@ -426,6 +472,32 @@ mod tests {
         assert_eq!(conflicts.held_items(), 0);
         assert!(matches!(
             conflicts.admit(Rule::TransactWrite, &transact(&[update("a")])),
+            Admission::Held(_)
+        ));
+    }
+
+    #[test]
+    fn a_repeat_of_an_in_flight_token_is_in_progress_not_a_conflict() {
+        let conflicts = on(10);
+        let with_token = |token: &str, pk: &str| json!({ "TransactItems": [update(pk)], "ClientRequestToken": token });
+        let first = conflicts.admit(Rule::TransactWrite, &with_token("t-1", "a"));
+        assert!(matches!(first, Admission::Held(_)));
+        // The SDK's retry of the same request, the original still in flight.
+        let Admission::Refused(repeat) =
+            conflicts.admit(Rule::TransactWrite, &with_token("t-1", "a"))
+        else {
+            panic!("a repeated token is refused");
+        };
+        assert_eq!(
+            repeat.error_type,
+            "com.amazonaws.dynamodb.v20120810#TransactionInProgressException"
+        );
+        // Another request on the item is still a conflict.
+        let other = conflicts.admit(Rule::TransactWrite, &with_token("t-2", "a"));
+        assert_eq!(reasons(&other), ["TransactionConflict"]);
+        drop(first);
+        assert!(matches!(
+            conflicts.admit(Rule::TransactWrite, &with_token("t-1", "a")),
             Admission::Held(_)
         ));
     }
