@@ -10,7 +10,10 @@
 //! repeats the `ClientRequestToken` of one still in flight (the SDK's own retry of an
 //! attempt that timed out) is refused with `TransactionInProgressException`, as
 //! DynamoDB's idempotency rule has it, not cancelled as a conflict with itself: the
-//! two answers tell the caller opposite things about whether its write may land.
+//! two answers tell the caller opposite things about whether its write may land. One
+//! that repeats the token of a finished transaction (within DynamoDB's ten minutes) is
+//! forwarded unchecked: DynamoDB answers it from the first one's outcome, never with a
+//! conflict.
 //!
 //! This module decides; it knows nothing of HTTP. The proxy parses the request, fetches
 //! key schemas from its upstream when a `Put` needs one, asks [`Conflicts::admit`] and
@@ -18,7 +21,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -254,11 +257,32 @@ pub(super) enum Admission {
     Refused(Refusal),
 }
 
-/// What in-flight transactions hold: their items, and their request tokens.
+/// How long DynamoDB remembers a transaction's `ClientRequestToken`.
+const TOKEN_MEMORY: Duration = Duration::from_secs(600);
+
+/// What in-flight transactions hold: their items and their request tokens; and the
+/// tokens of transactions that finished, with when.
 #[derive(Debug, Default)]
 struct InFlight {
     items: HashSet<ItemKey>,
     tokens: HashSet<String>,
+    finished_tokens: HashMap<String, Instant>,
+}
+
+impl InFlight {
+    fn finished_recently(&self, token: &str) -> bool {
+        self.finished_tokens
+            .get(token)
+            .is_some_and(|at| at.elapsed() < TOKEN_MEMORY)
+    }
+
+    fn finish(&mut self, token: &str) {
+        self.tokens.remove(token);
+        let now = Instant::now();
+        self.finished_tokens
+            .retain(|_, at| now.duration_since(*at) < TOKEN_MEMORY);
+        self.finished_tokens.insert(token.to_owned(), now);
+    }
 }
 
 type HeldItems = Arc<Mutex<InFlight>>;
@@ -286,7 +310,7 @@ impl Drop for Hold {
             held.items.remove(item);
         }
         if let Some(token) = &self.token {
-            held.tokens.remove(token);
+            held.finish(token);
         }
     }
 }
@@ -347,11 +371,13 @@ impl Conflicts {
             })
             .flatten();
         let mut held = lock(&self.held);
-        if token
-            .as_ref()
-            .is_some_and(|token| held.tokens.contains(token))
-        {
-            return Admission::Refused(Refusal::in_progress());
+        if let Some(token) = &token {
+            if held.tokens.contains(token) {
+                return Admission::Refused(Refusal::in_progress());
+            }
+            if held.finished_recently(token) {
+                return Admission::Free;
+            }
         }
         let conflicting: Vec<bool> = items
             .iter()
@@ -477,7 +503,7 @@ mod tests {
     }
 
     #[test]
-    fn a_repeat_of_an_in_flight_token_is_in_progress_not_a_conflict() {
+    fn a_repeated_token_is_in_progress_while_in_flight_and_unchecked_once_finished() {
         let conflicts = on(10);
         let with_token = |token: &str, pk: &str| json!({ "TransactItems": [update(pk)], "ClientRequestToken": token });
         let first = conflicts.admit(Rule::TransactWrite, &with_token("t-1", "a"));
@@ -495,10 +521,12 @@ mod tests {
         // Another request on the item is still a conflict.
         let other = conflicts.admit(Rule::TransactWrite, &with_token("t-2", "a"));
         assert_eq!(reasons(&other), ["TransactionConflict"]);
+        // Once it finished, a repeat is answered from its outcome, whatever is held.
         drop(first);
+        let _other_holds_it = conflicts.admit(Rule::TransactWrite, &with_token("t-3", "a"));
         assert!(matches!(
             conflicts.admit(Rule::TransactWrite, &with_token("t-1", "a")),
-            Admission::Held(_)
+            Admission::Free
         ));
     }
 
