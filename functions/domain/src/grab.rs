@@ -297,6 +297,10 @@ impl GrabService {
             };
         }
         let mut unknown_outcomes = 0_u32;
+        // A shard whose reserve's outcome was lost and whose hold the read did not find,
+        // until a reserve answers definitely: every answer but `Contended` evaluated the
+        // buyer's item, where this path's hold would be (and the user's refusal wins).
+        let mut unresolved: Option<u16> = None;
         let mut reservation = Reservation {
             order_id,
             sale_id: sale_id.clone(),
@@ -318,7 +322,11 @@ impl GrabService {
                 }
                 reservation.shard = shard;
                 tally.reserves += 1;
-                match self.ledger.reserve(&sale, shard, &reservation).await {
+                let answer = self.ledger.reserve(&sale, shard, &reservation).await;
+                if matches!(answer, Ok(Ok(()) | Err(ReserveRefusal::ShardEmpty))) {
+                    unresolved = None;
+                }
+                match answer {
                     Ok(Ok(())) => {
                         self.gate.mark_stocked(sale_id, sale.shards, shard);
                         self.hand_over(&reservation).await;
@@ -356,6 +364,7 @@ impl GrabService {
                         if unknown_outcomes > self.contention.max_unknown_outcomes {
                             return Err(error.into());
                         }
+                        unresolved = Some(shard);
                         contended.push(shard);
                     }
                     Err(error) => return Err(error.into()),
@@ -371,11 +380,19 @@ impl GrabService {
             let next: Vec<u16> = untried.chain(contended).collect();
             shards = self.gate.still_worth_a_write(sale_id, sale.shards, next);
             if shards.is_empty() {
-                return Ok(GrabOutcome::SoldOut(SoldOutBy::Database));
+                match unresolved {
+                    // Sold out, unless the lost reserve committed after all: only a
+                    // reserve's answer, not the gate's, can tell.
+                    Some(shard) => shards.push(shard),
+                    None => return Ok(GrabOutcome::SoldOut(SoldOutBy::Database)),
+                }
             }
             if walks >= self.contention.max_walks
                 || self.clock.now() - started >= self.contention.budget
             {
+                if let Some(held) = self.resume_unresolved(unresolved, &reservation).await? {
+                    return Ok(GrabOutcome::Reserved(held));
+                }
                 return Err(AppError::Store(StoreError::transient(
                     GRAB,
                     ContentionOutlasted { walks },
@@ -421,6 +438,23 @@ impl GrabService {
                 Ok(Some(reservation))
             }
             Some(_) => Err(AppError::InvalidToken),
+            None => Ok(None),
+        }
+    }
+
+    /// Before a grab gives up with a reserve's outcome still unknown (`unresolved`), one
+    /// more read of the buyer's item: a lost reserve that landed meanwhile is answered
+    /// as the reservation it is, not as a 503 whose retry the gate may call sold out.
+    async fn resume_unresolved(
+        &self,
+        unresolved: Option<u16>,
+        reservation: &Reservation,
+    ) -> Result<Option<Reservation>, AppError> {
+        match unresolved {
+            Some(_) => {
+                self.resume(&reservation.order_id, &reservation.user_id)
+                    .await
+            }
             None => Ok(None),
         }
     }
