@@ -38,6 +38,15 @@ struct SaleMarks {
     rechecking: bool,
 }
 
+impl SaleMarks {
+    /// The shard exists and is not known to be empty.
+    fn worth_a_write(&self, shard: u16) -> bool {
+        self.empty_since
+            .get(usize::from(shard))
+            .is_some_and(Option::is_none)
+    }
+}
+
 /// What the gate lets one grab do.
 #[derive(Debug)]
 pub struct GatePlan {
@@ -78,7 +87,7 @@ impl SoldOutGate {
     ) -> GatePlan {
         self.with_marks(sale_id, shards, |marks| {
             let shards = preference
-                .filter(|&shard| marks.empty_since[usize::from(shard)].is_none())
+                .filter(|&shard| marks.worth_a_write(shard))
                 .collect();
             let stale = marks
                 .empty_since
@@ -107,12 +116,7 @@ impl SoldOutGate {
         self.with_marks(sale_id, shards, |marks| {
             candidates
                 .into_iter()
-                .filter(|&shard| {
-                    marks
-                        .empty_since
-                        .get(usize::from(shard))
-                        .is_some_and(Option::is_none)
-                })
+                .filter(|&shard| marks.worth_a_write(shard))
                 .collect()
         })
     }
