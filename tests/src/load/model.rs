@@ -10,6 +10,7 @@
 
 use std::fmt::Write as _;
 
+use flashsale_domain::grab::ContentionPolicy;
 use serde::{Deserialize, Serialize};
 
 /// When buyers arrive: the share of all buyers in each second.
@@ -268,12 +269,29 @@ pub struct Contention {
     /// u / (1 - u) at the shards' utilisation u.
     #[arg(long)]
     pub cancelled_per_reservation: Option<f64>,
-    /// Walks over the contended shards one grab makes (grab ContentionPolicy max_walks).
-    #[arg(long, default_value_t = 6.0)]
+    /// Walks over the contended shards one grab makes (the grab's
+    /// `ContentionPolicy::max_walks`).
+    #[arg(long, default_value_t = f64::from(GRAB_POLICY.max_walks))]
     pub grab_walks: f64,
-    /// A grab starts no reserve after this long (grab ContentionPolicy budget), ms.
-    #[arg(long, default_value_t = 2_500.0)]
+    /// Contended shards one walk tries before it pauses (the grab's
+    /// `ContentionPolicy::max_contended_per_walk`).
+    #[arg(long, default_value_t = f64::from(GRAB_POLICY.max_contended_per_walk))]
+    pub grab_contended_per_walk: f64,
+    /// A grab starts no reserve after this long (the grab's `ContentionPolicy::budget`),
+    /// ms.
+    #[arg(long, default_value_t = grab_budget_ms())]
     pub grab_budget_ms: f64,
+}
+
+/// The grab's own policy: the model's defaults are read from it, not copied.
+const GRAB_POLICY: ContentionPolicy = ContentionPolicy::DEFAULT;
+
+/// [`GRAB_POLICY`]'s budget in milliseconds.
+fn grab_budget_ms() -> f64 {
+    // A budget of seconds is far inside f64's exact integers.
+    #[allow(clippy::cast_precision_loss)]
+    let ms = GRAB_POLICY.budget.num_milliseconds() as f64;
+    ms
 }
 
 impl Default for Contention {
@@ -283,8 +301,9 @@ impl Default for Contention {
             transaction_rtt_ms: 10.0,
             shard_rate: None,
             cancelled_per_reservation: None,
-            grab_walks: 6.0,
-            grab_budget_ms: 2_500.0,
+            grab_walks: f64::from(GRAB_POLICY.max_walks),
+            grab_contended_per_walk: f64::from(GRAB_POLICY.max_contended_per_walk),
+            grab_budget_ms: grab_budget_ms(),
         }
     }
 }
@@ -313,9 +332,13 @@ struct Shards {
     transactions: f64,
     partition_wcu: f64,
     measured_cancelled: Option<f64>,
-    /// Attempts one grab makes at most: a walk over every shard per walk, and no more
-    /// than its time budget holds round trips.
+    /// Attempts one grab makes at most: each walk tries contended shards until it has
+    /// met `grab_contended_per_walk` of them (or run out of shards), and no more than its
+    /// time budget holds round trips.
     attempt_budget: f64,
+    /// Empty shards one grab probes at most: an empty shard does not end a walk, so a
+    /// grab goes through every shard the gate has not marked, as its time allows.
+    probe_budget: f64,
     rtt_ms: f64,
 }
 
@@ -330,9 +353,12 @@ impl Shards {
         let conflict_rate = k.shard_rate.unwrap_or_else(|| {
             1000.0 / (k.commit_time_ms + k.transaction_rtt_ms).max(f64::EPSILON) / transactions
         });
-        let attempt_budget = (k.grab_walks.max(1.0) * count)
-            .min(k.grab_budget_ms / k.transaction_rtt_ms.max(f64::EPSILON))
-            .max(1.0);
+        let round_trips = k.grab_budget_ms / k.transaction_rtt_ms.max(f64::EPSILON);
+        let attempt_budget = (k.grab_walks.max(1.0)
+            * k.grab_contended_per_walk.max(1.0).min(count))
+        .min(round_trips)
+        .max(1.0);
+        let probe_budget = count.min(round_trips).max(1.0);
         Self {
             count,
             conflict_rate,
@@ -340,6 +366,7 @@ impl Shards {
             partition_wcu: scenario.quotas.partition_wcu,
             measured_cancelled: k.cancelled_per_reservation,
             attempt_budget,
+            probe_budget,
             rtt_ms: k.transaction_rtt_ms,
         }
     }
@@ -850,7 +877,7 @@ pub fn run(scenario: &Scenario) -> Outcome {
         let probes = if sold_out_after && rejections > 0.0 {
             let unlearned = (peak_instances * probes_per_instance - probed).max(0.0);
             unlearned
-                .min(rejections * shards.min(stock.attempt_budget))
+                .min(rejections * stock.probe_budget)
                 .min(peak_instances * probes_per_instance_second)
         } else {
             0.0
@@ -1296,15 +1323,16 @@ mod tests {
     /// A shard at 15 ms commit + 10 ms round trip admits one transaction per 25 ms:
     /// 40/s. With the cancelled attempts u/(1-u) per reservation billed on the key,
     /// 2 rate / (1 - rate/40) <= 1,000 WCU gives rate <= 1 / (2/1000 + 1/40) = 37.04/s.
-    /// The grab's budget (6 walks x 64 shards, but only 2,500 / 10 = 250 round trips)
-    /// stops at u = 249/250: 39.84/s. At 30 ms: 25/s and 1 / (0.002 + 0.04) = 23.81/s.
+    /// The grab's budget (12 walks x 2 contended shards = 24 attempts, within the 2,500 /
+    /// 10 = 250 round trips of its time) stops at u = 23/24: 38.33/s. At 30 ms: 25/s and
+    /// 1 / (0.002 + 0.04) = 23.81/s.
     #[test]
     fn a_shard_sells_one_transaction_per_commit_and_round_trip_less_its_conflicts() {
         let mut sale = scenario(1.0, 64.0, 1.0, Arrival::uniform(1));
         let rates = Shards::new(&sale).rates();
         assert!(close(rates.conflict_rate, 40.0), "{rates:?}");
         assert!(close(rates.wcu_rate, 1.0 / (0.002 + 0.025)), "{rates:?}");
-        assert!(close(rates.budget_rate, 40.0 * 249.0 / 250.0), "{rates:?}");
+        assert!(close(rates.budget_rate, 40.0 * 23.0 / 24.0), "{rates:?}");
         assert!(close(rates.shard_rate, 1000.0 / 27.0), "{rates:?}");
 
         sale.contention.commit_time_ms = 30.0;
@@ -1312,10 +1340,10 @@ mod tests {
         assert!(close(rates.conflict_rate, 25.0), "{rates:?}");
         assert!(close(rates.shard_rate, 1.0 / (0.002 + 0.04)), "{rates:?}");
 
-        // One shard: a grab has only 6 attempts (one per walk), so the average grab
-        // spends them all at u = 5/6, before the key's WCU bind.
+        // One shard: a grab has only 12 attempts (one per walk), so the average grab
+        // spends them all at u = 11/12, before the key's WCU bind.
         let one = Shards::new(&scenario(1.0, 1.0, 1.0, Arrival::uniform(1))).rates();
-        assert!(close(one.shard_rate, 40.0 * 5.0 / 6.0), "{one:?}");
+        assert!(close(one.shard_rate, 40.0 * 11.0 / 12.0), "{one:?}");
     }
 
     /// Measured values replace the derived ones: a shard rate of 50/s keeps the Erlang
@@ -1402,7 +1430,7 @@ mod tests {
     /// With every quota raised but the shards left at 8, the shard keys cap the sale at
     /// 8 x 37.04 = 296.3 reservations/s (it was 8 x 500 = 4,000 before conflicts were
     /// counted), and that is the design capacity. The grabs beyond it spend their
-    /// attempt budget (6 walks x 8 shards = 48) on cancelled attempts, which throttle
+    /// attempt budget (12 walks x 2 contended shards = 24) on cancelled attempts, which throttle
     /// the keys from second 0.
     #[test]
     fn too_few_shards_make_the_shard_key_the_bottleneck() {
@@ -1424,7 +1452,7 @@ mod tests {
     }
 
     /// Second 0 of the sale above, by hand: 20,000 grabs; 296.3 reserve after 12.5
-    /// cancelled attempts each (u = 37.04 / 40), the other 19,703.7 spend all 48.
+    /// cancelled attempts each (u = 37.04 / 40), the other 19,703.7 spend all 24.
     #[test]
     fn grabs_beyond_the_shards_spend_their_attempt_budget() {
         let mut sale = scenario(100_000.0, 8.0, 20_000.0, Arrival::uniform(1));
@@ -1440,7 +1468,7 @@ mod tests {
         assert!(
             close(
                 selling.cancelled,
-                per_second * 12.5 + (20_000.0 - per_second) * 48.0
+                per_second * 12.5 + (20_000.0 - per_second) * 24.0
             ),
             "{selling:?}"
         );
