@@ -2,19 +2,21 @@
 //!
 //! A grab walks the sale's shards in the buyer's order until one gives it a unit. Two
 //! things make that walk more than a loop:
-//! - **Contention.** On AWS a stock shard admits one transaction at a time: any other
-//!   transaction touching it meanwhile is cancelled (`TransactionConflict`), writing
-//!   nothing, and billed. A contended shard is left at once for the next one in the
-//!   buyer's order, and after a couple of contended shards in a row the grab pauses
-//!   (full jitter, growing) and goes round again. Queueing on one busy shard while
-//!   others are free is what made a crowd sell out slowly; probing every shard while
-//!   all are busy would multiply the billed, cancelled writes.
+//! - **Contention.** A reserve is plain conditional writes (see [`StockLedger`]), which
+//!   queue on a hot item instead of cancelling each other as transactions do. What can
+//!   still answer `Contended` is a write that met a transaction on its item (the
+//!   buyer's own pay or cancel on their item, say). A contended shard is left at once
+//!   for the next one in the buyer's order, and after a couple of contended shards in a
+//!   row the grab pauses (full jitter, growing) and goes round again: queueing on one
+//!   busy shard while others are free is slow, and probing every shard while all are
+//!   busy multiplies billed writes for nothing.
 //! - **Unknown outcomes.** A reserve that timed out or failed in transit may still have
-//!   committed. The grab never answers such a request as anything but what happened:
-//!   it reads the buyer's own item (one consistent read, which names the path's order)
-//!   and answers 202 if the hold is there. If it is not, the reserve is tried again
-//!   (idempotent per order id), so a commit that lands late is found by that attempt
-//!   (`AlreadyHeld`) rather than hidden behind a "sold out".
+//!   taken its unit. The grab never answers such a request as anything but what
+//!   happened: it reads the buyer's own item (one consistent read, which names the
+//!   path's order) and answers 202 if the hold is there. If it is not, the reserve is
+//!   asked again on the same shard (idempotent per order id), which finds a take that
+//!   landed and finishes it (`AlreadyHeld` if the hold landed too) rather than hiding
+//!   it behind a "sold out".
 
 use std::sync::Arc;
 
@@ -298,8 +300,10 @@ impl GrabService {
         }
         let mut unknown_outcomes = 0_u32;
         // A shard whose reserve's outcome was lost and whose hold the read did not find,
-        // until a reserve answers definitely: every answer but `Contended` evaluated the
-        // buyer's item, where this path's hold would be (and the user's refusal wins).
+        // until a reserve there answers definitely. It is asked first, whatever the
+        // gate thinks of it: a reserve takes from the shard before it holds, and only a
+        // reserve on the same shard finds a take that landed and finishes it (going on
+        // elsewhere would strand that unit until the reconciler returns it).
         let mut unresolved: Option<u16> = None;
         let mut reservation = Reservation {
             order_id,
@@ -323,7 +327,10 @@ impl GrabService {
                 reservation.shard = shard;
                 tally.reserves += 1;
                 let answer = self.ledger.reserve(&sale, shard, &reservation).await;
-                if matches!(answer, Ok(Ok(()) | Err(ReserveRefusal::ShardEmpty))) {
+                if unresolved == Some(shard)
+                    && matches!(answer, Ok(Err(ReserveRefusal::ShardEmpty)))
+                {
+                    // A take that had landed would have been found, not refused.
                     unresolved = None;
                 }
                 match answer {
@@ -365,7 +372,7 @@ impl GrabService {
                             return Err(error.into());
                         }
                         unresolved = Some(shard);
-                        contended.push(shard);
+                        break;
                     }
                     Err(error) => return Err(error.into()),
                 }
@@ -377,15 +384,16 @@ impl GrabService {
             }
             // The next walk tries what this one did not reach first, then what it found
             // contended; another process may have found some of them empty meanwhile.
-            let next: Vec<u16> = untried.chain(contended).collect();
+            let next: Vec<u16> = untried
+                .chain(contended)
+                .filter(|shard| Some(*shard) != unresolved)
+                .collect();
             shards = self.gate.still_worth_a_write(sale_id, sale.shards, next);
+            // Sold out, unless the lost reserve took a unit after all: only a reserve's
+            // answer on its shard, not the gate's, can tell.
+            shards.splice(0..0, unresolved);
             if shards.is_empty() {
-                match unresolved {
-                    // Sold out, unless the lost reserve committed after all: only a
-                    // reserve's answer, not the gate's, can tell.
-                    Some(shard) => shards.push(shard),
-                    None => return Ok(GrabOutcome::SoldOut(SoldOutBy::Database)),
-                }
+                return Ok(GrabOutcome::SoldOut(SoldOutBy::Database));
             }
             if walks >= self.contention.max_walks
                 || self.clock.now() - started >= self.contention.budget

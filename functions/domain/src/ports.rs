@@ -83,21 +83,50 @@ pub enum Settlement {
     Unknown,
 }
 
+/// A unit a stock shard records as taken by an order: who took it, and when.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Take {
+    pub shard: u16,
+    pub order_id: OrderId,
+    pub user_id: UserId,
+    pub taken_at: DateTime<Utc>,
+}
+
+/// What [`StockLedger::return_take`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TakeReturn {
+    /// This call gave the unit back to its shard.
+    Returned,
+    /// An open or paid hold on the same shard accounts for the take (now): it stays.
+    Accounted,
+    /// The unit was back already (a release, an undo, or an earlier call).
+    AlreadyReturned,
+}
+
 /// Stock shards and the per-user holds on them. This is the hot path.
+///
+/// A reservation is two conditional single-item writes, not a transaction: on AWS a
+/// transaction on a hot shard is cancelled by any other one in flight on it
+/// (`TransactionConflict`), while plain conditional writes on one item simply queue.
+/// The shard records each take by order id, so every step is idempotent and a crash
+/// between the two writes leaves a *take* no hold accounts for, which
+/// [`StockLedger::unaccounted_takes`] finds and [`StockLedger::return_take`] gives back.
 #[async_trait]
 pub trait StockLedger: Send + Sync {
-    /// Atomically takes one unit from `shard` and records `reservation` as a
-    /// `reserved` hold on the user's item, or does neither.
+    /// Takes one unit from `shard` for `reservation`, then records the reservation as
+    /// a `reserved` hold on the user's item, undoing the take if the hold is refused.
     ///
     /// The shard must have stock (`available > 0`) and the user must hold fewer than
     /// `sale.per_user_limit` open or paid units and have cancelled or let lapse fewer
     /// than [`MAX_ABANDONED_HOLDS`](crate::sale::MAX_ABANDONED_HOLDS) holds of this
-    /// sale; either limit answers `LimitReached`. Write contention is not waited out
-    /// here: it answers `Contended` at once, so the caller can try a shard that is free
-    /// instead of queueing on a busy one. Idempotent per order id: once a hold for
-    /// `reservation.order_id` exists (in any status), another call writes nothing and
-    /// answers `AlreadyHeld`, so a caller that cannot tell whether a timed-out call
-    /// committed may simply call again.
+    /// sale; either limit answers `LimitReached` and leaves the stock as it was. Write
+    /// contention is not waited out here: it answers `Contended` at once, so the caller
+    /// can try a shard that is free instead of queueing on a busy one. Idempotent per
+    /// order id: once a hold for `reservation.order_id` exists (in any status), another
+    /// call takes nothing for good and answers `AlreadyHeld`, so a caller that cannot
+    /// tell whether a timed-out call committed may simply call again, on the same shard
+    /// (where a take that landed is found and finished) or another (where the shard's
+    /// take is undone, or left to `return_take`).
     async fn reserve(
         &self,
         sale: &Sale,
@@ -113,10 +142,12 @@ pub trait StockLedger: Send + Sync {
     /// or wait one more interval before trying it.
     async fn availability(&self, sale: &Sale) -> Result<Vec<u64>, StoreError>;
 
-    /// Ends an open hold and gives its unit back to its shard, in one transaction that
-    /// also records the order as `reason.final_status()`. Only an open hold
+    /// Ends an open hold and gives its unit back to its shard: one transaction on the
+    /// user's and the order's items records the order as `reason.final_status()`, then
+    /// a conditional write on the shard removes the order's take. Only an open hold
     /// (`reserved`/`pending_payment`) can be released, so the stock comes back at most
-    /// once: a repeated or late call answers `AlreadySettled` and changes nothing. The
+    /// once: a repeated or late call answers `AlreadySettled` and, if the shard still
+    /// records the take (a release that died between its writes), gives it back. The
     /// hold stays, with its final status and no longer counted against the limit, so
     /// the order id can never be reserved again.
     async fn release(
@@ -125,6 +156,20 @@ pub trait StockLedger: Send + Sync {
         reason: ReleaseReason,
         now: DateTime<Utc>,
     ) -> Result<Settlement, StoreError>;
+
+    /// The takes on `sale`'s shards that no open or paid hold on the same shard
+    /// accounts for: a reserve between its two writes, or one that died there; a take
+    /// a retry on another shard superseded; a release that died before its shard
+    /// write. A read for the reconciler that may lag the latest writes, so each take
+    /// is checked again by [`StockLedger::return_take`] before it is given back.
+    async fn unaccounted_takes(&self, sale: &Sale) -> Result<Vec<Take>, StoreError>;
+
+    /// Gives `take`'s unit back unless, read consistently now, an open or paid hold on
+    /// its shard accounts for it. If the order has no hold at all, first records one,
+    /// settled as `expired`, so that a reserve still on its way cannot record it
+    /// after the unit went back: its hold write is refused as `AlreadyHeld`.
+    /// Idempotent.
+    async fn return_take(&self, take: &Take, now: DateTime<Utc>) -> Result<TakeReturn, StoreError>;
 }
 
 /// What `OrderBook::open` found.

@@ -13,7 +13,7 @@ use crate::ids::{OrderId, SaleId, UserId};
 use crate::order::{Order, OrderStatus, ReleaseReason, Reservation};
 use crate::ports::{
     Blocklist, Clock, OpenOutcome, OrderBook, OrderQueue, Pause, PayOutcome, ReleaseScheduler,
-    ReserveRefusal, SaleCatalog, Settlement, StockLedger,
+    ReserveRefusal, SaleCatalog, Settlement, StockLedger, Take, TakeReturn,
 };
 use crate::sale::{MAX_ABANDONED_HOLDS, Sale, StockCounts};
 
@@ -61,6 +61,9 @@ struct State {
     orders: HashMap<OrderId, (Reservation, OrderStatus)>,
     /// When each expired order's release committed.
     expired_at: HashMap<OrderId, DateTime<Utc>>,
+    /// Units taken from a shard by a reserve that never recorded its hold: the
+    /// fake's reserve is atomic, so only [`InMemoryStore::leave_take`] makes them.
+    loose_takes: HashMap<OrderId, Take>,
 }
 
 /// Sales, stock and orders in one mutex: every operation is trivially atomic.
@@ -96,6 +99,17 @@ impl InMemoryStore {
             reservation.order_id.clone(),
             (reservation.clone(), OrderStatus::Reserved),
         );
+    }
+
+    /// Takes a unit from `take.shard` with no hold behind it, as a reserve that died
+    /// between its take and its hold leaves it: `return_take`'s case.
+    pub fn leave_take(&self, sale: &Sale, take: Take) {
+        let mut state = locked(&self.state);
+        *state
+            .shards
+            .entry((sale.sale_id.clone(), take.shard))
+            .or_default() -= 1;
+        state.loose_takes.insert(take.order_id.clone(), take);
     }
 
     pub fn shard_available(&self, sale_id: &SaleId, shard: u16) -> u64 {
@@ -219,6 +233,44 @@ impl StockLedger for InMemoryStore {
                     Settlement::AlreadySettled(*status)
                 })),
         }
+    }
+
+    async fn unaccounted_takes(&self, sale: &Sale) -> Result<Vec<Take>, StoreError> {
+        let state = locked(&self.state);
+        let mut takes: Vec<Take> = state
+            .loose_takes
+            .values()
+            .filter(|take| take.order_id.sale_id() == &sale.sale_id)
+            .cloned()
+            .collect();
+        takes.sort_by(|a, b| a.order_id.cmp(&b.order_id));
+        Ok(takes)
+    }
+
+    async fn return_take(&self, take: &Take, now: DateTime<Utc>) -> Result<TakeReturn, StoreError> {
+        let mut state = locked(&self.state);
+        if state.loose_takes.remove(&take.order_id).is_none() {
+            return Ok(TakeReturn::AlreadyReturned);
+        }
+        // As the store does: a settled hold, so a reserve on its way finds it.
+        let voided = Reservation {
+            order_id: take.order_id.clone(),
+            sale_id: take.order_id.sale_id().clone(),
+            user_id: take.user_id.clone(),
+            shard: take.shard,
+            created_at: take.taken_at,
+            expires_at: take.taken_at,
+        };
+        state
+            .holds
+            .entry(take.order_id.clone())
+            .or_insert((voided, OrderStatus::Expired));
+        state.expired_at.insert(take.order_id.clone(), now);
+        *state
+            .shards
+            .entry((take.order_id.sale_id().clone(), take.shard))
+            .or_default() += 1;
+        Ok(TakeReturn::Returned)
     }
 }
 
@@ -438,6 +490,14 @@ impl StockLedger for ScriptedLedger {
     ) -> Result<Settlement, StoreError> {
         self.inner.release(reservation, reason, now).await
     }
+
+    async fn unaccounted_takes(&self, sale: &Sale) -> Result<Vec<Take>, StoreError> {
+        self.inner.unaccounted_takes(sale).await
+    }
+
+    async fn return_take(&self, take: &Take, now: DateTime<Utc>) -> Result<TakeReturn, StoreError> {
+        self.inner.return_take(take, now).await
+    }
 }
 
 /// A ledger whose every call fails, transiently or permanently: for proving how a
@@ -484,6 +544,18 @@ impl StockLedger for FailingLedger {
         _now: DateTime<Utc>,
     ) -> Result<Settlement, StoreError> {
         Err(self.error("release"))
+    }
+
+    async fn unaccounted_takes(&self, _sale: &Sale) -> Result<Vec<Take>, StoreError> {
+        Err(self.error("unaccounted_takes"))
+    }
+
+    async fn return_take(
+        &self,
+        _take: &Take,
+        _now: DateTime<Utc>,
+    ) -> Result<TakeReturn, StoreError> {
+        Err(self.error("return_take"))
     }
 }
 

@@ -24,7 +24,7 @@ use chrono::{DateTime, Duration, TimeZone, Utc};
 use flashsale_adapters::SqsOrderQueue;
 use flashsale_domain::error::StoreError;
 use flashsale_domain::ports::{
-    OrderBook, OrderQueue, ReserveRefusal, SaleCatalog, Settlement, StockLedger,
+    OrderBook, OrderQueue, ReserveRefusal, SaleCatalog, Settlement, StockLedger, Take, TakeReturn,
 };
 use flashsale_domain::testing::{InMemoryBlocklist, InMemoryStore, ManualClock, RecordingQueue};
 use flashsale_domain::token::GrabTokenSigner;
@@ -174,6 +174,18 @@ impl StockLedger for SlowEmptyShards {
         _now: DateTime<Utc>,
     ) -> Result<Settlement, StoreError> {
         Ok(Settlement::Unknown)
+    }
+
+    async fn unaccounted_takes(&self, _sale: &Sale) -> Result<Vec<Take>, StoreError> {
+        Ok(Vec::new())
+    }
+
+    async fn return_take(
+        &self,
+        _take: &Take,
+        _now: DateTime<Utc>,
+    ) -> Result<TakeReturn, StoreError> {
+        Ok(TakeReturn::AlreadyReturned)
     }
 }
 
