@@ -821,7 +821,7 @@ async fn textbook_buyer(
             locked(tally).record(round_trip, matches!(answer, Ok(Ok(()))), contended);
             match answer {
                 Ok(Ok(())) => return RawOutcome::Reserved(reservation),
-                Ok(Err(ReserveRefusal::ShardEmpty)) => break,
+                Ok(Err(ReserveRefusal::ShardEmpty(_))) => break,
                 Ok(Err(ReserveRefusal::Contended)) if attempt < TEXTBOOK_RETRY.attempts => {
                     tokio::time::sleep(TEXTBOOK_RETRY.pause(attempt)).await;
                     attempt += 1;

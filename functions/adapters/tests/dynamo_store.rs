@@ -13,7 +13,8 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use chrono::{Duration, Utc};
 use flashsale_adapters::{ContentionExhausted, CorruptItem, DynamoStore, ItemError};
 use flashsale_domain::ports::{
-    OpenOutcome, OrderBook, PayOutcome, ReserveRefusal, SaleCatalog, Settlement, StockLedger,
+    OpenOutcome, OrderBook, PayOutcome, ReserveRefusal, SaleCatalog, Settlement, ShardTakers,
+    StockLedger,
 };
 use flashsale_domain::sale::{MAX_ABANDONED_HOLDS, StockCounts};
 use flashsale_domain::testing::InMemoryStore;
@@ -67,7 +68,7 @@ async fn grab(
         loop {
             match store.reserve(sale, shard, &reservation).await {
                 Ok(Ok(()) | Err(ReserveRefusal::AlreadyHeld)) => return Some(reservation),
-                Ok(Err(ReserveRefusal::ShardEmpty)) => break,
+                Ok(Err(ReserveRefusal::ShardEmpty(_))) => break,
                 Ok(Err(ReserveRefusal::LimitReached)) => {
                     panic!("a buyer with nothing reserved reached the limit")
                 }
@@ -143,13 +144,16 @@ async fn reserve_on_an_empty_shard_is_refused_as_shard_empty_and_writes_nothing(
     let (store, _, _) = support::store().await;
     let sale = support::sale(2, 2, 1);
     created(&store, &sale).await;
-    reserved(&store, &sale, &support::user("alice"), 0).await;
+    let alices = reserved(&store, &sale, &support::user("alice"), 0).await;
 
     let bob = support::user("bob");
     let refused = support::reservation(&sale, &bob, 0);
     assert_eq!(
         store.reserve(&sale, 0, &refused).await.expect("reserve"),
-        Err(ReserveRefusal::ShardEmpty)
+        Err(ReserveRefusal::ShardEmpty(ShardTakers::of([
+            &alices.order_id
+        ]))),
+        "the refusal names who holds the shard's units"
     );
     assert_eq!(
         store.availability(&sale).await.expect("availability"),
@@ -195,10 +199,10 @@ async fn reserve_over_the_per_user_limit_is_refused_as_limit_reached_and_writes_
     // Shard 0 is empty and alice is at her limit: the shard, written first, answers.
     // The grab goes on to a shard with stock, whose take the limit then undoes.
     let both = support::reservation(&sale, &alice, 0);
-    assert_eq!(
+    assert!(matches!(
         store.reserve(&sale, 0, &both).await.expect("reserve"),
-        Err(ReserveRefusal::ShardEmpty)
-    );
+        Err(ReserveRefusal::ShardEmpty(takers)) if takers.len() == 2
+    ));
     assert!(
         store
             .unaccounted_takes(&sale)
@@ -290,9 +294,10 @@ async fn a_held_order_is_already_held_on_an_empty_shard_and_at_the_limit(store: 
         "empty shard and limit reached, but this order is held"
     );
     let another = support::reservation(&sale, &alice, 0);
+    let held_by_her = ShardTakers::of([&held.order_id]);
     assert_eq!(
         store.reserve(&sale, 0, &another).await.expect("reserve"),
-        Err(ReserveRefusal::ShardEmpty),
+        Err(ReserveRefusal::ShardEmpty(held_by_her.clone())),
         "a new order of hers finds the shard empty before her limit"
     );
     let bob = support::user("bob");
@@ -301,7 +306,7 @@ async fn a_held_order_is_already_held_on_an_empty_shard_and_at_the_limit(store: 
             .reserve(&sale, 0, &support::reservation(&sale, &bob, 0))
             .await
             .expect("reserve"),
-        Err(ReserveRefusal::ShardEmpty)
+        Err(ReserveRefusal::ShardEmpty(held_by_her))
     );
 
     // Two shards, limit one: her order took shard 0, shard 1 still has stock, and a

@@ -289,14 +289,23 @@ impl GrabService {
             .ok_or(AppError::InvalidToken)?;
         let mut shards = self.shards_worth_a_write(&sale, user, started).await;
         if shards.is_empty() {
-            // Sold out as far as this process knows, so no write.
-            return match attempt {
-                Attempt::First => Ok(GrabOutcome::SoldOut(SoldOutBy::Gate)),
-                Attempt::Retry => Ok(self
-                    .resume(&order_id, user)
-                    .await?
-                    .map_or(GrabOutcome::SoldOut(SoldOutBy::Gate), GrabOutcome::Resumed)),
-            };
+            // Sold out as far as this process knows, so no write, unless this path's
+            // order holds a unit: the gate knows who held the empty shards' units when
+            // it saw them empty, so a request that repeats a winner's (with or without
+            // the retry header) is told so, for one read, instead of "sold out". A take
+            // whose hold never landed (its grab lost the answers between the two
+            // writes) is finished by one reserve on its shard.
+            let taken_on = self.gate.shard_taken_by(sale_id, sale.shards, &order_id);
+            if taken_on.is_none() && attempt == Attempt::First {
+                return Ok(GrabOutcome::SoldOut(SoldOutBy::Gate));
+            }
+            if let Some(held) = self.resume(&order_id, user).await? {
+                return Ok(GrabOutcome::Resumed(held));
+            }
+            match taken_on {
+                Some(shard) => shards.push(shard),
+                None => return Ok(GrabOutcome::SoldOut(SoldOutBy::Gate)),
+            }
         }
         let mut unknown_outcomes = 0_u32;
         // A shard whose reserve's outcome was lost and whose hold the read did not find,
@@ -328,7 +337,7 @@ impl GrabService {
                 tally.reserves += 1;
                 let answer = self.ledger.reserve(&sale, shard, &reservation).await;
                 if unresolved == Some(shard)
-                    && matches!(answer, Ok(Err(ReserveRefusal::ShardEmpty)))
+                    && matches!(answer, Ok(Err(ReserveRefusal::ShardEmpty(_))))
                 {
                     // A take that had landed would have been found, not refused.
                     unresolved = None;
@@ -339,9 +348,9 @@ impl GrabService {
                         self.hand_over(&reservation).await;
                         return Ok(GrabOutcome::Reserved(reservation));
                     }
-                    Ok(Err(ReserveRefusal::ShardEmpty)) => {
+                    Ok(Err(ReserveRefusal::ShardEmpty(takers))) => {
                         self.gate
-                            .mark_empty(sale_id, sale.shards, shard, self.clock.now());
+                            .mark_empty(sale_id, sale.shards, shard, takers, self.clock.now());
                     }
                     Ok(Err(ReserveRefusal::LimitReached)) => return Err(AppError::LimitReached),
                     Ok(Err(ReserveRefusal::AlreadyHeld)) => {
@@ -393,6 +402,13 @@ impl GrabService {
             // answer on its shard, not the gate's, can tell.
             shards.splice(0..0, unresolved);
             if shards.is_empty() {
+                shards.extend(self.gate.shard_taken_by(
+                    sale_id,
+                    sale.shards,
+                    &reservation.order_id,
+                ));
+            }
+            if shards.is_empty() {
                 return Ok(GrabOutcome::SoldOut(SoldOutBy::Database));
             }
             if walks >= self.contention.max_walks
@@ -424,7 +440,7 @@ impl GrabService {
             .gate
             .plan(&sale.sale_id, sale.shards, sale.shard_order(user), now);
         if let Some(recheck) = plan.recheck.take() {
-            recheck.settle(self.ledger.availability(sale).await, self.clock.now());
+            recheck.settle(self.ledger.shard_states(sale).await, self.clock.now());
             plan = self
                 .gate
                 .plan(&sale.sale_id, sale.shards, sale.shard_order(user), now);

@@ -55,11 +55,50 @@ pub trait SaleCatalog: Send + Sync {
     async fn sales_ending_after(&self, cutoff: DateTime<Utc>) -> Result<Vec<Sale>, StoreError>;
 }
 
+/// The orders a shard recorded as holding its units, at one moment, by fingerprint:
+/// what lets a grab find its own take on a shard it knows is empty, in memory. A shard
+/// seen empty gains no take until a unit comes back to it, so the takers seen with an
+/// empty shard are all it has, until the gate's next recheck.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ShardTakers(Vec<u64>);
+
+impl ShardTakers {
+    pub fn of<'a>(orders: impl IntoIterator<Item = &'a OrderId>) -> Self {
+        let mut fingerprints: Vec<u64> = orders.into_iter().map(OrderId::random_bits).collect();
+        fingerprints.sort_unstable();
+        fingerprints.dedup();
+        Self(fingerprints)
+    }
+
+    /// Whether `order` is among them. Fingerprints are 64 random bits of the order id,
+    /// so a false "yes" is as rare as two orders sharing them, and costs one refused
+    /// write at most.
+    pub fn include(&self, order: &OrderId) -> bool {
+        self.0.binary_search(&order.random_bits()).is_ok()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// One shard as a single read saw it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ShardState {
+    pub available: u64,
+    pub takers: ShardTakers,
+}
+
 /// Why a reservation was refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReserveRefusal {
-    /// This shard has no stock left; others may.
-    ShardEmpty,
+    /// This shard has no stock left; others may. With the orders that hold its units,
+    /// as the refusal saw them.
+    ShardEmpty(ShardTakers),
     /// The user already holds or bought `per_user_limit` units of this sale.
     LimitReached,
     /// A hold for this very order exists already: the grab is a retry of one that
@@ -135,12 +174,17 @@ pub trait StockLedger: Send + Sync {
     ) -> Result<Result<(), ReserveRefusal>, StoreError>;
 
     /// Units left in each shard, index = shard, in one read that writes nothing, for
-    /// the public sale page and the sold-out gate's recheck (at most once per process
-    /// per interval, off the request path). It may lag the latest grabs and releases by
+    /// the public sale page. It may lag the latest grabs and releases by
     /// a moment (an eventually consistent read on AWS), so it is never used to decide a
     /// grab: at most it makes the gate try a shard's write (whose condition decides)
     /// or wait one more interval before trying it.
     async fn availability(&self, sale: &Sale) -> Result<Vec<u64>, StoreError>;
+
+    /// Every shard's stock with the orders holding its units (index = shard), in one
+    /// read that writes nothing: the sold-out gate's recheck (at most once per process
+    /// per interval). Like `availability` it may lag and never decides a grab, but each
+    /// shard's two parts come from one version of it.
+    async fn shard_states(&self, sale: &Sale) -> Result<Vec<ShardState>, StoreError>;
 
     /// Ends an open hold and gives its unit back to its shard: one transaction on the
     /// user's and the order's items records the order as `reason.final_status()`, then

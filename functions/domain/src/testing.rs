@@ -13,7 +13,8 @@ use crate::ids::{OrderId, SaleId, UserId};
 use crate::order::{Order, OrderStatus, ReleaseReason, Reservation};
 use crate::ports::{
     Blocklist, Clock, OpenOutcome, OrderBook, OrderQueue, Pause, PayOutcome, ReleaseScheduler,
-    ReserveRefusal, SaleCatalog, Settlement, StockLedger, Take, TakeReturn,
+    ReserveRefusal, SaleCatalog, Settlement, ShardState, ShardTakers, StockLedger, Take,
+    TakeReturn,
 };
 use crate::sale::{MAX_ABANDONED_HOLDS, Sale, StockCounts};
 
@@ -64,6 +65,28 @@ struct State {
     /// Units taken from a shard by a reserve that never recorded its hold: the
     /// fake's reserve is atomic, so only [`InMemoryStore::leave_take`] makes them.
     loose_takes: HashMap<OrderId, Take>,
+}
+
+impl State {
+    /// The orders holding a unit of the shard: open or paid holds on it, and takes that
+    /// never got their hold.
+    fn takers_of(&self, sale_id: &SaleId, shard: u16) -> ShardTakers {
+        let holding = self
+            .holds
+            .iter()
+            .filter(|(_, (held, status))| {
+                &held.sale_id == sale_id
+                    && held.shard == shard
+                    && (status.is_open() || *status == OrderStatus::Paid)
+            })
+            .map(|(order, _)| order);
+        let loose = self
+            .loose_takes
+            .values()
+            .filter(|take| take.order_id.sale_id() == sale_id && take.shard == shard)
+            .map(|take| &take.order_id);
+        ShardTakers::of(holding.chain(loose))
+    }
 }
 
 /// Sales, stock and orders in one mutex: every operation is trivially atomic.
@@ -173,8 +196,25 @@ impl StockLedger for InMemoryStore {
         if state.holds.contains_key(&reservation.order_id) {
             return Ok(Err(ReserveRefusal::AlreadyHeld));
         }
+        // A take of this order's that never got its hold: finished here, as the store's
+        // reserve finds and finishes it.
+        let finishing = state
+            .loose_takes
+            .get(&reservation.order_id)
+            .is_some_and(|take| take.shard == shard);
+        if finishing {
+            state.loose_takes.remove(&reservation.order_id);
+            *state.active.entry(user_key).or_default() += 1;
+            state.holds.insert(
+                reservation.order_id.clone(),
+                (reservation.clone(), OrderStatus::Reserved),
+            );
+            return Ok(Ok(()));
+        }
         if state.shards.get(&shard_key).copied().unwrap_or(0) == 0 {
-            return Ok(Err(ReserveRefusal::ShardEmpty));
+            return Ok(Err(ReserveRefusal::ShardEmpty(
+                state.takers_of(&sale.sale_id, shard),
+            )));
         }
         if state.active.get(&user_key).copied().unwrap_or(0) >= sale.per_user_limit
             || state.abandoned.get(&user_key).copied().unwrap_or(0) >= MAX_ABANDONED_HOLDS
@@ -233,6 +273,21 @@ impl StockLedger for InMemoryStore {
                     Settlement::AlreadySettled(*status)
                 })),
         }
+    }
+
+    async fn shard_states(&self, sale: &Sale) -> Result<Vec<ShardState>, StoreError> {
+        self.availability_reads.fetch_add(1, Ordering::SeqCst);
+        let state = locked(&self.state);
+        Ok((0..sale.shards)
+            .map(|shard| ShardState {
+                available: state
+                    .shards
+                    .get(&(sale.sale_id.clone(), shard))
+                    .copied()
+                    .unwrap_or(0),
+                takers: state.takers_of(&sale.sale_id, shard),
+            })
+            .collect())
     }
 
     async fn unaccounted_takes(&self, sale: &Sale) -> Result<Vec<Take>, StoreError> {
@@ -491,6 +546,10 @@ impl StockLedger for ScriptedLedger {
         self.inner.release(reservation, reason, now).await
     }
 
+    async fn shard_states(&self, sale: &Sale) -> Result<Vec<ShardState>, StoreError> {
+        self.inner.shard_states(sale).await
+    }
+
     async fn unaccounted_takes(&self, sale: &Sale) -> Result<Vec<Take>, StoreError> {
         self.inner.unaccounted_takes(sale).await
     }
@@ -544,6 +603,10 @@ impl StockLedger for FailingLedger {
         _now: DateTime<Utc>,
     ) -> Result<Settlement, StoreError> {
         Err(self.error("release"))
+    }
+
+    async fn shard_states(&self, _sale: &Sale) -> Result<Vec<ShardState>, StoreError> {
+        Err(self.error("shard_states"))
     }
 
     async fn unaccounted_takes(&self, _sale: &Sale) -> Result<Vec<Take>, StoreError> {

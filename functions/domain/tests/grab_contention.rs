@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Duration, TimeZone, Utc};
 use flashsale_domain::gate::SoldOutGate;
-use flashsale_domain::ports::{Clock, OrderBook, SaleCatalog, StockLedger};
+use flashsale_domain::ports::{Clock, OrderBook, SaleCatalog, StockLedger, Take};
 use flashsale_domain::service::{
     Attempt, CachedBlocklist, ContentionPolicy, GrabOutcome, GrabReport, GrabService, SoldOutBy,
 };
@@ -273,4 +273,69 @@ async fn a_table_that_keeps_failing_is_answered_unavailable_after_two_unknown_ou
     }
     assert_eq!(report.reserves, 2, "no more load on a failing table");
     assert_eq!(world.available(), 8);
+}
+
+#[tokio::test]
+async fn a_take_whose_hold_never_landed_is_finished_by_the_buyers_next_request_not_sold_out() {
+    // One unit. Alice's earlier request took it and died (or lost its answers) before
+    // recording her hold; her path's order is in the shard's takers, not on her item.
+    let world = World::new(1, 1, []).await;
+    let alice = UserId::parse("alice").unwrap();
+    let pass = world
+        .grabs
+        .issue_pass(&world.sale.sale_id, &alice)
+        .await
+        .unwrap();
+    let token = pass.grab_path.rsplit('/').next().unwrap();
+    let order_id = world
+        .grabs
+        .signer
+        .verify(token, &world.sale.sale_id, &alice, start())
+        .expect("a valid path");
+    world.store.leave_take(
+        &world.sale,
+        Take {
+            shard: 0,
+            order_id: order_id.clone(),
+            user_id: alice.clone(),
+            taken_at: start(),
+        },
+    );
+    // Bob finds the shard empty; the gate learns so, with who holds its unit.
+    assert_eq!(
+        world.grab("bob").await.outcome.ok(),
+        Some(GrabOutcome::SoldOut(SoldOutBy::Database))
+    );
+    // Carol, with nothing taken, is refused from memory.
+    let carol = world.grab("carol").await;
+    assert_eq!(
+        (carol.outcome.ok(), carol.reserves),
+        (Some(GrabOutcome::SoldOut(SoldOutBy::Gate)), 0)
+    );
+
+    // Alice sends her path again without saying it is a retry: the gate points her to
+    // the shard her take is on, and one reserve there records her hold.
+    let again = world
+        .grabs
+        .grab(&world.sale.sale_id, token, &alice, Attempt::First)
+        .await;
+    let reservation = reserved(&again);
+    assert_eq!(reservation.order_id, order_id);
+    assert_eq!(again.reserves, 1);
+    assert_eq!(world.available(), 0, "the one unit, taken once");
+    let (order, _) = world
+        .store
+        .find(&order_id, &alice)
+        .await
+        .unwrap()
+        .expect("her order");
+    assert_eq!(order.status, OrderStatus::Reserved);
+    assert!(
+        world
+            .ledger
+            .unaccounted_takes(&world.sale)
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }

@@ -11,7 +11,9 @@
 use async_trait::async_trait;
 use aws_sdk_dynamodb::types::ReturnValuesOnConditionCheckFailure;
 use chrono::{DateTime, Utc};
-use flashsale_domain::ports::{ReserveRefusal, Settlement, StockLedger, Take, TakeReturn};
+use flashsale_domain::ports::{
+    ReserveRefusal, Settlement, ShardState, ShardTakers, StockLedger, Take, TakeReturn,
+};
 use flashsale_domain::sale::MAX_ABANDONED_HOLDS;
 use flashsale_domain::{OrderStatus, ReleaseReason, Reservation, Sale, StoreError};
 
@@ -25,6 +27,7 @@ use super::{DynamoStore, InvalidRequest};
 const RESERVE: &str = "dynamodb.reserve";
 const AVAILABILITY: &str = "dynamodb.availability";
 const RELEASE: &str = "dynamodb.release";
+const SHARD_STATES: &str = "dynamodb.shard_states";
 const UNACCOUNTED_TAKES: &str = "dynamodb.unaccounted_takes";
 const RETURN_TAKE: &str = "dynamodb.return_take";
 
@@ -149,10 +152,13 @@ impl DynamoStore {
                 .unwrap_or_default(),
         };
         if has_taker(&old, &taker) {
-            Ok(Ok(Taken::Before))
-        } else {
-            Ok(Err(ReserveRefusal::ShardEmpty))
+            return Ok(Ok(Taken::Before));
         }
+        let takers = item::parse_takes(&sale.sale_id, shard, &old)
+            .map_err(|error| corrupt(RESERVE, &key, error))?;
+        Ok(Err(ReserveRefusal::ShardEmpty(ShardTakers::of(
+            takers.iter().map(|take| &take.order_id),
+        ))))
     }
 
     /// Gives the order's take on `shard` back, if the shard still records it. Whether
@@ -394,6 +400,33 @@ impl StockLedger for DynamoStore {
             }
             Err(refusal) => Err(refusal.unexpected(RELEASE)),
         }
+    }
+
+    async fn shard_states(&self, sale: &Sale) -> Result<Vec<ShardState>, StoreError> {
+        // The gate's recheck, once per process per interval: any replica will do, and
+        // each shard's stock and takers come from one version of its item.
+        let shards = self
+            .shard_items(
+                SHARD_STATES,
+                sale,
+                Consistency::Eventual,
+                ShardPart::StockAndTakers,
+            )
+            .await?;
+        shards
+            .iter()
+            .zip(0..)
+            .map(|(found, shard)| {
+                let available = item::parse_available(found)
+                    .map_err(|error| corrupt(SHARD_STATES, found, error))?;
+                let takes = item::parse_takes(&sale.sale_id, shard, found)
+                    .map_err(|error| corrupt(SHARD_STATES, found, error))?;
+                Ok(ShardState {
+                    available,
+                    takers: ShardTakers::of(takes.iter().map(|take| &take.order_id)),
+                })
+            })
+            .collect()
     }
 
     async fn unaccounted_takes(&self, sale: &Sale) -> Result<Vec<Take>, StoreError> {

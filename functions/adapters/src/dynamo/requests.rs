@@ -72,6 +72,8 @@ pub(super) enum ShardPart {
     Stock,
     /// The takes, for the reconciler.
     Takers,
+    /// Both, for the gate's recheck.
+    StockAndTakers,
 }
 
 /// How fresh a read of the shards must be.
@@ -324,8 +326,15 @@ impl DynamoStore {
             .map(|shard| item::shard_key(&sale.sale_id, shard))
             .collect();
         let (projection, attributes) = match part {
-            ShardPart::Stock => ("#pk, #available", &[("#pk", PK), ("#available", AVAILABLE)]),
-            ShardPart::Takers => ("#pk, #takers", &[("#pk", PK), ("#takers", TAKERS)]),
+            ShardPart::Stock => (
+                "#pk, #available",
+                &[("#pk", PK), ("#available", AVAILABLE)][..],
+            ),
+            ShardPart::Takers => ("#pk, #takers", &[("#pk", PK), ("#takers", TAKERS)][..]),
+            ShardPart::StockAndTakers => (
+                "#pk, #available, #takers",
+                &[("#pk", PK), ("#available", AVAILABLE), ("#takers", TAKERS)][..],
+            ),
         };
         let mut items: Vec<Option<Item>> = vec![None; usize::from(sale.shards)];
         for batch in keys.chunks(MAX_BATCH_GET_KEYS) {
