@@ -10,10 +10,11 @@
 //!    grab path, then all grab at a fixed concurrency, retrying 429/503 on the same path
 //!    with `X-Retry-Attempt` and jittered backoff honouring `Retry-After`, as the sale
 //!    page does.
-//! 2. **The textbook client**: a second, identical sale, bought by raw buyers calling
-//!    the grab's own store (`DynamoStore::reserve`) through the proxy, walking the
-//!    buyer's shards on `ShardEmpty` and retrying `Contended` on the same shard with full
-//!    jitter, so the gateway's sell-out can be set beside it.
+//! 2. **The textbook client**: a second, identical sale, bought by raw buyers reserving
+//!    in one transaction on the shard and the buyer's item
+//!    (`DynamoStore::reserve_in_one_transaction`, the design before issue 14) through the
+//!    proxy, walking the buyer's shards on `ShardEmpty` and retrying `Contended` on the
+//!    same shard with full jitter, so the gateway's sell-out can be set beside it.
 //!
 //! and, for its own commit times, **the per-shard curve**: one shard, a fixed number of
 //! raw reservers with the textbook retry, reservations/s and conflicts per reservation,
@@ -26,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use flashsale_adapters::DynamoStore;
-use flashsale_domain::ports::{OpenOutcome, OrderBook, ReserveRefusal, SaleCatalog, StockLedger};
+use flashsale_domain::ports::{OpenOutcome, OrderBook, ReserveRefusal, SaleCatalog};
 use flashsale_domain::{OrderId, Reservation, Sale, SaleId, StoreError, UserId, ValidationError};
 use flashsale_e2e::client::{ClientError, expect_status};
 use flashsale_e2e::surge::retry_delay;
@@ -815,7 +816,9 @@ async fn textbook_buyer(
         let mut attempt = 1;
         loop {
             let sent = Instant::now();
-            let answer = store.reserve(sale, shard, &reservation).await;
+            let answer = store
+                .reserve_in_one_transaction(sale, shard, &reservation)
+                .await;
             let round_trip = sent.elapsed();
             let contended = matches!(answer, Ok(Err(ReserveRefusal::Contended)));
             locked(tally).record(round_trip, matches!(answer, Ok(Ok(()))), contended);

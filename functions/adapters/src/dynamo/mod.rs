@@ -8,6 +8,7 @@
 //! share (expressions, reads, the batch read of the shards) is in [`requests`], the
 //! item layout in [`item`], and running a transaction in [`transact`].
 
+mod baseline;
 mod blocklist;
 mod catalog;
 mod item;
