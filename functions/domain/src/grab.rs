@@ -374,6 +374,7 @@ impl GrabService {
                         // A read that fails too leaves nothing known: the buyer's retry
                         // of the same path (idempotent) will tell.
                         if let Some(held) = self.resume(&reservation.order_id, user).await? {
+                            self.drop_if_superseded(&held, shard).await;
                             return Ok(GrabOutcome::Reserved(held));
                         }
                         unknown_outcomes += 1;
@@ -466,6 +467,24 @@ impl GrabService {
         }
     }
 
+    /// A reserve on `shard` whose outcome was lost may have taken a unit there, but the
+    /// order turned out held on another shard (a concurrent request of the same path
+    /// won there): that take is no one's, so it goes back at once rather than wait for
+    /// the reconciler while buyers are told "sold out".
+    async fn drop_if_superseded(&self, held: &Reservation, shard: u16) {
+        if held.shard == shard {
+            return;
+        }
+        if let Err(error) = self.ledger.drop_superseded_take(held, shard).await {
+            tracing::warn!(
+                order_id = %held.order_id,
+                shard,
+                error = &error as &dyn std::error::Error,
+                "giving back a superseded take failed; the reconciler returns it"
+            );
+        }
+    }
+
     /// Before a grab gives up with a reserve's outcome still unknown (`unresolved`), one
     /// more read of the buyer's item: a lost reserve that landed meanwhile is answered
     /// as the reservation it is, not as a 503 whose retry the gate may call sold out.
@@ -474,13 +493,16 @@ impl GrabService {
         unresolved: Option<u16>,
         reservation: &Reservation,
     ) -> Result<Option<Reservation>, AppError> {
-        match unresolved {
-            Some(_) => {
-                self.resume(&reservation.order_id, &reservation.user_id)
-                    .await
-            }
-            None => Ok(None),
+        let Some(shard) = unresolved else {
+            return Ok(None);
+        };
+        let held = self
+            .resume(&reservation.order_id, &reservation.user_id)
+            .await?;
+        if let Some(held) = &held {
+            self.drop_if_superseded(held, shard).await;
         }
+        Ok(held)
     }
 
     /// Sends a committed reservation to the order consumer. If that fails, the hold

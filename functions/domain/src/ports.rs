@@ -201,6 +201,15 @@ pub trait StockLedger: Send + Sync {
         now: DateTime<Utc>,
     ) -> Result<Settlement, StoreError>;
 
+    /// Gives back `reservation`'s take on `shard`, if there is one, for an order whose
+    /// hold is on another shard: no reserve can record a hold for it on `shard` any
+    /// more, so the unit is free. Whether a take was given back. Idempotent.
+    async fn drop_superseded_take(
+        &self,
+        reservation: &Reservation,
+        shard: u16,
+    ) -> Result<bool, StoreError>;
+
     /// The takes on `sale`'s shards that no open or paid hold on the same shard
     /// accounts for: a reserve between its two writes, or one that died there; a take
     /// a retry on another shard superseded; a release that died before its shard

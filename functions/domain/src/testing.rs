@@ -275,6 +275,26 @@ impl StockLedger for InMemoryStore {
         }
     }
 
+    async fn drop_superseded_take(
+        &self,
+        reservation: &Reservation,
+        shard: u16,
+    ) -> Result<bool, StoreError> {
+        let mut state = locked(&self.state);
+        let loose = state
+            .loose_takes
+            .get(&reservation.order_id)
+            .is_some_and(|take| take.shard == shard);
+        if loose {
+            state.loose_takes.remove(&reservation.order_id);
+            *state
+                .shards
+                .entry((reservation.sale_id.clone(), shard))
+                .or_default() += 1;
+        }
+        Ok(loose)
+    }
+
     async fn shard_states(&self, sale: &Sale) -> Result<Vec<ShardState>, StoreError> {
         self.availability_reads.fetch_add(1, Ordering::SeqCst);
         let state = locked(&self.state);
@@ -550,6 +570,14 @@ impl StockLedger for ScriptedLedger {
         self.inner.shard_states(sale).await
     }
 
+    async fn drop_superseded_take(
+        &self,
+        reservation: &Reservation,
+        shard: u16,
+    ) -> Result<bool, StoreError> {
+        self.inner.drop_superseded_take(reservation, shard).await
+    }
+
     async fn unaccounted_takes(&self, sale: &Sale) -> Result<Vec<Take>, StoreError> {
         self.inner.unaccounted_takes(sale).await
     }
@@ -607,6 +635,14 @@ impl StockLedger for FailingLedger {
 
     async fn shard_states(&self, _sale: &Sale) -> Result<Vec<ShardState>, StoreError> {
         Err(self.error("shard_states"))
+    }
+
+    async fn drop_superseded_take(
+        &self,
+        _reservation: &Reservation,
+        _shard: u16,
+    ) -> Result<bool, StoreError> {
+        Err(self.error("drop_superseded_take"))
     }
 
     async fn unaccounted_takes(&self, _sale: &Sale) -> Result<Vec<Take>, StoreError> {

@@ -177,6 +177,14 @@ impl StockLedger for SlowEmptyShards {
         Ok(Settlement::Unknown)
     }
 
+    async fn drop_superseded_take(
+        &self,
+        _reservation: &Reservation,
+        _shard: u16,
+    ) -> Result<bool, StoreError> {
+        Ok(false)
+    }
+
     async fn shard_states(&self, sale: &Sale) -> Result<Vec<ShardState>, StoreError> {
         Ok(vec![ShardState::default(); usize::from(sale.shards)])
     }

@@ -39,6 +39,15 @@ pub struct ShardContended {
     pub shard: u16,
 }
 
+/// The hold's write met a transaction on the buyer's item after the take committed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "a transaction held the buyer's item after the take on shard {shard}; the take stays for a retry on it"
+)]
+pub struct HoldContended {
+    pub shard: u16,
+}
+
 /// What the take on a shard found.
 enum Taken {
     /// This call took the unit.
@@ -245,9 +254,12 @@ impl DynamoStore {
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
         let held = match self.write(RESERVE, hold).await? {
             Written::Done => return Ok(Ok(())),
+            // A transaction holds the buyer's item: nothing decided. The take is not
+            // undone, since another request of this order may share it and record the
+            // hold (giving it back would leave that hold with no unit): the outcome is
+            // unknown to the caller, whose next reserve on this shard finishes it.
             Written::Contended => {
-                self.undo_take(reservation, shard).await;
-                return Ok(Err(ReserveRefusal::Contended));
+                return Err(StoreError::transient(RESERVE, HoldContended { shard }));
             }
             Written::Refused(Some(old)) => old
                 .get(&hold_attribute)
@@ -427,6 +439,14 @@ impl StockLedger for DynamoStore {
                 })
             })
             .collect()
+    }
+
+    async fn drop_superseded_take(
+        &self,
+        reservation: &Reservation,
+        shard: u16,
+    ) -> Result<bool, StoreError> {
+        self.give_back(RESERVE, reservation, shard).await
     }
 
     async fn unaccounted_takes(&self, sale: &Sale) -> Result<Vec<Take>, StoreError> {
