@@ -390,7 +390,13 @@ impl GrabService {
             if walks >= self.contention.max_walks
                 || self.clock.now() - started >= self.contention.budget
             {
-                if let Some(held) = self.resume_unresolved(unresolved, &reservation).await? {
+                // One more read of the buyer's item before giving up with an outcome
+                // still unknown: a lost reserve that landed meanwhile is answered as
+                // the reservation it is, not as a 503 whose retry the gate may call
+                // sold out.
+                if unresolved.is_some()
+                    && let Some(held) = self.resume(&reservation.order_id, user).await?
+                {
                     return Ok(GrabOutcome::Reserved(held));
                 }
                 return Err(AppError::Store(StoreError::transient(
@@ -438,23 +444,6 @@ impl GrabService {
                 Ok(Some(reservation))
             }
             Some(_) => Err(AppError::InvalidToken),
-            None => Ok(None),
-        }
-    }
-
-    /// Before a grab gives up with a reserve's outcome still unknown (`unresolved`), one
-    /// more read of the buyer's item: a lost reserve that landed meanwhile is answered
-    /// as the reservation it is, not as a 503 whose retry the gate may call sold out.
-    async fn resume_unresolved(
-        &self,
-        unresolved: Option<u16>,
-        reservation: &Reservation,
-    ) -> Result<Option<Reservation>, AppError> {
-        match unresolved {
-            Some(_) => {
-                self.resume(&reservation.order_id, &reservation.user_id)
-                    .await
-            }
             None => Ok(None),
         }
     }
