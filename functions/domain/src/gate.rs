@@ -39,6 +39,12 @@ struct SaleMarks {
     /// unit before it records the buyer's hold, so a grab whose answer was lost may
     /// have a take on a shard that is empty now; its retry finds it here, in memory.
     takers: Vec<ShardTakers>,
+    /// Orders whose last grab in this process gave up with a reserve's outcome unknown
+    /// on a shard (the key's value), and since when: that request's take may have
+    /// landed there without its hold, and only a reserve on that same shard finds and
+    /// finishes it. The order's next request, with or without the retry header, goes
+    /// there first instead of taking a second unit elsewhere.
+    in_doubt: HashMap<OrderId, (u16, DateTime<Utc>)>,
     /// A [`Recheck`] of this sale is out, so no other is handed out.
     rechecking: bool,
 }
@@ -151,14 +157,46 @@ impl SoldOutGate {
         });
     }
 
-    /// The shard known empty on which `order` held a unit when it was seen so: a take
-    /// of this order whose hold may be missing, for a reserve there to finish.
+    /// The shard on which `order` may have a take whose hold is missing, for a reserve
+    /// there to finish: where its last grab here gave up in doubt, or else a shard
+    /// known empty that `order` held a unit of when it was seen so.
     pub fn shard_taken_by(&self, sale_id: &SaleId, shards: u16, order: &OrderId) -> Option<u16> {
         self.with_marks(sale_id, shards, |marks| {
-            (0..shards).find(|&shard| {
-                !marks.worth_a_write(shard) && marks.takers[usize::from(shard)].include(order)
+            let in_doubt = marks
+                .in_doubt
+                .get(order)
+                .map(|(shard, _)| *shard)
+                .filter(|shard| *shard < shards);
+            in_doubt.or_else(|| {
+                (0..shards).find(|&shard| {
+                    !marks.worth_a_write(shard) && marks.takers[usize::from(shard)].include(order)
+                })
             })
         })
+    }
+
+    /// A grab of `order` gave up at `now` with its reserve's outcome on `shard` unknown
+    /// (`Some`), or ended knowing what happened (`None`). Doubts older than a grab path
+    /// lives are dropped as others come: no request of theirs can arrive any more.
+    pub fn note_doubt(
+        &self,
+        sale_id: &SaleId,
+        shards: u16,
+        order: &OrderId,
+        shard: Option<u16>,
+        now: DateTime<Utc>,
+    ) {
+        self.with_marks(sale_id, shards, |marks| match shard {
+            Some(shard) => {
+                marks
+                    .in_doubt
+                    .retain(|_, (_, since)| now - *since < crate::grab::GRAB_PATH_LIFETIME);
+                marks.in_doubt.insert(order.clone(), (shard, now));
+            }
+            None => {
+                marks.in_doubt.remove(order);
+            }
+        });
     }
 
     /// Takes in what a recheck read of every shard saw at `now`.
@@ -278,6 +316,28 @@ mod tests {
         );
         assert_eq!(gate.shard_taken_by(&sale, 3, &mine), Some(2));
         assert_eq!(gate.shard_taken_by(&sale, 3, &other), Some(2));
+    }
+
+    #[test]
+    fn an_order_whose_grab_gave_up_in_doubt_is_pointed_back_to_that_shard_until_it_knows() {
+        let gate = SoldOutGate::new(Duration::seconds(1));
+        let sale = SaleId::parse("s").unwrap();
+        let (mine, other) = (OrderId::new(sale.clone()), OrderId::new(sale.clone()));
+        let t0 = Utc::now();
+        gate.mark_empty(&sale, 3, 1, ShardTakers::of([&mine]), t0);
+        // A doubt is where the order's own grab left off, stocked shard or not, and
+        // comes before what an empty shard's takers say.
+        gate.note_doubt(&sale, 3, &mine, Some(2), t0);
+        assert_eq!(gate.shard_taken_by(&sale, 3, &mine), Some(2));
+        assert_eq!(gate.shard_taken_by(&sale, 3, &other), None);
+        gate.note_doubt(&sale, 3, &mine, None, t0);
+        assert_eq!(gate.shard_taken_by(&sale, 3, &mine), Some(1));
+        // Doubts outlive no grab path.
+        gate.note_doubt(&sale, 3, &other, Some(0), t0);
+        let later = t0 + crate::grab::GRAB_PATH_LIFETIME;
+        gate.note_doubt(&sale, 3, &mine, Some(2), later);
+        assert_eq!(gate.shard_taken_by(&sale, 3, &other), None);
+        assert_eq!(gate.shard_taken_by(&sale, 3, &mine), Some(2));
     }
 
     #[test]

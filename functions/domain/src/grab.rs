@@ -170,6 +170,10 @@ fn splitmix64(x: u64) -> u64 {
 struct Tally {
     reserves: u32,
     contended: u32,
+    /// A shard on which this grab's order may have a take whose hold is missing (a
+    /// reserve there answered nothing definite, and the read did not find the hold),
+    /// until a reserve there answers definitely. See [`SoldOutGate::note_doubt`].
+    in_doubt: Option<u16>,
 }
 
 /// The hot path: hand out grab paths, and turn a grab into a reservation.
@@ -287,33 +291,59 @@ impl GrabService {
             .signer
             .verify(token, sale_id, user, started)
             .ok_or(AppError::InvalidToken)?;
-        let mut shards = self.shards_worth_a_write(&sale, user, started).await;
+        let outcome = self
+            .take_a_unit(&sale, order_id.clone(), user, attempt, started, tally)
+            .await;
+        // A grab that gives up in doubt leaves the shard to its path's next request in
+        // this process; one that knows what happened clears it.
+        let in_doubt = match &outcome {
+            Err(error) if error.is_retryable() => tally.in_doubt,
+            _ => None,
+        };
+        self.gate
+            .note_doubt(sale_id, sale.shards, &order_id, in_doubt, self.clock.now());
+        outcome
+    }
+
+    /// The walk over the shards for `order_id`, once the request is known valid.
+    async fn take_a_unit(
+        &self,
+        sale: &Sale,
+        order_id: OrderId,
+        user: &UserId,
+        attempt: Attempt,
+        started: DateTime<Utc>,
+        tally: &mut Tally,
+    ) -> Result<GrabOutcome, AppError> {
+        let sale_id = &sale.sale_id;
+        // A shard where this order may have a take whose hold is missing is asked
+        // first, whatever the gate thinks of it: a reserve takes from the shard before
+        // it holds, and only a reserve on the same shard finds a take that landed and
+        // finishes it (going on elsewhere would strand that unit until the reconciler
+        // returns it). The gate knows it from this path's earlier request that gave up
+        // in doubt here, or from the takers of a shard it saw empty.
+        tally.in_doubt = self.gate.shard_taken_by(sale_id, sale.shards, &order_id);
+        let mut shards = self.shards_worth_a_write(sale, user, started).await;
         if shards.is_empty() {
             // Sold out as far as this process knows, so no write, unless this path's
-            // order holds a unit: the gate knows who held the empty shards' units when
-            // it saw them empty, so a request that repeats a winner's (with or without
-            // the retry header) is told so, for one read, instead of "sold out". A take
-            // whose hold never landed (its grab lost the answers between the two
-            // writes) is finished by one reserve on its shard.
-            let taken_on = self.gate.shard_taken_by(sale_id, sale.shards, &order_id);
-            if taken_on.is_none() && attempt == Attempt::First {
+            // order may hold a unit: a request that repeats a winner's (with or without
+            // the retry header) is told so, for one read, instead of "sold out"; a take
+            // whose hold never landed is finished by one reserve on its shard.
+            if tally.in_doubt.is_none() && attempt == Attempt::First {
                 return Ok(GrabOutcome::SoldOut(SoldOutBy::Gate));
             }
             if let Some(held) = self.resume(&order_id, user).await? {
                 return Ok(GrabOutcome::Resumed(held));
             }
-            match taken_on {
-                Some(shard) => shards.push(shard),
-                None => return Ok(GrabOutcome::SoldOut(SoldOutBy::Gate)),
+            if tally.in_doubt.is_none() {
+                return Ok(GrabOutcome::SoldOut(SoldOutBy::Gate));
             }
         }
+        if let Some(doubt) = tally.in_doubt {
+            shards.retain(|shard| *shard != doubt);
+            shards.insert(0, doubt);
+        }
         let mut unknown_outcomes = 0_u32;
-        // A shard whose reserve's outcome was lost and whose hold the read did not find,
-        // until a reserve there answers definitely. It is asked first, whatever the
-        // gate thinks of it: a reserve takes from the shard before it holds, and only a
-        // reserve on the same shard finds a take that landed and finishes it (going on
-        // elsewhere would strand that unit until the reconciler returns it).
-        let mut unresolved: Option<u16> = None;
         let mut reservation = Reservation {
             order_id,
             sale_id: sale_id.clone(),
@@ -335,12 +365,12 @@ impl GrabService {
                 }
                 reservation.shard = shard;
                 tally.reserves += 1;
-                let answer = self.ledger.reserve(&sale, shard, &reservation).await;
-                if unresolved == Some(shard)
+                let answer = self.ledger.reserve(sale, shard, &reservation).await;
+                if tally.in_doubt == Some(shard)
                     && matches!(answer, Ok(Err(ReserveRefusal::ShardEmpty(_))))
                 {
                     // A take that had landed would have been found, not refused.
-                    unresolved = None;
+                    tally.in_doubt = None;
                 }
                 match answer {
                     Ok(Ok(())) => {
@@ -362,6 +392,11 @@ impl GrabService {
                     }
                     Ok(Err(ReserveRefusal::Contended)) => {
                         tally.contended += 1;
+                        if tally.in_doubt == Some(shard) {
+                            // Not another shard before this one answers: a take of
+                            // ours may be here.
+                            break;
+                        }
                         contended.push(shard);
                     }
                     Err(error) if error.is_retryable() => {
@@ -371,17 +406,23 @@ impl GrabService {
                             error = &error as &dyn std::error::Error,
                             "reserve outcome unknown; reading the buyer's item"
                         );
-                        // A read that fails too leaves nothing known: the buyer's retry
-                        // of the same path (idempotent) will tell.
-                        if let Some(held) = self.resume(&reservation.order_id, user).await? {
-                            self.drop_if_superseded(&held, shard).await;
-                            return Ok(GrabOutcome::Reserved(held));
+                        tally.in_doubt = Some(shard);
+                        match self.resume(&reservation.order_id, user).await {
+                            Ok(Some(held)) => {
+                                tally.in_doubt = None;
+                                self.drop_if_superseded(&held, shard).await;
+                                return Ok(GrabOutcome::Reserved(held));
+                            }
+                            Ok(None) => {}
+                            // A read that fails too leaves the outcome as unknown as
+                            // before: the reserve on this shard, asked again, tells.
+                            Err(read) if read.is_retryable() => {}
+                            Err(read) => return Err(read),
                         }
                         unknown_outcomes += 1;
                         if unknown_outcomes > self.contention.max_unknown_outcomes {
                             return Err(error.into());
                         }
-                        unresolved = Some(shard);
                         break;
                     }
                     Err(error) => return Err(error.into()),
@@ -396,12 +437,12 @@ impl GrabService {
             // contended; another process may have found some of them empty meanwhile.
             let next: Vec<u16> = untried
                 .chain(contended)
-                .filter(|shard| Some(*shard) != unresolved)
+                .filter(|shard| Some(*shard) != tally.in_doubt)
                 .collect();
             shards = self.gate.still_worth_a_write(sale_id, sale.shards, next);
             // Sold out, unless the lost reserve took a unit after all: only a reserve's
             // answer on its shard, not the gate's, can tell.
-            shards.splice(0..0, unresolved);
+            shards.splice(0..0, tally.in_doubt);
             if shards.is_empty() {
                 shards.extend(self.gate.shard_taken_by(
                     sale_id,
@@ -415,7 +456,7 @@ impl GrabService {
             if walks >= self.contention.max_walks
                 || self.clock.now() - started >= self.contention.budget
             {
-                if let Some(held) = self.resume_unresolved(unresolved, &reservation).await? {
+                if let Some(held) = self.resume_in_doubt(tally, &reservation).await? {
                     return Ok(GrabOutcome::Reserved(held));
                 }
                 return Err(AppError::Store(StoreError::transient(
@@ -485,21 +526,22 @@ impl GrabService {
         }
     }
 
-    /// Before a grab gives up with a reserve's outcome still unknown (`unresolved`), one
-    /// more read of the buyer's item: a lost reserve that landed meanwhile is answered
-    /// as the reservation it is, not as a 503 whose retry the gate may call sold out.
-    async fn resume_unresolved(
+    /// Before a grab gives up with a reserve's outcome still unknown, one more read of
+    /// the buyer's item: a lost reserve that landed meanwhile is answered as the
+    /// reservation it is, not as a 503 whose retry the gate may call sold out.
+    async fn resume_in_doubt(
         &self,
-        unresolved: Option<u16>,
+        tally: &mut Tally,
         reservation: &Reservation,
     ) -> Result<Option<Reservation>, AppError> {
-        let Some(shard) = unresolved else {
+        let Some(shard) = tally.in_doubt else {
             return Ok(None);
         };
         let held = self
             .resume(&reservation.order_id, &reservation.user_id)
             .await?;
         if let Some(held) = &held {
+            tally.in_doubt = None;
             self.drop_if_superseded(held, shard).await;
         }
         Ok(held)

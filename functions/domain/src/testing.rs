@@ -99,6 +99,8 @@ pub struct InMemoryStore {
     pub availability_reads: AtomicUsize,
     /// Counts `find` reads (a retried grab's lookup of its order, among others).
     pub find_calls: AtomicUsize,
+    /// `find` reads still to fail transiently, as a read timing out would.
+    failing_finds: AtomicUsize,
 }
 
 impl InMemoryStore {
@@ -133,6 +135,11 @@ impl InMemoryStore {
             .entry((sale.sale_id.clone(), take.shard))
             .or_default() -= 1;
         state.loose_takes.insert(take.order_id.clone(), take);
+    }
+
+    /// Makes the next `count` `find` reads fail transiently.
+    pub fn fail_next_finds(&self, count: usize) {
+        self.failing_finds.store(count, Ordering::SeqCst);
     }
 
     pub fn shard_available(&self, sale_id: &SaleId, shard: u16) -> u64 {
@@ -406,6 +413,14 @@ impl OrderBook for InMemoryStore {
         user: &UserId,
     ) -> Result<Option<(Order, Reservation)>, StoreError> {
         self.find_calls.fetch_add(1, Ordering::SeqCst);
+        let failing = self
+            .failing_finds
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
+                left.checked_sub(1)
+            });
+        if failing.is_ok() {
+            return Err(StoreError::transient("find", InjectedFailure));
+        }
         let state = locked(&self.state);
         let found = state
             .holds
