@@ -135,6 +135,12 @@ impl SoldOutGate {
         })
     }
 
+    /// Whether `shard` is not known to be empty: checked again before each write of a
+    /// walk, since other grabs may have found it empty since the walk was planned.
+    pub fn is_worth_a_write(&self, sale_id: &SaleId, shards: u16, shard: u16) -> bool {
+        self.with_marks(sale_id, shards, |marks| marks.worth_a_write(shard))
+    }
+
     /// `shard` was seen empty at `now`, held by `takers`.
     pub fn mark_empty(
         &self,

@@ -363,14 +363,30 @@ impl GrabService {
                     contended.push(shard);
                     break;
                 }
+                // Another grab may have found it empty since this walk was planned: a
+                // write there now would only be refused (and billed).
+                if tally.in_doubt != Some(shard)
+                    && !self.gate.is_worth_a_write(sale_id, sale.shards, shard)
+                {
+                    continue;
+                }
                 reservation.shard = shard;
                 tally.reserves += 1;
                 let answer = self.ledger.reserve(sale, shard, &reservation).await;
                 if tally.in_doubt == Some(shard)
                     && matches!(answer, Ok(Err(ReserveRefusal::ShardEmpty(_))))
                 {
-                    // A take that had landed would have been found, not refused.
+                    // A take that had landed would have been found, not refused; and
+                    // the gate stops pointing this order back here at once, or the walk
+                    // would come back to it until it ran out of walks.
                     tally.in_doubt = None;
+                    self.gate.note_doubt(
+                        sale_id,
+                        sale.shards,
+                        &reservation.order_id,
+                        None,
+                        started,
+                    );
                 }
                 match answer {
                     Ok(Ok(())) => {
