@@ -428,7 +428,9 @@ impl BenchReport {
              items for its round trip plus the commit time, any other transaction touching a \
              held item is cancelled (`TransactionConflict` at that item) and a plain write of \
              one is refused. Both clients below run on the same proxy, mode and table, one \
-             after the other.\n\n\
+             after the other, after one surge of the same size that is not reported: \
+             DynamoDB Local is a JVM, and in its first seconds of load plain writes time out \
+             before its hot paths are compiled, which AWS's service does not do.\n\n\
              - **The surge through the gateway**: a sale of {stock} units on {shards} shards; \
              {buyers} buyers each fetch a grab path, then all grab at concurrency {conc}, \
              retrying 429, 503 and no answer on the same path with `X-Retry-Attempt: n` after \

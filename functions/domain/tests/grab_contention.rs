@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Duration, TimeZone, Utc};
 use flashsale_domain::gate::SoldOutGate;
-use flashsale_domain::ports::{Clock, OrderBook, SaleCatalog, StockLedger};
+use flashsale_domain::ports::{Clock, OrderBook, SaleCatalog, StockLedger, Take};
 use flashsale_domain::service::{
     Attempt, CachedBlocklist, ContentionPolicy, GrabOutcome, GrabReport, GrabService, SoldOutBy,
 };
@@ -16,7 +16,7 @@ use flashsale_domain::testing::{
     ScriptedLedger,
 };
 use flashsale_domain::token::GrabTokenSigner;
-use flashsale_domain::{AppError, OrderStatus, Sale, SaleDraft, UserId};
+use flashsale_domain::{AppError, OrderId, OrderStatus, Sale, SaleDraft, UserId};
 
 use ReserveScript::{CommitThenFail, Contend, FailBefore};
 
@@ -91,6 +91,31 @@ impl World {
         self.grabs
             .grab(&self.sale.sale_id, token, &user, Attempt::First)
             .await
+    }
+
+    /// A grab path for `user`, and the order it names.
+    async fn path_of(&self, user: &UserId) -> (String, OrderId) {
+        let pass = self
+            .grabs
+            .issue_pass(&self.sale.sale_id, user)
+            .await
+            .unwrap();
+        let token = pass.grab_path.rsplit('/').next().unwrap().to_owned();
+        let order_id = self
+            .grabs
+            .signer
+            .verify(&token, &self.sale.sale_id, user, start())
+            .expect("a valid path");
+        (token, order_id)
+    }
+
+    /// Whether every unit taken from a shard is accounted for by a hold.
+    async fn no_stray_takes(&self) -> bool {
+        self.ledger
+            .unaccounted_takes(&self.sale)
+            .await
+            .unwrap()
+            .is_empty()
     }
 
     fn available(&self) -> u64 {
@@ -193,10 +218,10 @@ async fn a_reserve_that_failed_before_committing_is_tried_again_and_takes_one_un
     let report = world.grab("alice").await;
     let reservation = reserved(&report);
     let order = world.order_of("alice");
-    // Nothing was held when the buyer's item was read, so the walk goes on: the order
-    // id, not the shard, makes the reserve idempotent.
-    assert_eq!(reservation.shard, order[1]);
-    assert_eq!(world.ledger.tried(), order[..2]);
+    // Nothing was held when the buyer's item was read, so the same shard is asked
+    // again: a take that landed there would be found and finished, not stranded.
+    assert_eq!(reservation.shard, order[0]);
+    assert_eq!(world.ledger.tried(), [order[0], order[0]]);
     assert_eq!(world.available(), 7);
 }
 
@@ -273,4 +298,110 @@ async fn a_table_that_keeps_failing_is_answered_unavailable_after_two_unknown_ou
     }
     assert_eq!(report.reserves, 2, "no more load on a failing table");
     assert_eq!(world.available(), 8);
+}
+
+#[tokio::test]
+async fn a_take_whose_hold_never_landed_is_finished_by_the_buyers_next_request_not_sold_out() {
+    // One unit. Alice's earlier request took it and died (or lost its answers) before
+    // recording her hold; her path's order is in the shard's takers, not on her item.
+    let world = World::new(1, 1, []).await;
+    let alice = UserId::parse("alice").unwrap();
+    let (token, order_id) = world.path_of(&alice).await;
+    let token = token.as_str();
+    world.store.leave_take(
+        &world.sale,
+        Take {
+            shard: 0,
+            order_id: order_id.clone(),
+            user_id: alice.clone(),
+            taken_at: start(),
+        },
+    );
+    // Bob finds the shard empty; the gate learns so, with who holds its unit.
+    assert_eq!(
+        world.grab("bob").await.outcome.ok(),
+        Some(GrabOutcome::SoldOut(SoldOutBy::Database))
+    );
+    // Carol, with nothing taken, is refused from memory.
+    let carol = world.grab("carol").await;
+    assert_eq!(
+        (carol.outcome.ok(), carol.reserves),
+        (Some(GrabOutcome::SoldOut(SoldOutBy::Gate)), 0)
+    );
+
+    // Alice sends her path again without saying it is a retry: the gate points her to
+    // the shard her take is on, and one reserve there records her hold.
+    let again = world
+        .grabs
+        .grab(&world.sale.sale_id, token, &alice, Attempt::First)
+        .await;
+    let reservation = reserved(&again);
+    assert_eq!(reservation.order_id, order_id);
+    assert_eq!(again.reserves, 1);
+    assert_eq!(world.available(), 0, "the one unit, taken once");
+    let (order, _) = world
+        .store
+        .find(&order_id, &alice)
+        .await
+        .unwrap()
+        .expect("her order");
+    assert_eq!(order.status, OrderStatus::Reserved);
+    assert!(world.no_stray_takes().await);
+}
+
+#[tokio::test]
+async fn a_path_whose_grab_gave_up_in_doubt_goes_back_to_that_shard_first_not_to_a_stocked_one() {
+    // Alice's first shard is contended, and the reserve on her second is lost twice:
+    // her grab answers 503, with a take of hers perhaps on that second shard.
+    let world = World::new(8, 4, [Contend, FailBefore, FailBefore]).await;
+    let order = world.order_of("alice");
+    let alice = UserId::parse("alice").unwrap();
+    let (token, order_id) = world.path_of(&alice).await;
+    let token = token.as_str();
+    let first = world
+        .grabs
+        .grab(&world.sale.sale_id, token, &alice, Attempt::First)
+        .await;
+    assert!(first.outcome.is_err_and(|error| error.is_retryable()));
+    assert_eq!(world.ledger.tried(), [order[0], order[1], order[1]]);
+    // The lost reserve did take its unit, late; the hold never landed.
+    world.store.leave_take(
+        &world.sale,
+        Take {
+            shard: order[1],
+            order_id: order_id.clone(),
+            user_id: alice.clone(),
+            taken_at: start(),
+        },
+    );
+
+    // Her client sends the path again, as curl would, without the retry header. Her
+    // first shard has stock, but a unit taken there would be a second one: the grab
+    // goes back to where it left off, and finishes the take it finds.
+    let again = world
+        .grabs
+        .grab(&world.sale.sale_id, token, &alice, Attempt::First)
+        .await;
+    let reservation = reserved(&again);
+    assert_eq!(reservation.shard, order[1]);
+    assert_eq!(again.reserves, 1);
+    assert_eq!(world.ledger.tried()[3..], [order[1]]);
+    assert_eq!(world.available(), 7, "one unit, taken once");
+    assert!(world.no_stray_takes().await);
+}
+
+#[tokio::test]
+async fn a_read_that_fails_after_a_lost_reserve_does_not_end_the_grab() {
+    // The reserve committed but its answer was lost; the read that would tell fails
+    // too. The grab asks the reserve again on the same shard, which finds the hold.
+    let world = World::new(8, 4, [CommitThenFail]).await;
+    world.store.fail_next_finds(1);
+    let report = world.grab("alice").await;
+    let order = world.order_of("alice");
+    assert_eq!(world.ledger.tried(), [order[0], order[0]]);
+    match &report.outcome {
+        Ok(GrabOutcome::Resumed(reservation)) => assert_eq!(reservation.shard, order[0]),
+        other => panic!("expected the held order, got {other:?}"),
+    }
+    assert_eq!(world.available(), 7);
 }

@@ -504,10 +504,16 @@ async fn any_retry_attempt_but_zero_marks_a_retry_that_finds_its_order() {
         );
         assert_eq!(world.store.find_calls.load(Ordering::SeqCst), reads);
     }
-    // `0` is a first attempt: refused from memory, with no read.
+    // `0` is a first attempt, but the gate saw her order holding the shard's unit
+    // when it learned the shard was empty: her order again, for one read.
     let first = world.retry_with("user-alice", &token, " 0 ").await;
-    assert_eq!(error_code(&first), "sold_out");
-    assert_eq!(world.store.find_calls.load(Ordering::SeqCst), reads);
+    assert_eq!(first.status(), 202);
+    assert_eq!(world.store.find_calls.load(Ordering::SeqCst), reads + 1);
+    // Anyone else's first attempt is refused from memory, with no read.
+    let carol = world.grab_token("user-carol").await;
+    let refused = world.retry_with("user-carol", &carol, "0").await;
+    assert_eq!(error_code(&refused), "sold_out");
+    assert_eq!(world.store.find_calls.load(Ordering::SeqCst), reads + 1);
 }
 
 #[tokio::test]

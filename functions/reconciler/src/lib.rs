@@ -224,11 +224,13 @@ async fn reconcile(deps: &Deps) -> Result<ReconcileReport, ReconcileError> {
         expired,
         failed,
         failed_sales,
+        takes_returned,
     } = report;
     let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
     flashsale_lambda::metrics::reconciled(
         count(requeued),
         count(expired),
+        count(takes_returned),
         count(failed),
         count(failed_sales),
     );
@@ -238,6 +240,7 @@ async fn reconcile(deps: &Deps) -> Result<ReconcileReport, ReconcileError> {
             open_holds,
             requeued,
             expired,
+            takes_returned,
             failed,
             failed_sales,
             "some stuck holds could not be repaired; the next run tries them again"
@@ -248,6 +251,7 @@ async fn reconcile(deps: &Deps) -> Result<ReconcileReport, ReconcileError> {
             open_holds,
             requeued,
             expired,
+            takes_returned,
             failed,
             failed_sales,
             "reconciliation done"

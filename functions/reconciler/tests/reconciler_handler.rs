@@ -142,6 +142,7 @@ fn report(answer: Value) -> ReconcileReport {
         expired: field("expired"),
         failed: field("failed"),
         failed_sales: field("failed_sales"),
+        takes_returned: field("takes_returned"),
     }
 }
 
@@ -157,7 +158,7 @@ async fn a_reservation_whose_message_was_lost_is_sent_to_the_consumer_again() {
 
     assert_eq!(
         answer,
-        json!({"sales": 1, "open_holds": 1, "requeued": 1, "expired": 0, "failed": 0, "failed_sales": 0})
+        json!({"sales": 1, "open_holds": 1, "requeued": 1, "expired": 0, "failed": 0, "failed_sales": 0, "takes_returned": 0})
     );
     assert_eq!(world.sent(), vec![lost.clone()]);
     assert_eq!(world.available(), 9, "the unit stays held for the order");

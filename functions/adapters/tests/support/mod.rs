@@ -15,7 +15,7 @@ use chrono::{Duration, Utc};
 use flashsale_adapters::DynamoStore;
 use flashsale_domain::{OrderId, Reservation, Sale, SaleId, UserId};
 
-use self::conflicts::{ConflictInjector, Pattern};
+use self::conflicts::{ConflictInjector, Pattern, Target};
 use self::old_items::OldItems;
 use self::pages::SmallPages;
 
@@ -133,8 +133,31 @@ pub async fn small_pages_store(limit: i32) -> (DynamoStore, SmallPages) {
 /// A DynamoDB client whose `TransactWriteItems` calls conflict as `pattern` says;
 /// the injector counts what it did.
 pub async fn conflicting_client(pattern: Pattern) -> (aws_sdk_dynamodb::Client, ConflictInjector) {
+    injecting_client(Target::Transactions, pattern).await
+}
+
+/// A DynamoDB client whose plain `UpdateItem` calls conflict as `pattern` says, as
+/// they do on AWS while a transaction holds their item.
+pub async fn conflicting_writes_client(
+    pattern: Pattern,
+) -> (aws_sdk_dynamodb::Client, ConflictInjector) {
+    injecting_client(Target::PlainWrites, pattern).await
+}
+
+/// A DynamoDB client whose plain `UpdateItem` calls fail as `pattern` says, even when
+/// retried: `FromCall(n)` is a process that died after its first `n` writes.
+pub async fn failing_writes_client(
+    pattern: Pattern,
+) -> (aws_sdk_dynamodb::Client, ConflictInjector) {
+    injecting_client(Target::FailingPlainWrites, pattern).await
+}
+
+async fn injecting_client(
+    target: Target,
+    pattern: Pattern,
+) -> (aws_sdk_dynamodb::Client, ConflictInjector) {
     let transport = flashsale_adapters::https_client();
-    let injector = ConflictInjector::new(transport, pattern);
+    let injector = ConflictInjector::new(transport, target, pattern);
     let config = aws_sdk_dynamodb::config::Builder::from(&sdk_config().await)
         .http_client(injector.clone())
         .build();
