@@ -7,14 +7,13 @@ use crate::error::ValidationError;
 use crate::ids::{SaleId, UserId};
 
 pub const MAX_STOCK: u32 = 1_000_000;
-/// Each shard is its own partition key, and on AWS a key admits one transaction at a
-/// time: any other transaction touching it meanwhile is cancelled, and billed. So a
-/// shard takes about one reservation per transaction latency, 37 a second at a 15 ms
-/// commit and 24 at 30 ms once the cancelled attempts' WCU are counted
-/// (docs/capacity.md), and the goal of 50,000 reservations a second for a large sale
-/// needs 2,100 shards at the least and 4,000 to keep cancellations near one per unit.
-/// What grows with K stays bounded at 4,000: creating the sale takes 41 transactions,
-/// a read of its stock 40 `BatchGetItem` calls.
+/// Each shard is its own partition key. A transactional reserve would get about one
+/// reservation a shard per transaction latency (on AWS a key admits one transaction at
+/// a time and cancels, and bills, the others): 37 a second at a 15 ms commit and 24 at
+/// 30 ms, so 50,000 a second would need 2,100 to 4,000 shards (docs/capacity.md's
+/// model). The reserve takes with a plain write instead, which only the key's WCU
+/// limits, so 4,000 is room to spare; what grows with K stays bounded there: creating
+/// the sale takes 41 transactions, a read of its stock 40 `BatchGetItem` calls.
 pub const MAX_SHARDS: u16 = 4_000;
 /// A shard's item names every order holding one of its units (the takers that make its
 /// plain-write take exactly-once), 60 to 80 bytes each with a typical user id and up

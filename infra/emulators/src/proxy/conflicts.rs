@@ -259,6 +259,9 @@ pub(super) enum Admission {
 
 /// How long DynamoDB remembers a transaction's `ClientRequestToken`.
 const TOKEN_MEMORY: Duration = Duration::from_secs(600);
+/// How often forgotten tokens are cleared away; `finished_recently` checks the age
+/// itself, so a token kept a little longer is never wrongly remembered.
+const PRUNE_EVERY: Duration = Duration::from_secs(1);
 
 /// What in-flight transactions hold: their items and their request tokens; and the
 /// tokens of transactions that finished, with when.
@@ -267,6 +270,9 @@ struct InFlight {
     items: HashSet<ItemKey>,
     tokens: HashSet<String>,
     finished_tokens: HashMap<String, Instant>,
+    /// When `finished_tokens` was last cleared of forgotten tokens: at most once a
+    /// second, not on every transaction's end (a surge ends thousands a second).
+    pruned_at: Option<Instant>,
 }
 
 impl InFlight {
@@ -279,13 +285,20 @@ impl InFlight {
     fn finish(&mut self, token: &str) {
         self.tokens.remove(token);
         let now = Instant::now();
-        self.finished_tokens
-            .retain(|_, at| now.duration_since(*at) < TOKEN_MEMORY);
+        if self
+            .pruned_at
+            .is_none_or(|at| now.duration_since(at) >= PRUNE_EVERY)
+        {
+            self.finished_tokens
+                .retain(|_, at| now.duration_since(*at) < TOKEN_MEMORY);
+            self.pruned_at = Some(now);
+        }
         self.finished_tokens.insert(token.to_owned(), now);
     }
 }
 
-type HeldItems = Arc<Mutex<InFlight>>;
+/// The in-flight state, shared by the mode and every hold it hands out.
+type SharedInFlight = Arc<Mutex<InFlight>>;
 
 /// The items an admitted transaction holds; released when dropped, so a request whose
 /// connection went away mid-flight releases its items too.
@@ -293,7 +306,7 @@ type HeldItems = Arc<Mutex<InFlight>>;
 pub(super) struct Hold {
     items: Vec<ItemKey>,
     token: Option<String>,
-    held: HeldItems,
+    held: SharedInFlight,
     commit_time: Duration,
 }
 
@@ -319,7 +332,7 @@ impl Drop for Hold {
 #[derive(Debug, Default)]
 pub(super) struct Conflicts {
     mode: Mutex<Option<ConflictMode>>,
-    held: HeldItems,
+    held: SharedInFlight,
     /// Key attribute names by table, fetched once per table. By table name alone, as
     /// the held items are: the emulators' callers all use one account and region.
     key_schemas: Mutex<HashMap<String, Arc<[String]>>>,
