@@ -13,8 +13,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use chrono::{Duration, Utc};
 use flashsale_adapters::{ContentionExhausted, CorruptItem, DynamoStore, ItemError};
 use flashsale_domain::ports::{
-    OpenOutcome, OrderBook, PayOutcome, ReserveRefusal, SaleCatalog, Settlement, ShardTakers,
-    StockLedger,
+    OpenOutcome, OrderBook, PayOutcome, ReserveRefusal, SaleCatalog, Settlement, StockLedger,
 };
 use flashsale_domain::sale::{MAX_ABANDONED_HOLDS, StockCounts};
 use flashsale_domain::testing::InMemoryStore;
@@ -150,9 +149,7 @@ async fn reserve_on_an_empty_shard_is_refused_as_shard_empty_and_writes_nothing(
     let refused = support::reservation(&sale, &bob, 0);
     assert_eq!(
         store.reserve(&sale, 0, &refused).await.expect("reserve"),
-        Err(ReserveRefusal::ShardEmpty(ShardTakers::of([
-            &alices.order_id
-        ]))),
+        Err(ReserveRefusal::ShardEmpty(support::takers_of(&[&alices]))),
         "the refusal names who holds the shard's units"
     );
     assert_eq!(
@@ -294,7 +291,7 @@ async fn a_held_order_is_already_held_on_an_empty_shard_and_at_the_limit(store: 
         "empty shard and limit reached, but this order is held"
     );
     let another = support::reservation(&sale, &alice, 0);
-    let held_by_her = ShardTakers::of([&held.order_id]);
+    let held_by_her = support::takers_of(&[&held]);
     assert_eq!(
         store.reserve(&sale, 0, &another).await.expect("reserve"),
         Err(ReserveRefusal::ShardEmpty(held_by_her.clone())),

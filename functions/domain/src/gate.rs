@@ -24,6 +24,9 @@ use crate::error::StoreError;
 use crate::ids::{OrderId, SaleId};
 use crate::ports::{ShardState, ShardTakers};
 
+/// How often the doubts older than a grab path are dropped.
+const DOUBT_PRUNE_EVERY: Duration = Duration::minutes(1);
+
 /// One process's marks, shared with the rechecks it hands out.
 #[derive(Debug, Clone)]
 pub struct SoldOutGate {
@@ -45,6 +48,9 @@ struct SaleMarks {
     /// finishes it. The order's next request, with or without the retry header, goes
     /// there first instead of taking a second unit elsewhere.
     in_doubt: HashMap<OrderId, (u16, DateTime<Utc>)>,
+    /// When `in_doubt` was last pruned: once a minute is enough to bound it, where
+    /// every insert would walk all of it.
+    doubts_pruned_at: Option<DateTime<Utc>>,
     /// A [`Recheck`] of this sale is out, so no other is handed out.
     rechecking: bool,
 }
@@ -194,15 +200,26 @@ impl SoldOutGate {
     ) {
         self.with_marks(sale_id, shards, |marks| match shard {
             Some(shard) => {
-                marks
-                    .in_doubt
-                    .retain(|_, (_, since)| now - *since < crate::grab::GRAB_PATH_LIFETIME);
+                let due = marks
+                    .doubts_pruned_at
+                    .is_none_or(|pruned| now - pruned >= DOUBT_PRUNE_EVERY);
+                if due {
+                    marks
+                        .in_doubt
+                        .retain(|_, (_, since)| now - *since < crate::grab::GRAB_PATH_LIFETIME);
+                    marks.doubts_pruned_at = Some(now);
+                }
                 marks.in_doubt.insert(order.clone(), (shard, now));
             }
             None => {
                 marks.in_doubt.remove(order);
             }
         });
+    }
+
+    /// Takes in what a read of every shard saw at `now`, outside a recheck turn.
+    pub fn take_in(&self, sale_id: &SaleId, states: Vec<ShardState>, now: DateTime<Utc>) {
+        self.apply(sale_id, states, now);
     }
 
     /// Takes in what a recheck read of every shard saw at `now`.

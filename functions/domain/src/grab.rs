@@ -116,6 +116,13 @@ pub struct ContentionPolicy {
     /// No reserve starts once the grab has run this long, so that it always has time
     /// left to resolve an unknown outcome and answer within the function's deadline.
     pub budget: Duration,
+    /// How long after its grab began a take may still be undone: a take comes before
+    /// its hold, and a hold refused for the buyer's limit gives the take back, one
+    /// write later. A grab that found every shard empty, one of them with a take this
+    /// young, waits until that take is this old (within its budget) and reads the
+    /// shards once before it answers "sold out", so that a unit about to come back is
+    /// not answered as gone to every buyer in between.
+    pub undo_window: Duration,
     /// Reserves whose outcome was unknown (and whose hold the read did not find) that a
     /// grab goes on after. One more means the table is failing rather than slow: the
     /// grab answers 503 instead of adding load, and the buyer's retry of the same path
@@ -134,6 +141,9 @@ impl ContentionPolicy {
         pause_base: std::time::Duration::from_millis(10),
         pause_cap: std::time::Duration::from_millis(200),
         budget: Duration::milliseconds(2500),
+        // A take, the refused hold and the undo are three writes, tens of milliseconds
+        // on AWS; a second covers them queued behind a crowd on one shard.
+        undo_window: Duration::seconds(1),
         max_unknown_outcomes: 1,
     };
 
@@ -174,6 +184,12 @@ struct Tally {
     /// reserve there answered nothing definite, and the read did not find the hold),
     /// until a reserve there answers definitely. See [`SoldOutGate::note_doubt`].
     in_doubt: Option<u16>,
+    /// Whether `in_doubt` was ever set, so the gate has a doubt of this order's to
+    /// update when the grab ends.
+    doubted: bool,
+    /// Until when a shard this grab found empty may get a unit back from an undone
+    /// take (see [`ContentionPolicy::undo_window`]).
+    undo_possible_until: Option<DateTime<Utc>>,
 }
 
 /// The hot path: hand out grab paths, and turn a grab into a reservation.
@@ -300,8 +316,10 @@ impl GrabService {
             Err(error) if error.is_retryable() => tally.in_doubt,
             _ => None,
         };
-        self.gate
-            .note_doubt(sale_id, sale.shards, &order_id, in_doubt, self.clock.now());
+        if tally.doubted || in_doubt.is_some() {
+            self.gate
+                .note_doubt(sale_id, sale.shards, &order_id, in_doubt, self.clock.now());
+        }
         outcome
     }
 
@@ -323,6 +341,7 @@ impl GrabService {
         // returns it). The gate knows it from this path's earlier request that gave up
         // in doubt here, or from the takers of a shard it saw empty.
         tally.in_doubt = self.gate.shard_taken_by(sale_id, sale.shards, &order_id);
+        tally.doubted = tally.in_doubt.is_some();
         let mut shards = self.shards_worth_a_write(sale, user, started).await;
         if shards.is_empty() {
             // Sold out as far as this process knows, so no write, unless this path's
@@ -395,10 +414,21 @@ impl GrabService {
                         return Ok(GrabOutcome::Reserved(reservation));
                     }
                     Ok(Err(ReserveRefusal::ShardEmpty(takers))) => {
+                        let now = self.clock.now();
+                        let undo_until = takers
+                            .latest_take()
+                            .map(|began| began + self.contention.undo_window)
+                            .filter(|until| *until > now);
+                        tally.undo_possible_until = tally.undo_possible_until.max(undo_until);
                         self.gate
-                            .mark_empty(sale_id, sale.shards, shard, takers, self.clock.now());
+                            .mark_empty(sale_id, sale.shards, shard, takers, now);
                     }
-                    Ok(Err(ReserveRefusal::LimitReached)) => return Err(AppError::LimitReached),
+                    Ok(Err(ReserveRefusal::LimitReached)) => {
+                        // The store gave the take back when the hold was refused: the
+                        // shard has that unit again, whatever it looked like meanwhile.
+                        self.gate.mark_stocked(sale_id, sale.shards, shard);
+                        return Err(AppError::LimitReached);
+                    }
                     Ok(Err(ReserveRefusal::AlreadyHeld)) => {
                         return self
                             .resume(&reservation.order_id, user)
@@ -423,6 +453,7 @@ impl GrabService {
                             "reserve outcome unknown; reading the buyer's item"
                         );
                         tally.in_doubt = Some(shard);
+                        tally.doubted = true;
                         match self.resume(&reservation.order_id, user).await {
                             Ok(Some(held)) => {
                                 tally.in_doubt = None;
@@ -467,7 +498,12 @@ impl GrabService {
                 ));
             }
             if shards.is_empty() {
-                return Ok(GrabOutcome::SoldOut(SoldOutBy::Database));
+                shards = self.stock_back_from_undone_takes(sale, user, tally).await;
+                if shards.is_empty() {
+                    return Ok(GrabOutcome::SoldOut(SoldOutBy::Database));
+                }
+                // No contention pause: the wait for the undo was the pause.
+                continue;
             }
             if walks >= self.contention.max_walks
                 || self.clock.now() - started >= self.contention.budget
@@ -504,6 +540,40 @@ impl GrabService {
                 .plan(&sale.sale_id, sale.shards, sale.shard_order(user), now);
         }
         plan.shards
+    }
+
+    /// Every shard was found empty, one of them with a take young enough to be undone
+    /// still: waits until it is not (within the budget), then reads every shard once
+    /// (no write) and answers the shards the gate, told what the read saw, now thinks
+    /// worth a write. Once per grab; empty: sold out after all.
+    async fn stock_back_from_undone_takes(
+        &self,
+        sale: &Sale,
+        user: &UserId,
+        tally: &mut Tally,
+    ) -> Vec<u16> {
+        let Some(until) = tally.undo_possible_until.take() else {
+            return Vec::new();
+        };
+        let wait = (until - self.clock.now()).to_std().unwrap_or_default();
+        self.pause.pause(wait).await;
+        match self.ledger.shard_states(sale).await {
+            Ok(states) => {
+                let now = self.clock.now();
+                self.gate.take_in(&sale.sale_id, states, now);
+                self.gate
+                    .plan(&sale.sale_id, sale.shards, sale.shard_order(user), now)
+                    .shards
+            }
+            Err(error) => {
+                tracing::warn!(
+                    sale_id = %sale.sale_id,
+                    error = &error as &dyn std::error::Error,
+                    "could not read the shards after a young take; answering sold out"
+                );
+                Vec::new()
+            }
+        }
     }
 
     /// The path's order, if it is held and open: the hand-over is finished (the queue

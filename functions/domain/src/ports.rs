@@ -60,29 +60,56 @@ pub trait SaleCatalog: Send + Sync {
 /// seen empty gains no take until a unit comes back to it, so the takers seen with an
 /// empty shard are all it has, until the gate's next recheck.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ShardTakers(Vec<u64>);
+pub struct ShardTakers {
+    fingerprints: Vec<u64>,
+    /// When the latest of these takes' grabs began (a take records its order's
+    /// `created_at`): see [`ShardTakers::latest_take`].
+    latest_take: Option<DateTime<Utc>>,
+}
 
 impl ShardTakers {
+    /// The takers, when their times do not matter.
     pub fn of<'a>(orders: impl IntoIterator<Item = &'a OrderId>) -> Self {
         let mut fingerprints: Vec<u64> = orders.into_iter().map(OrderId::random_bits).collect();
         fingerprints.sort_unstable();
         fingerprints.dedup();
-        Self(fingerprints)
+        Self {
+            fingerprints,
+            latest_take: None,
+        }
+    }
+
+    /// The takers, each with when its grab began.
+    pub fn of_takes<'a>(takes: impl IntoIterator<Item = (&'a OrderId, DateTime<Utc>)>) -> Self {
+        let takes: Vec<_> = takes.into_iter().collect();
+        Self {
+            latest_take: takes.iter().map(|(_, at)| *at).max(),
+            ..Self::of(takes.iter().map(|(order, _)| *order))
+        }
+    }
+
+    /// When the youngest take's grab began. A take comes before its hold, and a hold
+    /// refused (the buyer at their limit) undoes its take: so a shard empty with a young
+    /// take may have that unit back a moment later, and "sold out" is not yet final.
+    pub fn latest_take(&self) -> Option<DateTime<Utc>> {
+        self.latest_take
     }
 
     /// Whether `order` is among them. Fingerprints are 64 random bits of the order id,
     /// so a false "yes" is as rare as two orders sharing them, and costs one refused
     /// write at most.
     pub fn include(&self, order: &OrderId) -> bool {
-        self.0.binary_search(&order.random_bits()).is_ok()
+        self.fingerprints
+            .binary_search(&order.random_bits())
+            .is_ok()
     }
 
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.fingerprints.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.fingerprints.is_empty()
     }
 }
 

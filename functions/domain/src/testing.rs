@@ -79,13 +79,13 @@ impl State {
                     && held.shard == shard
                     && (status.is_open() || *status == OrderStatus::Paid)
             })
-            .map(|(order, _)| order);
+            .map(|(order, (held, _))| (order, held.created_at));
         let loose = self
             .loose_takes
             .values()
             .filter(|take| take.order_id.sale_id() == sale_id && take.shard == shard)
-            .map(|take| &take.order_id);
-        ShardTakers::of(holding.chain(loose))
+            .map(|take| (&take.order_id, take.taken_at));
+        ShardTakers::of_takes(holding.chain(loose))
     }
 }
 
@@ -135,6 +135,18 @@ impl InMemoryStore {
             .entry((sale.sale_id.clone(), take.shard))
             .or_default() -= 1;
         state.loose_takes.insert(take.order_id.clone(), take);
+    }
+
+    /// Gives back a take [`InMemoryStore::leave_take`] left, as the store's reserve
+    /// undoes a take whose hold was refused.
+    pub fn undo_take(&self, sale: &Sale, take: &Take) {
+        let mut state = locked(&self.state);
+        if state.loose_takes.remove(&take.order_id).is_some() {
+            *state
+                .shards
+                .entry((sale.sale_id.clone(), take.shard))
+                .or_default() += 1;
+        }
     }
 
     /// Makes the next `count` `find` reads fail transiently.

@@ -4,6 +4,7 @@
 //! before the buyer hears anything.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use chrono::{DateTime, Duration, TimeZone, Utc};
 use flashsale_domain::gate::SoldOutGate;
@@ -404,4 +405,100 @@ async fn a_read_that_fails_after_a_lost_reserve_does_not_end_the_grab() {
         other => panic!("expected the held order, got {other:?}"),
     }
     assert_eq!(world.available(), 7);
+}
+
+/// A pause that, the first time it is taken, does what another grab does meanwhile.
+struct MeanwhileAtFirstPause {
+    meanwhile: std::sync::Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    pauses: RecordedPauses,
+}
+
+#[async_trait::async_trait]
+impl flashsale_domain::ports::Pause for MeanwhileAtFirstPause {
+    async fn pause(&self, how_long: std::time::Duration) {
+        self.pauses.pause(how_long).await;
+        if let Some(meanwhile) = self.meanwhile.lock().unwrap().take() {
+            meanwhile();
+        }
+    }
+}
+
+/// One unit, taken by another buyer's second order a moment ago: its hold has not
+/// landed, and may yet be refused for that buyer's limit.
+async fn a_sale_with_a_young_take(taken_at: DateTime<Utc>) -> (World, Take) {
+    let world = World::new(1, 1, []).await;
+    let take = Take {
+        shard: 0,
+        order_id: OrderId::new(world.sale.sale_id.clone()),
+        user_id: UserId::parse("eve").unwrap(),
+        taken_at,
+    };
+    world.store.leave_take(&world.sale, take.clone());
+    (world, take)
+}
+
+#[tokio::test]
+async fn a_unit_whose_take_is_undone_while_a_refused_grab_waits_is_sold_to_that_grab() {
+    let (mut world, take) = a_sale_with_a_young_take(start()).await;
+    let pause = Arc::new(MeanwhileAtFirstPause {
+        meanwhile: std::sync::Mutex::new(None),
+        pauses: RecordedPauses::default(),
+    });
+    let (store, sale) = (world.store.clone(), world.sale.clone());
+    *pause.meanwhile.lock().unwrap() = Some(Box::new(move || store.undo_take(&sale, &take)));
+    world.grabs.pause = pause.clone();
+    let reads_before = world.store.availability_reads.load(Ordering::SeqCst);
+
+    let report = world.grab("bob").await;
+    let reservation = reserved(&report);
+    assert_eq!(reservation.shard, 0);
+    assert_eq!(report.reserves, 2, "refused, then the unit that came back");
+    assert_eq!(
+        pause.pauses.taken(),
+        [std::time::Duration::from_secs(1)],
+        "until the take is past its undo window"
+    );
+    assert_eq!(
+        world.store.availability_reads.load(Ordering::SeqCst) - reads_before,
+        1,
+        "one read of the shards, no write, told the unit was back"
+    );
+    assert_eq!(world.available(), 0);
+}
+
+#[tokio::test]
+async fn a_young_take_that_stays_is_sold_out_after_one_wait_and_one_read() {
+    let (world, _) = a_sale_with_a_young_take(start() - Duration::milliseconds(400)).await;
+    let reads_before = world.store.availability_reads.load(Ordering::SeqCst);
+    let report = world.grab("bob").await;
+    assert_eq!(
+        (report.outcome.as_ref().ok(), report.reserves),
+        (Some(&GrabOutcome::SoldOut(SoldOutBy::Database)), 1)
+    );
+    assert_eq!(
+        world.pauses.taken(),
+        [std::time::Duration::from_millis(600)]
+    );
+    assert_eq!(
+        world.store.availability_reads.load(Ordering::SeqCst) - reads_before,
+        1
+    );
+    // The next grab is refused from memory, with no wait.
+    let next = world.grab("carol").await;
+    assert_eq!(
+        (next.outcome.ok(), next.reserves),
+        (Some(GrabOutcome::SoldOut(SoldOutBy::Gate)), 0)
+    );
+    assert_eq!(world.pauses.taken().len(), 1);
+}
+
+#[tokio::test]
+async fn a_shard_whose_takes_are_past_their_undo_window_is_sold_out_at_once() {
+    let (world, _) = a_sale_with_a_young_take(start() - Duration::seconds(2)).await;
+    let report = world.grab("bob").await;
+    assert_eq!(
+        (report.outcome.ok(), report.reserves),
+        (Some(GrabOutcome::SoldOut(SoldOutBy::Database)), 1)
+    );
+    assert!(world.pauses.taken().is_empty());
 }

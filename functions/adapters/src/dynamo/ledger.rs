@@ -165,8 +165,8 @@ impl DynamoStore {
         }
         let takers = item::parse_takes(&sale.sale_id, shard, &old)
             .map_err(|error| corrupt(RESERVE, &key, error))?;
-        Ok(Err(ReserveRefusal::ShardEmpty(ShardTakers::of(
-            takers.iter().map(|take| &take.order_id),
+        Ok(Err(ReserveRefusal::ShardEmpty(ShardTakers::of_takes(
+            takers.iter().map(|take| (&take.order_id, take.taken_at)),
         ))))
     }
 
@@ -435,7 +435,9 @@ impl StockLedger for DynamoStore {
                     .map_err(|error| corrupt(SHARD_STATES, found, error))?;
                 Ok(ShardState {
                     available,
-                    takers: ShardTakers::of(takes.iter().map(|take| &take.order_id)),
+                    takers: ShardTakers::of_takes(
+                        takes.iter().map(|take| (&take.order_id, take.taken_at)),
+                    ),
                 })
             })
             .collect()

@@ -11,8 +11,9 @@ use aws_sdk_dynamodb::types::{
     AttributeDefinition, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType, Projection,
     ProjectionType, ScalarAttributeType, TimeToLiveSpecification,
 };
-use chrono::{Duration, Utc};
+use chrono::{DateTime, Duration, Utc};
 use flashsale_adapters::DynamoStore;
+use flashsale_domain::ports::ShardTakers;
 use flashsale_domain::{OrderId, Reservation, Sale, SaleId, UserId};
 
 use self::conflicts::{ConflictInjector, Pattern, Target};
@@ -203,6 +204,16 @@ pub fn user(name: &str) -> UserId {
 }
 
 /// A reservation as the grab makes it: payable until the sale's payment deadline.
+/// The takers a shard's refusal names for these reservations' takes: each with its
+/// order's `created_at`, which the shard records to the millisecond.
+pub fn takers_of(reservations: &[&Reservation]) -> ShardTakers {
+    ShardTakers::of_takes(reservations.iter().map(|held| {
+        let at = DateTime::from_timestamp_millis(held.created_at.timestamp_millis())
+            .expect("a time in range");
+        (&held.order_id, at)
+    }))
+}
+
 pub fn reservation(sale: &Sale, user: &UserId, shard: u16) -> Reservation {
     let now = Utc::now();
     Reservation {
