@@ -154,6 +154,12 @@ impl OrderService {
                     .await?;
                 Err(AppError::OrderExpired)
             }
+            // A second pay of the same order (a double click) that lost the race to
+            // the first: paid is paid, answered as the first was.
+            PayOutcome::Settled(OrderStatus::Paid) => Ok(Order {
+                status: OrderStatus::Paid,
+                ..order
+            }),
             PayOutcome::Settled(status) => Err(settled_error(status)),
             PayOutcome::Unknown => Err(AppError::OrderNotFound),
         }
@@ -239,8 +245,8 @@ pub struct ReconcileReport {
 /// them: a `reserved` hold older than `handover_grace` is sent to the consumer again
 /// (deduplicated by order id) or, if already past its deadline, released; a hold past
 /// its deadline by `timer_grace` is released. A unit a shard records as taken that no
-/// hold accounts for, taken longer than `handover_grace` ago, goes back to its shard
-/// (a reserve takes, then holds: a grab that died in between leaves such a take). Every
+/// hold accounts for, taken longer than `take_grace` ago, goes back to its shard (a
+/// reserve takes, then holds: a grab that died in between leaves such a take). Every
 /// action is conditional on the hold's state, so a pass racing the normal path changes
 /// nothing twice.
 pub struct Reconciler {
@@ -251,7 +257,19 @@ pub struct Reconciler {
     pub clock: Arc<dyn Clock>,
     pub handover_grace: Duration,
     pub timer_grace: Duration,
+    /// How old a take no hold accounts for must be before it goes back: past the life
+    /// of the grab path that made it ([`DEFAULT_TAKE_GRACE`]). Until then a request of
+    /// that path may still come (a buyer retrying a 503 through a minute of 429s, say)
+    /// and finish it; returned earlier, the take's order is voided and that buyer,
+    /// who may well have been first, is told their path is used up.
+    pub take_grace: Duration,
 }
+
+/// A grab path's life plus a minute: a take's `taken_at` is its grab's start, which is
+/// after the path was issued, so no request of the path can arrive after this, nor any
+/// reserve of one still be between its two writes.
+pub const DEFAULT_TAKE_GRACE: Duration =
+    Duration::seconds(crate::grab::GRAB_PATH_LIFETIME.num_seconds() + 60);
 
 impl Reconciler {
     pub async fn run(&self) -> Result<ReconcileReport, AppError> {
@@ -319,7 +337,7 @@ impl Reconciler {
             }
         };
         for take in takes {
-            if now - take.taken_at < self.handover_grace {
+            if now - take.taken_at < self.take_grace {
                 continue;
             }
             match self.ledger.return_take(&take, now).await {

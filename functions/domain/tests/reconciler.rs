@@ -50,6 +50,7 @@ async fn world() -> World {
         clock: clock_port,
         handover_grace: Duration::seconds(60),
         timer_grace: Duration::seconds(120),
+        take_grace: Duration::seconds(360),
     };
     World {
         store,
@@ -226,7 +227,7 @@ fn loose_take(world: &World, user: &str) -> Take {
 }
 
 #[tokio::test]
-async fn a_take_with_no_hold_is_given_back_once_no_reserve_can_still_be_between_its_writes() {
+async fn a_take_with_no_hold_is_given_back_once_its_grab_path_can_no_longer_finish_it() {
     let world = world().await;
     let take = loose_take(&world, "a");
     world.store.leave_take(&world.sale, take.clone());
@@ -237,7 +238,16 @@ async fn a_take_with_no_hold_is_given_back_once_no_reserve_can_still_be_between_
     assert_eq!(early.takes_returned, 0, "a reserve may be writing its hold");
     assert_eq!(world.store.shard_available(&world.sale.sale_id, 0), 9);
 
-    world.clock.advance(Duration::seconds(31));
+    // Past the hand-over grace, but the path lives: its buyer's retry may finish it.
+    world.clock.advance(Duration::seconds(270));
+    let living = world.reconciler.run().await.unwrap();
+    assert_eq!(
+        living.takes_returned, 0,
+        "its grab path may still come back"
+    );
+    assert_eq!(world.store.shard_available(&world.sale.sale_id, 0), 9);
+
+    world.clock.advance(Duration::seconds(61));
     let report = world.reconciler.run().await.unwrap();
     assert_eq!(report.takes_returned, 1);
     assert_eq!(world.store.shard_available(&world.sale.sale_id, 0), 10);

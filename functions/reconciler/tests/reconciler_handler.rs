@@ -345,6 +345,7 @@ fn config_reads_the_table_and_queue_and_defaults_the_graces() {
             "ORDERS_QUEUE_URL",
             "RECONCILE_HANDOVER_GRACE_SECS",
             "RECONCILE_TIMER_GRACE_SECS",
+            "RECONCILE_TAKE_GRACE_SECS",
         ]
     );
     let config = default_config();
@@ -352,6 +353,11 @@ fn config_reads_the_table_and_queue_and_defaults_the_graces() {
     assert_eq!(config.orders_queue_url, "q");
     assert_eq!(config.handover_grace, Duration::seconds(60));
     assert_eq!(config.timer_grace, Duration::seconds(180));
+    assert_eq!(
+        config.take_grace,
+        flashsale_domain::service::DEFAULT_TAKE_GRACE,
+        "past a grab path's life"
+    );
 }
 
 #[test]
