@@ -217,13 +217,9 @@ impl SoldOutGate {
         });
     }
 
-    /// Takes in what a read of every shard saw at `now`, outside a recheck turn.
-    pub fn take_in(&self, sale_id: &SaleId, states: Vec<ShardState>, now: DateTime<Utc>) {
-        self.apply(sale_id, states, now);
-    }
-
-    /// Takes in what a recheck read of every shard saw at `now`.
-    fn apply(&self, sale_id: &SaleId, states: Vec<ShardState>, now: DateTime<Utc>) {
+    /// Takes in what a read of every shard saw at `now`: a recheck's, or a grab's that
+    /// waited out a young take.
+    pub fn apply(&self, sale_id: &SaleId, states: Vec<ShardState>, now: DateTime<Utc>) {
         let shards = u16::try_from(states.len()).unwrap_or(u16::MAX);
         self.with_marks(sale_id, shards, |marks| {
             for (shard, state) in states.into_iter().enumerate() {

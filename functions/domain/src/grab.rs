@@ -498,7 +498,9 @@ impl GrabService {
                 ));
             }
             if shards.is_empty() {
-                shards = self.stock_back_from_undone_takes(sale, user, tally).await;
+                shards = self
+                    .stock_back_from_undone_takes(sale, user, started, tally)
+                    .await;
                 if shards.is_empty() {
                     return Ok(GrabOutcome::SoldOut(SoldOutBy::Database));
                 }
@@ -543,24 +545,27 @@ impl GrabService {
     }
 
     /// Every shard was found empty, one of them with a take young enough to be undone
-    /// still: waits until it is not (within the budget), then reads every shard once
-    /// (no write) and answers the shards the gate, told what the read saw, now thinks
-    /// worth a write. Once per grab; empty: sold out after all.
+    /// still: waits until it is not, or until the grab's budget is spent, then reads
+    /// every shard once (no write) and answers the shards the gate, told what the read
+    /// saw, now thinks worth a write. Once per grab; empty: sold out after all. (A unit
+    /// back after the budget is spent is answered 503, and the buyer's retry takes it.)
     async fn stock_back_from_undone_takes(
         &self,
         sale: &Sale,
         user: &UserId,
+        started: DateTime<Utc>,
         tally: &mut Tally,
     ) -> Vec<u16> {
         let Some(until) = tally.undo_possible_until.take() else {
             return Vec::new();
         };
+        let until = until.min(started + self.contention.budget);
         let wait = (until - self.clock.now()).to_std().unwrap_or_default();
         self.pause.pause(wait).await;
         match self.ledger.shard_states(sale).await {
             Ok(states) => {
                 let now = self.clock.now();
-                self.gate.take_in(&sale.sale_id, states, now);
+                self.gate.apply(&sale.sale_id, states, now);
                 self.gate
                     .plan(&sale.sale_id, sale.shards, sale.shard_order(user), now)
                     .shards

@@ -502,3 +502,30 @@ async fn a_shard_whose_takes_are_past_their_undo_window_is_sold_out_at_once() {
     );
     assert!(world.pauses.taken().is_empty());
 }
+
+#[tokio::test]
+async fn the_wait_for_an_undo_ends_with_the_grabs_budget() {
+    // A take whose undo window (3 s here) outlasts the grab's budget: the grab, begun at
+    // 0.2 s, waits until its budget ends at 2.7 s, not until 3 s.
+    let (mut world, _) = a_sale_with_a_young_take(start()).await;
+    let clock = Arc::new(ManualClock::new(start()));
+    world.grabs.clock = clock.clone();
+    let bob = UserId::parse("bob").unwrap();
+    let (token, _) = world.path_of(&bob).await;
+    world.grabs.contention.budget = Duration::milliseconds(2500);
+    world.grabs.contention.undo_window = Duration::seconds(3);
+    clock.set(start() + Duration::milliseconds(200));
+    let report = world
+        .grabs
+        .grab(&world.sale.sale_id, &token, &bob, Attempt::First)
+        .await;
+    assert_eq!(
+        (report.outcome.ok(), report.reserves),
+        (Some(GrabOutcome::SoldOut(SoldOutBy::Database)), 1)
+    );
+    assert_eq!(
+        world.pauses.taken(),
+        [std::time::Duration::from_millis(2500)],
+        "until the budget's end (started at 0.2 s, the take's window ends at 3 s)"
+    );
+}
