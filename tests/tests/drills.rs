@@ -253,7 +253,7 @@ fn drills() -> Vec<Drill> {
                 "conflicts",
                 "transaction conflicts: a transaction holds its items for its round trip + 30 ms; another touching one is cancelled (TransactionConflict), a plain write of one refused; every pay and cancel sent twice at once",
                 "every item a transaction touches (the buyers' and orders' items: the consumer's open, pay, cancel, release) for the whole surge; the shards take plain writes only",
-                "the store's jittered retry of a TransactionConflict, the settled order read back after a lost race (both clicks answer the same), the buyer's retry of the same grab path (503)",
+                "the store's jittered retry of a TransactionConflict, the hold read back after a lost race (a pay that finds its order paid answers paid: both clicks hear the same), the buyer's retry of the same grab path (503)",
                 Vec::new(),
             )
         },

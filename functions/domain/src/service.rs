@@ -154,12 +154,6 @@ impl OrderService {
                     .await?;
                 Err(AppError::OrderExpired)
             }
-            // A second pay of the same order (a double click) that lost the race to
-            // the first: paid is paid, answered as the first was.
-            PayOutcome::Settled(OrderStatus::Paid) => Ok(Order {
-                status: OrderStatus::Paid,
-                ..order
-            }),
             PayOutcome::Settled(status) => Err(settled_error(status)),
             PayOutcome::Unknown => Err(AppError::OrderNotFound),
         }
