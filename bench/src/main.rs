@@ -251,9 +251,10 @@ const RUN: Sizes = Sizes {
         concurrency: 48,
         grab_attempts: 40,
         curve_commit_times_ms: &[5, 15, 30],
-        curve_stock: 400,
+        // A shard holds at most `MAX_UNITS_PER_SHARD` (250) units.
+        curve_stock: 250,
         curve_reservers: 16,
-        curve_reservations: 300,
+        curve_reservations: 200,
         drain_timeout: Duration::from_secs(120),
     },
 };

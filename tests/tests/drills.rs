@@ -75,6 +75,9 @@ const CONFLICTS_DRILL_COMMIT_TIME: Duration = Duration::from_millis(30);
 /// The reconciler's hand-over grace where a drill makes SendMessage fail after a
 /// commit: 5 s instead of the deployed 60, so the drill settles within minutes.
 const HANDOVER_GRACE: (&str, &str) = ("ReconcileHandoverGraceSecs", "5");
+/// And a take with no hold behind it is returned as soon, where it waits out a grab
+/// path's life on AWS (6 minutes): these drills end within minutes.
+const TAKE_GRACE: (&str, &str) = ("ReconcileTakeGraceSecs", "5");
 
 /// Drills run at once.
 const SIDE_BY_SIDE: usize = 3;
@@ -112,6 +115,10 @@ struct Drill {
     commit_time: Duration,
     /// The point of the drill is the conflicts: assert some were answered.
     expect_conflicts: bool,
+    /// Buyers send their pay or cancel twice at once, as a double click does: two
+    /// transactions on one buyer's and one order's items, where conflicts still happen
+    /// now that no transaction touches a stock shard.
+    double_settle: bool,
 }
 
 fn on_all(fault: Fault, every: u64) -> Vec<(Service, FaultRule)> {
@@ -141,13 +148,14 @@ fn drills() -> Vec<Drill> {
             check_one_timer_per_order: false,
             commit_time: COMMIT_TIME,
             expect_conflicts: false,
+            double_settle: false,
         }
     }
     // One request in three to every service faults. SendMessage is among them, so a
     // grab whose hand-over failed after its commit is answered 202 all the same and
     // handed over by the reconciler, after a short grace here.
     let one_request_in_three = |name, fault_text, buyer_retry, fault| Drill {
-        parameters: vec![HANDOVER_GRACE],
+        parameters: vec![HANDOVER_GRACE, TAKE_GRACE],
         ..base(
             name,
             fault_text,
@@ -195,7 +203,7 @@ fn drills() -> Vec<Drill> {
             on_all(Fault::CommitThenDrop, 4),
         ),
         Drill {
-            parameters: vec![HANDOVER_GRACE],
+            parameters: vec![HANDOVER_GRACE, TAKE_GRACE],
             buyers_retry: false,
             ..base(
                 "send-after-commit",
@@ -240,11 +248,12 @@ fn drills() -> Vec<Drill> {
         Drill {
             commit_time: CONFLICTS_DRILL_COMMIT_TIME,
             expect_conflicts: true,
+            double_settle: true,
             ..base(
                 "conflicts",
-                "transaction conflicts: a transaction holds its items for its round trip + 30 ms; another touching one is cancelled (TransactionConflict), a plain write of one refused",
-                "every hot item (the shards, the buyers' and orders' items) for the whole surge",
-                "the store's jittered retry of a TransactionConflict, the grab's turn to another shard, the buyer's retry of the same grab path (503)",
+                "transaction conflicts: a transaction holds its items for its round trip + 30 ms; another touching one is cancelled (TransactionConflict), a plain write of one refused; every pay and cancel sent twice at once",
+                "every item a transaction touches (the buyers' and orders' items: the consumer's open, pay, cancel, release) for the whole surge; the shards take plain writes only",
+                "the store's jittered retry of a TransactionConflict, the hold read back after a lost race (a pay that finds its order paid answers paid: both clicks hear the same), the buyer's retry of the same grab path (503)",
                 Vec::new(),
             )
         },
@@ -460,42 +469,61 @@ async fn buyer(harness: &Harness, drill: &Drill, sale_id: &str, n: usize) -> Buy
                 .ok_or(status)
         })
         .await;
-        let told = match (n % 3, opened.as_str()) {
-            (_, "expired") | (2, _) => Told::Nothing,
-            (0, _) => {
-                let paid = harness
-                    .api
-                    .pay(&token, &order_id)
-                    .await
-                    .expect("pay answers");
-                match (paid.status, paid.error_code()) {
-                    (StatusCode::OK, _) => Told::Paid,
-                    (StatusCode::CONFLICT, Some("order_expired")) => Told::Expired,
-                    _ => panic!(
-                        "{}: pay answered {}: {}",
-                        drill.name, paid.status, paid.body
-                    ),
-                }
-            }
-            _ => {
-                let cancelled = harness
-                    .api
-                    .cancel(&token, &order_id)
-                    .await
-                    .expect("cancel answers");
-                match (cancelled.status, cancelled.error_code()) {
-                    (StatusCode::OK, _) => Told::Cancelled,
-                    (StatusCode::CONFLICT, Some("order_expired")) => Told::Expired,
-                    _ => panic!(
-                        "{}: cancel answered {}: {}",
-                        drill.name, cancelled.status, cancelled.body
-                    ),
-                }
-            }
+        let settle = || settle_once(harness, drill, &token, &order_id, n, &opened);
+        let told = if drill.double_settle {
+            let (first, second) = futures::future::join(settle(), settle()).await;
+            assert_eq!(
+                first, second,
+                "{}: a double click on order {order_id} answered differently",
+                drill.name
+            );
+            first
+        } else {
+            settle().await
         };
         report.orders.push((order_id, told));
     }
     report
+}
+
+/// The buyer's one move on an open order: pay, cancel or nothing, by the buyer's number.
+async fn settle_once(
+    harness: &Harness,
+    drill: &Drill,
+    token: &str,
+    order_id: &str,
+    n: usize,
+    opened: &str,
+) -> Told {
+    match (n % 3, opened) {
+        (_, "expired") | (2, _) => Told::Nothing,
+        (0, _) => {
+            let paid = harness.api.pay(token, order_id).await.expect("pay answers");
+            match (paid.status, paid.error_code()) {
+                (StatusCode::OK, _) => Told::Paid,
+                (StatusCode::CONFLICT, Some("order_expired")) => Told::Expired,
+                _ => panic!(
+                    "{}: pay answered {}: {}",
+                    drill.name, paid.status, paid.body
+                ),
+            }
+        }
+        _ => {
+            let cancelled = harness
+                .api
+                .cancel(token, order_id)
+                .await
+                .expect("cancel answers");
+            match (cancelled.status, cancelled.error_code()) {
+                (StatusCode::OK, _) => Told::Cancelled,
+                (StatusCode::CONFLICT, Some("order_expired")) => Told::Expired,
+                _ => panic!(
+                    "{}: cancel answered {}: {}",
+                    drill.name, cancelled.status, cancelled.body
+                ),
+            }
+        }
+    }
 }
 
 /// One row of the drill table, measured.

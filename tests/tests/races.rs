@@ -12,17 +12,32 @@ use serde_json::{Value, json};
 
 /// Invokes the release function as Lambda's asynchronous retries would: an error (a
 /// busy table under the test's load) is tried again, for as long as a loaded machine
-/// may need.
+/// may need. Lambda spaces those retries by minutes; here the pause grows from 100 ms
+/// to 2 s, with full jitter. Retrying every 100 ms in step, 100 releases once kept
+/// DynamoDB Local's queue past the release's 1 s attempt timeout for two minutes: every
+/// attempt timed out, and still executed, while the next one was already queued behind.
 async fn release(harness: &Harness, timer: &Value) -> Value {
-    common::eventually(Duration::from_secs(120), || async {
-        harness
+    use rand::Rng as _;
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    let mut ceiling = Duration::from_millis(100);
+    loop {
+        match harness
             .stack
             .lambda()
             .invoke("ReleaseFunction", timer.clone())
             .await
-            .inspect_err(|error| eprintln!("release failed, retrying: {error}"))
-    })
-    .await
+        {
+            Ok(answer) => return answer,
+            Err(error) if tokio::time::Instant::now() < deadline => {
+                eprintln!("release failed, retrying: {error}");
+                let pause = rand::rng().random_range(Duration::ZERO..=ceiling);
+                tokio::time::sleep(pause).await;
+                ceiling = (ceiling * 2).min(Duration::from_secs(2));
+            }
+            Err(error) => panic!("the release still fails after 120 s: {error:?}"),
+        }
+    }
 }
 
 /// An order awaiting payment, with what its owner and its timer need.

@@ -10,11 +10,11 @@ use std::sync::Arc;
 use aws_sdk_dynamodb::types::AttributeValue;
 use chrono::{Duration, Utc};
 use flashsale_adapters::DynamoStore;
-use flashsale_domain::Sale;
 use flashsale_domain::gate::SoldOutGate;
-use flashsale_domain::ports::{ReserveRefusal, SaleCatalog, StockLedger, SystemClock};
+use flashsale_domain::ports::{ReserveRefusal, SaleCatalog, ShardTakers, StockLedger, SystemClock};
 use flashsale_domain::sale::MAX_SHARDS;
 use flashsale_domain::service::SaleService;
+use flashsale_domain::{Reservation, Sale};
 use tokio::task::JoinSet;
 
 use support::conflicts::Pattern;
@@ -34,22 +34,28 @@ fn stats_service(store: &DynamoStore) -> SaleService {
 }
 
 /// Takes the one unit of every shard in `shards`, one buyer each, all at once.
-async fn take_one_unit_of_each(store: &DynamoStore, sale: &Sale, shards: &[u16]) {
+/// One buyer per shard of `shards` takes its unit; their reservations.
+async fn take_one_unit_of_each(
+    store: &DynamoStore,
+    sale: &Sale,
+    shards: &[u16],
+) -> Vec<Reservation> {
     let mut buyers = JoinSet::new();
     for &shard in shards {
         let (store, sale) = (store.clone(), sale.clone());
         buyers.spawn(async move {
             let buyer = support::user(&format!("buyer-{shard}"));
             let reservation = support::reservation(&sale, &buyer, shard);
-            store.reserve(&sale, shard, &reservation).await
+            (store.reserve(&sale, shard, &reservation).await, reservation)
         });
     }
+    let mut reservations = Vec::new();
     while let Some(outcome) = buyers.join_next().await {
-        outcome
-            .expect("the buyer's task")
-            .expect("reserve")
-            .expect("the shard had its unit");
+        let (answer, reservation) = outcome.expect("the buyer's task");
+        answer.expect("reserve").expect("the shard had its unit");
+        reservations.push(reservation);
     }
+    reservations
 }
 
 async fn shard_exists(
@@ -94,9 +100,11 @@ async fn a_sale_of_250_shards_sells_out_exactly_and_its_stats_reconcile() {
     );
     for shard in [0, 99, 100, SHARDS - 1] {
         let late = support::reservation(&sale, &support::user("late"), shard);
-        assert_eq!(
-            store.reserve(&sale, shard, &late).await.expect("reserve"),
-            Err(ReserveRefusal::ShardEmpty),
+        assert!(
+            matches!(
+                store.reserve(&sale, shard, &late).await.expect("reserve"),
+                Err(ReserveRefusal::ShardEmpty(takers)) if takers.len() == 1
+            ),
             "nothing is sold twice (shard {shard})"
         );
     }
@@ -184,23 +192,36 @@ async fn the_sold_out_gate_rechecks_every_shard_of_a_sale_of_250() {
     assert!(store.create_sale(&sale).await.expect("create"));
     // One shard emptied in each batch of the recheck's read.
     let emptied = [0, 150, SHARDS - 1];
-    take_one_unit_of_each(&store, &sale, &emptied).await;
+    let holders = take_one_unit_of_each(&store, &sale, &emptied).await;
 
     let recheck_after = Duration::seconds(1);
     let gate = SoldOutGate::new(recheck_after);
     let seen_at = Utc::now();
     for shard in 0..SHARDS {
-        gate.mark_empty(&sale.sale_id, SHARDS, shard, seen_at);
+        gate.mark_empty(
+            &sale.sale_id,
+            SHARDS,
+            shard,
+            ShardTakers::default(),
+            seen_at,
+        );
     }
     let stale = seen_at + recheck_after;
     let plan = gate.plan(&sale.sale_id, SHARDS, 0..SHARDS, stale);
     assert!(plan.shards.is_empty(), "every shard marked empty");
     let recheck = plan.recheck.expect("a stale mark hands out the recheck");
-    recheck.settle(store.availability(&sale).await, stale);
+    recheck.settle(store.shard_states(&sale).await, stale);
 
     let reopened = gate.plan(&sale.sale_id, SHARDS, 0..SHARDS, stale).shards;
     let expected: Vec<u16> = (0..SHARDS)
         .filter(|shard| !emptied.contains(shard))
         .collect();
     assert_eq!(reopened, expected);
+    // And the read brought who holds the empty shards' units.
+    for holder in &holders {
+        assert_eq!(
+            gate.shard_taken_by(&sale.sale_id, SHARDS, &holder.order_id),
+            Some(holder.shard)
+        );
+    }
 }

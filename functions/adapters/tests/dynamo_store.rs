@@ -67,7 +67,7 @@ async fn grab(
         loop {
             match store.reserve(sale, shard, &reservation).await {
                 Ok(Ok(()) | Err(ReserveRefusal::AlreadyHeld)) => return Some(reservation),
-                Ok(Err(ReserveRefusal::ShardEmpty)) => break,
+                Ok(Err(ReserveRefusal::ShardEmpty(_))) => break,
                 Ok(Err(ReserveRefusal::LimitReached)) => {
                     panic!("a buyer with nothing reserved reached the limit")
                 }
@@ -143,13 +143,14 @@ async fn reserve_on_an_empty_shard_is_refused_as_shard_empty_and_writes_nothing(
     let (store, _, _) = support::store().await;
     let sale = support::sale(2, 2, 1);
     created(&store, &sale).await;
-    reserved(&store, &sale, &support::user("alice"), 0).await;
+    let alices = reserved(&store, &sale, &support::user("alice"), 0).await;
 
     let bob = support::user("bob");
     let refused = support::reservation(&sale, &bob, 0);
     assert_eq!(
         store.reserve(&sale, 0, &refused).await.expect("reserve"),
-        Err(ReserveRefusal::ShardEmpty)
+        Err(ReserveRefusal::ShardEmpty(support::takers_of(&[&alices]))),
+        "the refusal names who holds the shard's units"
     );
     assert_eq!(
         store.availability(&sale).await.expect("availability"),
@@ -192,12 +193,20 @@ async fn reserve_over_the_per_user_limit_is_refused_as_limit_reached_and_writes_
             .is_none()
     );
 
-    // Shard 0 is empty and alice is at her limit: she hears about the limit, so the
-    // grab stops instead of trying every other shard.
+    // Shard 0 is empty and alice is at her limit: the shard, written first, answers.
+    // The grab goes on to a shard with stock, whose take the limit then undoes.
     let both = support::reservation(&sale, &alice, 0);
-    assert_eq!(
+    assert!(matches!(
         store.reserve(&sale, 0, &both).await.expect("reserve"),
-        Err(ReserveRefusal::LimitReached)
+        Err(ReserveRefusal::ShardEmpty(takers)) if takers.len() == 2
+    ));
+    assert!(
+        store
+            .unaccounted_takes(&sale)
+            .await
+            .expect("takes")
+            .is_empty(),
+        "the refused take was undone"
     );
 }
 
@@ -282,10 +291,11 @@ async fn a_held_order_is_already_held_on_an_empty_shard_and_at_the_limit(store: 
         "empty shard and limit reached, but this order is held"
     );
     let another = support::reservation(&sale, &alice, 0);
+    let held_by_her = support::takers_of(&[&held]);
     assert_eq!(
         store.reserve(&sale, 0, &another).await.expect("reserve"),
-        Err(ReserveRefusal::LimitReached),
-        "a new order of hers is still at the limit"
+        Err(ReserveRefusal::ShardEmpty(held_by_her.clone())),
+        "a new order of hers finds the shard empty before her limit"
     );
     let bob = support::user("bob");
     assert_eq!(
@@ -293,7 +303,7 @@ async fn a_held_order_is_already_held_on_an_empty_shard_and_at_the_limit(store: 
             .reserve(&sale, 0, &support::reservation(&sale, &bob, 0))
             .await
             .expect("reserve"),
-        Err(ReserveRefusal::ShardEmpty)
+        Err(ReserveRefusal::ShardEmpty(held_by_her))
     );
 
     // Two shards, limit one: her order took shard 0, shard 1 still has stock, and a
@@ -487,7 +497,8 @@ async fn a_conflicted_reserve_answers_contended_at_once_and_writes_nothing() {
     let (plain, _, table) = support::store().await;
     let sale = support::sale(3, 1, 1);
     created(&plain, &sale).await;
-    let (client, injector) = support::conflicting_client(Pattern::First(1)).await;
+    // The take conflicts (a transaction held the shard).
+    let (client, injector) = support::conflicting_writes_client(Pattern::First(1)).await;
     let contended = DynamoStore::new(client, &table);
     let alice = support::user("alice");
     let reservation = support::reservation(&sale, &alice, 0);
@@ -504,7 +515,23 @@ async fn a_conflicted_reserve_answers_contended_at_once_and_writes_nothing() {
     );
     assert!(status_of(&plain, &reservation).await.is_none());
 
-    // The same reservation again commits, once.
+    // The hold conflicts (a transaction of alice's held her item): the take stays,
+    // since a concurrent request of the same order may share it, and the caller hears
+    // an unknown outcome, for a retry on this shard to finish.
+    let (client, injector) = support::conflicting_writes_client(Pattern::Only(1)).await;
+    let error = DynamoStore::new(client, &table)
+        .reserve(&sale, 0, &reservation)
+        .await
+        .expect_err("outcome unknown");
+    assert!(error.is_retryable(), "{error:?}");
+    assert_eq!(injector.seen(), 2, "take, hold; no undo");
+    assert_eq!(
+        plain.availability(&sale).await.expect("availability"),
+        vec![2]
+    );
+    assert!(status_of(&plain, &reservation).await.is_none());
+
+    // The same reservation again finishes the take it left, once.
     contended
         .reserve(&sale, 0, &reservation)
         .await
@@ -572,17 +599,16 @@ async fn contention_that_outlasts_the_retries_is_transient_and_writes_nothing() 
     assert_eq!(status_of(&plain, &held).await, Some(OrderStatus::Reserved));
 }
 
-/// 300 buyers at once on a stock of 20: exactly 20 get one, whatever the sharding,
-/// while half of all transactions are answered with a conflict (DynamoDB Local alone
-/// never produces one; see `support::conflicts`).
+/// 300 buyers at once on a stock of 20: exactly 20 get one, whatever the sharding.
+/// No transaction writes a shard, so on AWS these plain writes queue rather than
+/// conflict; the conflicts a hold can meet are exercised on their own above.
 async fn concurrent_buyers_get_exactly_the_stock(shards: u16) {
     const BUYERS: usize = 300;
     const STOCK: u32 = 20;
-    let (plain, _, table) = support::store().await;
+    let (plain, _, _) = support::store().await;
     let sale = support::sale(STOCK, shards, 1);
     created(&plain, &sale).await;
-    let (client, injector) = support::conflicting_client(Pattern::AllButEvery(2)).await;
-    let store = DynamoStore::new(client, &table);
+    let store = plain.clone();
     let transient = Arc::new(AtomicUsize::new(0));
 
     let started = Instant::now();
@@ -602,18 +628,14 @@ async fn concurrent_buyers_get_exactly_the_stock(shards: u16) {
     }
     let elapsed = started.elapsed();
     eprintln!(
-        "K={shards}: {BUYERS} buyers, {} won, {} transactions, {} injected conflicts, \
-         {} exhausted retries, {elapsed:?}",
+        "K={shards}: {BUYERS} buyers, {} won, {} transient errors, {elapsed:?}",
         winners.len(),
-        injector.seen(),
-        injector.injected(),
         transient.load(Ordering::SeqCst)
     );
 
     assert_eq!(winners.len(), STOCK as usize, "exactly the stock is sold");
     let users: HashSet<&UserId> = winners.iter().map(|r| &r.user_id).collect();
     assert_eq!(users.len(), winners.len(), "nobody holds two");
-    assert!(injector.injected() > 0, "conflicts were answered");
     assert_eq!(
         plain.availability(&sale).await.expect("availability"),
         vec![0; usize::from(shards)],
@@ -622,6 +644,14 @@ async fn concurrent_buyers_get_exactly_the_stock(shards: u16) {
     let counts = plain.count(&sale).await.expect("count");
     assert_eq!(counts.reserved, u64::from(STOCK));
     assert_reconciles(&sale, &counts);
+    assert!(
+        plain
+            .unaccounted_takes(&sale)
+            .await
+            .expect("takes")
+            .is_empty(),
+        "every take has its hold"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

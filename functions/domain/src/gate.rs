@@ -21,7 +21,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use chrono::{DateTime, Duration, Utc};
 
 use crate::error::StoreError;
-use crate::ids::SaleId;
+use crate::ids::{OrderId, SaleId};
+use crate::ports::{ShardState, ShardTakers};
+
+/// How often the doubts older than a grab path are dropped.
+const DOUBT_PRUNE_EVERY: Duration = Duration::minutes(1);
 
 /// One process's marks, shared with the rechecks it hands out.
 #[derive(Debug, Clone)]
@@ -34,6 +38,19 @@ pub struct SoldOutGate {
 struct SaleMarks {
     /// Per shard: when it was last seen empty, or `None` if it is worth a write.
     empty_since: Vec<Option<DateTime<Utc>>>,
+    /// Per shard seen empty: the orders holding its units then. A reserve takes its
+    /// unit before it records the buyer's hold, so a grab whose answer was lost may
+    /// have a take on a shard that is empty now; its retry finds it here, in memory.
+    takers: Vec<ShardTakers>,
+    /// Orders whose last grab in this process gave up with a reserve's outcome unknown
+    /// on a shard (the key's value), and since when: that request's take may have
+    /// landed there without its hold, and only a reserve on that same shard finds and
+    /// finishes it. The order's next request, with or without the retry header, goes
+    /// there first instead of taking a second unit elsewhere.
+    in_doubt: HashMap<OrderId, (u16, DateTime<Utc>)>,
+    /// When `in_doubt` was last pruned: once a minute is enough to bound it, where
+    /// every insert would walk all of it.
+    doubts_pruned_at: Option<DateTime<Utc>>,
     /// A [`Recheck`] of this sale is out, so no other is handed out.
     rechecking: bool,
 }
@@ -73,6 +90,9 @@ impl SoldOutGate {
         let mut sales = lock(&self.sales);
         let marks = sales.entry(sale_id.clone()).or_default();
         marks.empty_since.resize(usize::from(shards), None);
+        marks
+            .takers
+            .resize(usize::from(shards), ShardTakers::default());
         f(marks)
     }
 
@@ -121,24 +141,95 @@ impl SoldOutGate {
         })
     }
 
-    pub fn mark_empty(&self, sale_id: &SaleId, shards: u16, shard: u16, now: DateTime<Utc>) {
+    /// Whether `shard` is not known to be empty: checked again before each write of a
+    /// walk, since other grabs may have found it empty since the walk was planned.
+    pub fn is_worth_a_write(&self, sale_id: &SaleId, shards: u16, shard: u16) -> bool {
+        self.with_marks(sale_id, shards, |marks| marks.worth_a_write(shard))
+    }
+
+    /// `shard` was seen empty at `now`, held by `takers`.
+    pub fn mark_empty(
+        &self,
+        sale_id: &SaleId,
+        shards: u16,
+        shard: u16,
+        takers: ShardTakers,
+        now: DateTime<Utc>,
+    ) {
         self.with_marks(sale_id, shards, |marks| {
             marks.empty_since[usize::from(shard)] = Some(now);
+            marks.takers[usize::from(shard)] = takers;
         });
     }
 
     pub fn mark_stocked(&self, sale_id: &SaleId, shards: u16, shard: u16) {
         self.with_marks(sale_id, shards, |marks| {
             marks.empty_since[usize::from(shard)] = None;
+            marks.takers[usize::from(shard)] = ShardTakers::default();
         });
     }
 
-    /// Takes in what a recheck read, `units[shard]` left in each shard at `now`.
-    fn apply(&self, sale_id: &SaleId, units: &[u64], now: DateTime<Utc>) {
-        let shards = u16::try_from(units.len()).unwrap_or(u16::MAX);
+    /// The shard on which `order` may have a take whose hold is missing, for a reserve
+    /// there to finish: where its last grab here gave up in doubt, or else a shard
+    /// known empty that `order` held a unit of when it was seen so.
+    pub fn shard_taken_by(&self, sale_id: &SaleId, shards: u16, order: &OrderId) -> Option<u16> {
         self.with_marks(sale_id, shards, |marks| {
-            for (mark, &left) in marks.empty_since.iter_mut().zip(units) {
-                *mark = (left == 0).then_some(now);
+            let in_doubt = marks
+                .in_doubt
+                .get(order)
+                .map(|(shard, _)| *shard)
+                .filter(|shard| *shard < shards);
+            in_doubt.or_else(|| {
+                (0..shards).find(|&shard| {
+                    !marks.worth_a_write(shard) && marks.takers[usize::from(shard)].include(order)
+                })
+            })
+        })
+    }
+
+    /// A grab of `order` gave up at `now` with its reserve's outcome on `shard` unknown
+    /// (`Some`), or ended knowing what happened (`None`). Doubts older than a grab path
+    /// lives are dropped as others come: no request of theirs can arrive any more.
+    pub fn note_doubt(
+        &self,
+        sale_id: &SaleId,
+        shards: u16,
+        order: &OrderId,
+        shard: Option<u16>,
+        now: DateTime<Utc>,
+    ) {
+        self.with_marks(sale_id, shards, |marks| match shard {
+            Some(shard) => {
+                let due = marks
+                    .doubts_pruned_at
+                    .is_none_or(|pruned| now - pruned >= DOUBT_PRUNE_EVERY);
+                if due {
+                    marks
+                        .in_doubt
+                        .retain(|_, (_, since)| now - *since < crate::grab::GRAB_PATH_LIFETIME);
+                    marks.doubts_pruned_at = Some(now);
+                }
+                marks.in_doubt.insert(order.clone(), (shard, now));
+            }
+            None => {
+                marks.in_doubt.remove(order);
+            }
+        });
+    }
+
+    /// Takes in what a read of every shard saw at `now`: a recheck's, or a grab's that
+    /// waited out a young take.
+    pub fn apply(&self, sale_id: &SaleId, states: Vec<ShardState>, now: DateTime<Utc>) {
+        let shards = u16::try_from(states.len()).unwrap_or(u16::MAX);
+        self.with_marks(sale_id, shards, |marks| {
+            for (shard, state) in states.into_iter().enumerate() {
+                let empty = state.available == 0;
+                marks.empty_since[shard] = empty.then_some(now);
+                marks.takers[shard] = if empty {
+                    state.takers
+                } else {
+                    ShardTakers::default()
+                };
             }
         });
     }
@@ -162,13 +253,12 @@ pub struct Recheck {
 }
 
 impl Recheck {
-    /// Takes in the answer of the read of every shard's stock (`units[shard]` left in
-    /// each) that the holder of this turn made at `now`. A read that failed leaves the
-    /// marks trusted for one more interval, so a failing store is asked once per
-    /// interval, not once per grab.
-    pub fn settle(self, read: Result<Vec<u64>, StoreError>, now: DateTime<Utc>) {
+    /// Takes in the answer of the read of every shard that the holder of this turn made
+    /// at `now`. A read that failed leaves the marks trusted for one more interval, so
+    /// a failing store is asked once per interval, not once per grab.
+    pub fn settle(self, read: Result<Vec<ShardState>, StoreError>, now: DateTime<Utc>) {
         match read {
-            Ok(units) => self.gate.apply(&self.sale_id, &units, now),
+            Ok(states) => self.gate.apply(&self.sale_id, states, now),
             Err(error) => {
                 tracing::warn!(
                     sale_id = %self.sale_id,
@@ -205,6 +295,70 @@ mod tests {
         gate.plan(sale, 3, [1, 2, 0].into_iter(), now)
     }
 
+    fn states(units: &[u64]) -> Vec<ShardState> {
+        units
+            .iter()
+            .map(|&available| ShardState {
+                available,
+                takers: ShardTakers::default(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_order_holding_a_unit_of_a_shard_seen_empty_is_pointed_back_to_it() {
+        let gate = SoldOutGate::new(Duration::seconds(1));
+        let sale = SaleId::parse("s").unwrap();
+        let (mine, other) = (OrderId::new(sale.clone()), OrderId::new(sale.clone()));
+        let t0 = Utc::now();
+        gate.mark_empty(&sale, 3, 1, ShardTakers::of([&mine]), t0);
+        assert_eq!(gate.shard_taken_by(&sale, 3, &mine), Some(1));
+        assert_eq!(gate.shard_taken_by(&sale, 3, &other), None);
+        // Stock came back to it: worth a write again, and its takers are forgotten.
+        gate.mark_stocked(&sale, 3, 1);
+        assert_eq!(gate.shard_taken_by(&sale, 3, &mine), None);
+        // A recheck brings the takers of the shards it finds empty.
+        gate.apply(
+            &sale,
+            vec![
+                ShardState::default(),
+                ShardState {
+                    available: 2,
+                    takers: ShardTakers::of([&other]),
+                },
+                ShardState {
+                    available: 0,
+                    takers: ShardTakers::of([&mine, &other]),
+                },
+            ],
+            t0,
+        );
+        assert_eq!(gate.shard_taken_by(&sale, 3, &mine), Some(2));
+        assert_eq!(gate.shard_taken_by(&sale, 3, &other), Some(2));
+    }
+
+    #[test]
+    fn an_order_whose_grab_gave_up_in_doubt_is_pointed_back_to_that_shard_until_it_knows() {
+        let gate = SoldOutGate::new(Duration::seconds(1));
+        let sale = SaleId::parse("s").unwrap();
+        let (mine, other) = (OrderId::new(sale.clone()), OrderId::new(sale.clone()));
+        let t0 = Utc::now();
+        gate.mark_empty(&sale, 3, 1, ShardTakers::of([&mine]), t0);
+        // A doubt is where the order's own grab left off, stocked shard or not, and
+        // comes before what an empty shard's takers say.
+        gate.note_doubt(&sale, 3, &mine, Some(2), t0);
+        assert_eq!(gate.shard_taken_by(&sale, 3, &mine), Some(2));
+        assert_eq!(gate.shard_taken_by(&sale, 3, &other), None);
+        gate.note_doubt(&sale, 3, &mine, None, t0);
+        assert_eq!(gate.shard_taken_by(&sale, 3, &mine), Some(1));
+        // Doubts outlive no grab path.
+        gate.note_doubt(&sale, 3, &other, Some(0), t0);
+        let later = t0 + crate::grab::GRAB_PATH_LIFETIME;
+        gate.note_doubt(&sale, 3, &mine, Some(2), later);
+        assert_eq!(gate.shard_taken_by(&sale, 3, &other), None);
+        assert_eq!(gate.shard_taken_by(&sale, 3, &mine), Some(2));
+    }
+
     #[test]
     fn empty_shards_are_skipped_and_a_stale_mark_hands_out_one_recheck() {
         let gate = SoldOutGate::new(Duration::seconds(1));
@@ -212,7 +366,7 @@ mod tests {
         let t0 = Utc::now();
         assert_eq!(plan(&gate, &sale, t0).shards, [1, 2, 0]);
 
-        gate.mark_empty(&sale, 3, 2, t0);
+        gate.mark_empty(&sale, 3, 2, ShardTakers::default(), t0);
         let fresh = plan(&gate, &sale, t0);
         assert_eq!(fresh.shards, [1, 0]);
         assert!(fresh.recheck.is_none());
@@ -234,12 +388,12 @@ mod tests {
         let sale = SaleId::parse("s").unwrap();
         let t0 = Utc::now();
         for shard in 0..3 {
-            gate.mark_empty(&sale, 3, shard, t0);
+            gate.mark_empty(&sale, 3, shard, ShardTakers::default(), t0);
         }
         assert!(plan(&gate, &sale, t0).shards.is_empty());
 
         let later = t0 + Duration::seconds(2);
-        gate.apply(&sale, &[0, 4, 0], later);
+        gate.apply(&sale, states(&[0, 4, 0]), later);
         let after = plan(&gate, &sale, later);
         assert_eq!(after.shards, [1]);
         assert!(after.recheck.is_none(), "the empty shards were just seen");

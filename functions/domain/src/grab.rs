@@ -2,19 +2,21 @@
 //!
 //! A grab walks the sale's shards in the buyer's order until one gives it a unit. Two
 //! things make that walk more than a loop:
-//! - **Contention.** On AWS a stock shard admits one transaction at a time: any other
-//!   transaction touching it meanwhile is cancelled (`TransactionConflict`), writing
-//!   nothing, and billed. A contended shard is left at once for the next one in the
-//!   buyer's order, and after a couple of contended shards in a row the grab pauses
-//!   (full jitter, growing) and goes round again. Queueing on one busy shard while
-//!   others are free is what made a crowd sell out slowly; probing every shard while
-//!   all are busy would multiply the billed, cancelled writes.
+//! - **Contention.** A reserve is plain conditional writes (see [`StockLedger`]), which
+//!   queue on a hot item instead of cancelling each other as transactions do. What can
+//!   still answer `Contended` is a write that met a transaction on its item (the
+//!   buyer's own pay or cancel on their item, say). A contended shard is left at once
+//!   for the next one in the buyer's order, and after a couple of contended shards in a
+//!   row the grab pauses (full jitter, growing) and goes round again: queueing on one
+//!   busy shard while others are free is slow, and probing every shard while all are
+//!   busy multiplies billed writes for nothing.
 //! - **Unknown outcomes.** A reserve that timed out or failed in transit may still have
-//!   committed. The grab never answers such a request as anything but what happened:
-//!   it reads the buyer's own item (one consistent read, which names the path's order)
-//!   and answers 202 if the hold is there. If it is not, the reserve is tried again
-//!   (idempotent per order id), so a commit that lands late is found by that attempt
-//!   (`AlreadyHeld`) rather than hidden behind a "sold out".
+//!   taken its unit. The grab never answers such a request as anything but what
+//!   happened: it reads the buyer's own item (one consistent read, which names the
+//!   path's order) and answers 202 if the hold is there. If it is not, the reserve is
+//!   asked again on the same shard (idempotent per order id), which finds a take that
+//!   landed and finishes it (`AlreadyHeld` if the hold landed too) rather than hiding
+//!   it behind a "sold out".
 
 use std::sync::Arc;
 
@@ -114,6 +116,13 @@ pub struct ContentionPolicy {
     /// No reserve starts once the grab has run this long, so that it always has time
     /// left to resolve an unknown outcome and answer within the function's deadline.
     pub budget: Duration,
+    /// How long after its grab began a take may still be undone: a take comes before
+    /// its hold, and a hold refused for the buyer's limit gives the take back, one
+    /// write later. A grab that found every shard empty, one of them with a take this
+    /// young, waits until that take is this old (within its budget) and reads the
+    /// shards once before it answers "sold out", so that a unit about to come back is
+    /// not answered as gone to every buyer in between.
+    pub undo_window: Duration,
     /// Reserves whose outcome was unknown (and whose hold the read did not find) that a
     /// grab goes on after. One more means the table is failing rather than slow: the
     /// grab answers 503 instead of adding load, and the buyer's retry of the same path
@@ -132,6 +141,9 @@ impl ContentionPolicy {
         pause_base: std::time::Duration::from_millis(10),
         pause_cap: std::time::Duration::from_millis(200),
         budget: Duration::milliseconds(2500),
+        // A take, the refused hold and the undo are three writes, tens of milliseconds
+        // on AWS; a second covers them queued behind a crowd on one shard.
+        undo_window: Duration::seconds(1),
         max_unknown_outcomes: 1,
     };
 
@@ -168,6 +180,16 @@ fn splitmix64(x: u64) -> u64 {
 struct Tally {
     reserves: u32,
     contended: u32,
+    /// A shard on which this grab's order may have a take whose hold is missing (a
+    /// reserve there answered nothing definite, and the read did not find the hold),
+    /// until a reserve there answers definitely. See [`SoldOutGate::note_doubt`].
+    in_doubt: Option<u16>,
+    /// Whether `in_doubt` was ever set, so the gate has a doubt of this order's to
+    /// update when the grab ends.
+    doubted: bool,
+    /// Until when a shard this grab found empty may get a unit back from an undone
+    /// take (see [`ContentionPolicy::undo_window`]).
+    undo_possible_until: Option<DateTime<Utc>>,
 }
 
 /// The hot path: hand out grab paths, and turn a grab into a reservation.
@@ -285,22 +307,62 @@ impl GrabService {
             .signer
             .verify(token, sale_id, user, started)
             .ok_or(AppError::InvalidToken)?;
-        let mut shards = self.shards_worth_a_write(&sale, user, started).await;
+        let outcome = self
+            .take_a_unit(&sale, order_id.clone(), user, attempt, started, tally)
+            .await;
+        // A grab that gives up in doubt leaves the shard to its path's next request in
+        // this process; one that knows what happened clears it.
+        let in_doubt = match &outcome {
+            Err(error) if error.is_retryable() => tally.in_doubt,
+            _ => None,
+        };
+        if tally.doubted || in_doubt.is_some() {
+            self.gate
+                .note_doubt(sale_id, sale.shards, &order_id, in_doubt, self.clock.now());
+        }
+        outcome
+    }
+
+    /// The walk over the shards for `order_id`, once the request is known valid.
+    async fn take_a_unit(
+        &self,
+        sale: &Sale,
+        order_id: OrderId,
+        user: &UserId,
+        attempt: Attempt,
+        started: DateTime<Utc>,
+        tally: &mut Tally,
+    ) -> Result<GrabOutcome, AppError> {
+        let sale_id = &sale.sale_id;
+        // A shard where this order may have a take whose hold is missing is asked
+        // first, whatever the gate thinks of it: a reserve takes from the shard before
+        // it holds, and only a reserve on the same shard finds a take that landed and
+        // finishes it (going on elsewhere would strand that unit until the reconciler
+        // returns it). The gate knows it from this path's earlier request that gave up
+        // in doubt here, or from the takers of a shard it saw empty.
+        tally.in_doubt = self.gate.shard_taken_by(sale_id, sale.shards, &order_id);
+        tally.doubted = tally.in_doubt.is_some();
+        let mut shards = self.shards_worth_a_write(sale, user, started).await;
         if shards.is_empty() {
-            // Sold out as far as this process knows, so no write.
-            return match attempt {
-                Attempt::First => Ok(GrabOutcome::SoldOut(SoldOutBy::Gate)),
-                Attempt::Retry => Ok(self
-                    .resume(&order_id, user)
-                    .await?
-                    .map_or(GrabOutcome::SoldOut(SoldOutBy::Gate), GrabOutcome::Resumed)),
-            };
+            // Sold out as far as this process knows, so no write, unless this path's
+            // order may hold a unit: a request that repeats a winner's (with or without
+            // the retry header) is told so, for one read, instead of "sold out"; a take
+            // whose hold never landed is finished by one reserve on its shard.
+            if tally.in_doubt.is_none() && attempt == Attempt::First {
+                return Ok(GrabOutcome::SoldOut(SoldOutBy::Gate));
+            }
+            if let Some(held) = self.resume(&order_id, user).await? {
+                return Ok(GrabOutcome::Resumed(held));
+            }
+            if tally.in_doubt.is_none() {
+                return Ok(GrabOutcome::SoldOut(SoldOutBy::Gate));
+            }
+        }
+        if let Some(doubt) = tally.in_doubt {
+            shards.retain(|shard| *shard != doubt);
+            shards.insert(0, doubt);
         }
         let mut unknown_outcomes = 0_u32;
-        // A shard whose reserve's outcome was lost and whose hold the read did not find,
-        // until a reserve answers definitely: every answer but `Contended` evaluated the
-        // buyer's item, where this path's hold would be (and the user's refusal wins).
-        let mut unresolved: Option<u16> = None;
         let mut reservation = Reservation {
             order_id,
             sale_id: sale_id.clone(),
@@ -320,11 +382,30 @@ impl GrabService {
                     contended.push(shard);
                     break;
                 }
+                // Another grab may have found it empty since this walk was planned: a
+                // write there now would only be refused (and billed).
+                if tally.in_doubt != Some(shard)
+                    && !self.gate.is_worth_a_write(sale_id, sale.shards, shard)
+                {
+                    continue;
+                }
                 reservation.shard = shard;
                 tally.reserves += 1;
-                let answer = self.ledger.reserve(&sale, shard, &reservation).await;
-                if matches!(answer, Ok(Ok(()) | Err(ReserveRefusal::ShardEmpty))) {
-                    unresolved = None;
+                let answer = self.ledger.reserve(sale, shard, &reservation).await;
+                if tally.in_doubt == Some(shard)
+                    && matches!(answer, Ok(Err(ReserveRefusal::ShardEmpty(_))))
+                {
+                    // A take that had landed would have been found, not refused; and
+                    // the gate stops pointing this order back here at once, or the walk
+                    // would come back to it until it ran out of walks.
+                    tally.in_doubt = None;
+                    self.gate.note_doubt(
+                        sale_id,
+                        sale.shards,
+                        &reservation.order_id,
+                        None,
+                        started,
+                    );
                 }
                 match answer {
                     Ok(Ok(())) => {
@@ -332,11 +413,22 @@ impl GrabService {
                         self.hand_over(&reservation).await;
                         return Ok(GrabOutcome::Reserved(reservation));
                     }
-                    Ok(Err(ReserveRefusal::ShardEmpty)) => {
+                    Ok(Err(ReserveRefusal::ShardEmpty(takers))) => {
+                        let now = self.clock.now();
+                        let undo_until = takers
+                            .latest_take()
+                            .map(|began| began + self.contention.undo_window)
+                            .filter(|until| *until > now);
+                        tally.undo_possible_until = tally.undo_possible_until.max(undo_until);
                         self.gate
-                            .mark_empty(sale_id, sale.shards, shard, self.clock.now());
+                            .mark_empty(sale_id, sale.shards, shard, takers, now);
                     }
-                    Ok(Err(ReserveRefusal::LimitReached)) => return Err(AppError::LimitReached),
+                    Ok(Err(ReserveRefusal::LimitReached)) => {
+                        // The store gave the take back when the hold was refused: the
+                        // shard has that unit again, whatever it looked like meanwhile.
+                        self.gate.mark_stocked(sale_id, sale.shards, shard);
+                        return Err(AppError::LimitReached);
+                    }
                     Ok(Err(ReserveRefusal::AlreadyHeld)) => {
                         return self
                             .resume(&reservation.order_id, user)
@@ -346,6 +438,11 @@ impl GrabService {
                     }
                     Ok(Err(ReserveRefusal::Contended)) => {
                         tally.contended += 1;
+                        if tally.in_doubt == Some(shard) {
+                            // Not another shard before this one answers: a take of
+                            // ours may be here.
+                            break;
+                        }
                         contended.push(shard);
                     }
                     Err(error) if error.is_retryable() => {
@@ -355,17 +452,25 @@ impl GrabService {
                             error = &error as &dyn std::error::Error,
                             "reserve outcome unknown; reading the buyer's item"
                         );
-                        // A read that fails too leaves nothing known: the buyer's retry
-                        // of the same path (idempotent) will tell.
-                        if let Some(held) = self.resume(&reservation.order_id, user).await? {
-                            return Ok(GrabOutcome::Reserved(held));
+                        tally.in_doubt = Some(shard);
+                        tally.doubted = true;
+                        match self.resume(&reservation.order_id, user).await {
+                            Ok(Some(held)) => {
+                                tally.in_doubt = None;
+                                self.drop_if_superseded(&held, shard).await;
+                                return Ok(GrabOutcome::Reserved(held));
+                            }
+                            Ok(None) => {}
+                            // A read that fails too leaves the outcome as unknown as
+                            // before: the reserve on this shard, asked again, tells.
+                            Err(read) if read.is_retryable() => {}
+                            Err(read) => return Err(read),
                         }
                         unknown_outcomes += 1;
                         if unknown_outcomes > self.contention.max_unknown_outcomes {
                             return Err(error.into());
                         }
-                        unresolved = Some(shard);
-                        contended.push(shard);
+                        break;
                     }
                     Err(error) => return Err(error.into()),
                 }
@@ -377,26 +482,35 @@ impl GrabService {
             }
             // The next walk tries what this one did not reach first, then what it found
             // contended; another process may have found some of them empty meanwhile.
-            let next: Vec<u16> = untried.chain(contended).collect();
+            let next: Vec<u16> = untried
+                .chain(contended)
+                .filter(|shard| Some(*shard) != tally.in_doubt)
+                .collect();
             shards = self.gate.still_worth_a_write(sale_id, sale.shards, next);
+            // Sold out, unless the lost reserve took a unit after all: only a reserve's
+            // answer on its shard, not the gate's, can tell.
+            shards.splice(0..0, tally.in_doubt);
             if shards.is_empty() {
-                match unresolved {
-                    // Sold out, unless the lost reserve committed after all: only a
-                    // reserve's answer, not the gate's, can tell.
-                    Some(shard) => shards.push(shard),
-                    None => return Ok(GrabOutcome::SoldOut(SoldOutBy::Database)),
+                shards.extend(self.gate.shard_taken_by(
+                    sale_id,
+                    sale.shards,
+                    &reservation.order_id,
+                ));
+            }
+            if shards.is_empty() {
+                shards = self
+                    .stock_back_from_undone_takes(sale, user, started, tally)
+                    .await;
+                if shards.is_empty() {
+                    return Ok(GrabOutcome::SoldOut(SoldOutBy::Database));
                 }
+                // No contention pause: the wait for the undo was the pause.
+                continue;
             }
             if walks >= self.contention.max_walks
                 || self.clock.now() - started >= self.contention.budget
             {
-                // One more read of the buyer's item before giving up with an outcome
-                // still unknown: a lost reserve that landed meanwhile is answered as
-                // the reservation it is, not as a 503 whose retry the gate may call
-                // sold out.
-                if unresolved.is_some()
-                    && let Some(held) = self.resume(&reservation.order_id, user).await?
-                {
+                if let Some(held) = self.resume_in_doubt(tally, &reservation).await? {
                     return Ok(GrabOutcome::Reserved(held));
                 }
                 return Err(AppError::Store(StoreError::transient(
@@ -422,12 +536,49 @@ impl GrabService {
             .gate
             .plan(&sale.sale_id, sale.shards, sale.shard_order(user), now);
         if let Some(recheck) = plan.recheck.take() {
-            recheck.settle(self.ledger.availability(sale).await, self.clock.now());
+            recheck.settle(self.ledger.shard_states(sale).await, self.clock.now());
             plan = self
                 .gate
                 .plan(&sale.sale_id, sale.shards, sale.shard_order(user), now);
         }
         plan.shards
+    }
+
+    /// Every shard was found empty, one of them with a take young enough to be undone
+    /// still: waits until it is not, or until the grab's budget is spent, then reads
+    /// every shard once (no write) and answers the shards the gate, told what the read
+    /// saw, now thinks worth a write. Once per grab; empty: sold out after all. (A unit
+    /// back after the budget is spent is answered 503, and the buyer's retry takes it.)
+    async fn stock_back_from_undone_takes(
+        &self,
+        sale: &Sale,
+        user: &UserId,
+        started: DateTime<Utc>,
+        tally: &mut Tally,
+    ) -> Vec<u16> {
+        let Some(until) = tally.undo_possible_until.take() else {
+            return Vec::new();
+        };
+        let until = until.min(started + self.contention.budget);
+        let wait = (until - self.clock.now()).to_std().unwrap_or_default();
+        self.pause.pause(wait).await;
+        match self.ledger.shard_states(sale).await {
+            Ok(states) => {
+                let now = self.clock.now();
+                self.gate.apply(&sale.sale_id, states, now);
+                self.gate
+                    .plan(&sale.sale_id, sale.shards, sale.shard_order(user), now)
+                    .shards
+            }
+            Err(error) => {
+                tracing::warn!(
+                    sale_id = %sale.sale_id,
+                    error = &error as &dyn std::error::Error,
+                    "could not read the shards after a young take; answering sold out"
+                );
+                Vec::new()
+            }
+        }
     }
 
     /// The path's order, if it is held and open: the hand-over is finished (the queue
@@ -446,6 +597,45 @@ impl GrabService {
             Some(_) => Err(AppError::InvalidToken),
             None => Ok(None),
         }
+    }
+
+    /// A reserve on `shard` whose outcome was lost may have taken a unit there, but the
+    /// order turned out held on another shard (a concurrent request of the same path
+    /// won there): that take is no one's, so it goes back at once rather than wait for
+    /// the reconciler while buyers are told "sold out".
+    async fn drop_if_superseded(&self, held: &Reservation, shard: u16) {
+        if held.shard == shard {
+            return;
+        }
+        if let Err(error) = self.ledger.drop_superseded_take(held, shard).await {
+            tracing::warn!(
+                order_id = %held.order_id,
+                shard,
+                error = &error as &dyn std::error::Error,
+                "giving back a superseded take failed; the reconciler returns it"
+            );
+        }
+    }
+
+    /// Before a grab gives up with a reserve's outcome still unknown, one more read of
+    /// the buyer's item: a lost reserve that landed meanwhile is answered as the
+    /// reservation it is, not as a 503 whose retry the gate may call sold out.
+    async fn resume_in_doubt(
+        &self,
+        tally: &mut Tally,
+        reservation: &Reservation,
+    ) -> Result<Option<Reservation>, AppError> {
+        let Some(shard) = tally.in_doubt else {
+            return Ok(None);
+        };
+        let held = self
+            .resume(&reservation.order_id, &reservation.user_id)
+            .await?;
+        if let Some(held) = &held {
+            tally.in_doubt = None;
+            self.drop_if_superseded(held, shard).await;
+        }
+        Ok(held)
     }
 
     /// Sends a committed reservation to the order consumer. If that fails, the hold

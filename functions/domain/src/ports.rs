@@ -55,11 +55,77 @@ pub trait SaleCatalog: Send + Sync {
     async fn sales_ending_after(&self, cutoff: DateTime<Utc>) -> Result<Vec<Sale>, StoreError>;
 }
 
+/// The orders a shard recorded as holding its units, at one moment, by fingerprint:
+/// what lets a grab find its own take on a shard it knows is empty, in memory. A shard
+/// seen empty gains no take until a unit comes back to it, so the takers seen with an
+/// empty shard are all it has, until the gate's next recheck.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ShardTakers {
+    fingerprints: Vec<u64>,
+    /// When the latest of these takes' grabs began (a take records its order's
+    /// `created_at`): see [`ShardTakers::latest_take`].
+    latest_take: Option<DateTime<Utc>>,
+}
+
+impl ShardTakers {
+    /// The takers, when their times do not matter.
+    pub fn of<'a>(orders: impl IntoIterator<Item = &'a OrderId>) -> Self {
+        let mut fingerprints: Vec<u64> = orders.into_iter().map(OrderId::random_bits).collect();
+        fingerprints.sort_unstable();
+        fingerprints.dedup();
+        Self {
+            fingerprints,
+            latest_take: None,
+        }
+    }
+
+    /// The takers, each with when its grab began.
+    pub fn of_takes<'a>(takes: impl IntoIterator<Item = (&'a OrderId, DateTime<Utc>)>) -> Self {
+        let takes: Vec<_> = takes.into_iter().collect();
+        Self {
+            latest_take: takes.iter().map(|(_, at)| *at).max(),
+            ..Self::of(takes.iter().map(|(order, _)| *order))
+        }
+    }
+
+    /// When the youngest take's grab began. A take comes before its hold, and a hold
+    /// refused (the buyer at their limit) undoes its take: so a shard empty with a young
+    /// take may have that unit back a moment later, and "sold out" is not yet final.
+    pub fn latest_take(&self) -> Option<DateTime<Utc>> {
+        self.latest_take
+    }
+
+    /// Whether `order` is among them. Fingerprints are 64 random bits of the order id,
+    /// so a false "yes" is as rare as two orders sharing them, and costs one refused
+    /// write at most.
+    pub fn include(&self, order: &OrderId) -> bool {
+        self.fingerprints
+            .binary_search(&order.random_bits())
+            .is_ok()
+    }
+
+    pub fn len(&self) -> usize {
+        self.fingerprints.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.fingerprints.is_empty()
+    }
+}
+
+/// One shard as a single read saw it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ShardState {
+    pub available: u64,
+    pub takers: ShardTakers,
+}
+
 /// Why a reservation was refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReserveRefusal {
-    /// This shard has no stock left; others may.
-    ShardEmpty,
+    /// This shard has no stock left; others may. With the orders that hold its units,
+    /// as the refusal saw them.
+    ShardEmpty(ShardTakers),
     /// The user already holds or bought `per_user_limit` units of this sale.
     LimitReached,
     /// A hold for this very order exists already: the grab is a retry of one that
@@ -83,21 +149,50 @@ pub enum Settlement {
     Unknown,
 }
 
+/// A unit a stock shard records as taken by an order: who took it, and when.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Take {
+    pub shard: u16,
+    pub order_id: OrderId,
+    pub user_id: UserId,
+    pub taken_at: DateTime<Utc>,
+}
+
+/// What [`StockLedger::return_take`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TakeReturn {
+    /// This call gave the unit back to its shard.
+    Returned,
+    /// An open or paid hold on the same shard accounts for the take (now): it stays.
+    Accounted,
+    /// The unit was back already (a release, an undo, or an earlier call).
+    AlreadyReturned,
+}
+
 /// Stock shards and the per-user holds on them. This is the hot path.
+///
+/// A reservation is two conditional single-item writes, not a transaction: on AWS a
+/// transaction on a hot shard is cancelled by any other one in flight on it
+/// (`TransactionConflict`), while plain conditional writes on one item simply queue.
+/// The shard records each take by order id, so every step is idempotent and a crash
+/// between the two writes leaves a *take* no hold accounts for, which
+/// [`StockLedger::unaccounted_takes`] finds and [`StockLedger::return_take`] gives back.
 #[async_trait]
 pub trait StockLedger: Send + Sync {
-    /// Atomically takes one unit from `shard` and records `reservation` as a
-    /// `reserved` hold on the user's item, or does neither.
+    /// Takes one unit from `shard` for `reservation`, then records the reservation as
+    /// a `reserved` hold on the user's item, undoing the take if the hold is refused.
     ///
     /// The shard must have stock (`available > 0`) and the user must hold fewer than
     /// `sale.per_user_limit` open or paid units and have cancelled or let lapse fewer
     /// than [`MAX_ABANDONED_HOLDS`](crate::sale::MAX_ABANDONED_HOLDS) holds of this
-    /// sale; either limit answers `LimitReached`. Write contention is not waited out
-    /// here: it answers `Contended` at once, so the caller can try a shard that is free
-    /// instead of queueing on a busy one. Idempotent per order id: once a hold for
-    /// `reservation.order_id` exists (in any status), another call writes nothing and
-    /// answers `AlreadyHeld`, so a caller that cannot tell whether a timed-out call
-    /// committed may simply call again.
+    /// sale; either limit answers `LimitReached` and leaves the stock as it was. Write
+    /// contention is not waited out here: it answers `Contended` at once, so the caller
+    /// can try a shard that is free instead of queueing on a busy one. Idempotent per
+    /// order id: once a hold for `reservation.order_id` exists (in any status), another
+    /// call takes nothing for good and answers `AlreadyHeld`, so a caller that cannot
+    /// tell whether a timed-out call committed may simply call again, on the same shard
+    /// (where a take that landed is found and finished) or another (where the shard's
+    /// take is undone, or left to `return_take`).
     async fn reserve(
         &self,
         sale: &Sale,
@@ -106,17 +201,24 @@ pub trait StockLedger: Send + Sync {
     ) -> Result<Result<(), ReserveRefusal>, StoreError>;
 
     /// Units left in each shard, index = shard, in one read that writes nothing, for
-    /// the public sale page and the sold-out gate's recheck (at most once per process
-    /// per interval, off the request path). It may lag the latest grabs and releases by
+    /// the public sale page. It may lag the latest grabs and releases by
     /// a moment (an eventually consistent read on AWS), so it is never used to decide a
     /// grab: at most it makes the gate try a shard's write (whose condition decides)
     /// or wait one more interval before trying it.
     async fn availability(&self, sale: &Sale) -> Result<Vec<u64>, StoreError>;
 
-    /// Ends an open hold and gives its unit back to its shard, in one transaction that
-    /// also records the order as `reason.final_status()`. Only an open hold
+    /// Every shard's stock with the orders holding its units (index = shard), in one
+    /// read that writes nothing: the sold-out gate's recheck (at most once per process
+    /// per interval). Like `availability` it may lag and never decides a grab, but each
+    /// shard's two parts come from one version of it.
+    async fn shard_states(&self, sale: &Sale) -> Result<Vec<ShardState>, StoreError>;
+
+    /// Ends an open hold and gives its unit back to its shard: one transaction on the
+    /// user's and the order's items records the order as `reason.final_status()`, then
+    /// a conditional write on the shard removes the order's take. Only an open hold
     /// (`reserved`/`pending_payment`) can be released, so the stock comes back at most
-    /// once: a repeated or late call answers `AlreadySettled` and changes nothing. The
+    /// once: a repeated or late call answers `AlreadySettled` and, if the shard still
+    /// records the take (a release that died between its writes), gives it back. The
     /// hold stays, with its final status and no longer counted against the limit, so
     /// the order id can never be reserved again.
     async fn release(
@@ -125,6 +227,29 @@ pub trait StockLedger: Send + Sync {
         reason: ReleaseReason,
         now: DateTime<Utc>,
     ) -> Result<Settlement, StoreError>;
+
+    /// Gives back `reservation`'s take on `shard`, if there is one, for an order whose
+    /// hold is on another shard: no reserve can record a hold for it on `shard` any
+    /// more, so the unit is free. Whether a take was given back. Idempotent.
+    async fn drop_superseded_take(
+        &self,
+        reservation: &Reservation,
+        shard: u16,
+    ) -> Result<bool, StoreError>;
+
+    /// The takes on `sale`'s shards that no open or paid hold on the same shard
+    /// accounts for: a reserve between its two writes, or one that died there; a take
+    /// a retry on another shard superseded; a release that died before its shard
+    /// write. A read for the reconciler that may lag the latest writes, so each take
+    /// is checked again by [`StockLedger::return_take`] before it is given back.
+    async fn unaccounted_takes(&self, sale: &Sale) -> Result<Vec<Take>, StoreError>;
+
+    /// Gives `take`'s unit back unless, read consistently now, an open or paid hold on
+    /// its shard accounts for it. If the order has no hold at all, first records one,
+    /// settled as `expired`, so that a reserve still on its way cannot record it
+    /// after the unit went back: its hold write is refused as `AlreadyHeld`.
+    /// Idempotent.
+    async fn return_take(&self, take: &Take, now: DateTime<Utc>) -> Result<TakeReturn, StoreError>;
 }
 
 /// What `OrderBook::open` found.

@@ -7,15 +7,21 @@ use crate::error::ValidationError;
 use crate::ids::{SaleId, UserId};
 
 pub const MAX_STOCK: u32 = 1_000_000;
-/// Each shard is its own partition key, and on AWS a key admits one transaction at a
-/// time: any other transaction touching it meanwhile is cancelled, and billed. So a
-/// shard takes about one reservation per transaction latency, 37 a second at a 15 ms
-/// commit and 24 at 30 ms once the cancelled attempts' WCU are counted
-/// (docs/capacity.md), and the goal of 50,000 reservations a second for a large sale
-/// needs 2,100 shards at the least and 4,000 to keep cancellations near one per unit.
-/// What grows with K stays bounded at 4,000: creating the sale takes 41 transactions,
-/// a read of its stock 40 `BatchGetItem` calls.
+/// Each shard is its own partition key. A transactional reserve would get about one
+/// reservation a shard per transaction latency (on AWS a key admits one transaction at
+/// a time and cancels, and bills, the others): 37 a second at a 15 ms commit and 24 at
+/// 30 ms, so 50,000 a second would need 2,100 to 4,000 shards (docs/capacity.md's
+/// model). The reserve takes with a plain write instead, which only the key's WCU
+/// limits, so 4,000 is room to spare; what grows with K stays bounded there: creating
+/// the sale takes 41 transactions, a read of its stock 40 `BatchGetItem` calls.
 pub const MAX_SHARDS: u16 = 4_000;
+/// A shard's item names every order holding one of its units (the takers that make its
+/// plain-write take exactly-once), 60 to 80 bytes each with a typical user id and up
+/// to about 550 with a 128-character one. So its units are bounded: at 250 the item
+/// stays under 140 KB even then, well inside DynamoDB's 400 KB, and about 20 KB (20
+/// write units a take at the end of the sale) with typical ids. `MAX_STOCK` on
+/// `MAX_SHARDS` is exactly this.
+pub const MAX_UNITS_PER_SHARD: u32 = 250;
 pub const MAX_PER_USER_LIMIT: u32 = 100;
 pub const MAX_PAYMENT_TIMEOUT_SECS: u32 = 86_400;
 pub const DEFAULT_PAYMENT_TIMEOUT_SECS: u32 = 900;
@@ -153,11 +159,17 @@ pub enum SalePhase {
 }
 
 /// Shards chosen when the administrator does not say: about ten items a shard, so a
-/// sale of 100 spreads its write heat over ten partitions, capped so the stats and the
-/// sold-out probe stay cheap.
+/// sale of 100 spreads its write heat over ten partitions, capped at 16 so the stats
+/// and the sold-out probe stay cheap, but never fewer than [`MAX_UNITS_PER_SHARD`]
+/// allows.
 pub fn default_shards(stock: u32) -> u16 {
-    let wanted = stock.div_ceil(10).clamp(1, 16);
-    u16::try_from(wanted).unwrap_or(16)
+    let wanted = stock.div_ceil(10).clamp(1, 16).max(min_shards(stock));
+    u16::try_from(wanted).unwrap_or(MAX_SHARDS)
+}
+
+/// The fewest shards that hold `stock` within [`MAX_UNITS_PER_SHARD`] each.
+fn min_shards(stock: u32) -> u32 {
+    stock.div_ceil(MAX_UNITS_PER_SHARD).max(1)
 }
 
 /// Characters a sale name may not hold, because the public page shows it as sent:
@@ -236,7 +248,8 @@ impl Sale {
             None => default_shards(stock_total),
             Some(requested) => {
                 let max = i64::from(MAX_SHARDS).min(i64::from(stock_total));
-                let shards = in_range("shards", requested, 1, max)?;
+                let min = i64::from(min_shards(stock_total));
+                let shards = in_range("shards", requested, min, max)?;
                 u16::try_from(shards).map_err(|_| ValidationError::new("shards", "is too large"))?
             }
         };
@@ -545,9 +558,24 @@ mod tests {
     }
 
     #[test]
-    fn the_default_stays_about_ten_units_a_shard_up_to_sixteen() {
+    fn the_default_stays_about_ten_units_a_shard_up_to_sixteen_then_the_unit_cap_decides() {
         assert_eq!(default_shards(100), 10);
         assert_eq!(default_shards(5), 1);
-        assert_eq!(default_shards(1_000_000), 16);
+        assert_eq!(default_shards(4_000), 16);
+        assert_eq!(default_shards(10_000), 40);
+        assert_eq!(default_shards(1_000_000), MAX_SHARDS);
+    }
+
+    #[test]
+    fn no_shard_holds_more_than_the_unit_cap() {
+        let error = Sale::from_draft(draft(1_000, Some(3))).unwrap_err();
+        assert_eq!(error.field, "shards");
+        assert!(error.problem.contains("between 4 and"), "{}", error.problem);
+        assert_eq!(Sale::from_draft(draft(1_000, Some(4))).unwrap().shards, 4);
+        for stock in [1, 250, 251, 9_999, 1_000_000] {
+            let sale = Sale::from_draft(draft(stock, None)).unwrap();
+            let most = (0..sale.shards).map(|shard| sale.shard_stock(shard)).max();
+            assert!(most <= Some(MAX_UNITS_PER_SHARD), "{stock}: {most:?}");
+        }
     }
 }

@@ -14,7 +14,7 @@ use crate::ids::{OrderId, SaleId, UserId};
 use crate::order::{Order, OrderStatus, ReleaseReason, Reservation};
 use crate::ports::{
     Blocklist, Clock, OpenOutcome, OrderBook, OrderQueue, PayOutcome, ReleaseScheduler,
-    SaleCatalog, Settlement, StockLedger,
+    SaleCatalog, Settlement, StockLedger, TakeReturn,
 };
 use crate::sale::{MAX_PAYMENT_TIMEOUT_SECS, Sale, SaleDraft, SaleStats, SaleView};
 
@@ -227,6 +227,9 @@ pub struct ReconcileReport {
     pub failed: usize,
     /// Sales whose open holds could not be read; the next pass tries them again.
     pub failed_sales: usize,
+    /// Units a shard recorded as taken with no hold behind them (a reserve that died
+    /// between its writes, a release that died before its shard write), given back.
+    pub takes_returned: usize,
 }
 
 /// The safety net under the happy path (the seeds' reconciliation). A grab can commit
@@ -235,8 +238,11 @@ pub struct ReconcileReport {
 /// for good. Each pass finds open holds that should have moved on by now and moves
 /// them: a `reserved` hold older than `handover_grace` is sent to the consumer again
 /// (deduplicated by order id) or, if already past its deadline, released; a hold past
-/// its deadline by `timer_grace` is released. Every action is conditional on the
-/// hold's state, so a pass racing the normal path changes nothing twice.
+/// its deadline by `timer_grace` is released. A unit a shard records as taken that no
+/// hold accounts for, taken longer than `take_grace` ago, goes back to its shard (a
+/// reserve takes, then holds: a grab that died in between leaves such a take). Every
+/// action is conditional on the hold's state, so a pass racing the normal path changes
+/// nothing twice.
 pub struct Reconciler {
     pub catalog: Arc<dyn SaleCatalog>,
     pub orders: Arc<dyn OrderBook>,
@@ -245,7 +251,19 @@ pub struct Reconciler {
     pub clock: Arc<dyn Clock>,
     pub handover_grace: Duration,
     pub timer_grace: Duration,
+    /// How old a take no hold accounts for must be before it goes back: past the life
+    /// of the grab path that made it ([`DEFAULT_TAKE_GRACE`]). Until then a request of
+    /// that path may still come (a buyer retrying a 503 through a minute of 429s, say)
+    /// and finish it; returned earlier, the take's order is voided and that buyer,
+    /// who may well have been first, is told their path is used up.
+    pub take_grace: Duration,
 }
+
+/// A grab path's life plus a minute: a take's `taken_at` is its grab's start, which is
+/// after the path was issued, so no request of the path can arrive after this, nor any
+/// reserve of one still be between its two writes.
+pub const DEFAULT_TAKE_GRACE: Duration =
+    Duration::seconds(crate::grab::GRAB_PATH_LIFETIME.num_seconds() + 60);
 
 impl Reconciler {
     pub async fn run(&self) -> Result<ReconcileReport, AppError> {
@@ -271,6 +289,7 @@ impl Reconciler {
                     continue;
                 }
             };
+            self.return_unaccounted_takes(&sale, now, &mut report).await;
             for (reservation, status) in holds {
                 report.open_holds += 1;
                 match self.settle_if_stuck(&reservation, status, now).await {
@@ -289,6 +308,48 @@ impl Reconciler {
             }
         }
         Ok(report)
+    }
+
+    /// Gives back the sale's takes that no hold accounts for, once they are older than
+    /// any reserve still between its two writes.
+    async fn return_unaccounted_takes(
+        &self,
+        sale: &Sale,
+        now: DateTime<Utc>,
+        report: &mut ReconcileReport,
+    ) {
+        let takes = match self.ledger.unaccounted_takes(sale).await {
+            Ok(takes) => takes,
+            Err(error) => {
+                report.failed_sales += 1;
+                tracing::error!(
+                    sale_id = %sale.sale_id,
+                    error = &error as &dyn std::error::Error,
+                    "reading a sale's unaccounted takes failed"
+                );
+                return;
+            }
+        };
+        for take in takes {
+            if now - take.taken_at < self.take_grace {
+                continue;
+            }
+            match self.ledger.return_take(&take, now).await {
+                Ok(TakeReturn::Returned) => {
+                    report.takes_returned += 1;
+                    tracing::warn!(order_id = %take.order_id, shard = take.shard, "gave back a unit no hold accounted for");
+                }
+                Ok(TakeReturn::Accounted | TakeReturn::AlreadyReturned) => {}
+                Err(error) => {
+                    report.failed += 1;
+                    tracing::error!(
+                        order_id = %take.order_id,
+                        error = &error as &dyn std::error::Error,
+                        "returning an unaccounted take failed"
+                    );
+                }
+            }
+        }
     }
 
     async fn settle_if_stuck(

@@ -13,7 +13,8 @@ use crate::ids::{OrderId, SaleId, UserId};
 use crate::order::{Order, OrderStatus, ReleaseReason, Reservation};
 use crate::ports::{
     Blocklist, Clock, OpenOutcome, OrderBook, OrderQueue, Pause, PayOutcome, ReleaseScheduler,
-    ReserveRefusal, SaleCatalog, Settlement, StockLedger,
+    ReserveRefusal, SaleCatalog, Settlement, ShardState, ShardTakers, StockLedger, Take,
+    TakeReturn,
 };
 use crate::sale::{MAX_ABANDONED_HOLDS, Sale, StockCounts};
 
@@ -61,6 +62,31 @@ struct State {
     orders: HashMap<OrderId, (Reservation, OrderStatus)>,
     /// When each expired order's release committed.
     expired_at: HashMap<OrderId, DateTime<Utc>>,
+    /// Units taken from a shard by a reserve that never recorded its hold: the
+    /// fake's reserve is atomic, so only [`InMemoryStore::leave_take`] makes them.
+    loose_takes: HashMap<OrderId, Take>,
+}
+
+impl State {
+    /// The orders holding a unit of the shard: open or paid holds on it, and takes that
+    /// never got their hold.
+    fn takers_of(&self, sale_id: &SaleId, shard: u16) -> ShardTakers {
+        let holding = self
+            .holds
+            .iter()
+            .filter(|(_, (held, status))| {
+                &held.sale_id == sale_id
+                    && held.shard == shard
+                    && (status.is_open() || *status == OrderStatus::Paid)
+            })
+            .map(|(order, (held, _))| (order, held.created_at));
+        let loose = self
+            .loose_takes
+            .values()
+            .filter(|take| take.order_id.sale_id() == sale_id && take.shard == shard)
+            .map(|take| (&take.order_id, take.taken_at));
+        ShardTakers::of_takes(holding.chain(loose))
+    }
 }
 
 /// Sales, stock and orders in one mutex: every operation is trivially atomic.
@@ -73,6 +99,8 @@ pub struct InMemoryStore {
     pub availability_reads: AtomicUsize,
     /// Counts `find` reads (a retried grab's lookup of its order, among others).
     pub find_calls: AtomicUsize,
+    /// `find` reads still to fail transiently, as a read timing out would.
+    failing_finds: AtomicUsize,
 }
 
 impl InMemoryStore {
@@ -96,6 +124,34 @@ impl InMemoryStore {
             reservation.order_id.clone(),
             (reservation.clone(), OrderStatus::Reserved),
         );
+    }
+
+    /// Takes a unit from `take.shard` with no hold behind it, as a reserve that died
+    /// between its take and its hold leaves it: `return_take`'s case.
+    pub fn leave_take(&self, sale: &Sale, take: Take) {
+        let mut state = locked(&self.state);
+        *state
+            .shards
+            .entry((sale.sale_id.clone(), take.shard))
+            .or_default() -= 1;
+        state.loose_takes.insert(take.order_id.clone(), take);
+    }
+
+    /// Gives back a take [`InMemoryStore::leave_take`] left, as the store's reserve
+    /// undoes a take whose hold was refused.
+    pub fn undo_take(&self, sale: &Sale, take: &Take) {
+        let mut state = locked(&self.state);
+        if state.loose_takes.remove(&take.order_id).is_some() {
+            *state
+                .shards
+                .entry((sale.sale_id.clone(), take.shard))
+                .or_default() += 1;
+        }
+    }
+
+    /// Makes the next `count` `find` reads fail transiently.
+    pub fn fail_next_finds(&self, count: usize) {
+        self.failing_finds.store(count, Ordering::SeqCst);
     }
 
     pub fn shard_available(&self, sale_id: &SaleId, shard: u16) -> u64 {
@@ -159,8 +215,25 @@ impl StockLedger for InMemoryStore {
         if state.holds.contains_key(&reservation.order_id) {
             return Ok(Err(ReserveRefusal::AlreadyHeld));
         }
+        // A take of this order's that never got its hold: finished here, as the store's
+        // reserve finds and finishes it.
+        let finishing = state
+            .loose_takes
+            .get(&reservation.order_id)
+            .is_some_and(|take| take.shard == shard);
+        if finishing {
+            state.loose_takes.remove(&reservation.order_id);
+            *state.active.entry(user_key).or_default() += 1;
+            state.holds.insert(
+                reservation.order_id.clone(),
+                (reservation.clone(), OrderStatus::Reserved),
+            );
+            return Ok(Ok(()));
+        }
         if state.shards.get(&shard_key).copied().unwrap_or(0) == 0 {
-            return Ok(Err(ReserveRefusal::ShardEmpty));
+            return Ok(Err(ReserveRefusal::ShardEmpty(
+                state.takers_of(&sale.sale_id, shard),
+            )));
         }
         if state.active.get(&user_key).copied().unwrap_or(0) >= sale.per_user_limit
             || state.abandoned.get(&user_key).copied().unwrap_or(0) >= MAX_ABANDONED_HOLDS
@@ -219,6 +292,79 @@ impl StockLedger for InMemoryStore {
                     Settlement::AlreadySettled(*status)
                 })),
         }
+    }
+
+    async fn drop_superseded_take(
+        &self,
+        reservation: &Reservation,
+        shard: u16,
+    ) -> Result<bool, StoreError> {
+        let mut state = locked(&self.state);
+        let loose = state
+            .loose_takes
+            .get(&reservation.order_id)
+            .is_some_and(|take| take.shard == shard);
+        if loose {
+            state.loose_takes.remove(&reservation.order_id);
+            *state
+                .shards
+                .entry((reservation.sale_id.clone(), shard))
+                .or_default() += 1;
+        }
+        Ok(loose)
+    }
+
+    async fn shard_states(&self, sale: &Sale) -> Result<Vec<ShardState>, StoreError> {
+        self.availability_reads.fetch_add(1, Ordering::SeqCst);
+        let state = locked(&self.state);
+        Ok((0..sale.shards)
+            .map(|shard| ShardState {
+                available: state
+                    .shards
+                    .get(&(sale.sale_id.clone(), shard))
+                    .copied()
+                    .unwrap_or(0),
+                takers: state.takers_of(&sale.sale_id, shard),
+            })
+            .collect())
+    }
+
+    async fn unaccounted_takes(&self, sale: &Sale) -> Result<Vec<Take>, StoreError> {
+        let state = locked(&self.state);
+        let mut takes: Vec<Take> = state
+            .loose_takes
+            .values()
+            .filter(|take| take.order_id.sale_id() == &sale.sale_id)
+            .cloned()
+            .collect();
+        takes.sort_by(|a, b| a.order_id.cmp(&b.order_id));
+        Ok(takes)
+    }
+
+    async fn return_take(&self, take: &Take, now: DateTime<Utc>) -> Result<TakeReturn, StoreError> {
+        let mut state = locked(&self.state);
+        if state.loose_takes.remove(&take.order_id).is_none() {
+            return Ok(TakeReturn::AlreadyReturned);
+        }
+        // As the store does: a settled hold, so a reserve on its way finds it.
+        let voided = Reservation {
+            order_id: take.order_id.clone(),
+            sale_id: take.order_id.sale_id().clone(),
+            user_id: take.user_id.clone(),
+            shard: take.shard,
+            created_at: take.taken_at,
+            expires_at: take.taken_at,
+        };
+        state
+            .holds
+            .entry(take.order_id.clone())
+            .or_insert((voided, OrderStatus::Expired));
+        state.expired_at.insert(take.order_id.clone(), now);
+        *state
+            .shards
+            .entry((take.order_id.sale_id().clone(), take.shard))
+            .or_default() += 1;
+        Ok(TakeReturn::Returned)
     }
 }
 
@@ -279,6 +425,14 @@ impl OrderBook for InMemoryStore {
         user: &UserId,
     ) -> Result<Option<(Order, Reservation)>, StoreError> {
         self.find_calls.fetch_add(1, Ordering::SeqCst);
+        let failing = self
+            .failing_finds
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
+                left.checked_sub(1)
+            });
+        if failing.is_ok() {
+            return Err(StoreError::transient("find", InjectedFailure));
+        }
         let state = locked(&self.state);
         let found = state
             .holds
@@ -438,6 +592,26 @@ impl StockLedger for ScriptedLedger {
     ) -> Result<Settlement, StoreError> {
         self.inner.release(reservation, reason, now).await
     }
+
+    async fn shard_states(&self, sale: &Sale) -> Result<Vec<ShardState>, StoreError> {
+        self.inner.shard_states(sale).await
+    }
+
+    async fn drop_superseded_take(
+        &self,
+        reservation: &Reservation,
+        shard: u16,
+    ) -> Result<bool, StoreError> {
+        self.inner.drop_superseded_take(reservation, shard).await
+    }
+
+    async fn unaccounted_takes(&self, sale: &Sale) -> Result<Vec<Take>, StoreError> {
+        self.inner.unaccounted_takes(sale).await
+    }
+
+    async fn return_take(&self, take: &Take, now: DateTime<Utc>) -> Result<TakeReturn, StoreError> {
+        self.inner.return_take(take, now).await
+    }
 }
 
 /// A ledger whose every call fails, transiently or permanently: for proving how a
@@ -484,6 +658,30 @@ impl StockLedger for FailingLedger {
         _now: DateTime<Utc>,
     ) -> Result<Settlement, StoreError> {
         Err(self.error("release"))
+    }
+
+    async fn shard_states(&self, _sale: &Sale) -> Result<Vec<ShardState>, StoreError> {
+        Err(self.error("shard_states"))
+    }
+
+    async fn drop_superseded_take(
+        &self,
+        _reservation: &Reservation,
+        _shard: u16,
+    ) -> Result<bool, StoreError> {
+        Err(self.error("drop_superseded_take"))
+    }
+
+    async fn unaccounted_takes(&self, _sale: &Sale) -> Result<Vec<Take>, StoreError> {
+        Err(self.error("unaccounted_takes"))
+    }
+
+    async fn return_take(
+        &self,
+        _take: &Take,
+        _now: DateTime<Utc>,
+    ) -> Result<TakeReturn, StoreError> {
+        Err(self.error("return_take"))
     }
 }
 

@@ -4,10 +4,11 @@
 //! before the buyer hears anything.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use chrono::{DateTime, Duration, TimeZone, Utc};
 use flashsale_domain::gate::SoldOutGate;
-use flashsale_domain::ports::{Clock, OrderBook, SaleCatalog, StockLedger};
+use flashsale_domain::ports::{Clock, OrderBook, SaleCatalog, StockLedger, Take};
 use flashsale_domain::service::{
     Attempt, CachedBlocklist, ContentionPolicy, GrabOutcome, GrabReport, GrabService, SoldOutBy,
 };
@@ -16,7 +17,7 @@ use flashsale_domain::testing::{
     ScriptedLedger,
 };
 use flashsale_domain::token::GrabTokenSigner;
-use flashsale_domain::{AppError, OrderStatus, Sale, SaleDraft, UserId};
+use flashsale_domain::{AppError, OrderId, OrderStatus, Sale, SaleDraft, UserId};
 
 use ReserveScript::{CommitThenFail, Contend, FailBefore};
 
@@ -91,6 +92,31 @@ impl World {
         self.grabs
             .grab(&self.sale.sale_id, token, &user, Attempt::First)
             .await
+    }
+
+    /// A grab path for `user`, and the order it names.
+    async fn path_of(&self, user: &UserId) -> (String, OrderId) {
+        let pass = self
+            .grabs
+            .issue_pass(&self.sale.sale_id, user)
+            .await
+            .unwrap();
+        let token = pass.grab_path.rsplit('/').next().unwrap().to_owned();
+        let order_id = self
+            .grabs
+            .signer
+            .verify(&token, &self.sale.sale_id, user, start())
+            .expect("a valid path");
+        (token, order_id)
+    }
+
+    /// Whether every unit taken from a shard is accounted for by a hold.
+    async fn no_stray_takes(&self) -> bool {
+        self.ledger
+            .unaccounted_takes(&self.sale)
+            .await
+            .unwrap()
+            .is_empty()
     }
 
     fn available(&self) -> u64 {
@@ -193,10 +219,10 @@ async fn a_reserve_that_failed_before_committing_is_tried_again_and_takes_one_un
     let report = world.grab("alice").await;
     let reservation = reserved(&report);
     let order = world.order_of("alice");
-    // Nothing was held when the buyer's item was read, so the walk goes on: the order
-    // id, not the shard, makes the reserve idempotent.
-    assert_eq!(reservation.shard, order[1]);
-    assert_eq!(world.ledger.tried(), order[..2]);
+    // Nothing was held when the buyer's item was read, so the same shard is asked
+    // again: a take that landed there would be found and finished, not stranded.
+    assert_eq!(reservation.shard, order[0]);
+    assert_eq!(world.ledger.tried(), [order[0], order[0]]);
     assert_eq!(world.available(), 7);
 }
 
@@ -273,4 +299,233 @@ async fn a_table_that_keeps_failing_is_answered_unavailable_after_two_unknown_ou
     }
     assert_eq!(report.reserves, 2, "no more load on a failing table");
     assert_eq!(world.available(), 8);
+}
+
+#[tokio::test]
+async fn a_take_whose_hold_never_landed_is_finished_by_the_buyers_next_request_not_sold_out() {
+    // One unit. Alice's earlier request took it and died (or lost its answers) before
+    // recording her hold; her path's order is in the shard's takers, not on her item.
+    let world = World::new(1, 1, []).await;
+    let alice = UserId::parse("alice").unwrap();
+    let (token, order_id) = world.path_of(&alice).await;
+    let token = token.as_str();
+    world.store.leave_take(
+        &world.sale,
+        Take {
+            shard: 0,
+            order_id: order_id.clone(),
+            user_id: alice.clone(),
+            taken_at: start(),
+        },
+    );
+    // Bob finds the shard empty; the gate learns so, with who holds its unit.
+    assert_eq!(
+        world.grab("bob").await.outcome.ok(),
+        Some(GrabOutcome::SoldOut(SoldOutBy::Database))
+    );
+    // Carol, with nothing taken, is refused from memory.
+    let carol = world.grab("carol").await;
+    assert_eq!(
+        (carol.outcome.ok(), carol.reserves),
+        (Some(GrabOutcome::SoldOut(SoldOutBy::Gate)), 0)
+    );
+
+    // Alice sends her path again without saying it is a retry: the gate points her to
+    // the shard her take is on, and one reserve there records her hold.
+    let again = world
+        .grabs
+        .grab(&world.sale.sale_id, token, &alice, Attempt::First)
+        .await;
+    let reservation = reserved(&again);
+    assert_eq!(reservation.order_id, order_id);
+    assert_eq!(again.reserves, 1);
+    assert_eq!(world.available(), 0, "the one unit, taken once");
+    let (order, _) = world
+        .store
+        .find(&order_id, &alice)
+        .await
+        .unwrap()
+        .expect("her order");
+    assert_eq!(order.status, OrderStatus::Reserved);
+    assert!(world.no_stray_takes().await);
+}
+
+#[tokio::test]
+async fn a_path_whose_grab_gave_up_in_doubt_goes_back_to_that_shard_first_not_to_a_stocked_one() {
+    // Alice's first shard is contended, and the reserve on her second is lost twice:
+    // her grab answers 503, with a take of hers perhaps on that second shard.
+    let world = World::new(8, 4, [Contend, FailBefore, FailBefore]).await;
+    let order = world.order_of("alice");
+    let alice = UserId::parse("alice").unwrap();
+    let (token, order_id) = world.path_of(&alice).await;
+    let token = token.as_str();
+    let first = world
+        .grabs
+        .grab(&world.sale.sale_id, token, &alice, Attempt::First)
+        .await;
+    assert!(first.outcome.is_err_and(|error| error.is_retryable()));
+    assert_eq!(world.ledger.tried(), [order[0], order[1], order[1]]);
+    // The lost reserve did take its unit, late; the hold never landed.
+    world.store.leave_take(
+        &world.sale,
+        Take {
+            shard: order[1],
+            order_id: order_id.clone(),
+            user_id: alice.clone(),
+            taken_at: start(),
+        },
+    );
+
+    // Her client sends the path again, as curl would, without the retry header. Her
+    // first shard has stock, but a unit taken there would be a second one: the grab
+    // goes back to where it left off, and finishes the take it finds.
+    let again = world
+        .grabs
+        .grab(&world.sale.sale_id, token, &alice, Attempt::First)
+        .await;
+    let reservation = reserved(&again);
+    assert_eq!(reservation.shard, order[1]);
+    assert_eq!(again.reserves, 1);
+    assert_eq!(world.ledger.tried()[3..], [order[1]]);
+    assert_eq!(world.available(), 7, "one unit, taken once");
+    assert!(world.no_stray_takes().await);
+}
+
+#[tokio::test]
+async fn a_read_that_fails_after_a_lost_reserve_does_not_end_the_grab() {
+    // The reserve committed but its answer was lost; the read that would tell fails
+    // too. The grab asks the reserve again on the same shard, which finds the hold.
+    let world = World::new(8, 4, [CommitThenFail]).await;
+    world.store.fail_next_finds(1);
+    let report = world.grab("alice").await;
+    let order = world.order_of("alice");
+    assert_eq!(world.ledger.tried(), [order[0], order[0]]);
+    match &report.outcome {
+        Ok(GrabOutcome::Resumed(reservation)) => assert_eq!(reservation.shard, order[0]),
+        other => panic!("expected the held order, got {other:?}"),
+    }
+    assert_eq!(world.available(), 7);
+}
+
+/// A pause that, the first time it is taken, does what another grab does meanwhile.
+struct MeanwhileAtFirstPause {
+    meanwhile: std::sync::Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    pauses: RecordedPauses,
+}
+
+#[async_trait::async_trait]
+impl flashsale_domain::ports::Pause for MeanwhileAtFirstPause {
+    async fn pause(&self, how_long: std::time::Duration) {
+        self.pauses.pause(how_long).await;
+        if let Some(meanwhile) = self.meanwhile.lock().unwrap().take() {
+            meanwhile();
+        }
+    }
+}
+
+/// One unit, taken by another buyer's second order a moment ago: its hold has not
+/// landed, and may yet be refused for that buyer's limit.
+async fn a_sale_with_a_young_take(taken_at: DateTime<Utc>) -> (World, Take) {
+    let world = World::new(1, 1, []).await;
+    let take = Take {
+        shard: 0,
+        order_id: OrderId::new(world.sale.sale_id.clone()),
+        user_id: UserId::parse("eve").unwrap(),
+        taken_at,
+    };
+    world.store.leave_take(&world.sale, take.clone());
+    (world, take)
+}
+
+#[tokio::test]
+async fn a_unit_whose_take_is_undone_while_a_refused_grab_waits_is_sold_to_that_grab() {
+    let (mut world, take) = a_sale_with_a_young_take(start()).await;
+    let pause = Arc::new(MeanwhileAtFirstPause {
+        meanwhile: std::sync::Mutex::new(None),
+        pauses: RecordedPauses::default(),
+    });
+    let (store, sale) = (world.store.clone(), world.sale.clone());
+    *pause.meanwhile.lock().unwrap() = Some(Box::new(move || store.undo_take(&sale, &take)));
+    world.grabs.pause = pause.clone();
+    let reads_before = world.store.availability_reads.load(Ordering::SeqCst);
+
+    let report = world.grab("bob").await;
+    let reservation = reserved(&report);
+    assert_eq!(reservation.shard, 0);
+    assert_eq!(report.reserves, 2, "refused, then the unit that came back");
+    assert_eq!(
+        pause.pauses.taken(),
+        [std::time::Duration::from_secs(1)],
+        "until the take is past its undo window"
+    );
+    assert_eq!(
+        world.store.availability_reads.load(Ordering::SeqCst) - reads_before,
+        1,
+        "one read of the shards, no write, told the unit was back"
+    );
+    assert_eq!(world.available(), 0);
+}
+
+#[tokio::test]
+async fn a_young_take_that_stays_is_sold_out_after_one_wait_and_one_read() {
+    let (world, _) = a_sale_with_a_young_take(start() - Duration::milliseconds(400)).await;
+    let reads_before = world.store.availability_reads.load(Ordering::SeqCst);
+    let report = world.grab("bob").await;
+    assert_eq!(
+        (report.outcome.as_ref().ok(), report.reserves),
+        (Some(&GrabOutcome::SoldOut(SoldOutBy::Database)), 1)
+    );
+    assert_eq!(
+        world.pauses.taken(),
+        [std::time::Duration::from_millis(600)]
+    );
+    assert_eq!(
+        world.store.availability_reads.load(Ordering::SeqCst) - reads_before,
+        1
+    );
+    // The next grab is refused from memory, with no wait.
+    let next = world.grab("carol").await;
+    assert_eq!(
+        (next.outcome.ok(), next.reserves),
+        (Some(GrabOutcome::SoldOut(SoldOutBy::Gate)), 0)
+    );
+    assert_eq!(world.pauses.taken().len(), 1);
+}
+
+#[tokio::test]
+async fn a_shard_whose_takes_are_past_their_undo_window_is_sold_out_at_once() {
+    let (world, _) = a_sale_with_a_young_take(start() - Duration::seconds(2)).await;
+    let report = world.grab("bob").await;
+    assert_eq!(
+        (report.outcome.ok(), report.reserves),
+        (Some(GrabOutcome::SoldOut(SoldOutBy::Database)), 1)
+    );
+    assert!(world.pauses.taken().is_empty());
+}
+
+#[tokio::test]
+async fn the_wait_for_an_undo_ends_with_the_grabs_budget() {
+    // A take whose undo window (3 s here) outlasts the grab's budget: the grab, begun at
+    // 0.2 s, waits until its budget ends at 2.7 s, not until 3 s.
+    let (mut world, _) = a_sale_with_a_young_take(start()).await;
+    let clock = Arc::new(ManualClock::new(start()));
+    world.grabs.clock = clock.clone();
+    let bob = UserId::parse("bob").unwrap();
+    let (token, _) = world.path_of(&bob).await;
+    world.grabs.contention.budget = Duration::milliseconds(2500);
+    world.grabs.contention.undo_window = Duration::seconds(3);
+    clock.set(start() + Duration::milliseconds(200));
+    let report = world
+        .grabs
+        .grab(&world.sale.sale_id, &token, &bob, Attempt::First)
+        .await;
+    assert_eq!(
+        (report.outcome.ok(), report.reserves),
+        (Some(GrabOutcome::SoldOut(SoldOutBy::Database)), 1)
+    );
+    assert_eq!(
+        world.pauses.taken(),
+        [std::time::Duration::from_millis(2500)],
+        "until the budget's end (started at 0.2 s, the take's window ends at 3 s)"
+    );
 }

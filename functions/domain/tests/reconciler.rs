@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Duration, TimeZone, Utc};
 use flashsale_domain::error::StoreError;
 use flashsale_domain::ports::{
-    Clock, OpenOutcome, OrderBook, PayOutcome, SaleCatalog, StockLedger,
+    Clock, OpenOutcome, OrderBook, PayOutcome, SaleCatalog, StockLedger, Take,
 };
 use flashsale_domain::sale::StockCounts;
 use flashsale_domain::service::{ReconcileReport, Reconciler};
@@ -50,6 +50,7 @@ async fn world() -> World {
         clock: clock_port,
         handover_grace: Duration::seconds(60),
         timer_grace: Duration::seconds(120),
+        take_grace: Duration::seconds(360),
     };
     World {
         store,
@@ -212,4 +213,53 @@ async fn a_sale_whose_holds_cannot_be_read_does_not_stop_the_others_being_repair
     assert_eq!((report.sales, report.failed_sales), (2, 1));
     assert_eq!(report.requeued, 1);
     assert_eq!(*world.queue.sent.lock().unwrap(), vec![lost]);
+}
+
+/// A take the shard records with no hold behind it: a grab that died between the
+/// reserve's two writes.
+fn loose_take(world: &World, user: &str) -> Take {
+    Take {
+        shard: 0,
+        order_id: OrderId::new(world.sale.sale_id.clone()),
+        user_id: UserId::parse(user).unwrap(),
+        taken_at: world.clock.now(),
+    }
+}
+
+#[tokio::test]
+async fn a_take_with_no_hold_is_given_back_once_its_grab_path_can_no_longer_finish_it() {
+    let world = world().await;
+    let take = loose_take(&world, "a");
+    world.store.leave_take(&world.sale, take.clone());
+    assert_eq!(world.store.shard_available(&world.sale.sale_id, 0), 9);
+
+    world.clock.advance(Duration::seconds(30));
+    let early = world.reconciler.run().await.unwrap();
+    assert_eq!(early.takes_returned, 0, "a reserve may be writing its hold");
+    assert_eq!(world.store.shard_available(&world.sale.sale_id, 0), 9);
+
+    // Past the hand-over grace, but the path lives: its buyer's retry may finish it.
+    world.clock.advance(Duration::seconds(270));
+    let living = world.reconciler.run().await.unwrap();
+    assert_eq!(
+        living.takes_returned, 0,
+        "its grab path may still come back"
+    );
+    assert_eq!(world.store.shard_available(&world.sale.sale_id, 0), 9);
+
+    world.clock.advance(Duration::seconds(61));
+    let report = world.reconciler.run().await.unwrap();
+    assert_eq!(report.takes_returned, 1);
+    assert_eq!(world.store.shard_available(&world.sale.sale_id, 0), 10);
+    // The order is settled, so its path can never take a unit again.
+    let (order, _) = world
+        .store
+        .find(&take.order_id, &take.user_id)
+        .await
+        .unwrap()
+        .expect("the settled hold");
+    assert_eq!(order.status, OrderStatus::Expired);
+    let again = world.reconciler.run().await.unwrap();
+    assert_eq!(again.takes_returned, 0, "given back once");
+    assert_eq!(world.store.shard_available(&world.sale.sale_id, 0), 10);
 }

@@ -23,6 +23,7 @@ use chrono::{DateTime, Duration, TimeZone, Utc};
 use criterion::measurement::{Measurement, ValueFormatter, WallTime};
 use criterion::{BatchSize, BenchmarkGroup, Criterion, Throughput};
 use flashsale_domain::ports::SaleCatalog;
+use flashsale_domain::sale::MAX_SHARDS;
 use flashsale_domain::testing::{InMemoryBlocklist, InMemoryStore, ManualClock, RecordingQueue};
 use flashsale_domain::token::GrabTokenSigner;
 use flashsale_domain::{Sale, SaleDraft, SaleId, UserId};
@@ -197,9 +198,11 @@ fn sold_out() -> Bench {
 }
 
 /// Stock for every success the bench can make (criterion's runs stay far below it;
-/// the status check would catch one that did not).
+/// the status check would catch one that did not), on the shards such a sale has: a
+/// shard holds at most 250 units, so a million needs all 4,000, and each grab's plan
+/// walks them.
 fn stocked() -> Bench {
-    Bench::new(1_000_000, 64)
+    Bench::new(1_000_000, i64::from(MAX_SHARDS))
 }
 
 fn grab_paths<M: Measurement>(c: &mut Criterion<M>, group_name: &str) {

@@ -442,8 +442,12 @@ async fn an_oversize_body_is_payload_too_large_and_reserves_nothing() {
 async fn once_sold_out_first_attempts_cost_nothing_and_a_recheck_reads_once_per_interval() {
     let world = World::with_sale(1, 1).await;
     assert_eq!(world.grab("user-alice").await.status(), 202);
+    // Bob's refusal saw alice's take young enough to be undone, and read the shards
+    // once before saying sold out.
     assert_eq!(error_code(&world.grab("user-bob").await), "sold_out");
     let writes = world.store.reserve_calls.load(Ordering::SeqCst);
+    let reads = world.store.availability_reads.load(Ordering::SeqCst);
+    assert_eq!(reads, 1);
 
     let carol = world.grab_token("user-carol").await;
     assert_eq!(
@@ -456,14 +460,17 @@ async fn once_sold_out_first_attempts_cost_nothing_and_a_recheck_reads_once_per_
     );
     assert_eq!(world.store.reserve_calls.load(Ordering::SeqCst), writes);
     assert_eq!(world.store.find_calls.load(Ordering::SeqCst), 0);
-    assert_eq!(world.store.availability_reads.load(Ordering::SeqCst), 0);
+    assert_eq!(world.store.availability_reads.load(Ordering::SeqCst), reads);
 
     // SOLD_OUT_RECHECK_MS defaults to 1000: after that one grab reads the shards
     // (still empty), writes nothing, and the grabs after it cost nothing again.
     world.clock.advance(Duration::milliseconds(1500));
     assert_eq!(error_code(&world.grab("user-dave").await), "sold_out");
     assert_eq!(error_code(&world.grab("user-erin").await), "sold_out");
-    assert_eq!(world.store.availability_reads.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        world.store.availability_reads.load(Ordering::SeqCst),
+        reads + 1
+    );
     assert_eq!(world.store.reserve_calls.load(Ordering::SeqCst), writes);
 }
 
@@ -504,10 +511,16 @@ async fn any_retry_attempt_but_zero_marks_a_retry_that_finds_its_order() {
         );
         assert_eq!(world.store.find_calls.load(Ordering::SeqCst), reads);
     }
-    // `0` is a first attempt: refused from memory, with no read.
+    // `0` is a first attempt, but the gate saw her order holding the shard's unit
+    // when it learned the shard was empty: her order again, for one read.
     let first = world.retry_with("user-alice", &token, " 0 ").await;
-    assert_eq!(error_code(&first), "sold_out");
-    assert_eq!(world.store.find_calls.load(Ordering::SeqCst), reads);
+    assert_eq!(first.status(), 202);
+    assert_eq!(world.store.find_calls.load(Ordering::SeqCst), reads + 1);
+    // Anyone else's first attempt is refused from memory, with no read.
+    let carol = world.grab_token("user-carol").await;
+    let refused = world.retry_with("user-carol", &carol, "0").await;
+    assert_eq!(error_code(&refused), "sold_out");
+    assert_eq!(world.store.find_calls.load(Ordering::SeqCst), reads + 1);
 }
 
 #[tokio::test]

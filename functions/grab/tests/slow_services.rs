@@ -24,7 +24,8 @@ use chrono::{DateTime, Duration, TimeZone, Utc};
 use flashsale_adapters::SqsOrderQueue;
 use flashsale_domain::error::StoreError;
 use flashsale_domain::ports::{
-    OrderBook, OrderQueue, ReserveRefusal, SaleCatalog, Settlement, StockLedger,
+    OrderBook, OrderQueue, ReserveRefusal, SaleCatalog, Settlement, ShardState, ShardTakers,
+    StockLedger, Take, TakeReturn,
 };
 use flashsale_domain::testing::{InMemoryBlocklist, InMemoryStore, ManualClock, RecordingQueue};
 use flashsale_domain::token::GrabTokenSigner;
@@ -160,7 +161,7 @@ impl StockLedger for SlowEmptyShards {
         _reservation: &Reservation,
     ) -> Result<Result<(), ReserveRefusal>, StoreError> {
         tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-        Ok(Err(ReserveRefusal::ShardEmpty))
+        Ok(Err(ReserveRefusal::ShardEmpty(ShardTakers::default())))
     }
 
     async fn availability(&self, sale: &Sale) -> Result<Vec<u64>, StoreError> {
@@ -174,6 +175,30 @@ impl StockLedger for SlowEmptyShards {
         _now: DateTime<Utc>,
     ) -> Result<Settlement, StoreError> {
         Ok(Settlement::Unknown)
+    }
+
+    async fn drop_superseded_take(
+        &self,
+        _reservation: &Reservation,
+        _shard: u16,
+    ) -> Result<bool, StoreError> {
+        Ok(false)
+    }
+
+    async fn shard_states(&self, sale: &Sale) -> Result<Vec<ShardState>, StoreError> {
+        Ok(vec![ShardState::default(); usize::from(sale.shards)])
+    }
+
+    async fn unaccounted_takes(&self, _sale: &Sale) -> Result<Vec<Take>, StoreError> {
+        Ok(Vec::new())
+    }
+
+    async fn return_take(
+        &self,
+        _take: &Take,
+        _now: DateTime<Utc>,
+    ) -> Result<TakeReturn, StoreError> {
+        Ok(TakeReturn::AlreadyReturned)
     }
 }
 

@@ -54,6 +54,9 @@ pub const RELEASE_LAG: &str = "release_lag_seconds";
 pub const RECONCILER_RESENT: &str = "reconciler_resent";
 /// Overdue holds no timer released, released by the reconciler.
 pub const RECONCILER_RELEASED: &str = "reconciler_released";
+/// Units a shard recorded as taken with no hold behind them, given back by the
+/// reconciler.
+pub const RECONCILER_TAKES_RETURNED: &str = "reconciler_takes_returned";
 /// Holds a reconciler action failed on (the next pass tries again).
 pub const RECONCILER_FAILED: &str = "reconciler_failed";
 /// Sales whose holds the reconciler could not read.
@@ -87,6 +90,10 @@ pub fn describe() {
         (ORDERS_EXPIRED, "orders expired by their timer"),
         (RECONCILER_RESENT, "lost reservations sent again"),
         (RECONCILER_RELEASED, "overdue holds released"),
+        (
+            RECONCILER_TAKES_RETURNED,
+            "taken units no hold accounted for, given back",
+        ),
         (RECONCILER_FAILED, "holds a repair failed on"),
         (
             RECONCILER_FAILED_SALES,
@@ -190,9 +197,10 @@ pub fn release_lag(sale_id: &SaleId, seconds: f64) {
 /// What one reconciliation pass repaired or failed on. The EMF collector leaves zero
 /// counts out, so a pass that repaired nothing writes no datapoint (alarms treat
 /// missing data as fine).
-pub fn reconciled(resent: u64, released: u64, failed: u64, failed_sales: u64) {
+pub fn reconciled(resent: u64, released: u64, takes_returned: u64, failed: u64, failed_sales: u64) {
     counter!(RECONCILER_RESENT).increment(resent);
     counter!(RECONCILER_RELEASED).increment(released);
+    counter!(RECONCILER_TAKES_RETURNED).increment(takes_returned);
     counter!(RECONCILER_FAILED).increment(failed);
     counter!(RECONCILER_FAILED_SALES).increment(failed_sales);
 }

@@ -37,6 +37,11 @@ pub const DEFAULT_HANDOVER_GRACE_SECS: u32 = 60;
 /// they lost.
 pub const DEFAULT_TIMER_GRACE_SECS: u32 = 180;
 
+/// How old a take no hold accounts for must be before it goes back to its shard, when
+/// `RECONCILE_TAKE_GRACE_SECS` is unset: see
+/// [`DEFAULT_TAKE_GRACE`](flashsale_domain::service::DEFAULT_TAKE_GRACE).
+pub const DEFAULT_TAKE_GRACE_SECS: u32 = 360;
+
 /// How long one SDK call of the reconciler may take. A pass makes a call per sale and
 /// per stuck hold, so its length grows with the backlog and only the template's timeout
 /// bounds it; what the budget bounds is one stalled call: a repair that runs out is
@@ -58,16 +63,19 @@ pub struct Config {
     pub handover_grace: Duration,
     /// See [`DEFAULT_TIMER_GRACE_SECS`].
     pub timer_grace: Duration,
+    /// See [`DEFAULT_TAKE_GRACE_SECS`].
+    pub take_grace: Duration,
 }
 
 impl Config {
     /// Every environment variable this function reads (besides `RUST_LOG`, which the
-    /// log setup reads). The two graces are optional.
+    /// log setup reads). The three graces are optional.
     pub const ENV_VARS: &'static [&'static str] = &[
         "TABLE_NAME",
         "ORDERS_QUEUE_URL",
         "RECONCILE_HANDOVER_GRACE_SECS",
         "RECONCILE_TIMER_GRACE_SECS",
+        "RECONCILE_TAKE_GRACE_SECS",
     ];
 
     pub fn from_env() -> Result<Self, ConfigError> {
@@ -80,11 +88,13 @@ impl Config {
             env.parsed_or("RECONCILE_HANDOVER_GRACE_SECS", DEFAULT_HANDOVER_GRACE_SECS)?;
         let timer_secs: u32 =
             env.parsed_or("RECONCILE_TIMER_GRACE_SECS", DEFAULT_TIMER_GRACE_SECS)?;
+        let take_secs: u32 = env.parsed_or("RECONCILE_TAKE_GRACE_SECS", DEFAULT_TAKE_GRACE_SECS)?;
         Ok(Self {
             table_name: env.required("TABLE_NAME")?,
             orders_queue_url: env.required("ORDERS_QUEUE_URL")?,
             handover_grace: Duration::seconds(i64::from(handover_secs)),
             timer_grace: Duration::seconds(i64::from(timer_secs)),
+            take_grace: Duration::seconds(i64::from(take_secs)),
         })
     }
 }
@@ -156,6 +166,7 @@ impl Deps {
                 clock: ports.clock,
                 handover_grace: config.handover_grace,
                 timer_grace: config.timer_grace,
+                take_grace: config.take_grace,
             },
         }
     }
@@ -224,11 +235,13 @@ async fn reconcile(deps: &Deps) -> Result<ReconcileReport, ReconcileError> {
         expired,
         failed,
         failed_sales,
+        takes_returned,
     } = report;
     let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
     flashsale_lambda::metrics::reconciled(
         count(requeued),
         count(expired),
+        count(takes_returned),
         count(failed),
         count(failed_sales),
     );
@@ -238,6 +251,7 @@ async fn reconcile(deps: &Deps) -> Result<ReconcileReport, ReconcileError> {
             open_holds,
             requeued,
             expired,
+            takes_returned,
             failed,
             failed_sales,
             "some stuck holds could not be repaired; the next run tries them again"
@@ -248,6 +262,7 @@ async fn reconcile(deps: &Deps) -> Result<ReconcileReport, ReconcileError> {
             open_holds,
             requeued,
             expired,
+            takes_returned,
             failed,
             failed_sales,
             "reconciliation done"

@@ -142,6 +142,7 @@ fn report(answer: Value) -> ReconcileReport {
         expired: field("expired"),
         failed: field("failed"),
         failed_sales: field("failed_sales"),
+        takes_returned: field("takes_returned"),
     }
 }
 
@@ -157,7 +158,7 @@ async fn a_reservation_whose_message_was_lost_is_sent_to_the_consumer_again() {
 
     assert_eq!(
         answer,
-        json!({"sales": 1, "open_holds": 1, "requeued": 1, "expired": 0, "failed": 0, "failed_sales": 0})
+        json!({"sales": 1, "open_holds": 1, "requeued": 1, "expired": 0, "failed": 0, "failed_sales": 0, "takes_returned": 0})
     );
     assert_eq!(world.sent(), vec![lost.clone()]);
     assert_eq!(world.available(), 9, "the unit stays held for the order");
@@ -344,6 +345,7 @@ fn config_reads_the_table_and_queue_and_defaults_the_graces() {
             "ORDERS_QUEUE_URL",
             "RECONCILE_HANDOVER_GRACE_SECS",
             "RECONCILE_TIMER_GRACE_SECS",
+            "RECONCILE_TAKE_GRACE_SECS",
         ]
     );
     let config = default_config();
@@ -351,6 +353,11 @@ fn config_reads_the_table_and_queue_and_defaults_the_graces() {
     assert_eq!(config.orders_queue_url, "q");
     assert_eq!(config.handover_grace, Duration::seconds(60));
     assert_eq!(config.timer_grace, Duration::seconds(180));
+    assert_eq!(
+        config.take_grace,
+        flashsale_domain::service::DEFAULT_TAKE_GRACE,
+        "past a grab path's life"
+    );
 }
 
 #[test]

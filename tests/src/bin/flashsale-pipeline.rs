@@ -264,7 +264,7 @@ async fn raw(
                     reservation.shard = shard;
                     match store.reserve(&sale, shard, &reservation).await {
                         Ok(Ok(())) => reserved = true,
-                        Ok(Err(ReserveRefusal::ShardEmpty)) => continue,
+                        Ok(Err(ReserveRefusal::ShardEmpty(_))) => continue,
                         _ => {}
                     }
                     break;

@@ -10,6 +10,7 @@ use std::num::ParseIntError;
 use aws_sdk_dynamodb::types::AttributeValue;
 use chrono::{DateTime, Datelike, Duration, SecondsFormat, Utc};
 use flashsale_domain::order::UnknownStatus;
+use flashsale_domain::ports::Take;
 use flashsale_domain::{
     Order, OrderId, OrderStatus, ReleaseReason, Reservation, Sale, SaleId, UserId, ValidationError,
 };
@@ -25,6 +26,14 @@ pub(crate) const TTL: &str = "ttl";
 
 pub(crate) const AVAILABLE: &str = "available";
 pub(crate) const TOTAL: &str = "total";
+/// On a shard item: the orders holding one of its units, by the order id's unique part,
+/// each with who took it and when (see [`taker_value`]). A unit leaves `available` and
+/// joins the takers in one conditional write, and comes back the same way, so a shard
+/// always has `total - available` takers, and a repeated take or give-back can see that
+/// it happened already.
+pub(crate) const TAKERS: &str = "takers";
+const TAKER_USER: &str = "u";
+const TAKER_AT_MS: &str = "t";
 pub(crate) const ACTIVE: &str = "active";
 /// On a user item: holds of the sale the user cancelled or let lapse.
 pub(crate) const ABANDONED: &str = "abandoned";
@@ -421,8 +430,67 @@ pub(crate) fn shard_item(sale_id: &SaleId, shard: u16, stock: u32) -> Item {
     item.extend([
         (AVAILABLE.to_owned(), n(stock)),
         (TOTAL.to_owned(), n(stock)),
+        (TAKERS.to_owned(), AttributeValue::M(HashMap::new())),
     ]);
     item
+}
+
+/// The name under [`TAKERS`] of `order_id`'s take.
+pub(crate) fn taker_name(order_id: &OrderId) -> String {
+    order_id.unique_part()
+}
+
+/// A take's entry under [`TAKERS`]: the user, to find the hold by key, and when, so the
+/// reconciler can tell a reserve between its two writes from one that died there.
+pub(crate) fn taker_value(user_id: &UserId, at: DateTime<Utc>) -> AttributeValue {
+    AttributeValue::M(HashMap::from([
+        (TAKER_USER.to_owned(), s(user_id.as_str())),
+        (TAKER_AT_MS.to_owned(), n(at.timestamp_millis())),
+    ]))
+}
+
+/// The takes a shard item records.
+pub(crate) fn parse_takes(
+    sale_id: &SaleId,
+    shard: u16,
+    item: &Item,
+) -> Result<Vec<Take>, ItemError> {
+    let takers = item
+        .get(TAKERS)
+        .ok_or_else(|| ItemError::Missing(TAKERS.to_owned()))?
+        .as_m()
+        .map_err(|_| ItemError::WrongType {
+            name: TAKERS.to_owned(),
+            expected: "M",
+        })?;
+    takers
+        .iter()
+        .map(|(unique, value)| {
+            let name = format!("{TAKERS}.{unique}");
+            let map = value.as_m().map_err(|_| ItemError::WrongType {
+                name: name.clone(),
+                expected: "M",
+            })?;
+            let fields = Fields::nested(map, &name);
+            let at_ms: i64 = fields.number(TAKER_AT_MS)?;
+            let order_id =
+                OrderId::parse(&format!("{sale_id}.{unique}")).map_err(|source| ItemError::Id {
+                    name: name.clone(),
+                    source,
+                })?;
+            Ok(Take {
+                shard,
+                order_id,
+                user_id: fields.id(TAKER_USER, |raw| UserId::parse(raw))?,
+                taken_at: DateTime::from_timestamp_millis(at_ms).ok_or_else(|| {
+                    ItemError::Form {
+                        name: format!("{name}.{TAKER_AT_MS}"),
+                        expected: "epoch milliseconds",
+                    }
+                })?,
+            })
+        })
+        .collect()
 }
 
 pub(crate) fn parse_available(item: &Item) -> Result<u64, ItemError> {

@@ -8,6 +8,7 @@
 //! share (expressions, reads, the batch read of the shards) is in [`requests`], the
 //! item layout in [`item`], and running a transaction in [`transact`].
 
+mod baseline;
 mod blocklist;
 mod catalog;
 mod item;
@@ -58,12 +59,10 @@ pub struct UnprocessedKeys {
 /// Implements [`SaleCatalog`], [`StockLedger`], [`OrderBook`] and [`Blocklist`] on one
 /// table laid out as the brief's data model (`pk`/`sk`, GSI `gsi1`, TTL `ttl`).
 ///
-/// One difference from the in-memory fake a caller can see: when the shard is empty
-/// *and* the user is at the limit, `reserve` answers `LimitReached` (the fake answers
-/// `ShardEmpty`), so a grab stops at once instead of trying every other shard first.
-/// And `AlreadyHeld` is found on the user's item, so an order id counts as held only for
-/// the user it was reserved for (the fake knows it for any user); the grab token binds
-/// the order id to its user, so no caller sees that.
+/// One difference from the in-memory fake a caller can see: `AlreadyHeld` is found on the
+/// user's item, so an order id counts as held only for the user it was reserved for (the
+/// fake knows it for any user); the grab token binds the order id to its user, so no
+/// caller sees that.
 ///
 /// [`SaleCatalog`]: flashsale_domain::ports::SaleCatalog
 /// [`StockLedger`]: flashsale_domain::ports::StockLedger

@@ -45,7 +45,7 @@ impl DynamoStore {
     /// item is written in the same transaction as its hold and carries the same status,
     /// so the order items are skipped by the key condition. DynamoDB updates the index
     /// asynchronously, so this may miss the last few writes.
-    async fn read_holds(
+    pub(super) async fn read_holds(
         &self,
         operation: &'static str,
         sale: &Sale,

@@ -4,13 +4,15 @@
 use std::collections::HashMap;
 
 use aws_sdk_dynamodb::error::BuildError;
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
+use aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder;
 use aws_sdk_dynamodb::types::builders::{PutBuilder, UpdateBuilder};
 use aws_sdk_dynamodb::types::{AttributeValue, KeysAndAttributes, Put, TransactWriteItem, Update};
 use chrono::{DateTime, Utc};
 use flashsale_domain::{OrderId, OrderStatus, Reservation, Sale, StoreError, UserId};
 
-use super::item::{self, AVAILABLE, GSI1, Hold, Item, ItemError, PK, STATUS, s};
-use super::transact::{Attempted, Refusal, transact, transact_once};
+use super::item::{self, AVAILABLE, GSI1, Hold, Item, ItemError, PK, STATUS, TAKERS, s};
+use super::transact::{Refusal, count_conflict, transact};
 use super::{CorruptItem, DynamoStore, Inconsistency, UnprocessedKeys};
 use crate::classify::store_error;
 
@@ -50,6 +52,29 @@ pub(super) fn corrupt(operation: &'static str, key: &Item, error: ItemError) -> 
 
 /// The most keys one `BatchGetItem` may ask for (DynamoDB's limit).
 const MAX_BATCH_GET_KEYS: usize = 100;
+
+/// What a plain conditional write came to.
+#[derive(Debug)]
+pub(super) enum Written {
+    Done,
+    /// The condition failed; nothing was written. The item as it was, when the request
+    /// asked for it (`ReturnValuesOnConditionCheckFailure::AllOld`) and it exists.
+    Refused(Option<Item>),
+    /// A transaction was in flight on the item (`TransactionConflictException`);
+    /// nothing was written and nothing decided.
+    Contended,
+}
+
+/// Which attributes of the shards a read asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ShardPart {
+    /// `available`: what the page and the gate need.
+    Stock,
+    /// The takes, for the reconciler.
+    Takers,
+    /// Both, for the gate's recheck.
+    StockAndTakers,
+}
 
 /// How fresh a read of the shards must be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,21 +119,44 @@ impl DynamoStore {
         )
     }
 
+    /// A plain `UpdateItem` of the item at `key`, to send with [`DynamoStore::write`].
+    pub(super) fn update_item(&self, key: Item) -> UpdateItemFluentBuilder {
+        self.client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(key))
+    }
+
+    /// Sends a conditional `UpdateItem`. The SDK's own retries resend the same request,
+    /// which is safe for every write here: each one's condition refuses it once it has
+    /// applied, and the refusal's old item tells the caller so.
+    pub(super) async fn write(
+        &self,
+        operation: &'static str,
+        update: UpdateItemFluentBuilder,
+    ) -> Result<Written, StoreError> {
+        let error = match update.send().await {
+            Ok(_) => return Ok(Written::Done),
+            Err(error) => error,
+        };
+        match error.as_service_error() {
+            Some(UpdateItemError::ConditionalCheckFailedException(refused)) => {
+                Ok(Written::Refused(refused.item.clone()))
+            }
+            Some(UpdateItemError::TransactionConflictException(_)) => {
+                count_conflict(operation);
+                Ok(Written::Contended)
+            }
+            _ => Err(store_error(operation, error)),
+        }
+    }
+
     pub(super) async fn run(
         &self,
         operation: &'static str,
         items: Vec<TransactWriteItem>,
     ) -> Result<Result<(), Refusal>, StoreError> {
         transact(&self.client, &self.contention, operation, items).await
-    }
-
-    /// Runs a transaction once, leaving a conflict to the caller.
-    pub(super) async fn run_once(
-        &self,
-        operation: &'static str,
-        items: Vec<TransactWriteItem>,
-    ) -> Result<Attempted, StoreError> {
-        transact_once(&self.client, operation, items).await
     }
 
     /// A consistent read of one item, or of some of its attributes.
@@ -253,24 +301,50 @@ impl DynamoStore {
         sale: &Sale,
         read: Consistency,
     ) -> Result<Vec<u64>, StoreError> {
+        self.shard_items(operation, sale, read, ShardPart::Stock)
+            .await?
+            .iter()
+            .map(|found| {
+                item::parse_available(found).map_err(|error| corrupt(operation, found, error))
+            })
+            .collect()
+    }
+
+    /// Every shard's item (index = shard), with the attributes `part` names, in
+    /// batches of up to [`MAX_BATCH_GET_KEYS`]. A missing shard contradicts the sale.
+    pub(super) async fn shard_items(
+        &self,
+        operation: &'static str,
+        sale: &Sale,
+        read: Consistency,
+        part: ShardPart,
+    ) -> Result<Vec<Item>, StoreError> {
         let shard_of: HashMap<String, u16> = (0..sale.shards)
             .map(|shard| (item::shard_pk(&sale.sale_id, shard), shard))
             .collect();
         let keys: Vec<Item> = (0..sale.shards)
             .map(|shard| item::shard_key(&sale.sale_id, shard))
             .collect();
-        let mut stock: Vec<Option<u64>> = vec![None; usize::from(sale.shards)];
+        let (projection, attributes) = match part {
+            ShardPart::Stock => (
+                "#pk, #available",
+                &[("#pk", PK), ("#available", AVAILABLE)][..],
+            ),
+            ShardPart::Takers => ("#pk, #takers", &[("#pk", PK), ("#takers", TAKERS)][..]),
+            ShardPart::StockAndTakers => (
+                "#pk, #available, #takers",
+                &[("#pk", PK), ("#available", AVAILABLE), ("#takers", TAKERS)][..],
+            ),
+        };
+        let mut items: Vec<Option<Item>> = vec![None; usize::from(sale.shards)];
         for batch in keys.chunks(MAX_BATCH_GET_KEYS) {
             let request = built(
                 operation,
                 KeysAndAttributes::builder()
                     .set_keys(Some(batch.to_vec()))
                     .consistent_read(read == Consistency::Strong)
-                    .projection_expression("#pk, #available")
-                    .set_expression_attribute_names(names(&[
-                        ("#pk", PK),
-                        ("#available", AVAILABLE),
-                    ]))
+                    .projection_expression(projection)
+                    .set_expression_attribute_names(names(attributes))
                     .build(),
             )?;
             for found in self.batch_get(operation, request).await? {
@@ -280,16 +354,14 @@ impl DynamoStore {
                     .and_then(|pk| shard_of.get(pk))
                     .copied()
                     .ok_or_else(|| corrupt(operation, &found, ItemError::Missing(PK.to_owned())))?;
-                let available = item::parse_available(&found)
-                    .map_err(|error| corrupt(operation, &found, error))?;
-                stock[usize::from(shard)] = Some(available);
+                items[usize::from(shard)] = Some(found);
             }
         }
-        stock
+        items
             .into_iter()
             .zip(0..)
-            .map(|(available, shard)| {
-                available.ok_or_else(|| {
+            .map(|(found, shard)| {
+                found.ok_or_else(|| {
                     StoreError::permanent(
                         operation,
                         Inconsistency::MissingShard {

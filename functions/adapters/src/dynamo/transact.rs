@@ -6,15 +6,11 @@
 //! each transaction names its items' indexes once (`SHARD_ITEM`, `USER_ITEM`, ...),
 //! builds its request with [`in_request_order`] and reads its refusal by those names.
 
-use std::collections::HashMap;
-
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::config::http::HttpResponse;
 use aws_sdk_dynamodb::error::SdkError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
-use aws_sdk_dynamodb::types::{
-    AttributeValue, CancellationReason, ConditionCheck, Put, TransactWriteItem, Update,
-};
+use aws_sdk_dynamodb::types::{CancellationReason, ConditionCheck, Put, TransactWriteItem, Update};
 use flashsale_domain::StoreError;
 
 use crate::classify::store_error;
@@ -99,19 +95,6 @@ impl Refusal {
         self.failed.contains(&index)
     }
 
-    /// The item at `index` as it was when its condition failed, if that item asked for
-    /// it (`ReturnValuesOnConditionCheckFailure::AllOld`) and DynamoDB sent it. `None`
-    /// also for an item that did not exist, so a caller must not read absence into it.
-    pub(crate) fn old_item(&self, index: usize) -> Option<&HashMap<String, AttributeValue>> {
-        match self.error.as_service_error() {
-            Some(TransactWriteItemsError::TransactionCanceledException(cancelled)) => cancelled
-                .cancellation_reasons()
-                .get(index)
-                .and_then(CancellationReason::item),
-            _ => None,
-        }
-    }
-
     /// For refusals the data model says cannot happen.
     pub(crate) fn unexpected(self, operation: &'static str) -> StoreError {
         StoreError::permanent(
@@ -163,8 +146,9 @@ pub(crate) enum Attempted {
     Conflicted(TransactError),
 }
 
-/// Counts a `TransactionConflict` that will be tried again, here or by the caller.
-fn count_conflict(operation: &'static str) {
+/// Counts a `TransactionConflict` (or a plain write's `TransactionConflictException`)
+/// that will be tried again, here or by the caller.
+pub(crate) fn count_conflict(operation: &'static str) {
     // Named as in flashsale_lambda::metrics, which the adapters do not depend on.
     metrics::counter!("transaction_conflicts_retried", "operation" => operation).increment(1);
 }
@@ -244,6 +228,8 @@ pub(crate) async fn transact(
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
+
     use super::*;
 
     fn reasons(codes: &[&str]) -> Vec<CancellationReason> {

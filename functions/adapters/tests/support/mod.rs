@@ -11,11 +11,12 @@ use aws_sdk_dynamodb::types::{
     AttributeDefinition, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType, Projection,
     ProjectionType, ScalarAttributeType, TimeToLiveSpecification,
 };
-use chrono::{Duration, Utc};
+use chrono::{DateTime, Duration, Utc};
 use flashsale_adapters::DynamoStore;
+use flashsale_domain::ports::ShardTakers;
 use flashsale_domain::{OrderId, Reservation, Sale, SaleId, UserId};
 
-use self::conflicts::{ConflictInjector, Pattern};
+use self::conflicts::{ConflictInjector, Pattern, Target};
 use self::old_items::OldItems;
 use self::pages::SmallPages;
 
@@ -133,8 +134,31 @@ pub async fn small_pages_store(limit: i32) -> (DynamoStore, SmallPages) {
 /// A DynamoDB client whose `TransactWriteItems` calls conflict as `pattern` says;
 /// the injector counts what it did.
 pub async fn conflicting_client(pattern: Pattern) -> (aws_sdk_dynamodb::Client, ConflictInjector) {
+    injecting_client(Target::Transactions, pattern).await
+}
+
+/// A DynamoDB client whose plain `UpdateItem` calls conflict as `pattern` says, as
+/// they do on AWS while a transaction holds their item.
+pub async fn conflicting_writes_client(
+    pattern: Pattern,
+) -> (aws_sdk_dynamodb::Client, ConflictInjector) {
+    injecting_client(Target::PlainWrites, pattern).await
+}
+
+/// A DynamoDB client whose plain `UpdateItem` calls fail as `pattern` says, even when
+/// retried: `FromCall(n)` is a process that died after its first `n` writes.
+pub async fn failing_writes_client(
+    pattern: Pattern,
+) -> (aws_sdk_dynamodb::Client, ConflictInjector) {
+    injecting_client(Target::FailingPlainWrites, pattern).await
+}
+
+async fn injecting_client(
+    target: Target,
+    pattern: Pattern,
+) -> (aws_sdk_dynamodb::Client, ConflictInjector) {
     let transport = flashsale_adapters::https_client();
-    let injector = ConflictInjector::new(transport, pattern);
+    let injector = ConflictInjector::new(transport, target, pattern);
     let config = aws_sdk_dynamodb::config::Builder::from(&sdk_config().await)
         .http_client(injector.clone())
         .build();
@@ -180,6 +204,16 @@ pub fn user(name: &str) -> UserId {
 }
 
 /// A reservation as the grab makes it: payable until the sale's payment deadline.
+/// The takers a shard's refusal names for these reservations' takes: each with its
+/// order's `created_at`, which the shard records to the millisecond.
+pub fn takers_of(reservations: &[&Reservation]) -> ShardTakers {
+    ShardTakers::of_takes(reservations.iter().map(|held| {
+        let at = DateTime::from_timestamp_millis(held.created_at.timestamp_millis())
+            .expect("a time in range");
+        (&held.order_id, at)
+    }))
+}
+
 pub fn reservation(sale: &Sale, user: &UserId, shard: u16) -> Reservation {
     let now = Utc::now();
     Reservation {

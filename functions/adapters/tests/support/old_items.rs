@@ -2,7 +2,7 @@
 //!
 //! `reserve` asks DynamoDB to send back the user item when its condition fails, so the
 //! refusal alone tells a retried order from a user at the limit. This interceptor can
-//! take that request out of every transaction, which is what a store that does not send
+//! take that request out of every transaction and plain update, which is what a store that does not send
 //! the item looks like, and counts `GetItem` calls, so a test can prove which path the
 //! store took: the old item, or the consistent read it falls back to.
 
@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use aws_sdk_dynamodb::operation::get_item::GetItemInput;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsInput;
+use aws_sdk_dynamodb::operation::update_item::UpdateItemInput;
 use aws_smithy_runtime_api::box_error::BoxError;
 use aws_smithy_runtime_api::client::interceptors::Intercept;
 use aws_smithy_runtime_api::client::interceptors::context::BeforeSerializationInterceptorContextMut;
@@ -64,6 +65,11 @@ impl Intercept for OldItems {
                     put.return_values_on_condition_check_failure = None;
                 }
             }
+        }
+        if self.withhold
+            && let Some(update) = input.downcast_mut::<UpdateItemInput>()
+        {
+            update.return_values_on_condition_check_failure = None;
         }
         Ok(())
     }

@@ -1,0 +1,122 @@
+//! The reserve as one transaction on the shard and the user's item: the textbook design,
+//! and what the grab used before issue 14. Not a port: `make bench` measures the grab
+//! against a client that reserves this way (issue 14 §3), on the same table and proxy.
+//! It leaves the same items as [`StockLedger::reserve`](flashsale_domain::ports::StockLedger)
+//! (the take among the shard's takers, the hold on the user's item), so the rest of the
+//! system reads a sale bought this way like any other.
+
+use aws_sdk_dynamodb::types::{ReturnValuesOnConditionCheckFailure, Update};
+use flashsale_domain::ports::{ReserveRefusal, ShardTakers};
+use flashsale_domain::sale::MAX_ABANDONED_HOLDS;
+use flashsale_domain::{Reservation, Sale, StoreError};
+
+use super::DynamoStore;
+use super::item::{self, ABANDONED, ACTIVE, AVAILABLE, GSI1_PK, GSI1_SK, Hold, TAKERS, n, s};
+use super::requests::{built, names, values};
+use super::transact::{self, Attempted, in_request_order, transact_once};
+
+const RESERVE_IN_ONE_TRANSACTION: &str = "dynamodb.reserve_in_one_transaction";
+
+/// The transaction's items.
+mod reserving {
+    /// Takes the unit from the shard.
+    pub(super) const SHARD_ITEM: usize = 0;
+    /// Records the hold and counts it against the user's limit.
+    pub(super) const USER_ITEM: usize = 1;
+}
+
+impl DynamoStore {
+    /// Takes one unit from `shard` and records the hold, in one `TransactWriteItems`:
+    /// both or neither. A conflict answers `Contended` at once, for the caller to retry;
+    /// a refused shard answers `ShardEmpty` without its takers (a transaction's refusal
+    /// is not worth the old item to the textbook client, which only moves on).
+    pub async fn reserve_in_one_transaction(
+        &self,
+        sale: &Sale,
+        shard: u16,
+        reservation: &Reservation,
+    ) -> Result<Result<(), ReserveRefusal>, StoreError> {
+        const OPERATION: &str = RESERVE_IN_ONE_TRANSACTION;
+        let taker = item::taker_name(&reservation.order_id);
+        let take = built(
+            OPERATION,
+            Update::builder()
+                .table_name(&self.table)
+                .set_key(Some(item::shard_key(&sale.sale_id, shard)))
+                .update_expression("SET #available = #available - :one, #takers.#order = :taker")
+                .condition_expression("#available > :zero AND attribute_not_exists(#takers.#order)")
+                .set_expression_attribute_names(names(&[
+                    ("#available", AVAILABLE),
+                    ("#takers", TAKERS),
+                    ("#order", &taker),
+                ]))
+                .set_expression_attribute_values(values([
+                    (":one", n(1)),
+                    (":zero", n(0)),
+                    (
+                        ":taker",
+                        item::taker_value(&reservation.user_id, reservation.created_at),
+                    ),
+                ]))
+                .build(),
+        )?;
+        let hold_attribute = item::hold_attribute(&reservation.order_id);
+        let bucket = item::bucket_pk(&sale.sale_id, sale.bucket_of(&reservation.user_id));
+        let hold = built(
+            OPERATION,
+            Update::builder()
+                .table_name(&self.table)
+                .set_key(Some(item::user_key(&sale.sale_id, &reservation.user_id)))
+                .update_expression(
+                    "SET #active = if_not_exists(#active, :zero) + :one, #hold = :hold, \
+                     #gsi1pk = :gsi1pk, #gsi1sk = :gsi1sk",
+                )
+                .condition_expression(
+                    "(attribute_not_exists(#active) OR #active < :limit) \
+                     AND (attribute_not_exists(#abandoned) OR #abandoned < :abandon_limit) \
+                     AND attribute_not_exists(#hold)",
+                )
+                .set_expression_attribute_names(names(&[
+                    ("#active", ACTIVE),
+                    ("#abandoned", ABANDONED),
+                    ("#hold", &hold_attribute),
+                    ("#gsi1pk", GSI1_PK),
+                    ("#gsi1sk", GSI1_SK),
+                ]))
+                .set_expression_attribute_values(values([
+                    (":zero", n(0)),
+                    (":one", n(1)),
+                    (":limit", n(sale.per_user_limit)),
+                    (":abandon_limit", n(MAX_ABANDONED_HOLDS)),
+                    (":hold", Hold::reserved(reservation).to_value()),
+                    (":gsi1pk", s(bucket)),
+                    (":gsi1sk", s(item::user_gsi_sk(&reservation.user_id))),
+                ]))
+                .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::None)
+                .build(),
+        )?;
+        let items = in_request_order([
+            (reserving::SHARD_ITEM, transact::update(take)),
+            (reserving::USER_ITEM, transact::update(hold)),
+        ]);
+        match transact_once(&self.client, OPERATION, items).await? {
+            Attempted::Committed => Ok(Ok(())),
+            Attempted::Conflicted(_) => Ok(Err(ReserveRefusal::Contended)),
+            Attempted::Refused(refusal) if refusal.failed(reserving::USER_ITEM) => {
+                let held = self
+                    .read_hold(OPERATION, &reservation.order_id, &reservation.user_id)
+                    .await?
+                    .is_some();
+                Ok(Err(if held {
+                    ReserveRefusal::AlreadyHeld
+                } else {
+                    ReserveRefusal::LimitReached
+                }))
+            }
+            Attempted::Refused(refusal) if refusal.failed(reserving::SHARD_ITEM) => {
+                Ok(Err(ReserveRefusal::ShardEmpty(ShardTakers::default())))
+            }
+            Attempted::Refused(refusal) => Err(refusal.unexpected(OPERATION)),
+        }
+    }
+}
