@@ -8,8 +8,10 @@
 //! instead: a take, a give-back and an undo are each refused once they have applied,
 //! and the refusal's old item says so, so every step may be sent again.
 
+use std::collections::HashMap;
+
 use async_trait::async_trait;
-use aws_sdk_dynamodb::types::ReturnValuesOnConditionCheckFailure;
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
 use chrono::{DateTime, Utc};
 use flashsale_domain::ports::{
     ReserveRefusal, Settlement, ShardState, ShardTakers, StockLedger, Take, TakeReturn,
@@ -54,6 +56,44 @@ enum Taken {
     Now,
     /// This order's take was there already: an earlier call's, whose answer was lost.
     Before,
+}
+
+/// The hold's write on the user's item: the reserve's second write, and the user item of
+/// the bench's one-transaction baseline ([`super::baseline`]). Counts the hold against
+/// the user's limit and records it, unless the limits are reached or the order has a
+/// hold already.
+pub(super) const HOLD_UPDATE: &str = "SET #active = if_not_exists(#active, :zero) + :one, \
+     #hold = :hold, #gsi1pk = :gsi1pk, #gsi1sk = :gsi1sk";
+pub(super) const HOLD_CONDITION: &str = "(attribute_not_exists(#active) OR #active < :limit) \
+     AND (attribute_not_exists(#abandoned) OR #abandoned < :abandon_limit) \
+     AND attribute_not_exists(#hold)";
+
+/// [`HOLD_UPDATE`]'s names, for the order's hold attribute.
+pub(super) fn hold_names(hold_attribute: &str) -> Option<HashMap<String, String>> {
+    names(&[
+        ("#active", ACTIVE),
+        ("#abandoned", ABANDONED),
+        ("#hold", hold_attribute),
+        ("#gsi1pk", GSI1_PK),
+        ("#gsi1sk", GSI1_SK),
+    ])
+}
+
+/// [`HOLD_UPDATE`]'s values for this reservation of `sale`.
+pub(super) fn hold_values(
+    sale: &Sale,
+    reservation: &Reservation,
+) -> Option<HashMap<String, AttributeValue>> {
+    let bucket = item::bucket_pk(&sale.sale_id, sale.bucket_of(&reservation.user_id));
+    values([
+        (":zero", n(0)),
+        (":one", n(1)),
+        (":limit", n(sale.per_user_limit)),
+        (":abandon_limit", n(MAX_ABANDONED_HOLDS)),
+        (":hold", Hold::reserved(reservation).to_value()),
+        (":gsi1pk", s(bucket)),
+        (":gsi1sk", s(item::user_gsi_sk(&reservation.user_id))),
+    ])
 }
 
 /// Whether a hold accounts for a take on `shard`: it holds or sold that shard's unit.
@@ -219,38 +259,16 @@ impl DynamoStore {
     ) -> Result<Result<(), ReserveRefusal>, StoreError> {
         let hold_attribute = item::hold_attribute(&reservation.order_id);
         let key = item::user_key(&sale.sale_id, &reservation.user_id);
-        let bucket = item::bucket_pk(&sale.sale_id, sale.bucket_of(&reservation.user_id));
         // `attribute_not_exists(#hold)`: a retried grab whose first call committed must
         // get its order back, not a second unit. `AllOld` returns the user item when a
         // condition fails, so the refusal itself tells "already held" from "at the
         // limit" without another read.
         let hold = self
             .update_item(key.clone())
-            .update_expression(
-                "SET #active = if_not_exists(#active, :zero) + :one, #hold = :hold, \
-                 #gsi1pk = :gsi1pk, #gsi1sk = :gsi1sk",
-            )
-            .condition_expression(
-                "(attribute_not_exists(#active) OR #active < :limit) \
-                 AND (attribute_not_exists(#abandoned) OR #abandoned < :abandon_limit) \
-                 AND attribute_not_exists(#hold)",
-            )
-            .set_expression_attribute_names(names(&[
-                ("#active", ACTIVE),
-                ("#abandoned", ABANDONED),
-                ("#hold", &hold_attribute),
-                ("#gsi1pk", GSI1_PK),
-                ("#gsi1sk", GSI1_SK),
-            ]))
-            .set_expression_attribute_values(values([
-                (":zero", n(0)),
-                (":one", n(1)),
-                (":limit", n(sale.per_user_limit)),
-                (":abandon_limit", n(MAX_ABANDONED_HOLDS)),
-                (":hold", Hold::reserved(reservation).to_value()),
-                (":gsi1pk", s(bucket)),
-                (":gsi1sk", s(item::user_gsi_sk(&reservation.user_id))),
-            ]))
+            .update_expression(HOLD_UPDATE)
+            .condition_expression(HOLD_CONDITION)
+            .set_expression_attribute_names(hold_names(&hold_attribute))
+            .set_expression_attribute_values(hold_values(sale, reservation))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
         let held = match self.write(RESERVE, hold).await? {
             Written::Done => return Ok(Ok(())),
