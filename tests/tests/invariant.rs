@@ -1,10 +1,10 @@
 //! The sale's invariant under a surge: exactly the stock is reserved, nobody holds two,
 //! every shard ends at zero, and the books reconcile. Through the local HTTP API, on
-//! DynamoDB Local (never moto, which loses updates under concurrent transactions); the
-//! smaller surge runs behind the proxy's conflict mode, so its shards meet
-//! `TransactionConflict` as on AWS. The two large surges run without it for now: under
-//! the conflict mode on this 2-core machine they took minutes and once let the grab
-//! paths expire (issue 14 stays open on it).
+//! DynamoDB Local (never moto, which loses updates under concurrent transactions), every
+//! surge behind the proxy's conflict mode: a transaction holds its items for its round
+//! trip plus a commit time, and whatever else touches them meets `TransactionConflict`,
+//! as on AWS. The grab's takes are plain writes, so they meet it only where a
+//! transaction (the order consumer's, a release's) holds the same item.
 
 mod common;
 
@@ -125,14 +125,14 @@ async fn stray_takes(harness: &Harness, sale_id: &str) -> Vec<flashsale_domain::
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_surge_on_one_shard_sells_exactly_the_stock() {
-    let harness = Harness::start_with("one-shard", &LOCAL_GRAB_THROTTLE).await;
+    let harness = Harness::start_contended("one-shard", &LOCAL_GRAB_THROTTLE, COMMIT_TIME).await;
     let report = surge_on(&harness, "surge-k1", 1, BUYERS, ATTEMPTS).await;
     assert_sold_exactly_the_stock(&harness, "surge-k1", 1, &report).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_surge_on_eight_shards_sells_exactly_the_stock() {
-    let harness = Harness::start_with("eight-shards", &LOCAL_GRAB_THROTTLE).await;
+    let harness = Harness::start_contended("eight-shards", &LOCAL_GRAB_THROTTLE, COMMIT_TIME).await;
     let report = surge_on(&harness, "surge-k8", 8, BUYERS, ATTEMPTS).await;
     assert_sold_exactly_the_stock(&harness, "surge-k8", 8, &report).await;
 }
