@@ -8,7 +8,7 @@ import re
 import time
 from urllib.parse import parse_qs, urlencode, urlparse
 
-from conftest import DESKTOP, screenshot, sign_in, unique_user
+from conftest import DESKTOP, assert_accessible, screenshot, sign_in, unique_user
 from playwright.sync_api import expect
 
 # The release timer fires within the minute after the payment deadline (Scheduler's
@@ -19,7 +19,10 @@ OPEN_ORDER = re.compile(r"^(reserved|pending_payment)$")
 
 def buyer_page(open_page, stack, sale_id, user=None, **kwargs):
     page = open_page(f"/?sale={sale_id}", **kwargs)
+    expect(page.get_by_test_id("signin-user")).to_be_visible()
+    assert_accessible(page, "the sale page, signed out")
     sign_in(page, user or unique_user("buyer"))
+    assert_accessible(page, "the sale page, signed in")
     return page
 
 
@@ -86,6 +89,7 @@ def test_a_buyer_buys_and_pays(open_page, stack):
     status = page.locator("#order-status")
     expect(status).to_have_attribute("data-status", "pending_payment")
     expect(page.locator("#pay-countdown")).to_contain_text("Pay within")
+    assert_accessible(page, "an order awaiting payment")
     screenshot(page, "awaiting-payment")
     page.locator("#pay").click()
     expect(status).to_have_attribute("data-status", "paid")
@@ -181,6 +185,7 @@ def test_errors_read_as_plain_words(open_page, stack):
     page = open_page("/?sale=no-such-sale")
     expect(page.locator("#message")).to_have_text("There is no such sale. Check the link.")
     expect(page.locator("#buy")).to_be_disabled()
+    assert_accessible(page, "an unknown sale's error")
 
     # The answers of the layers in front of the functions: API Gateway's own JSON, and
     # the WAF's HTML page.
@@ -196,6 +201,7 @@ def test_errors_read_as_plain_words(open_page, stack):
         page.route("**/sales/*/token", refuse_with(answer))
         page.locator("#buy").click()
         expect(page.locator("#message")).to_contain_text(message)
+        assert_accessible(page, f"the refusal {message!r}")
         # A refusal gives the button back.
         expect(page.locator("#buy")).to_be_enabled()
         page.unroute("**/sales/*/token")
@@ -203,6 +209,8 @@ def test_errors_read_as_plain_words(open_page, stack):
 
 def test_the_admin_creates_a_sale_and_watches_the_stats_move(open_page, stack):
     page = open_page("/admin.html", viewport=DESKTOP)
+    expect(page.get_by_test_id("signin-user")).to_be_visible()
+    assert_accessible(page, "the console, signed out")
     sign_in(page, "ops", admin=True)
     sale_id = f"admin-{unique_user('s')}"
     form = page.locator("#create")
@@ -215,6 +223,7 @@ def test_the_admin_creates_a_sale_and_watches_the_stats_move(open_page, stack):
     available = page.locator("td[data-count=available]")
     expect(available).to_have_text("3")
     expect(page.locator("#consistent")).to_have_text("consistent")
+    assert_accessible(page, "the console watching a sale")
 
     # A buyer grabs through the API; the console follows.
     buyer = stack.token(unique_user("fan"))
