@@ -99,6 +99,40 @@ def test_a_buyer_buys_and_pays(open_page, stack):
     assert (stats["paid"], stats["available"], stats["consistent"]) == (1, 4, True), stats
 
 
+def test_the_time_left_to_pay_never_reads_more_than_there_is(open_page, stack):
+    """An order whose deadline is 60.9 s away reads "Pay within 1:00", never 1:01: the
+    server already rounds the deadline up to a whole second, and the page used to round
+    the time left up again (a 60 s window read 1:01). The order's answer is rewritten in
+    flight to that deadline; every text the countdown shows is recorded."""
+    sale_id, _ = stack.create_sale(stock=2, prefix="left")
+    page = buyer_page(open_page, stack, sale_id)
+
+    def with_deadline_ahead(route):
+        answer = route.fetch()
+        order = answer.json()
+        if order.get("status") in ("reserved", "pending_payment"):
+            deadline_ms = time.time() * 1000 + 60_900
+            order["expires_at"] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(deadline_ms / 1000)) + (
+                f".{int(deadline_ms % 1000):03d}Z"
+            )
+        route.fulfill(response=answer, json=order)
+
+    page.route("**/orders/*", with_deadline_ahead)
+    page.evaluate(
+        """() => {
+          window.payTexts = [];
+          const countdown = document.querySelector("#pay-countdown");
+          new MutationObserver(() => window.payTexts.push(countdown.textContent))
+            .observe(countdown, { childList: true, characterData: true, subtree: true });
+        }"""
+    )
+    page.locator("#buy").click()
+    expect(page.locator("#pay-countdown")).to_have_text(re.compile(r"^Pay within 0:5\d$"), timeout=60_000)
+    texts = page.evaluate("() => window.payTexts")
+    shown = [text for text in texts if text.startswith("Pay within")]
+    assert shown and "Pay within 1:01" not in shown, shown
+
+
 def test_an_unpaid_order_expires_and_the_unit_comes_back(open_page, stack):
     sale_id, _ = stack.create_sale(stock=1, payment_timeout_secs=5, prefix="lapse")
     page = buyer_page(open_page, stack, sale_id)
