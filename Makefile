@@ -121,6 +121,7 @@ run: tools
 
 # The steps one after another, as prerequisites ran them, each with its wall time, so
 # that where a cold run's minutes go is in every CI log (issue 15: under 20 minutes).
+# The first failing step ends it with that step's status (`make -k` does not go on).
 TEST_STEPS := disk-space tools lint lint-contract unit fuzz-api check-infra browser-test bench-smoke
 test:
 	@total=$$(date +%s); \

@@ -3,24 +3,39 @@
 
 The take (functions/adapters/src/dynamo/ledger.rs, `take`) names its order among the
 shard's takers, so the item grows by one entry per unit held and an UpdateItem is billed
-at the larger of its sizes before and after. This writes the same item and the same
-update (a 26-character order ULID under `takers`, a 36-character user id and a
-millisecond timestamp in the entry) to DynamoDB Local with ReturnConsumedCapacity=TOTAL,
-once per unit, and prints where the write units step up. `flashsale-load model`'s
+at the larger of its sizes before and after. This sends the adapter's own update and
+condition (`TAKE_UPDATE` and `TAKE_CONDITION`, read from ledger.rs, so they cannot drift)
+to an item shaped as `item::shard_item` makes it, with entries as `item::taker_value`
+makes them (a 26-character order ULID under `takers`, a 36-character user id and a
+millisecond timestamp), on DynamoDB Local with ReturnConsumedCapacity=TOTAL, once per
+unit, and prints where the write units step up. `flashsale-load model`'s
 `--taker-bytes` and `--shard-item-bytes` are fitted to these steps.
 
     python3 bench/shard_item_wcu.py http://127.0.0.1:8000 [units]
 """
 
 import random
+import re
 import string
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import boto3
 
 ULID_ALPHABET = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+
+
+LEDGER = Path(__file__).resolve().parent.parent / "functions/adapters/src/dynamo/ledger.rs"
+
+
+def ledger_constant(name: str) -> str:
+    """A `pub(super) const NAME: &str = "...";` of ledger.rs, joined if it spans lines."""
+    found = re.search(rf'const {name}: &str =\s*"([^"]*)";', LEDGER.read_text())
+    if not found:
+        sys.exit(f"{name} not found in {LEDGER}")
+    return found.group(1)
 
 
 def ulid() -> str:
@@ -72,8 +87,8 @@ def main() -> None:
         answer = db.update_item(
             TableName=table,
             Key=key,
-            UpdateExpression="SET #available = #available - :one, #takers.#order = :taker",
-            ConditionExpression="#available > :zero AND attribute_not_exists(#takers.#order)",
+            UpdateExpression=ledger_constant("TAKE_UPDATE"),
+            ConditionExpression=ledger_constant("TAKE_CONDITION"),
             ExpressionAttributeNames={
                 "#available": "available",
                 "#takers": "takers",

@@ -103,18 +103,24 @@ def test_the_time_left_to_pay_never_reads_more_than_there_is(open_page, stack):
     """An order whose deadline is 60.9 s away reads "Pay within 1:00", never 1:01: the
     server already rounds the deadline up to a whole second, and the page used to round
     the time left up again (a 60 s window read 1:01). The order's answer is rewritten in
-    flight to that deadline; every text the countdown shows is recorded."""
+    flight to that deadline (the first open answer sets it); every text the countdown
+    shows is recorded."""
     sale_id, _ = stack.create_sale(stock=2, prefix="left")
     page = buyer_page(open_page, stack, sale_id)
+
+    # One deadline for every answer: set when the first open order comes back.
+    deadline = {}
 
     def with_deadline_ahead(route):
         answer = route.fetch()
         order = answer.json()
         if order.get("status") in ("reserved", "pending_payment"):
-            deadline_ms = time.time() * 1000 + 60_900
-            order["expires_at"] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(deadline_ms / 1000)) + (
-                f".{int(deadline_ms % 1000):03d}Z"
-            )
+            if "at" not in deadline:
+                deadline_ms = time.time() * 1000 + 60_900
+                deadline["at"] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(deadline_ms / 1000)) + (
+                    f".{int(deadline_ms % 1000):03d}Z"
+                )
+            order["expires_at"] = deadline["at"]
         route.fulfill(response=answer, json=order)
 
     page.route("**/orders/*", with_deadline_ahead)

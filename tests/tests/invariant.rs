@@ -12,9 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use common::Harness;
-use flashsale_adapters::DynamoStore;
-use flashsale_domain::SaleId;
-use flashsale_domain::ports::{OrderBook, SaleCatalog, StockLedger};
+use flashsale_domain::ports::OrderBook;
 use flashsale_e2e::surge::{self, SurgePlan};
 use flashsale_e2e::{ApiClient, ApiResponse};
 use futures::stream::{self, StreamExt};
@@ -79,7 +77,7 @@ async fn assert_sold_exactly_the_stock(
     shards: u16,
     report: &flashsale_e2e::SurgeReport,
 ) {
-    let stray = stray_takes(harness, sale_id).await;
+    let stray = harness.stray_takes(sale_id).await;
     assert!(
         stray.is_empty(),
         "takes that no hold accounts for: {stray:?}\n{report}"
@@ -100,27 +98,6 @@ async fn assert_sold_exactly_the_stock(
     assert_eq!(stats["consistent"], true, "{stats}");
     let held = stats["reserved"].as_u64().unwrap() + stats["pending_payment"].as_u64().unwrap();
     assert_eq!(held, u64::from(STOCK), "{stats}");
-}
-
-/// The stack's table read directly (not through the conflict proxy), and the sale.
-async fn store_and_sale(harness: &Harness, sale_id: &str) -> (DynamoStore, flashsale_domain::Sale) {
-    let store = DynamoStore::new(harness.dynamodb.clone(), harness.table());
-    let sale = store
-        .find_sale(&SaleId::parse(sale_id).expect("a sale id"))
-        .await
-        .expect("the sale reads")
-        .expect("the sale exists");
-    (store, sale)
-}
-
-/// Units taken from a shard that no open or paid hold accounts for: each one is a unit
-/// sold to nobody until the reconciler returns it, so after a surge there must be none.
-async fn stray_takes(harness: &Harness, sale_id: &str) -> Vec<flashsale_domain::ports::Take> {
-    let (store, sale) = store_and_sale(harness, sale_id).await;
-    store
-        .unaccounted_takes(&sale)
-        .await
-        .expect("the shards and holds read")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -270,7 +247,7 @@ async fn every_unit_taken_is_answered_202_to_its_buyer_whatever_the_client_marks
     let stats = harness.stats(sale_id).await;
     let taken = stats["reserved"].as_u64().expect("reserved")
         + stats["pending_payment"].as_u64().expect("pending_payment");
-    let (store, sale) = store_and_sale(&harness, sale_id).await;
+    let (store, sale) = harness.store_and_sale(sale_id).await;
     let holders: BTreeMap<String, String> = store
         .open_holds(&sale)
         .await

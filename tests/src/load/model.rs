@@ -469,7 +469,7 @@ impl Shards {
     fn failed_key_wcu(&self, takers: f64) -> f64 {
         match self.write {
             ShardWrite::Transaction => TRANSACTIONAL_WCU_PER_ITEM,
-            ShardWrite::Plain => write_units(self.bytes_with(takers)),
+            ShardWrite::Plain => self.item_wcu(takers),
         }
     }
 
@@ -497,7 +497,18 @@ impl Shards {
     /// Read units of an eventually consistent read of the shard item while it names
     /// `takers` orders (4 KB each, rounded up, halved).
     fn read_rcu(&self, takers: f64) -> f64 {
-        EVENTUAL_RCU_PER_ITEM * (self.bytes_with(takers) / 4096.0).ceil().max(1.0)
+        match self.write {
+            ShardWrite::Plain => {
+                EVENTUAL_RCU_PER_ITEM * (self.bytes_with(takers) / 4096.0).ceil().max(1.0)
+            }
+            ShardWrite::Transaction => EVENTUAL_RCU_PER_ITEM,
+        }
+    }
+
+    /// Write units of a plain write to the shard item while it names `takers` orders (a
+    /// give-back, or a refused take), billed at the item's size.
+    fn item_wcu(&self, takers: f64) -> f64 {
+        write_units(self.bytes_with(takers))
     }
 
     /// The utilisation at which the average reservation's cancelled attempts use up a
@@ -532,6 +543,15 @@ impl Shards {
         match self.write {
             ShardWrite::Transaction => self.attempt_budget,
             ShardWrite::Plain => 0.0,
+        }
+    }
+
+    /// Round trips a grab the shards cannot serve spends before it answers 503: its
+    /// cancelled transactions, or (plain) the SDK's tries of the take the key throttles.
+    fn outlasted_round_trips(&self) -> f64 {
+        match self.write {
+            ShardWrite::Transaction => self.attempt_budget,
+            ShardWrite::Plain => SDK_MAX_ATTEMPTS,
         }
     }
 
@@ -576,7 +596,7 @@ impl Shards {
                 let (taken, spent) = self.takes_from(takers, left, wcu);
                 // A shard that sells out within the second does so after spent / wcu of
                 // it: its rate is what it sold over that time.
-                let rate = if taken >= left && spent > 0.0 {
+                let rate = if taken >= left - 1e-9 && spent > 0.0 {
                     taken * wcu / spent
                 } else {
                     taken
@@ -680,6 +700,8 @@ pub struct Scenario {
 const TRANSACTIONAL_WCU_PER_ITEM: f64 = 2.0;
 /// Items in the grab transaction: the stock shard and the buyer's item.
 const GRAB_ITEMS: f64 = 2.0;
+/// Tries the SDK's standard retry mode makes of a throttled request.
+const SDK_MAX_ATTEMPTS: f64 = 3.0;
 /// The plain hold on the buyer's item (an item of well under 1 KB).
 const HOLD_WCU: f64 = 1.0;
 /// A reservation also writes the buyer's item into the stats index (gsi1), a
@@ -816,8 +838,9 @@ pub struct Outcome {
     /// Grabs whose attempts were all cancelled until their budget ran out (503; the
     /// buyer retries).
     pub outlasted_grabs: f64,
-    /// The sold-out gate's cost: failed transactions while the instances learned the
-    /// shards were empty, and BatchGetItem calls of its rechecks (K / 100 each).
+    /// The sold-out gate's cost: refused takes (or failed transactions) while the
+    /// instances learned the shards were empty, and BatchGetItem calls of its rechecks
+    /// (K / 100 each).
     pub gate_probes: f64,
     pub gate_batch_gets: f64,
     pub cost: Cost,
@@ -1043,9 +1066,16 @@ pub fn run(scenario: &Scenario) -> Outcome {
         // concurrency, the account and how fast Lambda adds environments. A grab's
         // duration grows by a round trip per cancelled attempt.
         let selling = sell(&stock, shard_rate, remaining, grabs);
+        // Transactions: the cancelled attempts of the grabs that reserved and of those
+        // that outlasted their budget. Plain: none cancelled; the outlasted grabs' tries
+        // of a throttled take.
+        let failed_round_trips = match stock.write {
+            ShardWrite::Transaction => selling.cancelled,
+            ShardWrite::Plain => selling.outlasted * stock.outlasted_round_trips(),
+        };
         let concurrency = (tokens * w.token_ms
             + selling.sold * w.grab_success_ms
-            + selling.cancelled * stock.rtt_ms
+            + failed_round_trips * stock.rtt_ms
             + selling.rejections * w.grab_rejection_ms)
             / 1000.0;
         let scaling_cap = q.grab_provisioned_concurrency
@@ -1065,10 +1095,11 @@ pub fn run(scenario: &Scenario) -> Outcome {
         totals.grab_invocations += tokens + grabs;
         totals.grab_gb_seconds += instances * w.grab_memory_mb / 1024.0;
 
-        // DynamoDB: the grabs that ran, on the shards (every attempt, cancelled or not,
-        // writes 2 WCU on its shard key). Once sold out, each grab instance learns that
-        // shards are empty from failed transactions (a failed condition still costs the
-        // write), then rechecks with one read of every shard per interval.
+        // DynamoDB: the grabs that ran, on the shards (every attempt, committed, refused or
+        // cancelled, is billed on its shard key). Once sold out, each grab instance learns
+        // that shards are empty from refused takes or failed transactions (a failed
+        // condition still costs the write), then rechecks with one read of every shard
+        // per interval.
         let selling = sell(&stock, shard_rate, remaining, grabs);
         let sold_now = selling.sold;
         let rejections = selling.rejections;
@@ -1313,7 +1344,7 @@ fn after_the_surge(scenario: &Scenario, stock: &Shards, sold: f64, totals: &mut 
             ShardWrite::Transaction => RELEASE_ITEMS * TRANSACTIONAL_WCU_PER_ITEM,
             ShardWrite::Plain => {
                 (RELEASE_ITEMS - 1.0) * TRANSACTIONAL_WCU_PER_ITEM
-                    + stock.failed_key_wcu(stock.units)
+                    + stock.item_wcu(sold / stock.count)
             }
         };
 }
@@ -1640,15 +1671,17 @@ mod tests {
         // the step it starts on.
         assert!((secs - 2.535).abs() < 0.005, "{secs}");
         assert!(close(outcome.cancelled_attempts, 0.0));
-        let rates = Shards::new(&sale).rates();
         let stock = Shards::new(&sale);
+        let rates = stock.rates();
         let first_second = stock.rate_at(0.0, &rates);
         // The first 1,000 write units buy the first 154 takes or so (1 to 12 units each).
         assert!(
             first_second > 150.0 && first_second < 160.0,
             "{first_second}"
         );
-        assert!(stock.rate_at(249.0, &rates) <= 50.0 + 1e-9);
+        // The last take costs 20 write units: 50 a second, and it sells out after it.
+        let last = stock.rate_at(249.0, &rates);
+        assert!(close(last, 50.0), "{last}");
     }
 
     /// The smaller root of a2 u^2 + a1 u + a0 = 0 in [0, 1): the utilisation at which a

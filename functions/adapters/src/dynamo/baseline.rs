@@ -9,8 +9,8 @@ use aws_sdk_dynamodb::types::{ReturnValuesOnConditionCheckFailure, Update};
 use flashsale_domain::ports::{ReserveRefusal, ShardTakers};
 use flashsale_domain::{Reservation, Sale, StoreError};
 
-use super::item::{self, AVAILABLE, TAKERS, n};
-use super::requests::{built, names, values};
+use super::item;
+use super::requests::built;
 use super::transact::{self, Attempted, in_request_order, transact_once};
 use super::{DynamoStore, ledger};
 
@@ -42,21 +42,10 @@ impl DynamoStore {
             Update::builder()
                 .table_name(&self.table)
                 .set_key(Some(item::shard_key(&sale.sale_id, shard)))
-                .update_expression("SET #available = #available - :one, #takers.#order = :taker")
-                .condition_expression("#available > :zero AND attribute_not_exists(#takers.#order)")
-                .set_expression_attribute_names(names(&[
-                    ("#available", AVAILABLE),
-                    ("#takers", TAKERS),
-                    ("#order", &taker),
-                ]))
-                .set_expression_attribute_values(values([
-                    (":one", n(1)),
-                    (":zero", n(0)),
-                    (
-                        ":taker",
-                        item::taker_value(&reservation.user_id, reservation.created_at),
-                    ),
-                ]))
+                .update_expression(ledger::TAKE_UPDATE)
+                .condition_expression(ledger::TAKE_CONDITION)
+                .set_expression_attribute_names(ledger::take_names(&taker))
+                .set_expression_attribute_values(ledger::take_values(reservation))
                 .build(),
         )?;
         let hold_attribute = item::hold_attribute(&reservation.order_id);

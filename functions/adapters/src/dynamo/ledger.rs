@@ -58,6 +58,34 @@ enum Taken {
     Before,
 }
 
+/// The take on a shard: one unit out of `available`, the order into `takers`, unless the
+/// shard is empty or this order's take is there already. The reserve's, and the bench's
+/// one-transaction baseline's; `bench/shard_item_wcu.py` writes the same to measure it.
+pub(super) const TAKE_UPDATE: &str = "SET #available = #available - :one, #takers.#order = :taker";
+pub(super) const TAKE_CONDITION: &str =
+    "#available > :zero AND attribute_not_exists(#takers.#order)";
+
+/// [`TAKE_UPDATE`]'s names, for the order's entry under `takers`.
+pub(super) fn take_names(taker: &str) -> Option<HashMap<String, String>> {
+    names(&[
+        ("#available", AVAILABLE),
+        ("#takers", TAKERS),
+        ("#order", taker),
+    ])
+}
+
+/// [`TAKE_UPDATE`]'s values for this reservation.
+pub(super) fn take_values(reservation: &Reservation) -> Option<HashMap<String, AttributeValue>> {
+    values([
+        (":one", n(1)),
+        (":zero", n(0)),
+        (
+            ":taker",
+            item::taker_value(&reservation.user_id, reservation.created_at),
+        ),
+    ])
+}
+
 /// The hold's write on the user's item: the reserve's second write, and the user item of
 /// the bench's one-transaction baseline ([`super::baseline`]). Counts the hold against
 /// the user's limit and records it, unless the limits are reached or the order has a
@@ -172,21 +200,10 @@ impl DynamoStore {
         let taker = item::taker_name(&reservation.order_id);
         let take = self
             .update_item(key.clone())
-            .update_expression("SET #available = #available - :one, #takers.#order = :taker")
-            .condition_expression("#available > :zero AND attribute_not_exists(#takers.#order)")
-            .set_expression_attribute_names(names(&[
-                ("#available", AVAILABLE),
-                ("#takers", TAKERS),
-                ("#order", &taker),
-            ]))
-            .set_expression_attribute_values(values([
-                (":one", n(1)),
-                (":zero", n(0)),
-                (
-                    ":taker",
-                    item::taker_value(&reservation.user_id, reservation.created_at),
-                ),
-            ]))
+            .update_expression(TAKE_UPDATE)
+            .condition_expression(TAKE_CONDITION)
+            .set_expression_attribute_names(take_names(&taker))
+            .set_expression_attribute_values(take_values(reservation))
             // The refusal tells "taken already" (a resent call) from "empty".
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
         let old = match self.write(RESERVE, take).await? {
