@@ -5,6 +5,9 @@
 #                        chromium; it never downloads a browser of its own.
 #   make browser-test    builds flashsale-local, and runs tests/browser: the tests start
 #                        their own stack on free ports and stop it (no process is left).
+#                        Every page a test opens is scanned with axe-core when the test
+#                        ends, and at the states the tests name: no critical or serious
+#                        accessibility violation passes.
 #   UPDATE_SCREENSHOTS=1 make browser-test   also refreshes docs/screenshots/.
 
 TOOLS ?= .tools
@@ -14,6 +17,10 @@ PIP ?= $(VENV)/bin/pip
 CHROMIUM ?= /usr/bin/chromium
 PLAYWRIGHT_SPEC ?= playwright==1.65.2
 PYTEST_SPEC ?= pytest==9.2.0
+# axe-core, the accessibility engine the tests inject into every page they visit. Its own
+# npm prefix: a --no-save install into .tools would prune DynamoDB Local's.
+AXE_VERSION ?= 4.14.1
+AXE := $(TOOLS)/axe/node_modules/axe-core/axe.min.js
 
 .PHONY: browser-tools browser-test chromium
 
@@ -30,11 +37,17 @@ $(VENV)/bin/playwright: | $(PIP)
 	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(PIP) install -q '$(PLAYWRIGHT_SPEC)' '$(PYTEST_SPEC)'
 	test -x $@
 
-browser-tools: chromium $(VENV)/bin/playwright
+$(AXE):
+	mkdir -p $(TOOLS)/axe
+	npm install --prefix $(TOOLS)/axe --no-save --no-audit --no-fund axe-core@$(AXE_VERSION)
+	test -f $@
+
+browser-tools: chromium $(VENV)/bin/playwright $(AXE)
 
 # The local stack needs the emulators (the top-level Makefile names them).
 browser-test: browser-tools java $(DYNAMODB_LOCAL) $(MOTO)
 	cargo build --locked -q -p flashsale-local --bin flashsale-local
 	FLASHSALE_LOCAL_BIN="$$(pwd)/$${CARGO_TARGET_DIR:-target}/debug/flashsale-local" \
 	  FLASHSALE_CHROMIUM='$(CHROMIUM)' \
+	  FLASHSALE_AXE="$$(pwd)/$(AXE)" \
 	  $(VENV)/bin/pytest -q -p no:cacheprovider tests/browser

@@ -37,6 +37,9 @@ CHROMIUM_ARGS = [
 STACK_START_DEADLINE_S = 300
 # How long a direct API call keeps retrying busy answers.
 BUSY_DEADLINE_S = 60
+AXE = Path(os.environ.get("FLASHSALE_AXE", ROOT / ".tools" / "axe" / "node_modules" / "axe-core" / "axe.min.js"))
+# The impacts that fail a page: axe's two worst of four (minor and moderate are reported).
+FAILING_IMPACTS = ("critical", "serious")
 SCREENSHOTS = ROOT / "docs" / "screenshots"
 SCREENSHOT_SCRATCH = ROOT / "target" / "browser-screenshots"
 PHONE = {"width": 412, "height": 800}
@@ -192,10 +195,28 @@ def browser():
         browser.close()
 
 
+def assert_accessible(page: Page, state):
+    """Runs axe-core on the page as it is now and fails on any critical or serious
+    violation, naming the rule, the impact and the elements."""
+    assert AXE.is_file(), f"{AXE} is missing: npm install axe-core (make browser-tools does)"
+    if not page.evaluate("() => typeof window.axe === 'object'"):
+        page.add_script_tag(path=str(AXE))
+    result = page.evaluate("() => axe.run(document, { resultTypes: ['violations'] })")
+    failing = [
+        f"{violation['id']} ({violation['impact']}): {violation['help']} at "
+        + ", ".join(" ".join(node["target"]) for node in violation["nodes"][:5])
+        for violation in result["violations"]
+        if violation["impact"] in FAILING_IMPACTS
+    ]
+    assert not failing, f"{state} ({page.url}): " + "; ".join(failing)
+
+
 @pytest.fixture
 def open_page(browser, stack):
-    """Opens a page of the local stack in a fresh context (its own storage: one user)."""
+    """Opens a page of the local stack in a fresh context (its own storage: one user).
+    Every page still open when the test ends is scanned with axe-core as it is then."""
     contexts = []
+    pages = []
 
     def open_(path, viewport=PHONE, init_script=None):
         context = browser.new_context(viewport=viewport, device_scale_factor=1)
@@ -204,11 +225,17 @@ def open_page(browser, stack):
             context.add_init_script(init_script)
         page = context.new_page()
         page.goto(stack.url + path)
+        pages.append(page)
         return page
 
     yield open_
-    for context in contexts:
-        context.close()
+    try:
+        for page in pages:
+            if not page.is_closed():
+                assert_accessible(page, "the page at the end of the test")
+    finally:
+        for context in contexts:
+            context.close()
 
 
 def sign_in(page: Page, user_id, admin=False):

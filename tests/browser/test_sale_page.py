@@ -8,7 +8,7 @@ import re
 import time
 from urllib.parse import parse_qs, urlencode, urlparse
 
-from conftest import DESKTOP, screenshot, sign_in, unique_user
+from conftest import DESKTOP, assert_accessible, screenshot, sign_in, unique_user
 from playwright.sync_api import expect
 
 # The release timer fires within the minute after the payment deadline (Scheduler's
@@ -19,7 +19,10 @@ OPEN_ORDER = re.compile(r"^(reserved|pending_payment)$")
 
 def buyer_page(open_page, stack, sale_id, user=None, **kwargs):
     page = open_page(f"/?sale={sale_id}", **kwargs)
+    expect(page.get_by_test_id("signin-user")).to_be_visible()
+    assert_accessible(page, "the sale page, signed out")
     sign_in(page, user or unique_user("buyer"))
+    assert_accessible(page, "the sale page, signed in")
     return page
 
 
@@ -86,6 +89,7 @@ def test_a_buyer_buys_and_pays(open_page, stack):
     status = page.locator("#order-status")
     expect(status).to_have_attribute("data-status", "pending_payment")
     expect(page.locator("#pay-countdown")).to_contain_text("Pay within")
+    assert_accessible(page, "an order awaiting payment")
     screenshot(page, "awaiting-payment")
     page.locator("#pay").click()
     expect(status).to_have_attribute("data-status", "paid")
@@ -93,6 +97,46 @@ def test_a_buyer_buys_and_pays(open_page, stack):
     screenshot(page, "paid")
     stats = stack.stats(sale_id)
     assert (stats["paid"], stats["available"], stats["consistent"]) == (1, 4, True), stats
+
+
+def test_the_time_left_to_pay_never_reads_more_than_there_is(open_page, stack):
+    """An order whose deadline is 60.9 s away reads "Pay within 1:00", never 1:01: the
+    server already rounds the deadline up to a whole second, and the page used to round
+    the time left up again (a 60 s window read 1:01). The order's answer is rewritten in
+    flight to that deadline (the first open answer sets it); every text the countdown
+    shows is recorded."""
+    sale_id, _ = stack.create_sale(stock=2, prefix="left")
+    page = buyer_page(open_page, stack, sale_id)
+
+    # One deadline for every answer: set when the first open order comes back.
+    deadline = {}
+
+    def with_deadline_ahead(route):
+        answer = route.fetch()
+        order = answer.json()
+        if order.get("status") in ("reserved", "pending_payment"):
+            if "at" not in deadline:
+                deadline_ms = time.time() * 1000 + 60_900
+                deadline["at"] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(deadline_ms / 1000)) + (
+                    f".{int(deadline_ms % 1000):03d}Z"
+                )
+            order["expires_at"] = deadline["at"]
+        route.fulfill(response=answer, json=order)
+
+    page.route("**/orders/*", with_deadline_ahead)
+    page.evaluate(
+        """() => {
+          window.payTexts = [];
+          const countdown = document.querySelector("#pay-countdown");
+          new MutationObserver(() => window.payTexts.push(countdown.textContent))
+            .observe(countdown, { childList: true, characterData: true, subtree: true });
+        }"""
+    )
+    page.locator("#buy").click()
+    expect(page.locator("#pay-countdown")).to_have_text(re.compile(r"^Pay within 0:5\d$"), timeout=60_000)
+    texts = page.evaluate("() => window.payTexts")
+    shown = [text for text in texts if text.startswith("Pay within")]
+    assert shown and "Pay within 1:01" not in shown, shown
 
 
 def test_an_unpaid_order_expires_and_the_unit_comes_back(open_page, stack):
@@ -181,6 +225,7 @@ def test_errors_read_as_plain_words(open_page, stack):
     page = open_page("/?sale=no-such-sale")
     expect(page.locator("#message")).to_have_text("There is no such sale. Check the link.")
     expect(page.locator("#buy")).to_be_disabled()
+    assert_accessible(page, "an unknown sale's error")
 
     # The answers of the layers in front of the functions: API Gateway's own JSON, and
     # the WAF's HTML page.
@@ -196,6 +241,7 @@ def test_errors_read_as_plain_words(open_page, stack):
         page.route("**/sales/*/token", refuse_with(answer))
         page.locator("#buy").click()
         expect(page.locator("#message")).to_contain_text(message)
+        assert_accessible(page, f"the refusal {message!r}")
         # A refusal gives the button back.
         expect(page.locator("#buy")).to_be_enabled()
         page.unroute("**/sales/*/token")
@@ -203,6 +249,8 @@ def test_errors_read_as_plain_words(open_page, stack):
 
 def test_the_admin_creates_a_sale_and_watches_the_stats_move(open_page, stack):
     page = open_page("/admin.html", viewport=DESKTOP)
+    expect(page.get_by_test_id("signin-user")).to_be_visible()
+    assert_accessible(page, "the console, signed out")
     sign_in(page, "ops", admin=True)
     sale_id = f"admin-{unique_user('s')}"
     form = page.locator("#create")
@@ -215,6 +263,7 @@ def test_the_admin_creates_a_sale_and_watches_the_stats_move(open_page, stack):
     available = page.locator("td[data-count=available]")
     expect(available).to_have_text("3")
     expect(page.locator("#consistent")).to_have_text("consistent")
+    assert_accessible(page, "the console watching a sale")
 
     # A buyer grabs through the API; the console follows.
     buyer = stack.token(unique_user("fan"))

@@ -1,10 +1,10 @@
 //! The sale's invariant under a surge: exactly the stock is reserved, nobody holds two,
 //! every shard ends at zero, and the books reconcile. Through the local HTTP API, on
-//! DynamoDB Local (never moto, which loses updates under concurrent transactions); the
-//! smaller surge runs behind the proxy's conflict mode, so its shards meet
-//! `TransactionConflict` as on AWS. The two large surges run without it for now: under
-//! the conflict mode on this 2-core machine they took minutes and once let the grab
-//! paths expire (issue 14 stays open on it).
+//! DynamoDB Local (never moto, which loses updates under concurrent transactions), every
+//! surge behind the proxy's conflict mode: a transaction holds its items for its round
+//! trip plus a commit time, and whatever else touches them meets `TransactionConflict`,
+//! as on AWS. The grab's takes are plain writes, so they meet it only where a
+//! transaction (the order consumer's, a release's) holds the same item.
 
 mod common;
 
@@ -12,9 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use common::Harness;
-use flashsale_adapters::DynamoStore;
-use flashsale_domain::SaleId;
-use flashsale_domain::ports::{OrderBook, SaleCatalog, StockLedger};
+use flashsale_domain::ports::OrderBook;
 use flashsale_e2e::surge::{self, SurgePlan};
 use flashsale_e2e::{ApiClient, ApiResponse};
 use futures::stream::{self, StreamExt};
@@ -79,7 +77,7 @@ async fn assert_sold_exactly_the_stock(
     shards: u16,
     report: &flashsale_e2e::SurgeReport,
 ) {
-    let stray = stray_takes(harness, sale_id).await;
+    let stray = harness.stray_takes(sale_id).await;
     assert!(
         stray.is_empty(),
         "takes that no hold accounts for: {stray:?}\n{report}"
@@ -102,37 +100,16 @@ async fn assert_sold_exactly_the_stock(
     assert_eq!(held, u64::from(STOCK), "{stats}");
 }
 
-/// The stack's table read directly (not through the conflict proxy), and the sale.
-async fn store_and_sale(harness: &Harness, sale_id: &str) -> (DynamoStore, flashsale_domain::Sale) {
-    let store = DynamoStore::new(harness.dynamodb.clone(), harness.table());
-    let sale = store
-        .find_sale(&SaleId::parse(sale_id).expect("a sale id"))
-        .await
-        .expect("the sale reads")
-        .expect("the sale exists");
-    (store, sale)
-}
-
-/// Units taken from a shard that no open or paid hold accounts for: each one is a unit
-/// sold to nobody until the reconciler returns it, so after a surge there must be none.
-async fn stray_takes(harness: &Harness, sale_id: &str) -> Vec<flashsale_domain::ports::Take> {
-    let (store, sale) = store_and_sale(harness, sale_id).await;
-    store
-        .unaccounted_takes(&sale)
-        .await
-        .expect("the shards and holds read")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_surge_on_one_shard_sells_exactly_the_stock() {
-    let harness = Harness::start_with("one-shard", &LOCAL_GRAB_THROTTLE).await;
+    let harness = Harness::start_contended("one-shard", &LOCAL_GRAB_THROTTLE, COMMIT_TIME).await;
     let report = surge_on(&harness, "surge-k1", 1, BUYERS, ATTEMPTS).await;
     assert_sold_exactly_the_stock(&harness, "surge-k1", 1, &report).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_surge_on_eight_shards_sells_exactly_the_stock() {
-    let harness = Harness::start_with("eight-shards", &LOCAL_GRAB_THROTTLE).await;
+    let harness = Harness::start_contended("eight-shards", &LOCAL_GRAB_THROTTLE, COMMIT_TIME).await;
     let report = surge_on(&harness, "surge-k8", 8, BUYERS, ATTEMPTS).await;
     assert_sold_exactly_the_stock(&harness, "surge-k8", 8, &report).await;
 }
@@ -270,7 +247,7 @@ async fn every_unit_taken_is_answered_202_to_its_buyer_whatever_the_client_marks
     let stats = harness.stats(sale_id).await;
     let taken = stats["reserved"].as_u64().expect("reserved")
         + stats["pending_payment"].as_u64().expect("pending_payment");
-    let (store, sale) = store_and_sale(&harness, sale_id).await;
+    let (store, sale) = harness.store_and_sale(sale_id).await;
     let holders: BTreeMap<String, String> = store
         .open_holds(&sale)
         .await

@@ -134,9 +134,13 @@ export function sleep(ms, signal) {
   });
 }
 
-/** `12:03` or `1:02:03` for a duration, `0:00` once past. */
-export function formatDuration(ms) {
-  const total = Math.max(0, Math.ceil(ms / 1000));
+/**
+ * `12:03` or `1:02:03` for a duration, `0:00` once past. Rounded up by default, for a
+ * countdown to a start (it reads 0:00 only once the start has come); `Math.floor` for
+ * time left to act in, which must never read more than there is.
+ */
+export function formatDuration(ms, round = Math.ceil) {
+  const total = Math.max(0, round(ms / 1000));
   const hours = Math.floor(total / 3600);
   const minutes = Math.floor((total % 3600) / 60);
   const seconds = String(total % 60).padStart(2, "0");

@@ -296,7 +296,9 @@ function renderOrder(now) {
   const left = Date.parse(order.expires_at) - now;
   ui.payCountdown.hidden = !open;
   ui.payCountdown.textContent =
-    left > 0 ? `Pay within ${formatDuration(left)}` : "The payment window has closed; releasing the unit...";
+    // Rounded down: the deadline is already the window rounded up to a whole second
+    // (the release timer's precision), and rounding up again showed 1:01 for a minute.
+    left > 0 ? `Pay within ${formatDuration(left, Math.floor)}` : "The payment window has closed; releasing the unit...";
   ui.pay.hidden = ui.cancel.hidden = !open;
   ui.pay.disabled = ui.cancel.disabled = !open || left <= 0 || ui.pay.dataset.busy === "1";
 }

@@ -13,7 +13,7 @@ mod support;
 use chrono::Utc;
 use flashsale_adapters::DynamoStore;
 use flashsale_domain::ports::{
-    OrderBook, ReserveRefusal, SaleCatalog, Settlement, StockLedger, TakeReturn,
+    OrderBook, ReserveRefusal, SaleCatalog, Settlement, StockLedger, Take, TakeReturn,
 };
 use flashsale_domain::sale::StockCounts;
 use flashsale_domain::{OrderStatus, ReleaseReason, Reservation, Sale};
@@ -28,6 +28,16 @@ async fn dying_after(writes: u64, table: &str) -> DynamoStore {
 
 fn accounted(counts: &StockCounts) -> u64 {
     counts.available + counts.reserved + counts.pending_payment + counts.paid
+}
+
+/// Every shard's stock, in shard order.
+async fn stock_of(store: &DynamoStore, sale: &Sale) -> Vec<u64> {
+    store.availability(sale).await.expect("stock")
+}
+
+/// The takes no open or paid hold accounts for: what the reconciler would give back.
+async fn unaccounted(store: &DynamoStore, sale: &Sale) -> Vec<Take> {
+    store.unaccounted_takes(sale).await.expect("takes")
 }
 
 async fn status_of(store: &DynamoStore, reservation: &Reservation) -> Option<OrderStatus> {
@@ -57,8 +67,8 @@ async fn a_reserve_killed_after_its_take_is_finished_by_its_retry_exactly_once()
         .await
         .expect_err("killed before the hold");
     assert!(error.is_retryable(), "{error:?}");
-    assert_eq!(store.availability(&sale).await.expect("stock"), vec![1]);
-    let takes = store.unaccounted_takes(&sale).await.expect("takes");
+    assert_eq!(stock_of(&store, &sale).await, vec![1]);
+    let takes = unaccounted(&store, &sale).await;
     assert_eq!(takes.len(), 1, "the take, with no hold behind it");
     assert_eq!(takes[0].order_id, reservation.order_id);
     assert_eq!(takes[0].user_id, alice);
@@ -69,18 +79,8 @@ async fn a_reserve_killed_after_its_take_is_finished_by_its_retry_exactly_once()
         .await
         .expect("reserve")
         .expect("finished");
-    assert_eq!(
-        store.availability(&sale).await.expect("stock"),
-        vec![1],
-        "taken once"
-    );
-    assert!(
-        store
-            .unaccounted_takes(&sale)
-            .await
-            .expect("takes")
-            .is_empty()
-    );
+    assert_eq!(stock_of(&store, &sale).await, vec![1], "taken once");
+    assert!(unaccounted(&store, &sale).await.is_empty());
     let counts = store.count(&sale).await.expect("count");
     assert_eq!((counts.reserved, accounted(&counts)), (1, 2), "{counts:?}");
     // And her limit of one holds: a second order of hers is refused, stock unchanged.
@@ -89,7 +89,7 @@ async fn a_reserve_killed_after_its_take_is_finished_by_its_retry_exactly_once()
         store.reserve(&sale, 0, &second).await.expect("reserve"),
         Err(ReserveRefusal::LimitReached)
     );
-    assert_eq!(store.availability(&sale).await.expect("stock"), vec![1]);
+    assert_eq!(stock_of(&store, &sale).await, vec![1]);
 }
 
 #[tokio::test]
@@ -103,11 +103,11 @@ async fn a_take_no_retry_finishes_is_given_back_and_its_late_hold_is_refused() {
         .reserve(&sale, 0, &reservation)
         .await
         .expect_err("killed before the hold");
-    assert_eq!(store.availability(&sale).await.expect("stock"), vec![0]);
+    assert_eq!(stock_of(&store, &sale).await, vec![0]);
     let counts = store.count(&sale).await.expect("count");
     assert_eq!(accounted(&counts), 0, "stranded until returned: {counts:?}");
 
-    let takes = store.unaccounted_takes(&sale).await.expect("takes");
+    let takes = unaccounted(&store, &sale).await;
     assert_eq!(takes.len(), 1);
     assert_eq!(
         store
@@ -116,7 +116,7 @@ async fn a_take_no_retry_finishes_is_given_back_and_its_late_hold_is_refused() {
             .expect("return"),
         TakeReturn::Returned
     );
-    assert_eq!(store.availability(&sale).await.expect("stock"), vec![1]);
+    assert_eq!(stock_of(&store, &sale).await, vec![1]);
     assert_eq!(
         store
             .return_take(&takes[0], Utc::now())
@@ -125,13 +125,7 @@ async fn a_take_no_retry_finishes_is_given_back_and_its_late_hold_is_refused() {
         TakeReturn::AlreadyReturned,
         "idempotent"
     );
-    assert!(
-        store
-            .unaccounted_takes(&sale)
-            .await
-            .expect("takes")
-            .is_empty()
-    );
+    assert!(unaccounted(&store, &sale).await.is_empty());
 
     // The dead grab's order can no longer be held: its retry (or a write still on its
     // way) meets the settled hold the return recorded, and the unit stays on sale.
@@ -146,7 +140,7 @@ async fn a_take_no_retry_finishes_is_given_back_and_its_late_hold_is_refused() {
         status_of(&store, &reservation).await,
         Some(OrderStatus::Expired)
     );
-    assert_eq!(store.availability(&sale).await.expect("stock"), vec![1]);
+    assert_eq!(stock_of(&store, &sale).await, vec![1]);
     // Someone else buys it, once.
     let bob = support::reservation(&sale, &support::user("bob"), 0);
     store
@@ -181,7 +175,7 @@ async fn a_take_whose_order_is_held_by_then_is_left_alone() {
         store.return_take(&take, Utc::now()).await.expect("return"),
         TakeReturn::Accounted
     );
-    assert_eq!(store.availability(&sale).await.expect("stock"), vec![1]);
+    assert_eq!(stock_of(&store, &sale).await, vec![1]);
     assert_eq!(
         status_of(&store, &reservation).await,
         Some(OrderStatus::Reserved)
@@ -209,9 +203,9 @@ async fn a_take_superseded_by_a_retry_on_another_shard_is_given_back() {
         .await
         .expect("reserve")
         .expect("held on shard 1");
-    assert_eq!(store.availability(&sale).await.expect("stock"), vec![0, 0]);
+    assert_eq!(stock_of(&store, &sale).await, vec![0, 0]);
 
-    let takes = store.unaccounted_takes(&sale).await.expect("takes");
+    let takes = unaccounted(&store, &sale).await;
     assert_eq!(takes.len(), 1);
     assert_eq!(takes[0].shard, 0);
     assert_eq!(
@@ -221,7 +215,7 @@ async fn a_take_superseded_by_a_retry_on_another_shard_is_given_back() {
             .expect("return"),
         TakeReturn::Returned
     );
-    assert_eq!(store.availability(&sale).await.expect("stock"), vec![1, 0]);
+    assert_eq!(stock_of(&store, &sale).await, vec![1, 0]);
     assert_eq!(
         status_of(&store, &elsewhere).await,
         Some(OrderStatus::Reserved)
@@ -251,9 +245,9 @@ async fn a_reserve_killed_before_its_undo_leaves_a_take_the_reconciler_returns()
             .expect("the refusal stands"),
         Err(ReserveRefusal::LimitReached)
     );
-    assert_eq!(store.availability(&sale).await.expect("stock"), vec![1]);
+    assert_eq!(stock_of(&store, &sale).await, vec![1]);
 
-    let takes = store.unaccounted_takes(&sale).await.expect("takes");
+    let takes = unaccounted(&store, &sale).await;
     assert_eq!(takes.len(), 1);
     assert_eq!(takes[0].order_id, over.order_id);
     assert_eq!(
@@ -263,7 +257,7 @@ async fn a_reserve_killed_before_its_undo_leaves_a_take_the_reconciler_returns()
             .expect("return"),
         TakeReturn::Returned
     );
-    assert_eq!(store.availability(&sale).await.expect("stock"), vec![2]);
+    assert_eq!(stock_of(&store, &sale).await, vec![2]);
     let counts = store.count(&sale).await.expect("count");
     assert_eq!((counts.reserved, accounted(&counts)), (1, 3), "{counts:?}");
 }
@@ -286,9 +280,9 @@ async fn a_release_killed_before_its_shard_write_is_finished_by_its_retry() {
         .expect_err("killed before the give-back");
     assert!(error.is_retryable(), "{error:?}");
     assert_eq!(status_of(&store, &held).await, Some(OrderStatus::Expired));
-    assert_eq!(store.availability(&sale).await.expect("stock"), vec![0]);
+    assert_eq!(stock_of(&store, &sale).await, vec![0]);
     assert_eq!(
-        store.unaccounted_takes(&sale).await.expect("takes").len(),
+        unaccounted(&store, &sale).await.len(),
         1,
         "the reconciler would see it"
     );
@@ -302,15 +296,9 @@ async fn a_release_killed_before_its_shard_write_is_finished_by_its_retry() {
                 .expect("release"),
             Settlement::AlreadySettled(OrderStatus::Expired)
         );
-        assert_eq!(store.availability(&sale).await.expect("stock"), vec![1]);
+        assert_eq!(stock_of(&store, &sale).await, vec![1]);
     }
-    assert!(
-        store
-            .unaccounted_takes(&sale)
-            .await
-            .expect("takes")
-            .is_empty()
-    );
+    assert!(unaccounted(&store, &sale).await.is_empty());
     let counts = store.count(&sale).await.expect("count");
     assert_eq!((counts.available, accounted(&counts)), (1, 1), "{counts:?}");
 }
@@ -331,7 +319,7 @@ async fn a_release_killed_before_its_shard_write_is_finished_by_the_reconciler()
         .await
         .expect_err("killed before the give-back");
 
-    let takes = store.unaccounted_takes(&sale).await.expect("takes");
+    let takes = unaccounted(&store, &sale).await;
     assert_eq!(takes.len(), 1);
     assert_eq!(
         store
@@ -340,7 +328,7 @@ async fn a_release_killed_before_its_shard_write_is_finished_by_the_reconciler()
             .expect("return"),
         TakeReturn::Returned
     );
-    assert_eq!(store.availability(&sale).await.expect("stock"), vec![1]);
+    assert_eq!(stock_of(&store, &sale).await, vec![1]);
     assert_eq!(status_of(&store, &held).await, Some(OrderStatus::Cancelled));
     // A late retry of the release gives nothing back twice.
     assert_eq!(
@@ -350,5 +338,5 @@ async fn a_release_killed_before_its_shard_write_is_finished_by_the_reconciler()
             .expect("release"),
         Settlement::AlreadySettled(OrderStatus::Cancelled)
     );
-    assert_eq!(store.availability(&sale).await.expect("stock"), vec![1]);
+    assert_eq!(stock_of(&store, &sale).await, vec![1]);
 }

@@ -40,7 +40,11 @@ pub const DEFAULT_TIMER_GRACE_SECS: u32 = 180;
 /// How old a take no hold accounts for must be before it goes back to its shard, when
 /// `RECONCILE_TAKE_GRACE_SECS` is unset: see
 /// [`DEFAULT_TAKE_GRACE`](flashsale_domain::service::DEFAULT_TAKE_GRACE).
-pub const DEFAULT_TAKE_GRACE_SECS: u32 = 360;
+pub const DEFAULT_TAKE_GRACE_SECS: u32 = {
+    let secs = flashsale_domain::service::DEFAULT_TAKE_GRACE.num_seconds();
+    assert!(secs > 0 && secs <= u32::MAX as i64);
+    secs as u32
+};
 
 /// How long one SDK call of the reconciler may take. A pass makes a call per sale and
 /// per stuck hold, so its length grows with the backlog and only the template's timeout

@@ -2,15 +2,20 @@
 //! layers (CDN, API Gateway, Lambda, DynamoDB, SQS FIFO, EventBridge Scheduler), each
 //! layer admits what its quota allows, and the model reports demand against quota,
 //! the first bottleneck, the time to sell out, the share throttled at each layer and
-//! the cost per sale. A stock shard admits one transaction at a time (DynamoDB cancels
-//! the others with TransactionConflict, and bills them), so what a shard sells and what
-//! its cancelled attempts cost come from the commit time, not only from the key's WCU.
+//! the cost per sale. The grab's reserve is two plain conditional writes (the take on a
+//! stock shard, then the hold on the buyer's item): plain writes to one item do not
+//! cancel each other, so a shard sells what its key's WCU buys at the take's write
+//! units, which grow as the shard item names more takers. The former reserve, one
+//! transaction of both items, is kept as `--shard-write transaction`: a shard then admits
+//! one transaction at a time (DynamoDB cancels the others with TransactionConflict, and
+//! bills them), so what it sells comes from the commit time.
 //! No network: it is arithmetic on quotas, prices and the calls per request that
 //! `make bench` counts. docs/capacity.md states the sources.
 
 use std::fmt::Write as _;
 
 use flashsale_domain::grab::ContentionPolicy;
+use flashsale_domain::sale::MAX_UNITS_PER_SHARD;
 use serde::{Deserialize, Serialize};
 
 /// When buyers arrive: the share of all buyers in each second.
@@ -249,17 +254,46 @@ impl Default for Work {
     }
 }
 
-/// How a stock shard takes the grab's transactions. While a TransactWriteItems is in
-/// flight on an item, DynamoDB cancels every other transaction touching that item
-/// (TransactionConflict), and a cancelled attempt is billed like one that committed.
-/// Defaults: the design's guesses until `make bench`'s per-shard curve replaces them.
+/// How the grab writes a stock shard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum ShardWrite {
+    /// The deployed reserve: a plain conditional `UpdateItem` on the shard (the take,
+    /// which names the order among the shard's takers), then one on the buyer's item
+    /// (the hold). Plain writes to one item queue; none is cancelled.
+    Plain,
+    /// The former reserve: one `TransactWriteItems` of the shard and the buyer's item.
+    Transaction,
+}
+
+/// How a stock shard takes the grab's writes. Plain takes (the default, as deployed)
+/// are bounded by the key's WCU at the take's write units, which grow with the shard
+/// item. Transactions: while a TransactWriteItems is in flight on an item, DynamoDB
+/// cancels every other transaction touching that item (TransactionConflict), and a
+/// cancelled attempt is billed like one that committed. Defaults: DynamoDB Local's
+/// consumed capacity for the item sizes; the design's guesses for the timing until
+/// `make bench`'s per-shard curve replaces them.
 #[derive(Debug, Clone, PartialEq, Serialize, clap::Args)]
 pub struct Contention {
-    /// How long DynamoDB holds a transaction's items while it commits, ms.
+    /// How the reserve writes a shard: `plain` (deployed) or `transaction` (former).
+    #[arg(long, value_enum, default_value_t = ShardWrite::Plain)]
+    pub shard_write: ShardWrite,
+    /// Bytes a shard item grows by per order holding one of its units (plain takes). The
+    /// default is fitted to DynamoDB Local's `ConsumedCapacity` for the item as the
+    /// adapter writes it, with 26-character order ULIDs and 36-character user ids
+    /// (bench/shard_item_wcu.py): all 19 steps from 1 to 20 write units over 250 takes.
+    #[arg(long, default_value_t = 78.1)]
+    pub taker_bytes: f64,
+    /// Bytes of a shard item that names no taker: its keys, stock and empty takers map.
+    #[arg(long, default_value_t = 69.7)]
+    pub shard_item_bytes: f64,
+    /// How long DynamoDB holds a transaction's items while it commits, ms (transactions
+    /// only: plain writes hold nothing another plain write waits for).
     #[arg(long, default_value_t = 15.0)]
     pub commit_time_ms: f64,
-    /// The grab's round trip to DynamoDB for one transaction, ms: the rest of the time
-    /// a shard is held, and what each cancelled attempt costs the grab.
+    /// The grab's round trip to DynamoDB for one write, ms: the rest of the time a
+    /// transaction holds a shard, and what each cancelled attempt or refused probe costs
+    /// the grab.
     #[arg(long, default_value_t = 10.0)]
     pub transaction_rtt_ms: f64,
     /// Reservations/s one shard admits, measured; replaces 1000 / (commit + round trip).
@@ -297,6 +331,9 @@ fn grab_budget_ms() -> f64 {
 impl Default for Contention {
     fn default() -> Self {
         Self {
+            shard_write: ShardWrite::Plain,
+            taker_bytes: 78.1,
+            shard_item_bytes: 69.7,
             commit_time_ms: 15.0,
             transaction_rtt_ms: 10.0,
             shard_rate: None,
@@ -311,21 +348,33 @@ impl Default for Contention {
 /// What one stock shard sustains, in reservations/s.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct ShardRates {
-    /// One transaction per commit time + round trip (or `--shard-rate`): the rate the
+    /// Transactions: one per commit time + round trip (or `--shard-rate`), the rate the
     /// conflict rule allows, approached only as cancelled attempts grow without bound.
+    /// Plain takes: no conflict rule (infinite), unless `--shard-rate` measured one.
     pub conflict_rate: f64,
     /// The most whose writes, cancelled attempts included, fit the key's WCU.
     pub wcu_rate: f64,
-    /// The most before the average grab would spend its whole attempt budget.
+    /// The most before the average grab would spend its whole attempt budget
+    /// (transactions; infinite for plain takes, which nothing cancels).
     pub budget_rate: f64,
     /// The least of the three: what the model lets one shard sell.
     pub shard_rate: f64,
+    /// Write units of the average committed take on the shard key, over the shard's
+    /// sale (2 per transaction item; plain: from the item's size as takers accrue).
+    pub take_wcu: f64,
+    /// Write units of a refused take on a sold-out shard: the full item's.
+    pub sold_out_probe_wcu: f64,
 }
 
 /// The stock shards of a scenario under contention.
 #[derive(Debug, Clone, Copy)]
 struct Shards {
     count: f64,
+    write: ShardWrite,
+    /// Units per shard: the takers a shard item names once sold out.
+    units: f64,
+    taker_bytes: f64,
+    item_bytes: f64,
     /// Reservations/s the conflict rule allows one shard.
     conflict_rate: f64,
     /// Reserve transactions per reservation on its shard.
@@ -342,6 +391,11 @@ struct Shards {
     rtt_ms: f64,
 }
 
+/// Write units of a write to an item of `bytes` (1 KB each, rounded up).
+fn write_units(bytes: f64) -> f64 {
+    (bytes / 1024.0).ceil().max(1.0)
+}
+
 impl Shards {
     fn new(scenario: &Scenario) -> Self {
         let k = &scenario.contention;
@@ -350,8 +404,11 @@ impl Shards {
             .calls
             .success_dynamodb_transactions
             .max(f64::EPSILON);
-        let conflict_rate = k.shard_rate.unwrap_or_else(|| {
-            1000.0 / (k.commit_time_ms + k.transaction_rtt_ms).max(f64::EPSILON) / transactions
+        let conflict_rate = k.shard_rate.unwrap_or_else(|| match k.shard_write {
+            ShardWrite::Transaction => {
+                1000.0 / (k.commit_time_ms + k.transaction_rtt_ms).max(f64::EPSILON) / transactions
+            }
+            ShardWrite::Plain => f64::INFINITY,
         });
         let round_trips = k.grab_budget_ms / k.transaction_rtt_ms.max(f64::EPSILON);
         let attempt_budget = (k.grab_walks.max(1.0)
@@ -361,6 +418,10 @@ impl Shards {
         let probe_budget = count.min(round_trips).max(1.0);
         Self {
             count,
+            write: k.shard_write,
+            units: (scenario.stock / count).ceil().max(1.0),
+            taker_bytes: k.taker_bytes.max(0.0),
+            item_bytes: k.shard_item_bytes.max(0.0),
             conflict_rate,
             transactions,
             partition_wcu: scenario.quotas.partition_wcu,
@@ -371,37 +432,191 @@ impl Shards {
         }
     }
 
+    /// The shard item's size in bytes while it names `takers` orders (plain takes; a
+    /// transactional shard names none).
+    fn bytes_with(&self, takers: f64) -> f64 {
+        match self.write {
+            ShardWrite::Plain => self.item_bytes + takers * self.taker_bytes,
+            ShardWrite::Transaction => self.item_bytes,
+        }
+    }
+
+    /// Write units of the average committed take on the shard key. A plain take is an
+    /// `UpdateItem`, billed at the larger of the item's sizes before and after: the
+    /// after, naming one more taker. The average is over the shard's whole sale.
+    fn take_wcu(&self) -> f64 {
+        match self.write {
+            ShardWrite::Transaction => TRANSACTIONAL_WCU_PER_ITEM * self.transactions,
+            ShardWrite::Plain => {
+                // At most MAX_UNITS_PER_SHARD-sized loops in practice; units is whole.
+                #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+                let units = self.units as u64;
+                #[allow(clippy::cast_precision_loss)]
+                let total: f64 = (1..=units)
+                    .map(|taken| write_units(self.bytes_with(taken as f64)))
+                    .sum();
+                #[allow(clippy::cast_precision_loss)]
+                let mean = total / units.max(1) as f64;
+                mean
+            }
+        }
+    }
+
+    /// Write units on the shard key of an attempt that changes nothing: a cancelled
+    /// transaction, or a plain take refused (empty shard, or a conflict with a
+    /// transaction) while the item names `takers` orders. A failed condition is billed
+    /// at the item's size.
+    fn failed_key_wcu(&self, takers: f64) -> f64 {
+        match self.write {
+            ShardWrite::Transaction => TRANSACTIONAL_WCU_PER_ITEM,
+            ShardWrite::Plain => self.item_wcu(takers),
+        }
+    }
+
+    /// Table write units of such an attempt: a transaction bills both of its items; a
+    /// refused take writes no hold.
+    fn failed_wru(&self, takers: f64) -> f64 {
+        match self.write {
+            ShardWrite::Transaction => GRAB_ITEMS * TRANSACTIONAL_WCU_PER_ITEM,
+            ShardWrite::Plain => self.failed_key_wcu(takers),
+        }
+    }
+
+    /// Table write units of a committed reservation: the shard, the buyer's item (the
+    /// hold, 1 KB at most, plainly written) and the stats index.
+    fn reservation_wru(&self) -> f64 {
+        match self.write {
+            ShardWrite::Transaction => {
+                self.transactions * GRAB_ITEMS * TRANSACTIONAL_WCU_PER_ITEM
+                    + GSI_WCU_PER_RESERVATION
+            }
+            ShardWrite::Plain => self.take_wcu() + HOLD_WCU + GSI_WCU_PER_RESERVATION,
+        }
+    }
+
+    /// Read units of an eventually consistent read of the shard item while it names
+    /// `takers` orders (4 KB each, rounded up, halved).
+    fn read_rcu(&self, takers: f64) -> f64 {
+        match self.write {
+            ShardWrite::Plain => {
+                EVENTUAL_RCU_PER_ITEM * (self.bytes_with(takers) / 4096.0).ceil().max(1.0)
+            }
+            ShardWrite::Transaction => EVENTUAL_RCU_PER_ITEM,
+        }
+    }
+
+    /// Write units of a plain write to the shard item while it names `takers` orders (a
+    /// give-back, or a refused take), billed at the item's size.
+    fn item_wcu(&self, takers: f64) -> f64 {
+        write_units(self.bytes_with(takers))
+    }
+
     /// The utilisation at which the average reservation's cancelled attempts use up a
-    /// grab's budget: u / (1 - u) = budget - 1. A measured count has no such bound.
+    /// grab's budget: u / (1 - u) = budget - 1. A measured count, or plain takes that
+    /// nothing cancels, have no such bound.
     fn max_utilisation(&self) -> f64 {
-        match self.measured_cancelled {
-            Some(_) => 1.0,
-            None => (self.attempt_budget - 1.0) / self.attempt_budget,
+        match (self.measured_cancelled, self.write) {
+            (Some(_), _) | (None, ShardWrite::Plain) => 1.0,
+            (None, ShardWrite::Transaction) => (self.attempt_budget - 1.0) / self.attempt_budget,
         }
     }
 
     /// Cancelled attempts per reservation while each shard sells `rate` reservations/s.
-    /// Erlang loss (M/M/1/1): offered attempts `a` on a shard serving `mu` are admitted
-    /// a / (1 + a/mu); the grab re-offers every cancelled attempt (on its next shard), so
-    /// `a` grows until the admitted rate is `rate`: a = rate / (1 - u), u = rate / mu,
-    /// and the cancelled share per reservation is u / (1 - u).
+    /// Plain takes: none (plain writes queue), unless measured. Transactions: Erlang loss
+    /// (M/M/1/1): offered attempts `a` on a shard serving `mu` are admitted a / (1 + a/mu);
+    /// the grab re-offers every cancelled attempt (on its next shard), so `a` grows until
+    /// the admitted rate is `rate`: a = rate / (1 - u), u = rate / mu, and the cancelled
+    /// share per reservation is u / (1 - u).
     fn cancelled_per_reservation(&self, rate: f64) -> f64 {
-        self.measured_cancelled.unwrap_or_else(|| {
-            let u = (rate / self.conflict_rate).clamp(0.0, self.max_utilisation());
-            self.transactions * u / (1.0 - u)
+        self.measured_cancelled.unwrap_or_else(|| match self.write {
+            ShardWrite::Plain => 0.0,
+            ShardWrite::Transaction => {
+                let u = (rate / self.conflict_rate).clamp(0.0, self.max_utilisation());
+                self.transactions * u / (1.0 - u)
+            }
         })
+    }
+
+    /// Attempts a grab the shards cannot serve spends before it answers 503: its whole
+    /// budget of cancelled transactions, or (plain) one take the key throttles, unbilled.
+    fn outlasted_attempts(&self) -> f64 {
+        match self.write {
+            ShardWrite::Transaction => self.attempt_budget,
+            ShardWrite::Plain => 0.0,
+        }
+    }
+
+    /// Round trips a grab the shards cannot serve spends before it answers 503: its
+    /// cancelled transactions, or (plain) the SDK's tries of the take the key throttles.
+    fn outlasted_round_trips(&self) -> f64 {
+        match self.write {
+            ShardWrite::Transaction => self.attempt_budget,
+            ShardWrite::Plain => SDK_MAX_ATTEMPTS,
+        }
+    }
+
+    /// Write units of one take while the item names `takers` orders before it.
+    fn take_wcu_at(&self, takers: f64) -> f64 {
+        match self.write {
+            ShardWrite::Transaction => TRANSACTIONAL_WCU_PER_ITEM * self.transactions,
+            ShardWrite::Plain => write_units(self.bytes_with(takers + 1.0)),
+        }
+    }
+
+    /// Takes one shard makes from `takers` on, at most `most` of them (the last may be
+    /// a fraction: shards sell evenly) and within `wcu` write units, and what they cost:
+    /// a plain shard slows as its item grows, since its key's WCU buys fewer takes.
+    fn takes_from(&self, takers: f64, most: f64, wcu: f64) -> (f64, f64) {
+        if self.write == ShardWrite::Transaction {
+            let cost = self.take_wcu_at(takers);
+            let taken = most.min(wcu / cost).max(0.0);
+            return (taken, taken * cost);
+        }
+        let (mut taken, mut spent) = (0.0, 0.0);
+        while taken < most && spent < wcu {
+            let cost = self.take_wcu_at(takers + taken);
+            let step = (most - taken).min(1.0).min((wcu - spent) / cost);
+            taken += step;
+            spent += step * cost;
+        }
+        (taken, spent)
+    }
+
+    /// Reservations one shard sells in the second that starts with its item naming
+    /// `takers` orders, as far as its key allows: the transactional rate, or as many
+    /// plain takes as the key's WCU buys (a measured rate caps both).
+    fn rate_at(&self, takers: f64, rates: &ShardRates) -> f64 {
+        match self.write {
+            ShardWrite::Transaction => rates.shard_rate,
+            ShardWrite::Plain => {
+                let cancelled = self.measured_cancelled.unwrap_or(0.0);
+                let wcu = self.partition_wcu
+                    / (1.0 + cancelled * self.failed_key_wcu(takers) / self.take_wcu_at(takers));
+                let left = (self.units - takers).max(1.0);
+                let (taken, spent) = self.takes_from(takers, left, wcu);
+                // A shard that sells out within the second does so after spent / wcu of
+                // it: its rate is what it sold over that time.
+                let rate = if taken >= left - 1e-9 && spent > 0.0 {
+                    taken * wcu / spent
+                } else {
+                    taken
+                };
+                rate.min(self.conflict_rate)
+            }
+        }
     }
 
     fn rates(&self) -> ShardRates {
         let budget_rate = self.conflict_rate * self.max_utilisation();
-        let wcu_rate = match self.measured_cancelled {
-            Some(cancelled) => {
-                self.partition_wcu / (TRANSACTIONAL_WCU_PER_ITEM * (self.transactions + cancelled))
-            }
+        let take_wcu = self.take_wcu();
+        // A cancelled attempt happens while the shard is selling: at its average fill.
+        let failed_wcu = self.failed_key_wcu(self.units / 2.0);
+        let wcu_rate = match (self.measured_cancelled, self.write) {
+            (Some(cancelled), _) => self.partition_wcu / (take_wcu + failed_wcu * cancelled),
+            (None, ShardWrite::Plain) => self.partition_wcu / take_wcu,
             // 2 tx rate / (1 - rate/mu) <= P  <=>  rate <= 1 / (2 tx / P + 1 / mu).
-            None => {
-                1.0 / (TRANSACTIONAL_WCU_PER_ITEM * self.transactions / self.partition_wcu
-                    + 1.0 / self.conflict_rate)
+            (None, ShardWrite::Transaction) => {
+                1.0 / (take_wcu / self.partition_wcu + 1.0 / self.conflict_rate)
             }
         };
         ShardRates {
@@ -409,6 +624,8 @@ impl Shards {
             wcu_rate,
             budget_rate,
             shard_rate: self.conflict_rate.min(wcu_rate).min(budget_rate),
+            take_wcu,
+            sold_out_probe_wcu: self.failed_key_wcu(self.units),
         }
     }
 }
@@ -483,6 +700,10 @@ pub struct Scenario {
 const TRANSACTIONAL_WCU_PER_ITEM: f64 = 2.0;
 /// Items in the grab transaction: the stock shard and the buyer's item.
 const GRAB_ITEMS: f64 = 2.0;
+/// Tries the SDK's standard retry mode makes of a throttled request.
+const SDK_MAX_ATTEMPTS: f64 = 3.0;
+/// The plain hold on the buyer's item (an item of well under 1 KB).
+const HOLD_WCU: f64 = 1.0;
 /// A reservation also writes the buyer's item into the stats index (gsi1), a
 /// non-transactional 1 WCU write on one of K bucket partitions.
 const GSI_WCU_PER_RESERVATION: f64 = 1.0;
@@ -491,7 +712,7 @@ const GSI_WCU_PER_RESERVATION: f64 = 1.0;
 const EVENTUAL_RCU_PER_ITEM: f64 = 0.5;
 /// Keys per BatchGetItem: a read of every shard takes K / 100 calls, one after another.
 const BATCH_GET_KEYS: f64 = 100.0;
-/// The release transaction: order, hold, shard.
+/// The release's items: order, hold, shard.
 const RELEASE_ITEMS: f64 = 3.0;
 /// Pay: hold and order.
 const PAY_ITEMS: f64 = 2.0;
@@ -617,8 +838,9 @@ pub struct Outcome {
     /// Grabs whose attempts were all cancelled until their budget ran out (503; the
     /// buyer retries).
     pub outlasted_grabs: f64,
-    /// The sold-out gate's cost: failed transactions while the instances learned the
-    /// shards were empty, and BatchGetItem calls of its rechecks (K / 100 each).
+    /// The sold-out gate's cost: refused takes (or failed transactions) while the
+    /// instances learned the shards were empty, and BatchGetItem calls of its rechecks
+    /// (K / 100 each).
     pub gate_probes: f64,
     pub gate_batch_gets: f64,
     pub cost: Cost,
@@ -649,12 +871,12 @@ pub fn capacity(scenario: &Scenario) -> Vec<(String, f64)> {
             + shards.cancelled_per_reservation(per_shard(rate)) * shards.rtt_ms)
             / 1000.0
     };
-    // Every attempt bills both items, committed or cancelled; the index only commits.
+    // A cancelled transaction bills both items, a refused take the shard's; the hold
+    // and the index are written only for a reservation.
     let table_wcu = |rate: f64| {
-        (shards.transactions + shards.cancelled_per_reservation(per_shard(rate)))
-            * GRAB_ITEMS
-            * TRANSACTIONAL_WCU_PER_ITEM
-            + GSI_WCU_PER_RESERVATION
+        shards.reservation_wru()
+            + shards.cancelled_per_reservation(per_shard(rate))
+                * shards.failed_wru(shards.units / 2.0)
     };
     vec![
         // Each reservation is one request on the token route and one on the grab route.
@@ -664,8 +886,9 @@ pub fn capacity(scenario: &Scenario) -> Vec<(String, f64)> {
             "lambda_grab_concurrency".to_owned(),
             sustainable(concurrency, ceiling, grab_secs),
         ),
-        // K x the least of: one transaction per commit + round trip, the key's WCU with
-        // the cancelled attempts, the grab's attempt budget.
+        // K x the least of: the key's WCU at the average take's write units (with the
+        // cancelled attempts), and for transactions one per commit + round trip and the
+        // grab's attempt budget.
         ("dynamodb_shard_keys".to_owned(), ceiling),
         (
             "dynamodb_gsi_bucket_partitions".to_owned(),
@@ -708,7 +931,8 @@ struct Selling {
 
 /// The grabs arrive evenly through the second; while stock lasts the shards sell up to
 /// K x shard rate of them per second, each reservation after its cancelled attempts, and
-/// the grabs beyond that spend their whole attempt budget on cancelled attempts.
+/// the grabs beyond that spend their whole attempt budget on cancelled attempts
+/// (transactions) or meet a throttled key (plain takes).
 fn sell(stock: &Shards, shard_rate: f64, remaining: f64, grabs: f64) -> Selling {
     if grabs <= 0.0 || remaining <= 1e-9 {
         return Selling {
@@ -720,7 +944,7 @@ fn sell(stock: &Shards, shard_rate: f64, remaining: f64, grabs: f64) -> Selling 
     if rate <= 0.0 {
         return Selling {
             outlasted: grabs,
-            cancelled: grabs * stock.attempt_budget,
+            cancelled: grabs * stock.outlasted_attempts(),
             ..Selling::default()
         };
     }
@@ -732,7 +956,7 @@ fn sell(stock: &Shards, shard_rate: f64, remaining: f64, grabs: f64) -> Selling 
         outlasted,
         rejections: grabs * (1.0 - selling_secs),
         cancelled: sold * stock.cancelled_per_reservation(rate / stock.count)
-            + outlasted * stock.attempt_budget,
+            + outlasted * stock.outlasted_attempts(),
         rate,
     }
 }
@@ -834,13 +1058,24 @@ pub fn run(scenario: &Scenario) -> Outcome {
         // API Gateway bills requests it passes on, not those it throttles.
         totals.gateway_requests += through;
 
+        // What a shard can sell this second, from the takers its item names.
+        let takers = (scenario.stock - remaining) / shards;
+        let shard_rate = stock.rate_at(takers, &rates);
+
         // Lambda: concurrency = rate x duration (Little's law), capped by reserved
         // concurrency, the account and how fast Lambda adds environments. A grab's
         // duration grows by a round trip per cancelled attempt.
-        let selling = sell(&stock, rates.shard_rate, remaining, grabs);
+        let selling = sell(&stock, shard_rate, remaining, grabs);
+        // Transactions: the cancelled attempts of the grabs that reserved and of those
+        // that outlasted their budget. Plain: none cancelled; the outlasted grabs' tries
+        // of a throttled take.
+        let failed_round_trips = match stock.write {
+            ShardWrite::Transaction => selling.cancelled,
+            ShardWrite::Plain => selling.outlasted * stock.outlasted_round_trips(),
+        };
         let concurrency = (tokens * w.token_ms
             + selling.sold * w.grab_success_ms
-            + selling.cancelled * stock.rtt_ms
+            + failed_round_trips * stock.rtt_ms
             + selling.rejections * w.grab_rejection_ms)
             / 1000.0;
         let scaling_cap = q.grab_provisioned_concurrency
@@ -860,11 +1095,12 @@ pub fn run(scenario: &Scenario) -> Outcome {
         totals.grab_invocations += tokens + grabs;
         totals.grab_gb_seconds += instances * w.grab_memory_mb / 1024.0;
 
-        // DynamoDB: the grabs that ran, on the shards (every attempt, cancelled or not,
-        // writes 2 WCU on its shard key). Once sold out, each grab instance learns that
-        // shards are empty from failed transactions (a failed condition still costs the
-        // write), then rechecks with one read of every shard per interval.
-        let selling = sell(&stock, rates.shard_rate, remaining, grabs);
+        // DynamoDB: the grabs that ran, on the shards (every attempt, committed, refused or
+        // cancelled, is billed on its shard key). Once sold out, each grab instance learns
+        // that shards are empty from refused takes or failed transactions (a failed
+        // condition still costs the write), then rechecks with one read of every shard
+        // per interval.
+        let selling = sell(&stock, shard_rate, remaining, grabs);
         let sold_now = selling.sold;
         let rejections = selling.rejections;
         let sold_out_after = remaining - sold_now <= 1e-9;
@@ -890,9 +1126,18 @@ pub fn run(scenario: &Scenario) -> Outcome {
             0.0
         };
         gate_rechecks += rechecks;
-        let key_wcu = TRANSACTIONAL_WCU_PER_ITEM
-            * (sold_now * stock.transactions + selling.cancelled + probes)
-            / shards;
+        // Plain takes the shards could not serve meet the key's throttle (unbilled);
+        // transactions that outlasted their budget are among the cancelled.
+        let throttled_takes = match stock.write {
+            ShardWrite::Plain => selling.outlasted,
+            ShardWrite::Transaction => 0.0,
+        };
+        let takes_wcu = stock.takes_from(takers, sold_now / shards, f64::INFINITY).1;
+        let key_wcu = takes_wcu
+            + (throttled_takes * stock.take_wcu_at(takers)
+                + selling.cancelled * stock.failed_key_wcu(takers)
+                + probes * stock.failed_key_wcu(stock.units))
+                / shards;
         shard.observe(second, key_wcu, (key_wcu - q.partition_wcu).max(0.0));
         // Attempts the key throttles are refused unbilled.
         let through = if key_wcu > q.partition_wcu {
@@ -906,22 +1151,27 @@ pub fn run(scenario: &Scenario) -> Outcome {
         // The page's origin reads and the rechecks read every shard, eventually
         // consistent: half a read unit per item.
         let shard_reads = origin + rechecks;
-        let key_rcu = shard_reads * EVENTUAL_RCU_PER_ITEM;
+        let item_rcu = stock.read_rcu(takers);
+        let key_rcu = shard_reads * item_rcu;
         reads.observe(second, key_rcu, (key_rcu - q.partition_rcu).max(0.0));
         let gsi_demand = sold_now * GSI_WCU_PER_RESERVATION / shards;
         gsi.observe(second, gsi_demand, (gsi_demand - q.partition_wcu).max(0.0));
-        let write_units = sold_now
-            * (stock.transactions * GRAB_ITEMS * TRANSACTIONAL_WCU_PER_ITEM
-                + GSI_WCU_PER_RESERVATION)
-            + ((selling.cancelled + probes) * through
-                + rejections * c.rejection_dynamodb_transactions)
-                * GRAB_ITEMS
-                * TRANSACTIONAL_WCU_PER_ITEM;
+        let hold_and_index = match stock.write {
+            ShardWrite::Plain => HOLD_WCU + GSI_WCU_PER_RESERVATION,
+            ShardWrite::Transaction => {
+                stock.transactions * TRANSACTIONAL_WCU_PER_ITEM + GSI_WCU_PER_RESERVATION
+            }
+        };
+        let write_units = takes_wcu * shards
+            + sold_now * hold_and_index
+            + selling.cancelled * through * stock.failed_wru(takers)
+            + (probes * through + rejections * c.rejection_dynamodb_transactions)
+                * stock.failed_wru(stock.units);
         table.observe(second, write_units, (write_units - q.table_wru).max(0.0));
         totals.write_units += write_units;
         totals.read_units += rejections * c.rejection_dynamodb_reads
             + tokens * c.token_dynamodb_reads
-            + shard_reads * shards * EVENTUAL_RCU_PER_ITEM;
+            + shard_reads * shards * item_rcu;
 
         // SQS FIFO: one message per reservation.
         let sends = sold_now * c.success_sqs_sends;
@@ -947,6 +1197,13 @@ pub fn run(scenario: &Scenario) -> Outcome {
         }
     }
 
+    if stock.write == ShardWrite::Plain && stock.units > f64::from(MAX_UNITS_PER_SHARD) {
+        shard.note = format!(
+            "{:.0} units a shard: a sale allows {MAX_UNITS_PER_SHARD} (its item names every taker, {:.0} KB here)",
+            stock.units,
+            stock.bytes_with(stock.units) / 1024.0
+        );
+    }
     if table.peak_demand > q.table_warm_wru {
         table.note = format!(
             "above a new on-demand table's warm throughput ({:.0} WRU/s): pre-warm it",
@@ -954,7 +1211,7 @@ pub fn run(scenario: &Scenario) -> Outcome {
         );
     }
     let sold = scenario.stock - remaining;
-    after_the_surge(scenario, sold, &mut totals);
+    after_the_surge(scenario, &stock, sold, &mut totals);
     let consumer_orders_per_sec =
         q.consumer_concurrency * q.consumer_batch / (w.consumer_batch_ms / 1000.0);
     let consumer_drain_secs = sold / consumer_orders_per_sec;
@@ -1058,7 +1315,7 @@ impl Totals {
 
 /// What each sold unit costs after the surge: the consumer's order and timer, the
 /// payment or the lapse.
-fn after_the_surge(scenario: &Scenario, sold: f64, totals: &mut Totals) {
+fn after_the_surge(scenario: &Scenario, stock: &Shards, sold: f64, totals: &mut Totals) {
     let c = &scenario.calls;
     let w = &scenario.work;
     let gb = w.other_memory_mb / 1024.0;
@@ -1076,11 +1333,20 @@ fn after_the_surge(scenario: &Scenario, sold: f64, totals: &mut Totals) {
     totals.other_invocations += paid;
     totals.other_gb_seconds += paid * w.api_ms / 1000.0 * gb;
     totals.write_units += paid * PAY_ITEMS * TRANSACTIONAL_WCU_PER_ITEM;
-    // A lapse: the timer fires the release, one transaction of three items.
+    // A lapse: the timer fires the release. Transactional shards: one transaction of
+    // three items. Plain: a transaction of the hold and the order, then the give-back on
+    // the shard, billed at the item's size.
     totals.scheduler_invocations += lapsed;
     totals.other_invocations += lapsed;
     totals.other_gb_seconds += lapsed * w.release_ms / 1000.0 * gb;
-    totals.write_units += lapsed * RELEASE_ITEMS * TRANSACTIONAL_WCU_PER_ITEM;
+    totals.write_units += lapsed
+        * match stock.write {
+            ShardWrite::Transaction => RELEASE_ITEMS * TRANSACTIONAL_WCU_PER_ITEM,
+            ShardWrite::Plain => {
+                (RELEASE_ITEMS - 1.0) * TRANSACTIONAL_WCU_PER_ITEM
+                    + stock.item_wcu(sold / stock.count)
+            }
+        };
 }
 
 /// The outcome as text for the terminal.
@@ -1145,19 +1411,35 @@ pub fn render(scenario: &Scenario, outcome: &Outcome) -> String {
     );
     let rates = &outcome.shard_rates;
     let k = &scenario.contention;
-    let conflict_source = if k.shard_rate.is_some() {
-        "measured".to_owned()
-    } else {
-        format!(
-            "one transaction per {} + {} ms",
-            k.commit_time_ms, k.transaction_rtt_ms
-        )
-    };
-    let _ = writeln!(
-        out,
-        "stock shard: {:.1} reservations/s (the least of: conflicts {:.1}/s, {conflict_source}; the key's WCU with the cancelled attempts {:.1}/s; the grab's attempt budget {:.1}/s)",
-        rates.shard_rate, rates.conflict_rate, rates.wcu_rate, rates.budget_rate
-    );
+    match k.shard_write {
+        ShardWrite::Plain => {
+            let measured = if k.shard_rate.is_some() {
+                format!(", a measured {:.1}/s", rates.conflict_rate)
+            } else {
+                String::new()
+            };
+            let _ = writeln!(
+                out,
+                "stock shard (plain takes): {:.1} reservations/s over its sale (the key's WCU over a take's {:.2} write units on average{measured}); a refused take on a sold-out shard costs {:.0}",
+                rates.shard_rate, rates.take_wcu, rates.sold_out_probe_wcu
+            );
+        }
+        ShardWrite::Transaction => {
+            let conflict_source = if k.shard_rate.is_some() {
+                "measured".to_owned()
+            } else {
+                format!(
+                    "one transaction per {} + {} ms",
+                    k.commit_time_ms, k.transaction_rtt_ms
+                )
+            };
+            let _ = writeln!(
+                out,
+                "stock shard (transactions): {:.1} reservations/s (the least of: conflicts {:.1}/s, {conflict_source}; the key's WCU with the cancelled attempts {:.1}/s; the grab's attempt budget {:.1}/s)",
+                rates.shard_rate, rates.conflict_rate, rates.wcu_rate, rates.budget_rate
+            );
+        }
+    }
     let _ = writeln!(
         out,
         "cancelled attempts (billed): {:.0}, {:.2} per unit sold; {:.2} per reservation at the design capacity{}; {:.0} grabs outlasted their attempt budget (503)",
@@ -1219,6 +1501,14 @@ mod tests {
             contention: Contention::default(),
             prices: Prices::default(),
         }
+    }
+
+    /// The former reserve, one transaction of the shard and the buyer's item: the
+    /// conflict rule's tests.
+    fn transactional(stock: f64, shards: f64, buyers: f64, arrival: Arrival) -> Scenario {
+        let mut sale = scenario(stock, shards, buyers, arrival);
+        sale.contention.shard_write = ShardWrite::Transaction;
+        sale
     }
 
     /// Quotas of API Gateway and Lambda far above any demand, so that only the shards
@@ -1306,6 +1596,94 @@ mod tests {
         );
     }
 
+    /// DynamoDB Local's `ConsumedCapacity` for the take on a shard item as the adapter
+    /// writes it (26-character order ULIDs, 36-character user ids; bench/shard_item_wcu.py):
+    /// 1 write unit for the first 12 takes, one more at each of these takes, 20 at the
+    /// 250th; 10.13 to 10.14 on average over three runs (a timestamp's digits move an
+    /// entry by a byte). The defaults reproduce every step of this run.
+    #[test]
+    fn a_plain_take_costs_what_dynamodb_local_measured() {
+        const STEPS: [u32; 19] = [
+            13, 26, 39, 52, 65, 78, 91, 104, 118, 131, 144, 157, 170, 183, 196, 209, 223, 236, 249,
+        ];
+        let shards = Shards::new(&scenario(250.0, 1.0, 1.0, Arrival::uniform(1)));
+        let mut expected = 1.0;
+        for take in 1..=250_u32 {
+            if STEPS.contains(&take) {
+                expected += 1.0;
+            }
+            let before = f64::from(take - 1);
+            assert!(close(shards.take_wcu_at(before), expected), "take {take}");
+        }
+        assert!(close(expected, 20.0));
+        assert!(
+            close(shards.take_wcu(), 2_535.0 / 250.0),
+            "{}",
+            shards.take_wcu()
+        );
+        // Sold out, the item names all 250: a refused take costs the whole of it, and a
+        // read of it 2.5 read units (20 KB in 4 KB steps, halved).
+        assert!(close(shards.failed_key_wcu(250.0), 20.0));
+        assert!(close(shards.read_rcu(250.0), 2.5));
+    }
+
+    /// Plain takes do not conflict: a shard sells what its key's 1,000 WCU buys at the
+    /// average take's write units. 10 units a shard stay under 1 KB (1,000/s); 250 cost
+    /// 10.14 on average (98.6/s over the shard's sale). Nothing is cancelled.
+    #[test]
+    fn a_plain_shard_sells_its_keys_wcu_over_the_average_take() {
+        let small = Shards::new(&scenario(100.0, 10.0, 1.0, Arrival::uniform(1)));
+        let rates = small.rates();
+        assert!(close(rates.shard_rate, 1000.0), "{rates:?}");
+        assert!(rates.conflict_rate.is_infinite() && rates.budget_rate.is_infinite());
+        assert!(close(small.cancelled_per_reservation(900.0), 0.0));
+        assert!(close(small.reservation_wru(), 3.0));
+
+        let full = Shards::new(&scenario(1_000_000.0, 4_000.0, 1.0, Arrival::uniform(1)));
+        let rates = full.rates();
+        assert!(close(rates.take_wcu, 10.14), "{rates:?}");
+        assert!(close(rates.shard_rate, 1000.0 / 10.14), "{rates:?}");
+        assert!(close(rates.sold_out_probe_wcu, 20.0), "{rates:?}");
+        let capacity = capacity(&scenario(1_000_000.0, 4_000.0, 1.0, Arrival::uniform(1)));
+        let keys = capacity
+            .iter()
+            .find(|(layer, _)| layer == "dynamodb_shard_keys")
+            .map(|(_, rate)| *rate);
+        assert!(
+            close(keys.unwrap(), 4_000.0 * 1000.0 / 10.14),
+            "{capacity:?}"
+        );
+    }
+
+    /// One shard of 250 units with buyers to spare: its key spends 1,000 WCU a second,
+    /// so it sells the first takes fast and the last at 50/s, and the 250 cost 2,535 write
+    /// units in all: sold out after about 2.535 s, and the key never writes more than 1,000 a
+    /// second for the takes it serves (the grabs beyond them are throttled there).
+    #[test]
+    fn a_plain_shard_slows_as_its_item_grows() {
+        let mut sale = scenario(250.0, 1.0, 100_000.0, Arrival::uniform(1));
+        raise_the_gateway_and_lambda(&mut sale);
+        sale.clients_stop_on_sold_out = true;
+        let outcome = run(&sale);
+        assert!(close(outcome.sold, 250.0), "{outcome:?}");
+        let secs = outcome.sell_out_secs.unwrap();
+        // Within a few ms: a second's boundary splits a take, which the model prices at
+        // the step it starts on.
+        assert!((secs - 2.535).abs() < 0.005, "{secs}");
+        assert!(close(outcome.cancelled_attempts, 0.0));
+        let stock = Shards::new(&sale);
+        let rates = stock.rates();
+        let first_second = stock.rate_at(0.0, &rates);
+        // The first 1,000 write units buy the first 154 takes or so (1 to 12 units each).
+        assert!(
+            first_second > 150.0 && first_second < 160.0,
+            "{first_second}"
+        );
+        // The last take costs 20 write units: 50 a second, and it sells out after it.
+        let last = stock.rate_at(249.0, &rates);
+        assert!(close(last, 50.0), "{last}");
+    }
+
     /// The smaller root of a2 u^2 + a1 u + a0 = 0 in [0, 1): the utilisation at which a
     /// layer whose cost grows with the cancelled attempts reaches its quota, solved by
     /// hand rather than by the model's bisection.
@@ -1328,7 +1706,7 @@ mod tests {
     /// 1 / (0.002 + 0.04) = 23.81/s.
     #[test]
     fn a_shard_sells_one_transaction_per_commit_and_round_trip_less_its_conflicts() {
-        let mut sale = scenario(1.0, 64.0, 1.0, Arrival::uniform(1));
+        let mut sale = transactional(1.0, 64.0, 1.0, Arrival::uniform(1));
         let rates = Shards::new(&sale).rates();
         assert!(close(rates.conflict_rate, 40.0), "{rates:?}");
         assert!(close(rates.wcu_rate, 1.0 / (0.002 + 0.025)), "{rates:?}");
@@ -1342,7 +1720,7 @@ mod tests {
 
         // One shard: a grab has only 12 attempts (one per walk), so the average grab
         // spends them all at u = 11/12, before the key's WCU bind.
-        let one = Shards::new(&scenario(1.0, 1.0, 1.0, Arrival::uniform(1))).rates();
+        let one = Shards::new(&transactional(1.0, 1.0, 1.0, Arrival::uniform(1))).rates();
         assert!(close(one.shard_rate, 40.0 * 11.0 / 12.0), "{one:?}");
     }
 
@@ -1352,7 +1730,7 @@ mod tests {
     /// 166.7/s and the conflict rate (40/s) binds.
     #[test]
     fn measured_shard_rate_and_cancellations_replace_the_derived_ones() {
-        let mut sale = scenario(1.0, 64.0, 1.0, Arrival::uniform(1));
+        let mut sale = transactional(1.0, 64.0, 1.0, Arrival::uniform(1));
         sale.contention.shard_rate = Some(50.0);
         let rates = Shards::new(&sale).rates();
         assert!(close(rates.conflict_rate, 50.0), "{rates:?}");
@@ -1373,7 +1751,7 @@ mod tests {
     /// commit and 20 are cancelled: 1 per reservation. At 30/s: 3; at 4/s: 1/9.
     #[test]
     fn cancelled_attempts_follow_the_erlang_loss_of_the_shard() {
-        let shards = Shards::new(&scenario(1.0, 64.0, 1.0, Arrival::uniform(1)));
+        let shards = Shards::new(&transactional(1.0, 64.0, 1.0, Arrival::uniform(1)));
         for (rate, cancelled) in [(20.0, 1.0), (30.0, 3.0), (4.0, 1.0 / 9.0)] {
             assert!(
                 close(shards.cancelled_per_reservation(rate), cancelled),
@@ -1395,7 +1773,7 @@ mod tests {
     /// one attempt per reservation). The route's 300/s is still the least.
     #[test]
     fn the_design_capacity_is_the_least_layer() {
-        let capacity = capacity(&scenario(1.0, 64.0, 1.0, Arrival::uniform(1)));
+        let capacity = capacity(&transactional(1.0, 64.0, 1.0, Arrival::uniform(1)));
         let rate = |name: &str| {
             capacity
                 .iter()
@@ -1434,7 +1812,7 @@ mod tests {
     /// the keys from second 0.
     #[test]
     fn too_few_shards_make_the_shard_key_the_bottleneck() {
-        let mut sale = scenario(100_000.0, 8.0, 200_000.0, Arrival::uniform(10));
+        let mut sale = transactional(100_000.0, 8.0, 200_000.0, Arrival::uniform(10));
         raise_the_gateway_and_lambda(&mut sale);
         sale.quotas.table_wru = 10_000_000.0;
         sale.quotas.sqs_send_tps = 1_000_000.0;
@@ -1455,7 +1833,7 @@ mod tests {
     /// cancelled attempts each (u = 37.04 / 40), the other 19,703.7 spend all 24.
     #[test]
     fn grabs_beyond_the_shards_spend_their_attempt_budget() {
-        let mut sale = scenario(100_000.0, 8.0, 20_000.0, Arrival::uniform(1));
+        let mut sale = transactional(100_000.0, 8.0, 20_000.0, Arrival::uniform(1));
         raise_the_gateway_and_lambda(&mut sale);
         let stock = Shards::new(&sale);
         let selling = sell(&stock, stock.rates().shard_rate, 100_000.0, 20_000.0);
@@ -1486,7 +1864,7 @@ mod tests {
     /// the table takes 100 x 7 x 4 = 2,800 WRU more, $0.00175 at $0.625 per million.
     #[test]
     fn cancelled_attempts_are_billed_to_the_table_and_the_unit() {
-        let sale = scenario(100.0, 10.0, 100.0, Arrival::uniform(1));
+        let sale = transactional(100.0, 10.0, 100.0, Arrival::uniform(1));
         let derived = run(&sale);
         assert!(
             close(derived.cancelled_attempts, 100.0 / 3.0),
@@ -1517,7 +1895,12 @@ mod tests {
     /// shards (u = 0.875), so the 100 units cost 7 cancelled attempts each.
     #[test]
     fn a_hundred_units_at_the_route_rate_cost_seven_cancelled_attempts_each() {
-        let outcome = run(&scenario(100.0, 10.0, 1_000_000.0, Arrival::uniform(10)));
+        let outcome = run(&transactional(
+            100.0,
+            10.0,
+            1_000_000.0,
+            Arrival::uniform(10),
+        ));
         assert!(close(outcome.cancelled_attempts, 700.0), "{outcome:?}");
         assert!(close(outcome.sell_out_secs.unwrap(), 100.0 / 350.0));
         // The route's 300/s over 10 shards: u = 0.75.
@@ -1532,7 +1915,7 @@ mod tests {
     #[test]
     fn gate_probes_heat_every_shard_once_as_instances_learn_it_is_empty() {
         // 10 buyers take the 10 units in second 0; 2,000,000 come in second 1.
-        let mut sale = scenario(
+        let mut sale = transactional(
             10.0,
             4.0,
             2_000_010.0,

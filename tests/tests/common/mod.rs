@@ -10,8 +10,8 @@ use std::time::Duration;
 use aws_sdk_dynamodb::types::{AttributeValue, Select};
 use chrono::{DateTime, Utc};
 use flashsale_adapters::DynamoStore;
-use flashsale_domain::ports::OrderBook;
-use flashsale_domain::{OrderId, UserId};
+use flashsale_domain::ports::{OrderBook, SaleCatalog, StockLedger, Take};
+use flashsale_domain::{OrderId, Sale, SaleId, UserId};
 use flashsale_e2e::{ApiClient, ApiResponse};
 use flashsale_emulators::LocalEndpoints;
 use flashsale_emulators::proxy::{ConflictMode, Proxy, ProxyOptions};
@@ -306,6 +306,27 @@ impl Harness {
                 .ok_or(current)
         })
         .await
+    }
+
+    /// The stack's table read directly (not through any proxy), and the sale.
+    pub async fn store_and_sale(&self, sale_id: &str) -> (DynamoStore, Sale) {
+        let store = DynamoStore::new(self.dynamodb.clone(), self.table());
+        let sale = store
+            .find_sale(&SaleId::parse(sale_id).expect("a sale id"))
+            .await
+            .expect("the sale reads")
+            .expect("the sale exists");
+        (store, sale)
+    }
+
+    /// Units taken from a shard that no open or paid hold accounts for: each is a unit
+    /// sold to nobody until the reconciler gives it back.
+    pub async fn stray_takes(&self, sale_id: &str) -> Vec<Take> {
+        let (store, sale) = self.store_and_sale(sale_id).await;
+        store
+            .unaccounted_takes(&sale)
+            .await
+            .expect("the shards and holds read")
     }
 
     /// The event the order's release timer carries: its reservation, read back through

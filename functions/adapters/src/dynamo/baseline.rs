@@ -7,13 +7,12 @@
 
 use aws_sdk_dynamodb::types::{ReturnValuesOnConditionCheckFailure, Update};
 use flashsale_domain::ports::{ReserveRefusal, ShardTakers};
-use flashsale_domain::sale::MAX_ABANDONED_HOLDS;
 use flashsale_domain::{Reservation, Sale, StoreError};
 
-use super::DynamoStore;
-use super::item::{self, ABANDONED, ACTIVE, AVAILABLE, GSI1_PK, GSI1_SK, Hold, TAKERS, n, s};
-use super::requests::{built, names, values};
+use super::item;
+use super::requests::built;
 use super::transact::{self, Attempted, in_request_order, transact_once};
+use super::{DynamoStore, ledger};
 
 const RESERVE_IN_ONE_TRANSACTION: &str = "dynamodb.reserve_in_one_transaction";
 
@@ -43,55 +42,22 @@ impl DynamoStore {
             Update::builder()
                 .table_name(&self.table)
                 .set_key(Some(item::shard_key(&sale.sale_id, shard)))
-                .update_expression("SET #available = #available - :one, #takers.#order = :taker")
-                .condition_expression("#available > :zero AND attribute_not_exists(#takers.#order)")
-                .set_expression_attribute_names(names(&[
-                    ("#available", AVAILABLE),
-                    ("#takers", TAKERS),
-                    ("#order", &taker),
-                ]))
-                .set_expression_attribute_values(values([
-                    (":one", n(1)),
-                    (":zero", n(0)),
-                    (
-                        ":taker",
-                        item::taker_value(&reservation.user_id, reservation.created_at),
-                    ),
-                ]))
+                .update_expression(ledger::TAKE_UPDATE)
+                .condition_expression(ledger::TAKE_CONDITION)
+                .set_expression_attribute_names(ledger::take_names(&taker))
+                .set_expression_attribute_values(ledger::take_values(reservation))
                 .build(),
         )?;
         let hold_attribute = item::hold_attribute(&reservation.order_id);
-        let bucket = item::bucket_pk(&sale.sale_id, sale.bucket_of(&reservation.user_id));
         let hold = built(
             OPERATION,
             Update::builder()
                 .table_name(&self.table)
                 .set_key(Some(item::user_key(&sale.sale_id, &reservation.user_id)))
-                .update_expression(
-                    "SET #active = if_not_exists(#active, :zero) + :one, #hold = :hold, \
-                     #gsi1pk = :gsi1pk, #gsi1sk = :gsi1sk",
-                )
-                .condition_expression(
-                    "(attribute_not_exists(#active) OR #active < :limit) \
-                     AND (attribute_not_exists(#abandoned) OR #abandoned < :abandon_limit) \
-                     AND attribute_not_exists(#hold)",
-                )
-                .set_expression_attribute_names(names(&[
-                    ("#active", ACTIVE),
-                    ("#abandoned", ABANDONED),
-                    ("#hold", &hold_attribute),
-                    ("#gsi1pk", GSI1_PK),
-                    ("#gsi1sk", GSI1_SK),
-                ]))
-                .set_expression_attribute_values(values([
-                    (":zero", n(0)),
-                    (":one", n(1)),
-                    (":limit", n(sale.per_user_limit)),
-                    (":abandon_limit", n(MAX_ABANDONED_HOLDS)),
-                    (":hold", Hold::reserved(reservation).to_value()),
-                    (":gsi1pk", s(bucket)),
-                    (":gsi1sk", s(item::user_gsi_sk(&reservation.user_id))),
-                ]))
+                .update_expression(ledger::HOLD_UPDATE)
+                .condition_expression(ledger::HOLD_CONDITION)
+                .set_expression_attribute_names(ledger::hold_names(&hold_attribute))
+                .set_expression_attribute_values(ledger::hold_values(sale, reservation))
                 .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::None)
                 .build(),
         )?;

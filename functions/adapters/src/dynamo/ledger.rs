@@ -8,8 +8,10 @@
 //! instead: a take, a give-back and an undo are each refused once they have applied,
 //! and the refusal's old item says so, so every step may be sent again.
 
+use std::collections::HashMap;
+
 use async_trait::async_trait;
-use aws_sdk_dynamodb::types::ReturnValuesOnConditionCheckFailure;
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
 use chrono::{DateTime, Utc};
 use flashsale_domain::ports::{
     ReserveRefusal, Settlement, ShardState, ShardTakers, StockLedger, Take, TakeReturn,
@@ -54,6 +56,72 @@ enum Taken {
     Now,
     /// This order's take was there already: an earlier call's, whose answer was lost.
     Before,
+}
+
+/// The take on a shard: one unit out of `available`, the order into `takers`, unless the
+/// shard is empty or this order's take is there already. The reserve's, and the bench's
+/// one-transaction baseline's; `bench/shard_item_wcu.py` writes the same to measure it.
+pub(super) const TAKE_UPDATE: &str = "SET #available = #available - :one, #takers.#order = :taker";
+pub(super) const TAKE_CONDITION: &str =
+    "#available > :zero AND attribute_not_exists(#takers.#order)";
+
+/// [`TAKE_UPDATE`]'s names, for the order's entry under `takers`.
+pub(super) fn take_names(taker: &str) -> Option<HashMap<String, String>> {
+    names(&[
+        ("#available", AVAILABLE),
+        ("#takers", TAKERS),
+        ("#order", taker),
+    ])
+}
+
+/// [`TAKE_UPDATE`]'s values for this reservation.
+pub(super) fn take_values(reservation: &Reservation) -> Option<HashMap<String, AttributeValue>> {
+    values([
+        (":one", n(1)),
+        (":zero", n(0)),
+        (
+            ":taker",
+            item::taker_value(&reservation.user_id, reservation.created_at),
+        ),
+    ])
+}
+
+/// The hold's write on the user's item: the reserve's second write, and the user item of
+/// the bench's one-transaction baseline ([`super::baseline`]). Counts the hold against
+/// the user's limit and records it, unless the limits are reached or the order has a
+/// hold already.
+pub(super) const HOLD_UPDATE: &str = "SET #active = if_not_exists(#active, :zero) + :one, \
+     #hold = :hold, #gsi1pk = :gsi1pk, #gsi1sk = :gsi1sk";
+pub(super) const HOLD_CONDITION: &str = "(attribute_not_exists(#active) OR #active < :limit) \
+     AND (attribute_not_exists(#abandoned) OR #abandoned < :abandon_limit) \
+     AND attribute_not_exists(#hold)";
+
+/// [`HOLD_UPDATE`]'s names, for the order's hold attribute.
+pub(super) fn hold_names(hold_attribute: &str) -> Option<HashMap<String, String>> {
+    names(&[
+        ("#active", ACTIVE),
+        ("#abandoned", ABANDONED),
+        ("#hold", hold_attribute),
+        ("#gsi1pk", GSI1_PK),
+        ("#gsi1sk", GSI1_SK),
+    ])
+}
+
+/// [`HOLD_UPDATE`]'s values for this reservation of `sale`.
+pub(super) fn hold_values(
+    sale: &Sale,
+    reservation: &Reservation,
+) -> Option<HashMap<String, AttributeValue>> {
+    let bucket = item::bucket_pk(&sale.sale_id, sale.bucket_of(&reservation.user_id));
+    values([
+        (":zero", n(0)),
+        (":one", n(1)),
+        (":limit", n(sale.per_user_limit)),
+        (":abandon_limit", n(MAX_ABANDONED_HOLDS)),
+        (":hold", Hold::reserved(reservation).to_value()),
+        (":gsi1pk", s(bucket)),
+        (":gsi1sk", s(item::user_gsi_sk(&reservation.user_id))),
+    ])
 }
 
 /// Whether a hold accounts for a take on `shard`: it holds or sold that shard's unit.
@@ -132,21 +200,10 @@ impl DynamoStore {
         let taker = item::taker_name(&reservation.order_id);
         let take = self
             .update_item(key.clone())
-            .update_expression("SET #available = #available - :one, #takers.#order = :taker")
-            .condition_expression("#available > :zero AND attribute_not_exists(#takers.#order)")
-            .set_expression_attribute_names(names(&[
-                ("#available", AVAILABLE),
-                ("#takers", TAKERS),
-                ("#order", &taker),
-            ]))
-            .set_expression_attribute_values(values([
-                (":one", n(1)),
-                (":zero", n(0)),
-                (
-                    ":taker",
-                    item::taker_value(&reservation.user_id, reservation.created_at),
-                ),
-            ]))
+            .update_expression(TAKE_UPDATE)
+            .condition_expression(TAKE_CONDITION)
+            .set_expression_attribute_names(take_names(&taker))
+            .set_expression_attribute_values(take_values(reservation))
             // The refusal tells "taken already" (a resent call) from "empty".
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
         let old = match self.write(RESERVE, take).await? {
@@ -219,38 +276,16 @@ impl DynamoStore {
     ) -> Result<Result<(), ReserveRefusal>, StoreError> {
         let hold_attribute = item::hold_attribute(&reservation.order_id);
         let key = item::user_key(&sale.sale_id, &reservation.user_id);
-        let bucket = item::bucket_pk(&sale.sale_id, sale.bucket_of(&reservation.user_id));
         // `attribute_not_exists(#hold)`: a retried grab whose first call committed must
         // get its order back, not a second unit. `AllOld` returns the user item when a
         // condition fails, so the refusal itself tells "already held" from "at the
         // limit" without another read.
         let hold = self
             .update_item(key.clone())
-            .update_expression(
-                "SET #active = if_not_exists(#active, :zero) + :one, #hold = :hold, \
-                 #gsi1pk = :gsi1pk, #gsi1sk = :gsi1sk",
-            )
-            .condition_expression(
-                "(attribute_not_exists(#active) OR #active < :limit) \
-                 AND (attribute_not_exists(#abandoned) OR #abandoned < :abandon_limit) \
-                 AND attribute_not_exists(#hold)",
-            )
-            .set_expression_attribute_names(names(&[
-                ("#active", ACTIVE),
-                ("#abandoned", ABANDONED),
-                ("#hold", &hold_attribute),
-                ("#gsi1pk", GSI1_PK),
-                ("#gsi1sk", GSI1_SK),
-            ]))
-            .set_expression_attribute_values(values([
-                (":zero", n(0)),
-                (":one", n(1)),
-                (":limit", n(sale.per_user_limit)),
-                (":abandon_limit", n(MAX_ABANDONED_HOLDS)),
-                (":hold", Hold::reserved(reservation).to_value()),
-                (":gsi1pk", s(bucket)),
-                (":gsi1sk", s(item::user_gsi_sk(&reservation.user_id))),
-            ]))
+            .update_expression(HOLD_UPDATE)
+            .condition_expression(HOLD_CONDITION)
+            .set_expression_attribute_names(hold_names(&hold_attribute))
+            .set_expression_attribute_values(hold_values(sale, reservation))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
         let held = match self.write(RESERVE, hold).await? {
             Written::Done => return Ok(Ok(())),
