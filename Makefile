@@ -39,8 +39,11 @@ STACK_NAME ?= flashsale-local
 # (a one-shard surge of 1,500 buyers at 60/s sold 76 units in 305 s; at 40/s it sold out
 # in 115 s). So the grab and token routes are throttled to what the stack sustains, as
 # production throttles them to what DynamoDB and the grab's reserved concurrency
-# sustain. The deployed defaults (template.yaml) are far higher.
-LOCAL_PARAMETERS ?= GrabThrottleRateLimit=40 GrabThrottleBurstLimit=20
+# sustain. The deployed defaults (template.yaml) are far higher. The token route writes
+# nothing and the local stack has no concurrency to share, so it gets the default route
+# throttle: a surge's buyers fetch their grab paths in seconds, not at the grab's rate.
+LOCAL_PARAMETERS ?= GrabThrottleRateLimit=40 GrabThrottleBurstLimit=20 \
+  TokenThrottleRateLimit=1000 TokenThrottleBurstLimit=2000
 
 # The steps share one venv (each tool is its own pip install, with common dependencies)
 # and one cargo target dir, and the tests need the tools: `make -j` must not interleave
@@ -150,13 +153,24 @@ lint:
 unit:
 	cargo test --workspace --locked --no-fail-fast
 
+# Every debug binary the later steps run (the local stack, the bench, the smoke runner),
+# from one build of the whole workspace with every target. Its features are those
+# `cargo test --workspace` resolved (dev-dependencies included), so after `unit` it only
+# builds what no test needs (the bench's binary, criterion's targets): a build of one
+# package (`-p flashsale-local`) resolves features for that package alone and, measured,
+# recompiled 75 crates (75 s) after the tests' build, and each step's own selection
+# another set.
+DEBUG_BIN := $${CARGO_TARGET_DIR:-target}/debug
+.PHONY: debug-build
+debug-build:
+	cargo build --workspace --all-targets --locked -q
+
 # Property-based, spec-driven fuzzing of the API from openapi.yaml (schemathesis, with
 # its stateful phase following the spec's links), against a local stack on free ports
 # that tests/fuzz/run.py starts and stops. Fails on any 5xx, any answer outside the
 # contract, and any schema-valid request refused without a documented reason.
-fuzz-api: tools $(SCHEMATHESIS)
-	cargo build --locked -q -p flashsale-local --bin flashsale-local
-	$(VENV)/bin/python tests/fuzz/run.py --local-bin target/debug/flashsale-local \
+fuzz-api: tools $(SCHEMATHESIS) debug-build
+	$(VENV)/bin/python tests/fuzz/run.py --local-bin $(DEBUG_BIN)/flashsale-local \
 	  --schemathesis $(SCHEMATHESIS) --max-examples $(FUZZ_MAX_EXAMPLES) --seed $(FUZZ_SEED)
 
 ## --- load ----------------------------------------------------------------------------
@@ -180,7 +194,6 @@ load:
 # same run. Not part of `make test`; `make bench-smoke`, the same steps at tiny sizes on
 # the debug builds `make test` already has, is.
 .PHONY: bench bench-smoke bench-tools
-BENCH_BINS := -p flashsale-local -p flashsale-bench $(addprefix -p ,$(LAMBDA_PACKAGES))
 
 # redis-benchmark measures the seed's Redis Lua script for the side-by-side ratio.
 bench-tools: tools
@@ -198,8 +211,7 @@ bench: bench-tools
 	target/release/flashsale-bench run --command "make bench" --report docs/benchmarks.md \
 	  --local-bin target/release/flashsale-local --bin-dir target/release
 
-bench-smoke: tools
-	cargo build --locked $(BENCH_BINS)
-	target/debug/flashsale-bench run --smoke --command "make bench-smoke" \
+bench-smoke: tools debug-build
+	$(DEBUG_BIN)/flashsale-bench run --smoke --command "make bench-smoke" \
 	  --report target/bench-smoke/benchmarks.md \
-	  --local-bin target/debug/flashsale-local --bin-dir target/debug
+	  --local-bin $(DEBUG_BIN)/flashsale-local --bin-dir $(DEBUG_BIN)
