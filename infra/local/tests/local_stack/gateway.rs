@@ -145,3 +145,47 @@ async fn cors_preflights_are_answered_by_the_gateway_and_responses_carry_the_all
     );
     stack.shutdown().await;
 }
+
+/// The pages come with the headers of the template's CloudFront response headers policy,
+/// so they are tried locally under the policy they are deployed with; API answers do not.
+#[tokio::test]
+async fn the_pages_carry_the_templates_security_headers() {
+    let stack = start(options("gw-page-headers")).await;
+    let client = reqwest::Client::new();
+    let page = client
+        .get(format!("{}/", stack.api_url))
+        .send()
+        .await
+        .expect("the sale page");
+    assert_eq!(page.status(), StatusCode::OK);
+    let header = |name: &str| {
+        page.headers()
+            .get(name)
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_owned)
+    };
+    assert_eq!(
+        header("content-security-policy").as_deref(),
+        Some(
+            "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; \
+             connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
+        )
+    );
+    assert_eq!(
+        header("strict-transport-security").as_deref(),
+        Some("max-age=63072000; includeSubDomains")
+    );
+    assert_eq!(header("x-content-type-options").as_deref(), Some("nosniff"));
+    assert_eq!(header("x-frame-options").as_deref(), Some("DENY"));
+    assert_eq!(
+        header("referrer-policy").as_deref(),
+        Some("strict-origin-when-cross-origin")
+    );
+    let api = client
+        .get(format!("{}/sales/nope", stack.api_url))
+        .send()
+        .await
+        .expect("an API answer");
+    assert!(api.headers().get("content-security-policy").is_none());
+    stack.shutdown().await;
+}
