@@ -37,9 +37,8 @@ STACK_NAME ?= flashsale-local
 # so it holds about 55 grabs a second; past that its queue outgrows the grab's 500 ms
 # attempt timeout, timed-out attempts still execute, and answers turn into 503 retries
 # (a one-shard surge of 1,500 buyers at 60/s sold 76 units in 305 s; at 40/s it sold out
-# in 115 s). So the grab and token routes are throttled to what the stack sustains, as
-# production throttles them to what DynamoDB and the grab's reserved concurrency
-# sustain. The deployed defaults (template.yaml) are far higher. The token route writes
+# in 115 s). So the grab route is throttled to what the stack sustains, as production
+# throttles it to what DynamoDB and the grab's reserved concurrency sustain. The deployed defaults (template.yaml) are far higher. The token route writes
 # nothing and the local stack has no concurrency to share, so it gets the default route
 # throttle: a surge's buyers fetch their grab paths in seconds, not at the grab's rate.
 LOCAL_PARAMETERS ?= GrabThrottleRateLimit=40 GrabThrottleBurstLimit=20 \
@@ -130,28 +129,37 @@ run: tools
 # both cores on a cold clone) build in the background from the end of `tools`, at nice
 # 19: the steps in between keep the CPU whenever they want it, and the build takes what
 # they leave, such as the seconds the end-to-end tests spend waiting on timers and
-# queues. cargo locks each profile's directory apart, so it never blocks the debug
-# builds. check-infra then waits for it and shows its log; its own build-lambdas finds
-# everything built.
+# queues. It stays in this session: with the kernel's autogroup scheduling a new session
+# (setsid) is a group of its own that gets an equal share whatever its nice value, so
+# job control (`set -m`) gives it a process group instead, for the kill on the way out.
+# cargo locks each profile's directory apart, so it never blocks the debug builds.
+# check-infra runs check-template, then waits for it and shows its log; its own
+# build-lambdas finds everything built.
 TEST_STEPS := disk-space tools lint lint-contract unit fuzz-api check-infra browser-test bench-smoke
 BACKGROUND_LAMBDA_LOG := target/build-lambdas.log
 test:
 	@total=$$(date +%s); background=""; \
-	trap '[ -z "$$background" ] || kill -- -$$background 2>/dev/null || true' EXIT; \
+	stop_background() { [ -z "$$background" ] || kill -- -$$background 2>/dev/null || true; }; \
+	trap stop_background EXIT; \
+	trap 'stop_background; exit 130' INT TERM HUP; \
 	for step in $(TEST_STEPS); do \
-	  started=$$(date +%s); \
+	  started=$$(date +%s); targets=$$step; \
 	  if [ "$$step" = check-infra ] && [ -n "$$background" ]; then \
-	    status=0; wait $$background || status=$$?; background=""; \
+	    $(MAKE) --no-print-directory check-template || exit $$?; \
+	    waiting=$$(date +%s); status=0; wait $$background || status=$$?; background=""; \
 	    cat $(BACKGROUND_LAMBDA_LOG); \
 	    [ $$status -eq 0 ] || { echo "make test: build-lambdas failed ($$status)"; exit $$status; }; \
-	    echo "make test: waited $$(( $$(date +%s) - started )) s for the background build-lambdas"; \
+	    echo "make test: waited $$(( $$(date +%s) - waiting )) s for the background build-lambdas"; \
+	    targets="build-lambdas smoke-lambdas"; \
 	  fi; \
-	  $(MAKE) --no-print-directory $$step || exit $$?; \
+	  $(MAKE) --no-print-directory $$targets || exit $$?; \
 	  echo "make test: $$step took $$(( $$(date +%s) - started )) s"; \
 	  if [ "$$step" = tools ]; then \
 	    mkdir -p $$(dirname $(BACKGROUND_LAMBDA_LOG)); \
-	    setsid nice -n 19 $(MAKE) --no-print-directory build-lambdas > $(BACKGROUND_LAMBDA_LOG) 2>&1 & \
+	    set -m; \
+	    nice -n 19 $(MAKE) --no-print-directory build-lambdas > $(BACKGROUND_LAMBDA_LOG) 2>&1 & \
 	    background=$$!; \
+	    set +m; \
 	  fi; \
 	done; \
 	echo "make test: all steps took $$(( $$(date +%s) - total )) s"

@@ -48,13 +48,13 @@ DESKTOP = {"width": 1100, "height": 1000}
 # The origin of the identity provider that test_sale_page's sign-in test plays.
 IDP_ORIGIN = "https://idp.example.test"
 
-# Records every Content-Security-Policy violation the page reports. Playwright injects
-# init scripts outside the page's own policy, as it injects axe-core below: a <script>
-# tag added to the page would itself be refused by `script-src 'self'`.
+# Reports every Content-Security-Policy violation of every document a page shows to the
+# test (a binding outlives navigations, where a list on `window` would not). Playwright
+# injects init scripts outside the page's own policy, as it injects axe-core below: a
+# <script> tag added to the page would itself be refused by `script-src 'self'`.
 CSP_RECORDER = """
-window.cspViolations = [];
 document.addEventListener("securitypolicyviolation", (event) => {
-  window.cspViolations.push(`${event.effectiveDirective} refused ${event.blockedURI || "inline"} at ${event.sourceFile}:${event.lineNumber}`);
+  window.reportCspViolation(`${event.effectiveDirective} refused ${event.blockedURI || "inline"} at ${event.sourceFile}:${event.lineNumber}`);
 });
 """
 
@@ -194,7 +194,7 @@ def iso(moment):
 @pytest.fixture(scope="session")
 def stack():
     binary = Path(os.environ.get("FLASHSALE_LOCAL_BIN", ROOT / "target" / "debug" / "flashsale-local"))
-    assert binary.is_file(), f"{binary} is missing: `cargo build -p flashsale-local` (make browser-test does)"
+    assert binary.is_file(), f"{binary} is missing: `make debug-build` (make browser-test runs it)"
     local = LocalStack(binary)
     local.start()
     yield local
@@ -211,9 +211,15 @@ def browser():
         browser.close()
 
 
+def csp_violations(page: Page):
+    """The Content-Security-Policy violations the page's documents reported so far, as
+    "url: directive refused what at where" (a list the test may clear)."""
+    return page.context.csp_violations
+
+
 def assert_no_csp_violation(page: Page, state):
     """Fails if the page reported any Content-Security-Policy violation so far."""
-    violations = page.evaluate("() => window.cspViolations")
+    violations = csp_violations(page)
     assert violations == [], f"{state} ({page.url}): CSP violations: {violations}"
 
 
@@ -244,6 +250,11 @@ def open_page(browser, stack):
         context = browser.new_context(viewport=viewport, device_scale_factor=1)
         contexts.append(context)
         context.add_init_script(path=str(AXE))
+        context.csp_violations = []
+        context.expose_binding(
+            "reportCspViolation",
+            lambda source, text: source["context"].csp_violations.append(f"{source['page'].url}: {text}"),
+        )
         context.add_init_script(CSP_RECORDER)
         if init_script:
             context.add_init_script(init_script)
