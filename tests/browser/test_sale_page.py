@@ -95,6 +95,11 @@ def test_a_buyer_buys_and_pays(open_page, stack):
     expect(status).to_have_attribute("data-status", "paid")
     expect(page.locator("#pay")).to_be_hidden()
     screenshot(page, "paid")
+    # Units are left, but this buyer bought all one buyer may (1): the page says so
+    # instead of offering a grab that can only be refused.
+    expect(page.locator("#buy")).to_be_disabled()
+    expect(page.locator("#buy")).to_have_text("Limit reached: 1 per buyer")
+    assert_accessible(page, "a buyer at the per-user limit")
     stats = stack.stats(sale_id)
     assert (stats["paid"], stats["available"], stats["consistent"]) == (1, 4, True), stats
 
