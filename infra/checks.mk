@@ -113,7 +113,7 @@ build-lambdas: lambda-tools
 # Runs the bootstraps that build-lambdas produced, as they are. An arm64 build on an
 # x86_64 host runs under qemu-user (apt, installed when missing), with Debian's aarch64
 # libc as the loader's root.
-smoke-lambdas: build-lambdas
+smoke-lambdas: build-lambdas debug-build
 	@arch=$$(cat $(LAMBDA_DIR)/ARCH); host=$$(uname -m); runner=""; \
 	if [ "$$arch" = arm64 ] && [ "$$host" != aarch64 ]; then \
 	  if ! command -v qemu-aarch64 >/dev/null 2>&1 || [ ! -d '$(ARM64_SYSROOT)/lib' ]; then \
@@ -123,7 +123,7 @@ smoke-lambdas: build-lambdas
 	  runner="qemu-aarch64 -L $(ARM64_SYSROOT)"; \
 	fi; \
 	echo "smoke-lambdas: running the $$arch bootstraps$${runner:+ under $$runner}"; \
-	$(CHECK_ENV) cargo run --locked -q -p flashsale-runtime-emulator --bin flashsale-smoke -- \
+	$(CHECK_ENV) $(DEBUG_BIN)/flashsale-smoke \
 	  --lambda-dir $(LAMBDA_DIR) --events events --template template.yaml \
 	  $${runner:+--runner "$$runner"}
 

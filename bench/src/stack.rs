@@ -48,11 +48,13 @@ pub struct StackSpec {
 
 /// Template parameters that take the gateway's throttles out of the measurement: the
 /// bench measures what the functions and emulators sustain, not the local rate limits.
-pub const LIFTED_THROTTLES: [&str; 4] = [
+pub const LIFTED_THROTTLES: [&str; 6] = [
     "DefaultThrottleRateLimit=1000000",
     "DefaultThrottleBurstLimit=1000000",
     "GrabThrottleRateLimit=1000000",
     "GrabThrottleBurstLimit=1000000",
+    "TokenThrottleRateLimit=1000000",
+    "TokenThrottleBurstLimit=1000000",
 ];
 
 pub struct BenchStack {

@@ -45,9 +45,8 @@ $(AXE):
 browser-tools: chromium $(VENV)/bin/playwright $(AXE)
 
 # The local stack needs the emulators (the top-level Makefile names them).
-browser-test: browser-tools java $(DYNAMODB_LOCAL) $(MOTO)
-	cargo build --locked -q -p flashsale-local --bin flashsale-local
-	FLASHSALE_LOCAL_BIN="$$(pwd)/$${CARGO_TARGET_DIR:-target}/debug/flashsale-local" \
+browser-test: browser-tools java $(DYNAMODB_LOCAL) $(MOTO) debug-build
+	FLASHSALE_LOCAL_BIN="$$(pwd)/$(DEBUG_BIN)/flashsale-local" \
 	  FLASHSALE_CHROMIUM='$(CHROMIUM)' \
 	  FLASHSALE_AXE="$$(pwd)/$(AXE)" \
 	  $(VENV)/bin/pytest -q -p no:cacheprovider tests/browser

@@ -45,6 +45,19 @@ SCREENSHOT_SCRATCH = ROOT / "target" / "browser-screenshots"
 PHONE = {"width": 412, "height": 800}
 DESKTOP = {"width": 1100, "height": 1000}
 
+# The origin of the identity provider that test_sale_page's sign-in test plays.
+IDP_ORIGIN = "https://idp.example.test"
+
+# Reports every Content-Security-Policy violation of every document a page shows to the
+# test (a binding outlives navigations, where a list on `window` would not). Playwright
+# injects init scripts outside the page's own policy, as it injects axe-core below: a
+# <script> tag added to the page would itself be refused by `script-src 'self'`.
+CSP_RECORDER = """
+document.addEventListener("securitypolicyviolation", (event) => {
+  window.reportCspViolation(`${event.effectiveDirective} refused ${event.blockedURI || "inline"} at ${event.sourceFile}:${event.lineNumber}`);
+});
+"""
+
 # Playwright's expect() polls; these are deadlines, not waits.
 expect.set_options(timeout=30_000)
 
@@ -71,6 +84,9 @@ class LocalStack:
                 "--sqs-port", "0",
                 "--parameter-overrides",
                 "GrabThrottleRateLimit=60", "GrabThrottleBurstLimit=30",
+                # The identity provider the sign-in test plays: the pages' policy lets
+                # them post to its token endpoint, as a deployed stack's names its own.
+                f"IdentityProviderOrigin={IDP_ORIGIN}",
             ],
             cwd=ROOT,
             stdout=subprocess.PIPE,
@@ -178,7 +194,7 @@ def iso(moment):
 @pytest.fixture(scope="session")
 def stack():
     binary = Path(os.environ.get("FLASHSALE_LOCAL_BIN", ROOT / "target" / "debug" / "flashsale-local"))
-    assert binary.is_file(), f"{binary} is missing: `cargo build -p flashsale-local` (make browser-test does)"
+    assert binary.is_file(), f"{binary} is missing: `make debug-build` (make browser-test runs it)"
     local = LocalStack(binary)
     local.start()
     yield local
@@ -195,12 +211,22 @@ def browser():
         browser.close()
 
 
+def csp_violations(page: Page):
+    """The Content-Security-Policy violations the page's documents reported so far, as
+    "url: directive refused what at where" (a list the test may clear)."""
+    return page.context.csp_violations
+
+
+def assert_no_csp_violation(page: Page, state):
+    """Fails if the page reported any Content-Security-Policy violation so far."""
+    violations = csp_violations(page)
+    assert violations == [], f"{state} ({page.url}): CSP violations: {violations}"
+
+
 def assert_accessible(page: Page, state):
     """Runs axe-core on the page as it is now and fails on any critical or serious
     violation, naming the rule, the impact and the elements."""
-    assert AXE.is_file(), f"{AXE} is missing: npm install axe-core (make browser-tools does)"
-    if not page.evaluate("() => typeof window.axe === 'object'"):
-        page.add_script_tag(path=str(AXE))
+    assert page.evaluate("() => typeof window.axe === 'object'"), "axe-core is injected by open_page"
     result = page.evaluate("() => axe.run(document, { resultTypes: ['violations'] })")
     failing = [
         f"{violation['id']} ({violation['impact']}): {violation['help']} at "
@@ -214,13 +240,22 @@ def assert_accessible(page: Page, state):
 @pytest.fixture
 def open_page(browser, stack):
     """Opens a page of the local stack in a fresh context (its own storage: one user).
-    Every page still open when the test ends is scanned with axe-core as it is then."""
+    Every page still open when the test ends is scanned with axe-core as it is then, and
+    must have reported no Content-Security-Policy violation."""
+    assert AXE.is_file(), f"{AXE} is missing: npm install axe-core (make browser-tools does)"
     contexts = []
     pages = []
 
     def open_(path, viewport=PHONE, init_script=None):
         context = browser.new_context(viewport=viewport, device_scale_factor=1)
         contexts.append(context)
+        context.add_init_script(path=str(AXE))
+        context.csp_violations = []
+        context.expose_binding(
+            "reportCspViolation",
+            lambda source, text: source["context"].csp_violations.append(f"{source['page'].url}: {text}"),
+        )
+        context.add_init_script(CSP_RECORDER)
         if init_script:
             context.add_init_script(init_script)
         page = context.new_page()
@@ -232,6 +267,7 @@ def open_page(browser, stack):
     try:
         for page in pages:
             if not page.is_closed():
+                assert_no_csp_violation(page, "the page at the end of the test")
                 assert_accessible(page, "the page at the end of the test")
     finally:
         for context in contexts:

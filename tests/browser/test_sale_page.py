@@ -8,7 +8,7 @@ import re
 import time
 from urllib.parse import parse_qs, urlencode, urlparse
 
-from conftest import DESKTOP, assert_accessible, screenshot, sign_in, unique_user
+from conftest import DESKTOP, IDP_ORIGIN, assert_accessible, csp_violations, screenshot, sign_in, unique_user
 from playwright.sync_api import expect
 
 # The release timer fires within the minute after the payment deadline (Scheduler's
@@ -95,6 +95,11 @@ def test_a_buyer_buys_and_pays(open_page, stack):
     expect(status).to_have_attribute("data-status", "paid")
     expect(page.locator("#pay")).to_be_hidden()
     screenshot(page, "paid")
+    # Units are left, but this buyer bought all one buyer may (1): the page says so
+    # instead of offering a grab that can only be refused.
+    expect(page.locator("#buy")).to_be_disabled()
+    expect(page.locator("#buy")).to_have_text("Limit reached: 1 per buyer")
+    assert_accessible(page, "a buyer at the per-user limit")
     stats = stack.stats(sale_id)
     assert (stats["paid"], stats["available"], stats["consistent"]) == (1, 4, True), stats
 
@@ -292,7 +297,7 @@ def test_the_admin_creates_a_sale_and_watches_the_stats_move(open_page, stack):
 def test_deployed_sign_in_is_the_authorization_code_flow_with_pkce_and_no_secret(open_page, stack):
     """The OIDC provider is played by route interception: it checks what the page sends
     and hands back an ID token the local authorizer accepts."""
-    idp = "https://idp.example.test"
+    idp = IDP_ORIGIN
     user = unique_user("oidc")
     config = {
         "auth": "oidc",
@@ -340,3 +345,29 @@ def test_deployed_sign_in_is_the_authorization_code_flow_with_pkce_and_no_secret
     digest = hashlib.sha256(traded["code_verifier"].encode()).digest()
     assert base64.urlsafe_b64encode(digest).rstrip(b"=").decode() == asked["code_challenge"]
     assert 43 <= len(traded["code_verifier"]) <= 128
+
+
+def test_the_pages_run_under_a_policy_that_refuses_an_injected_script(open_page, stack):
+    """The pages' own scripts, styles and calls pass their Content-Security-Policy (every
+    test fails on a violation at its end); a script injected into a page does not run."""
+    for path in ("/", "/admin.html"):
+        page = open_page(path)
+        csp = page.request.get(stack.url + path).headers["content-security-policy"]
+        for directive in ("script-src 'self'", "frame-ancestors 'none'", f"connect-src 'self' {IDP_ORIGIN}"):
+            assert directive in csp, csp
+        expect(page.get_by_test_id("signin-user")).to_be_visible()
+        page.evaluate(
+            """() => {
+              const injected = document.createElement("script");
+              injected.textContent = "window.injectedRan = true";
+              document.head.append(injected);
+            }"""
+        )
+        violations = csp_violations(page)
+        deadline = time.monotonic() + 10
+        while not violations and time.monotonic() < deadline:
+            page.wait_for_timeout(50)
+        assert page.evaluate("() => window.injectedRan") is None, "the injected script ran"
+        assert violations and all("script-src-elem refused inline" in v for v in violations), violations
+        # Only this refusal was expected; the end-of-test check looks for any other.
+        violations.clear()

@@ -292,7 +292,7 @@ async fn prepare_attempt(
             }
             Err(error) => return Err(error),
         };
-        // The token route is throttled like the grab route; come back later.
+        // The token route is throttled too (its own bucket); come back later.
         let transient = matches!(
             pass.status,
             StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE

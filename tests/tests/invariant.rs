@@ -22,7 +22,7 @@ const STOCK: u32 = 100;
 const BUYERS: usize = 1500;
 const ATTEMPTS: usize = 2000;
 
-/// The grab and token routes' throttle, tuned to what DynamoDB Local sustains: it runs
+/// The grab route's throttle, tuned to what DynamoDB Local sustains: it runs
 /// requests one at a time, where DynamoDB proper runs them in parallel across
 /// partitions. A grab is two plain writes (about 18 ms there, measured one at a time
 /// on these machines, against 12 ms for the old two-item transaction), so DynamoDB
@@ -30,9 +30,13 @@ const ATTEMPTS: usize = 2000;
 /// queue outgrew the grab's 500 ms attempt timeout, timed-out attempts still executed,
 /// and it sold 76 units in 305 s while grab paths expired. At 40/s it sells out.
 /// Admission at the gateway is the production design too; only the number is local.
-const LOCAL_GRAB_THROTTLE: [(&str, &str); 2] = [
+/// The token route writes nothing, so it keeps the default route throttle: at the grab's
+/// 40/s, fetching the surge's 2,000 grab paths alone took 50 s of each surge.
+const LOCAL_THROTTLES: [(&str, &str); 4] = [
     ("GrabThrottleRateLimit", "40"),
     ("GrabThrottleBurstLimit", "20"),
+    ("TokenThrottleRateLimit", "1000"),
+    ("TokenThrottleBurstLimit", "2000"),
 ];
 
 /// What each transaction adds to its round trip on the conflict proxy: DynamoDB Local
@@ -102,21 +106,21 @@ async fn assert_sold_exactly_the_stock(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_surge_on_one_shard_sells_exactly_the_stock() {
-    let harness = Harness::start_contended("one-shard", &LOCAL_GRAB_THROTTLE, COMMIT_TIME).await;
+    let harness = Harness::start_contended("one-shard", &LOCAL_THROTTLES, COMMIT_TIME).await;
     let report = surge_on(&harness, "surge-k1", 1, BUYERS, ATTEMPTS).await;
     assert_sold_exactly_the_stock(&harness, "surge-k1", 1, &report).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_surge_on_eight_shards_sells_exactly_the_stock() {
-    let harness = Harness::start_contended("eight-shards", &LOCAL_GRAB_THROTTLE, COMMIT_TIME).await;
+    let harness = Harness::start_contended("eight-shards", &LOCAL_THROTTLES, COMMIT_TIME).await;
     let report = surge_on(&harness, "surge-k8", 8, BUYERS, ATTEMPTS).await;
     assert_sold_exactly_the_stock(&harness, "surge-k8", 8, &report).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn when_fewer_buyers_than_items_arrive_every_buyer_gets_one() {
-    let harness = Harness::start_contended("undersell", &LOCAL_GRAB_THROTTLE, COMMIT_TIME).await;
+    let harness = Harness::start_contended("undersell", &LOCAL_THROTTLES, COMMIT_TIME).await;
     // 8 shards of 12 or 13: many buyers share a home shard and must spill to others.
     let buyers = 90;
     let report = surge_on(&harness, "surge-few", 8, buyers, buyers).await;
@@ -197,7 +201,7 @@ impl DoubleSend {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_unit_taken_is_answered_202_to_its_buyer_whatever_the_client_marks() {
-    let harness = Harness::start_contended("winner", &LOCAL_GRAB_THROTTLE, COMMIT_TIME).await;
+    let harness = Harness::start_contended("winner", &LOCAL_THROTTLES, COMMIT_TIME).await;
     let sale_id = "winner-told";
     let _turn = ONE_SURGE_AT_A_TIME.lock().await;
     harness

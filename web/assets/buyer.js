@@ -43,6 +43,8 @@ const state = {
   soldOut: false,
   /** Server time at which a grab last answered sold_out. */
   soldOutAt: -Infinity,
+  /** A grab answered limit_reached: this buyer holds or bought all one buyer may. */
+  atLimit: false,
   enabledOnce: false,
 };
 
@@ -54,6 +56,32 @@ function say(text, kind = "info") {
 
 function orderKey() {
   return `flashsale.order.${saleId}.${state.session?.user}`;
+}
+
+/** The orders this buyer paid for in this sale, as far as this tab has seen. */
+function paidKey() {
+  return `flashsale.paid.${saleId}.${state.session?.user}`;
+}
+
+function paidOrders() {
+  try {
+    return new Set(JSON.parse(sessionStorage.getItem(paidKey()) || "[]"));
+  } catch {
+    return new Set();
+  }
+}
+
+/**
+ * Whether the buyer holds or bought as many units as one buyer may (the sale's
+ * per_user_limit): paid orders count, as the open one does, and a grab that answered
+ * limit_reached says so for orders this tab has not seen.
+ */
+function atTheLimit() {
+  const limit = state.sale?.per_user_limit;
+  if (state.atLimit) return true;
+  if (!limit) return false;
+  const open = state.order && !FINAL.has(state.order.status) ? 1 : 0;
+  return paidOrders().size + open >= limit;
 }
 
 // ---------------------------------------------------------------- the sale status
@@ -130,7 +158,8 @@ function render() {
     ui.countdownLabel.textContent = remaining > 0 ? "Starts in" : "Started";
   }
 
-  const open = label.status === "active" && state.phase === "idle" && !!state.session;
+  const limited = state.phase === "idle" && !!state.session && atTheLimit();
+  const open = label.status === "active" && state.phase === "idle" && !!state.session && !limited;
   if (open && !state.enabledOnce) {
     // When the button first opened, on the server's clock: the tests hold it against
     // the sale's start.
@@ -147,6 +176,8 @@ function render() {
         ? "Sold out"
         : label.status === "ended"
           ? "Sale ended"
+          : limited
+            ? (state.sale?.per_user_limit ? `Limit reached: ${state.sale.per_user_limit} per buyer` : "Limit reached")
           : !state.session
             ? "Sign in to buy"
             : label.status === "upcoming" || label.status === "loading"
@@ -223,6 +254,7 @@ function grabFailed(result) {
     state.soldOut = true;
     state.soldOutAt = clock.now();
   }
+  if (result.data?.error === "limit_reached") state.atLimit = true;
   say(humanMessage(result), result.data?.error === "sold_out" ? "info" : "error");
   render();
 }
@@ -261,6 +293,11 @@ async function followOrder(orderId) {
 
 function updateOrder(order) {
   state.order = { ...state.order, ...order };
+  if (order.status === "paid") {
+    const paid = paidOrders();
+    paid.add(state.order.order_id);
+    sessionStorage.setItem(paidKey(), JSON.stringify([...paid]));
+  }
   if (FINAL.has(order.status)) {
     sessionStorage.removeItem(orderKey());
     state.phase = "idle";
@@ -335,6 +372,7 @@ async function signedInChanged() {
   following = null;
   state.order = null;
   state.phase = "idle";
+  state.atLimit = false;
   ui.order.hidden = true;
   const stored = state.session && sessionStorage.getItem(orderKey());
   if (stored) {

@@ -585,6 +585,10 @@ async fn the_public_sale_page_shows_status_stock_and_server_time_with_a_short_ca
     assert_eq!(body["status"], "active");
     assert_eq!(body["stock_total"], 100);
     assert_eq!(body["stock_available"], 99);
+    assert_eq!(
+        body["per_user_limit"], 1,
+        "a rule of the sale the page shows"
+    );
     assert_eq!(body["starts_at"], "2026-01-01T00:00:00Z");
     assert_eq!(body["ends_at"], "2026-01-01T01:00:00Z");
     let server_time: DateTime<Utc> = body["server_time"].as_str().unwrap().parse().unwrap();

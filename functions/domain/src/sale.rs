@@ -376,6 +376,10 @@ pub struct SaleView {
     pub server_time: DateTime<Utc>,
     pub stock_total: u32,
     pub stock_available: u64,
+    /// Units one buyer may hold or have bought in this sale: a rule of the sale, shown so
+    /// that a page can say a buyer is at it instead of offering a grab that can only be
+    /// refused with `limit_reached`.
+    pub per_user_limit: u32,
 }
 
 impl SaleView {
@@ -395,6 +399,7 @@ impl SaleView {
             server_time: now,
             stock_total: sale.stock_total,
             stock_available,
+            per_user_limit: sale.per_user_limit,
         }
     }
 }

@@ -63,6 +63,10 @@ pub struct StackModel {
     pub secrets: Vec<SecretSpec>,
     pub functions: Vec<FunctionSpec>,
     pub apis: Vec<HttpApiSpec>,
+    /// The headers CloudFront adds to the pages' responses, as (name, value): the
+    /// response headers policy named by a distribution's default behaviour (the pages).
+    /// The local static server adds them too.
+    pub page_headers: Vec<(String, String)>,
     /// Resources the local stack does not create (IAM roles: locally nothing is
     /// authorized; the HTTP API: served in-process), as (logical id, type).
     pub not_provisioned: Vec<(String, String)>,
@@ -128,6 +132,7 @@ impl StackModel {
         let mut not_provisioned = Vec::new();
         let mut function_decls = Vec::new();
         let mut api_decls = Vec::new();
+        let mut distribution_decls = Vec::new();
         for decl in template.resources.values() {
             if let Some(condition) = &decl.condition
                 && !resolver.condition(condition, &format!("Resources.{}", decl.logical_id))?
@@ -144,6 +149,10 @@ impl StackModel {
                 "AWS::Serverless::Function" => function_decls.push(decl),
                 "AWS::Serverless::HttpApi" => {
                     api_decls.push(decl);
+                    not_provisioned.push((decl.logical_id.clone(), decl.kind.clone()));
+                }
+                "AWS::CloudFront::Distribution" => {
+                    distribution_decls.push(decl);
                     not_provisioned.push((decl.logical_id.clone(), decl.kind.clone()));
                 }
                 _ => not_provisioned.push((decl.logical_id.clone(), decl.kind.clone())),
@@ -181,6 +190,11 @@ impl StackModel {
             }
         }
 
+        let mut page_headers = Vec::new();
+        for decl in distribution_decls {
+            page_headers.extend(pages_response_headers(&mut resolver, template, decl)?);
+        }
+
         let parameters = template
             .parameters
             .keys()
@@ -198,9 +212,141 @@ impl StackModel {
             secrets,
             functions,
             apis,
+            page_headers,
             not_provisioned,
         })
     }
+}
+
+/// The headers of the response headers policy that `distribution`'s default behaviour
+/// names, if it names one of this template's. Read from the template's nodes: the rest of
+/// the distribution (its origins' domain names) has no local value.
+fn pages_response_headers(
+    resolver: &mut Resolver<'_>,
+    template: &Template,
+    distribution: &ResourceDecl,
+) -> Result<Vec<(String, String)>, ModelError> {
+    let named = distribution
+        .properties
+        .as_map()
+        .and_then(|p| p.get("DistributionConfig")?.as_map())
+        .and_then(|config| config.get("DefaultCacheBehavior")?.as_map())
+        .and_then(|behaviour| behaviour.get("ResponseHeadersPolicyId"));
+    let policy = match named {
+        Some(Node::Intrinsic { name, arg }) if name == "Ref" => arg
+            .as_str()
+            .and_then(|id| template.resources.get(id))
+            .filter(|decl| decl.kind == "AWS::CloudFront::ResponseHeadersPolicy"),
+        _ => None,
+    };
+    let Some(policy) = policy else {
+        return Ok(Vec::new());
+    };
+    let properties: ResponseHeadersPolicyProperties = typed_properties(resolver, policy)?;
+    let config = properties.response_headers_policy_config;
+    let mut headers = Vec::new();
+    if let Some(security) = config.security_headers_config {
+        if let Some(csp) = security.content_security_policy {
+            headers.push((
+                "content-security-policy".to_owned(),
+                // `connect-src 'self' ${IdentityProviderOrigin}` with no origin leaves a
+                // space before the `;`, which browsers ignore; the header reads cleaner
+                // without it.
+                csp.content_security_policy
+                    .split_whitespace()
+                    .collect::<Vec<_>>()
+                    .join(" ")
+                    .replace(" ;", ";"),
+            ));
+        }
+        if let Some(hsts) = security.strict_transport_security {
+            let mut value = format!("max-age={}", hsts.access_control_max_age_sec);
+            if hsts.include_subdomains.unwrap_or(false) {
+                value.push_str("; includeSubDomains");
+            }
+            if hsts.preload.unwrap_or(false) {
+                value.push_str("; preload");
+            }
+            headers.push(("strict-transport-security".to_owned(), value));
+        }
+        if security.content_type_options.is_some() {
+            headers.push(("x-content-type-options".to_owned(), "nosniff".to_owned()));
+        }
+        if let Some(frame) = security.frame_options {
+            headers.push(("x-frame-options".to_owned(), frame.frame_option));
+        }
+        if let Some(referrer) = security.referrer_policy {
+            headers.push(("referrer-policy".to_owned(), referrer.referrer_policy));
+        }
+    }
+    if let Some(custom) = config.custom_headers_config {
+        headers.extend(custom.items.into_iter().map(|h| (h.header, h.value)));
+    }
+    Ok(headers)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct ResponseHeadersPolicyProperties {
+    response_headers_policy_config: ResponseHeadersPolicyConfig,
+}
+
+/// What of a response headers policy a browser sees (its name, comment, CORS and
+/// server-timing settings are CloudFront's own business here).
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct ResponseHeadersPolicyConfig {
+    security_headers_config: Option<SecurityHeadersConfig>,
+    custom_headers_config: Option<CustomHeadersConfig>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct SecurityHeadersConfig {
+    content_security_policy: Option<ContentSecurityPolicyConfig>,
+    strict_transport_security: Option<StrictTransportSecurityConfig>,
+    content_type_options: Option<Value>,
+    frame_options: Option<FrameOptionsConfig>,
+    referrer_policy: Option<ReferrerPolicyConfig>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct ContentSecurityPolicyConfig {
+    content_security_policy: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct StrictTransportSecurityConfig {
+    access_control_max_age_sec: u64,
+    include_subdomains: Option<bool>,
+    preload: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct FrameOptionsConfig {
+    frame_option: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct ReferrerPolicyConfig {
+    referrer_policy: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct CustomHeadersConfig {
+    items: Vec<CustomHeader>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct CustomHeader {
+    header: String,
+    value: String,
 }
 
 // ---------------------------------------------------------------- DynamoDB

@@ -41,6 +41,8 @@ pub enum StackError {
     Template(#[from] TemplateError),
     #[error("the template cannot be evaluated locally")]
     Model(#[from] ModelError),
+    #[error("the pages cannot be served with the template's headers")]
+    PageHeader(#[from] crate::static_files::InvalidPageHeader),
     #[error("provisioning failed")]
     Provision(#[from] ProvisionError),
     #[error("a function cannot be loaded")]
@@ -293,7 +295,10 @@ impl LocalStack {
         let router = Arc::new(Gateway::new(lambda.clone(), jwt.clone()))
             .router()
             .layer(axum::middleware::from_fn_with_state(
-                static_files::pages_dir_for(&options.template),
+                Arc::new(static_files::Pages::new(
+                    static_files::pages_dir_for(&options.template),
+                    &model.page_headers,
+                )?),
                 static_files::serve_pages,
             ));
         let mut server_shutdown = shutdown_rx.clone();

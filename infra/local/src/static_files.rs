@@ -3,16 +3,57 @@
 //! that names a file under the pages' folder gets the file; anything else goes on to
 //! the API routes.
 //!
+//! Each page carries the headers the template's CloudFront response headers policy adds
+//! to the pages (the Content-Security-Policy among them), so the pages are tried locally
+//! under the policy they are deployed with.
+//!
 //! The pages are a small, closed set of file types that this repository writes, so a
 //! table of content types does what a MIME crate would, without one more dependency.
 
 use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
-use http::{HeaderValue, Method, StatusCode, header};
+use http::{HeaderName, HeaderValue, Method, StatusCode, header};
+
+/// The pages' folder and the headers every page answer carries.
+#[derive(Debug, Clone)]
+pub struct Pages {
+    root: PathBuf,
+    headers: Vec<(HeaderName, HeaderValue)>,
+}
+
+/// A page header the template names that is not a valid HTTP header.
+#[derive(Debug, thiserror::Error)]
+#[error("the pages' header {name:?}: {value:?} is not a valid HTTP header")]
+pub struct InvalidPageHeader {
+    pub name: String,
+    pub value: String,
+}
+
+impl Pages {
+    /// The pages in `root`, each answered with `headers` (the template's, as
+    /// `StackModel::page_headers` reads them).
+    pub fn new(root: PathBuf, headers: &[(String, String)]) -> Result<Self, InvalidPageHeader> {
+        let headers = headers
+            .iter()
+            .map(|(name, value)| {
+                let invalid = || InvalidPageHeader {
+                    name: name.clone(),
+                    value: value.clone(),
+                };
+                Ok((
+                    HeaderName::try_from(name.as_str()).map_err(|_| invalid())?,
+                    HeaderValue::try_from(value.as_str()).map_err(|_| invalid())?,
+                ))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Self { root, headers })
+    }
+}
 
 /// The folder of the pages next to a template: `web/`.
 pub fn pages_dir_for(template: &Path) -> PathBuf {
@@ -60,10 +101,14 @@ fn file_for(root: &Path, url_path: &str) -> Option<PathBuf> {
 }
 
 /// Middleware: answers a GET or HEAD for a page file; passes every other request on.
-pub async fn serve_pages(State(root): State<PathBuf>, request: Request, next: Next) -> Response {
+pub async fn serve_pages(
+    State(pages): State<Arc<Pages>>,
+    request: Request,
+    next: Next,
+) -> Response {
     let is_read = matches!(*request.method(), Method::GET | Method::HEAD);
     let found = is_read
-        .then(|| file_for(&root, request.uri().path()))
+        .then(|| file_for(&pages.root, request.uri().path()))
         .flatten()
         .and_then(|path| content_type(&path).map(|kind| (path, kind)));
     let Some((path, kind)) = found else {
@@ -86,6 +131,9 @@ pub async fn serve_pages(State(root): State<PathBuf>, request: Request, next: Ne
     headers.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
     // Edited pages show on the next reload while developing.
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    for (name, value) in &pages.headers {
+        headers.insert(name.clone(), value.clone());
+    }
     response
 }
 

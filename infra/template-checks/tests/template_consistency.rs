@@ -1095,32 +1095,46 @@ fn the_reconciler_runs_on_a_schedule_one_pass_at_a_time() {
 #[test]
 fn the_grab_routes_burst_no_further_than_the_grab_functions_reserved_concurrency() {
     let stack = stack();
-    let burst = stack
-        .parameter_default_number("GrabThrottleBurstLimit")
-        .expect("a default grab burst");
-    let reserved = stack
-        .parameter_default_number("GrabReservedConcurrency")
-        .expect("a default reserved concurrency");
-    // Every route the grab function serves shares its concurrency.
+    // Every route the grab function serves has a burst of its own and shares the
+    // function's concurrency, so their bursts together must fit in it.
+    let burst_parameter = |route: &str| match route {
+        "Token" => "TokenThrottleBurstLimit",
+        "Grab" => "GrabThrottleBurstLimit",
+        other => panic!("the grab function serves a route {other} with no burst parameter"),
+    };
     let events = stack.raw_resource("GrabFunction")["Properties"]["Events"]
         .as_object()
         .expect("the grab's events");
+    let mut parameters = Vec::new();
     for (name, event) in events {
+        let parameter = burst_parameter(name);
         assert_eq!(
             event["Properties"]["RouteSettings"]["ThrottlingBurstLimit"],
-            json!({"Ref": "GrabThrottleBurstLimit"}),
-            "the grab's {name} route takes the grab burst"
+            json!({"Ref": parameter}),
+            "the grab's {name} route takes its own burst"
         );
+        parameters.push(parameter);
     }
-    let routes = f64::from(u32::try_from(events.len()).unwrap());
+    assert_eq!(
+        parameters.len(),
+        2,
+        "the token and grab routes: {parameters:?}"
+    );
+    let default = |name: &str| {
+        stack
+            .parameter_default_number(name)
+            .unwrap_or_else(|| panic!("a default {name}"))
+    };
+    let reserved = default("GrabReservedConcurrency");
+    let bursts: f64 = parameters.iter().map(|name| default(name)).sum();
     assert!(
-        routes * burst <= reserved,
-        "{routes} routes x burst {burst} > reserved concurrency {reserved}"
+        bursts <= reserved,
+        "bursts {parameters:?} sum to {bursts} > reserved concurrency {reserved}"
     );
 
     let samconfig = std::fs::read_to_string(root_path("samconfig.toml")).expect("samconfig.toml");
     let overridden = |name: &str| -> Option<f64> {
-        let key = format!("{name}=");
+        let key = format!("\"{name}=");
         let at = samconfig.find(&key)? + key.len();
         samconfig[at..]
             .chars()
@@ -1129,10 +1143,13 @@ fn the_grab_routes_burst_no_further_than_the_grab_functions_reserved_concurrency
             .parse()
             .ok()
     };
-    let burst = overridden("GrabThrottleBurstLimit").unwrap_or(burst);
+    let bursts: f64 = parameters
+        .iter()
+        .map(|name| overridden(name).unwrap_or_else(|| default(name)))
+        .sum();
     let reserved = overridden("GrabReservedConcurrency").unwrap_or(reserved);
     assert!(
-        routes * burst <= reserved,
-        "samconfig.toml: {routes} routes x burst {burst} > reserved concurrency {reserved}"
+        bursts <= reserved,
+        "samconfig.toml: bursts {parameters:?} sum to {bursts} > reserved concurrency {reserved}"
     );
 }

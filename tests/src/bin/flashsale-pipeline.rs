@@ -91,6 +91,8 @@ async fn target(args: &Args) -> Result<Target, Failure> {
                 "DefaultThrottleBurstLimit",
                 "GrabThrottleRateLimit",
                 "GrabThrottleBurstLimit",
+                "TokenThrottleRateLimit",
+                "TokenThrottleBurstLimit",
             ] {
                 options = options.parameter(limit, UNTHROTTLED);
             }

@@ -136,12 +136,18 @@ pub struct Quotas {
     pub account_rps: f64,
     #[arg(long, default_value_t = 5_000.0)]
     pub account_burst: f64,
-    /// Route throttle of the token and grab routes (template GrabThrottleRateLimit).
+    /// Route throttle of the grab route (template GrabThrottleRateLimit).
     #[arg(long, default_value_t = 300.0)]
     pub grab_route_rps: f64,
     /// Template GrabThrottleBurstLimit.
     #[arg(long, default_value_t = 50.0)]
     pub grab_route_burst: f64,
+    /// Route throttle of the token route (template TokenThrottleRateLimit).
+    #[arg(long, default_value_t = 300.0)]
+    pub token_route_rps: f64,
+    /// Template TokenThrottleBurstLimit.
+    #[arg(long, default_value_t = 50.0)]
+    pub token_route_burst: f64,
     /// Lambda concurrent executions of the account.
     #[arg(long, default_value_t = 1_000.0)]
     pub lambda_account_concurrency: f64,
@@ -198,6 +204,8 @@ impl Default for Quotas {
             account_burst: 5_000.0,
             grab_route_rps: 300.0,
             grab_route_burst: 50.0,
+            token_route_rps: 300.0,
+            token_route_burst: 50.0,
             lambda_account_concurrency: 1_000.0,
             grab_reserved_concurrency: 100.0,
             lambda_scaling_per_10s: 1_000.0,
@@ -880,7 +888,10 @@ pub fn capacity(scenario: &Scenario) -> Vec<(String, f64)> {
     };
     vec![
         // Each reservation is one request on the token route and one on the grab route.
-        ("api_gateway_route".to_owned(), q.grab_route_rps),
+        (
+            "api_gateway_route".to_owned(),
+            q.grab_route_rps.min(q.token_route_rps),
+        ),
         ("api_gateway_account".to_owned(), q.account_rps / 2.0),
         (
             "lambda_grab_concurrency".to_owned(),
@@ -974,7 +985,7 @@ pub fn run(scenario: &Scenario) -> Outcome {
     let mut cdn = Layer::new("cdn_page_and_status", 0.0, "requests/s to the origin");
     let mut route = Layer::new(
         "api_gateway_route",
-        q.grab_route_rps,
+        q.grab_route_rps.min(q.token_route_rps),
         "requests/s, token + grab",
     );
     let mut account = Layer::new("api_gateway_account", q.account_rps, "requests/s");
@@ -1001,7 +1012,7 @@ pub fn run(scenario: &Scenario) -> Outcome {
     let mut table = Layer::new("dynamodb_table", q.table_wru, "WRU/s");
     let mut sqs = Layer::new("sqs_fifo_send", q.sqs_send_tps, "SendMessage/s");
 
-    let mut token_bucket = Bucket::new(q.grab_route_rps, q.grab_route_burst);
+    let mut token_bucket = Bucket::new(q.token_route_rps, q.token_route_burst);
     let mut grab_bucket = Bucket::new(q.grab_route_rps, q.grab_route_burst);
     let mut account_bucket = Bucket::new(q.account_rps, q.account_burst);
     let concurrency_cap = grab_concurrency_cap(q);
@@ -1516,6 +1527,8 @@ mod tests {
     fn raise_the_gateway_and_lambda(sale: &mut Scenario) {
         sale.quotas.grab_route_rps = 1_000_000.0;
         sale.quotas.grab_route_burst = 1_000_000.0;
+        sale.quotas.token_route_rps = 1_000_000.0;
+        sale.quotas.token_route_burst = 1_000_000.0;
         sale.quotas.account_rps = 1_000_000.0;
         sale.quotas.account_burst = 1_000_000.0;
         sale.quotas.lambda_account_concurrency = 100_000.0;
@@ -1924,6 +1937,8 @@ mod tests {
         sale.clients_stop_on_sold_out = false;
         sale.quotas.grab_route_rps = 1_000_000.0;
         sale.quotas.grab_route_burst = 0.0;
+        sale.quotas.token_route_rps = 1_000_000.0;
+        sale.quotas.token_route_burst = 0.0;
         sale.quotas.account_rps = 2_000_000.0;
         sale.quotas.account_burst = 0.0;
         sale.quotas.grab_reserved_concurrency = 0.0;

@@ -14,28 +14,46 @@ fn recording(recorder: Recorder) -> std::sync::Arc<dyn flashsale_local::LambdaFu
     })
 }
 
-#[tokio::test]
-async fn a_route_beyond_its_throttle_burst_answers_429_before_the_function_runs() {
+/// A stack whose grab function records its events, with these throttle parameters, and
+/// the statuses of `paths` (under `/sales/s1/`) posted one after another by one buyer.
+async fn statuses_through_throttles(
+    name: &str,
+    throttles: [(&str, &str); 2],
+    paths: &[&str],
+) -> (Vec<StatusCode>, usize) {
     let recorder = Recorder::default();
-    let stack = start(
-        options("gw-throttle")
-            .parameter("GrabThrottleRateLimit", "1")
-            .parameter("GrabThrottleBurstLimit", "2")
-            .function("GrabFunction", recording(recorder.clone())),
-    )
-    .await;
+    let mut stack_options = options(name).function("GrabFunction", recording(recorder.clone()));
+    for (parameter, value) in throttles {
+        stack_options = stack_options.parameter(parameter, value);
+    }
+    let stack = start(stack_options).await;
     let token = stack.token("bob", false).expect("token");
     let client = reqwest::Client::new();
     let mut statuses = Vec::new();
-    for _ in 0..3 {
+    for path in paths {
         let response = client
-            .post(format!("{}/sales/s1/grab/t", stack.api_url))
+            .post(format!("{}/sales/s1/{path}", stack.api_url))
             .bearer_auth(&token)
             .send()
             .await
             .expect("request");
         statuses.push(response.status());
     }
+    stack.shutdown().await;
+    (statuses, recorder.count())
+}
+
+#[tokio::test]
+async fn a_route_beyond_its_throttle_burst_answers_429_before_the_function_runs() {
+    let (statuses, reached) = statuses_through_throttles(
+        "gw-throttle",
+        [
+            ("GrabThrottleRateLimit", "1"),
+            ("GrabThrottleBurstLimit", "2"),
+        ],
+        &["grab/t"; 3],
+    )
+    .await;
     assert_eq!(
         statuses,
         [
@@ -45,11 +63,33 @@ async fn a_route_beyond_its_throttle_burst_answers_429_before_the_function_runs(
         ]
     );
     assert_eq!(
-        recorder.count(),
-        2,
+        reached, 2,
         "the throttled request never reached the function"
     );
-    stack.shutdown().await;
+}
+
+/// The token route has a throttle of its own: its bucket empty, grabs still pass.
+#[tokio::test]
+async fn the_token_route_is_throttled_apart_from_the_grab_route() {
+    let (statuses, reached) = statuses_through_throttles(
+        "gw-token-throttle",
+        [
+            ("TokenThrottleRateLimit", "1"),
+            ("TokenThrottleBurstLimit", "1"),
+        ],
+        &["token", "token", "grab/t", "grab/t"],
+    )
+    .await;
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::ACCEPTED,
+            StatusCode::TOO_MANY_REQUESTS,
+            StatusCode::ACCEPTED,
+            StatusCode::ACCEPTED
+        ]
+    );
+    assert_eq!(reached, 3, "only the throttled token request was shed");
 }
 
 #[tokio::test]
@@ -103,5 +143,49 @@ async fn cors_preflights_are_answered_by_the_gateway_and_responses_carry_the_all
             .headers()
             .contains_key("access-control-allow-origin")
     );
+    stack.shutdown().await;
+}
+
+/// The pages come with the headers of the template's CloudFront response headers policy,
+/// so they are tried locally under the policy they are deployed with; API answers do not.
+#[tokio::test]
+async fn the_pages_carry_the_templates_security_headers() {
+    let stack = start(options("gw-page-headers")).await;
+    let client = reqwest::Client::new();
+    let page = client
+        .get(format!("{}/", stack.api_url))
+        .send()
+        .await
+        .expect("the sale page");
+    assert_eq!(page.status(), StatusCode::OK);
+    let header = |name: &str| {
+        page.headers()
+            .get(name)
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_owned)
+    };
+    assert_eq!(
+        header("content-security-policy").as_deref(),
+        Some(
+            "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; \
+             connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
+        )
+    );
+    assert_eq!(
+        header("strict-transport-security").as_deref(),
+        Some("max-age=63072000; includeSubDomains")
+    );
+    assert_eq!(header("x-content-type-options").as_deref(), Some("nosniff"));
+    assert_eq!(header("x-frame-options").as_deref(), Some("DENY"));
+    assert_eq!(
+        header("referrer-policy").as_deref(),
+        Some("strict-origin-when-cross-origin")
+    );
+    let api = client
+        .get(format!("{}/sales/nope", stack.api_url))
+        .send()
+        .await
+        .expect("an API answer");
+    assert!(api.headers().get("content-security-policy").is_none());
     stack.shutdown().await;
 }
