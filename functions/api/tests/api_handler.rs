@@ -7,10 +7,11 @@ use std::sync::Arc;
 use chrono::{DateTime, Duration, TimeZone, Utc};
 use flashsale_api::{Config, Deps, Ports, handler};
 use flashsale_domain::ports::{Blocklist, Clock, OrderBook, SaleCatalog, StockLedger};
+use flashsale_domain::testing;
 use flashsale_domain::testing::{
     FailingLedger, InMemoryBlocklist, InMemoryStore, ManualClock, RecordingScheduler,
 };
-use flashsale_domain::{OrderId, Reservation, Sale, SaleDraft, SaleId, UserId};
+use flashsale_domain::{OrderId, Reservation, Sale, SaleId, UserId};
 use flashsale_lambda::testing::{ApiEvent, body_json, error_code, fixture};
 use flashsale_lambda::{ConfigError, MAX_BODY_BYTES};
 use lambda_http::Body;
@@ -89,17 +90,10 @@ impl World {
     }
 
     async fn create_sale_in_store(&self, stock: i64, shards: i64) -> Sale {
-        let sale = Sale::from_draft(SaleDraft {
-            sale_id: Some(SALE.to_owned()),
-            name: "Phone launch".to_owned(),
-            stock,
-            starts_at: starts_at(),
-            ends_at: starts_at() + Duration::hours(1),
-            per_user_limit: None,
-            payment_timeout_secs: Some(900),
-            shards: Some(shards),
-        })
-        .unwrap();
+        let sale = testing::sale(stock, shards)
+            .id(SALE)
+            .starting_at(starts_at())
+            .build();
         assert!(self.store.create_sale(&sale).await.unwrap());
         sale
     }

@@ -541,17 +541,12 @@ mod tests {
     }
 
     fn draft(stock: i64, shards: Option<i64>) -> SaleDraft {
-        let starts_at = DateTime::from_timestamp(1_800_000_000, 0).expect("a valid time");
-        SaleDraft {
-            sale_id: Some("big-sale".to_owned()),
-            name: "big sale".to_owned(),
-            stock,
-            starts_at,
-            ends_at: starts_at + Duration::hours(1),
-            per_user_limit: None,
-            payment_timeout_secs: None,
-            shards,
-        }
+        crate::testing::sale(stock, 1)
+            .with(|draft| {
+                draft.shards = shards;
+                draft.payment_timeout_secs = None;
+            })
+            .draft()
     }
 
     #[test]

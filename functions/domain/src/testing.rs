@@ -16,7 +16,90 @@ use crate::ports::{
     ReserveRefusal, SaleCatalog, Settlement, ShardState, ShardTakers, StockLedger, Take,
     TakeReturn,
 };
-use crate::sale::{MAX_ABANDONED_HOLDS, Sale, StockCounts};
+use crate::sale::{MAX_ABANDONED_HOLDS, Sale, SaleDraft, StockCounts};
+
+/// A sale for a test, in place of a `SaleDraft` literal in each: `stock` units on
+/// `shards` shards of the sale `phone-launch` ("Phone launch"), an hour long from
+/// 2026-01-01 00:00 UTC, a 900 s payment window and the default per-user limit. A test
+/// changes what it is about, then takes the [`SaleBuilder::draft`] for the use case or
+/// the validated [`SaleBuilder::build`] for a store.
+pub fn sale(stock: i64, shards: i64) -> SaleBuilder {
+    let starts_at = DateTime::from_timestamp(1_767_225_600, 0).expect("2026-01-01 is a valid time");
+    SaleBuilder {
+        draft: SaleDraft {
+            sale_id: Some("phone-launch".to_owned()),
+            name: "Phone launch".to_owned(),
+            stock,
+            starts_at,
+            ends_at: starts_at + Duration::hours(1),
+            per_user_limit: None,
+            payment_timeout_secs: Some(900),
+            shards: Some(shards),
+        },
+    }
+}
+
+/// See [`sale`].
+#[derive(Debug, Clone)]
+pub struct SaleBuilder {
+    draft: SaleDraft,
+}
+
+impl SaleBuilder {
+    pub fn id(mut self, sale_id: &str) -> Self {
+        self.draft.sale_id = Some(sale_id.to_owned());
+        self
+    }
+
+    /// No id: the use case generates one.
+    pub fn generated_id(mut self) -> Self {
+        self.draft.sale_id = None;
+        self
+    }
+
+    pub fn named(mut self, name: &str) -> Self {
+        self.draft.name = name.to_owned();
+        self
+    }
+
+    /// Starts at `starts_at`, as long as before.
+    pub fn starting_at(mut self, starts_at: DateTime<Utc>) -> Self {
+        let length = self.draft.ends_at - self.draft.starts_at;
+        self.draft.starts_at = starts_at;
+        self.draft.ends_at = starts_at + length;
+        self
+    }
+
+    pub fn lasting(mut self, length: Duration) -> Self {
+        self.draft.ends_at = self.draft.starts_at + length;
+        self
+    }
+
+    pub fn per_user_limit(mut self, limit: i64) -> Self {
+        self.draft.per_user_limit = Some(limit);
+        self
+    }
+
+    pub fn payment_window_secs(mut self, secs: i64) -> Self {
+        self.draft.payment_timeout_secs = Some(secs);
+        self
+    }
+
+    /// Anything else, on the draft itself (a field left unset, say).
+    pub fn with(mut self, change: impl FnOnce(&mut SaleDraft)) -> Self {
+        change(&mut self.draft);
+        self
+    }
+
+    pub fn draft(self) -> SaleDraft {
+        self.draft
+    }
+
+    /// The sale, validated as the create use case validates it.
+    pub fn build(self) -> Sale {
+        Sale::from_draft(self.draft).expect("a test's sale is valid")
+    }
+}
 
 fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex

@@ -12,12 +12,13 @@ use flashsale_domain::ports::{Clock, OrderBook, SaleCatalog, StockLedger, Take};
 use flashsale_domain::service::{
     Attempt, CachedBlocklist, ContentionPolicy, GrabOutcome, GrabReport, GrabService, SoldOutBy,
 };
+use flashsale_domain::testing;
 use flashsale_domain::testing::{
     InMemoryBlocklist, InMemoryStore, ManualClock, RecordedPauses, RecordingQueue, ReserveScript,
     ScriptedLedger,
 };
 use flashsale_domain::token::GrabTokenSigner;
-use flashsale_domain::{AppError, OrderId, OrderStatus, Sale, SaleDraft, UserId};
+use flashsale_domain::{AppError, OrderId, OrderStatus, Sale, UserId};
 
 use ReserveScript::{CommitThenFail, Contend, FailBefore};
 
@@ -40,17 +41,11 @@ impl World {
     /// A sale of `stock` on `shards`, its reserves played through `script`.
     async fn new(stock: i64, shards: i64, script: impl IntoIterator<Item = ReserveScript>) -> Self {
         let store = Arc::new(InMemoryStore::new());
-        let sale = Sale::from_draft(SaleDraft {
-            sale_id: Some("phone".into()),
-            name: "Phone".into(),
-            stock,
-            starts_at: start(),
-            ends_at: start() + Duration::hours(1),
-            per_user_limit: Some(1),
-            payment_timeout_secs: Some(900),
-            shards: Some(shards),
-        })
-        .unwrap();
+        let sale = testing::sale(stock, shards)
+            .id("phone")
+            .starting_at(start())
+            .per_user_limit(1)
+            .build();
         assert!(store.create_sale(&sale).await.unwrap());
         let ledger = Arc::new(ScriptedLedger::new(store.clone(), script));
         let queue = Arc::new(RecordingQueue::default());

@@ -10,8 +10,9 @@ use flashsale_domain::ports::{
 };
 use flashsale_domain::sale::StockCounts;
 use flashsale_domain::service::{ReconcileReport, Reconciler};
+use flashsale_domain::testing;
 use flashsale_domain::testing::{InMemoryStore, InjectedFailure, ManualClock, RecordingQueue};
-use flashsale_domain::{Order, OrderId, OrderStatus, Reservation, Sale, SaleDraft, SaleId, UserId};
+use flashsale_domain::{Order, OrderId, OrderStatus, Reservation, Sale, SaleId, UserId};
 
 fn start() -> DateTime<Utc> {
     Utc.with_ymd_and_hms(2026, 11, 11, 0, 0, 0).unwrap()
@@ -30,17 +31,11 @@ async fn world() -> World {
     let queue = Arc::new(RecordingQueue::default());
     let clock = Arc::new(ManualClock::new(start()));
     let clock_port: Arc<dyn Clock> = clock.clone();
-    let sale = Sale::from_draft(SaleDraft {
-        sale_id: Some("s".into()),
-        name: "Phone".into(),
-        stock: 10,
-        starts_at: start(),
-        ends_at: start() + Duration::hours(1),
-        per_user_limit: None,
-        payment_timeout_secs: Some(600),
-        shards: Some(1),
-    })
-    .unwrap();
+    let sale = testing::sale(10, 1)
+        .id("s")
+        .starting_at(start())
+        .payment_window_secs(600)
+        .build();
     store.create_sale(&sale).await.unwrap();
     let reconciler = Reconciler {
         catalog: store.clone(),

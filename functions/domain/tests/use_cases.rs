@@ -11,12 +11,13 @@ use flashsale_domain::service::{
     Attempt, BlocklistService, CachedBlocklist, ContentionPolicy, ExpiryService, GrabService,
     Opened, OrderService, SaleService,
 };
+use flashsale_domain::testing;
 use flashsale_domain::testing::{
     InMemoryBlocklist, InMemoryStore, ManualClock, RecordedPauses, RecordingQueue,
     RecordingScheduler,
 };
 use flashsale_domain::token::GrabTokenSigner;
-use flashsale_domain::{AppError, OrderStatus, SaleDraft, SaleId, UserId};
+use flashsale_domain::{AppError, OrderStatus, SaleId, UserId};
 
 const SECRET: &[u8] = b"an-hmac-key-of-at-least-32-bytes!";
 
@@ -91,16 +92,13 @@ impl World {
     async fn sale(&self, stock: i64, shards: i64, per_user_limit: i64) -> SaleId {
         let sale = self
             .sales
-            .create(SaleDraft {
-                sale_id: None,
-                name: "Phone".into(),
-                stock,
-                starts_at: start(),
-                ends_at: start() + Duration::hours(1),
-                per_user_limit: Some(per_user_limit),
-                payment_timeout_secs: Some(900),
-                shards: Some(shards),
-            })
+            .create(
+                testing::sale(stock, shards)
+                    .generated_id()
+                    .starting_at(start())
+                    .per_user_limit(per_user_limit)
+                    .draft(),
+            )
             .await
             .unwrap();
         sale.sale_id
@@ -620,15 +618,16 @@ async fn another_users_order_is_not_found() {
 #[tokio::test]
 async fn creating_a_sale_twice_is_a_conflict_and_invalid_drafts_write_nothing() {
     let world = World::new();
-    let draft = |stock, ends_offset_hours| SaleDraft {
-        sale_id: Some("fixed".into()),
-        name: "Phone".into(),
-        stock,
-        starts_at: start(),
-        ends_at: start() + Duration::hours(ends_offset_hours),
-        per_user_limit: None,
-        payment_timeout_secs: None,
-        shards: None,
+    let draft = |stock, ends_offset_hours| {
+        testing::sale(stock, 1)
+            .id("fixed")
+            .starting_at(start())
+            .lasting(Duration::hours(ends_offset_hours))
+            .with(|draft| {
+                draft.shards = None;
+                draft.payment_timeout_secs = None;
+            })
+            .draft()
     };
     // The last one ends in year 10000, which RFC 3339 cannot write back.
     let year_10000 = Utc.with_ymd_and_hms(10_000, 1, 1, 0, 0, 0).unwrap();

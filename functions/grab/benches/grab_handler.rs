@@ -24,9 +24,10 @@ use criterion::measurement::{Measurement, ValueFormatter, WallTime};
 use criterion::{BatchSize, BenchmarkGroup, Criterion, Throughput};
 use flashsale_domain::ports::SaleCatalog;
 use flashsale_domain::sale::MAX_SHARDS;
+use flashsale_domain::testing;
 use flashsale_domain::testing::{InMemoryBlocklist, InMemoryStore, ManualClock, RecordingQueue};
 use flashsale_domain::token::GrabTokenSigner;
-use flashsale_domain::{Sale, SaleDraft, SaleId, UserId};
+use flashsale_domain::{SaleId, UserId};
 use flashsale_grab::{Config, Deps, Ports, handler};
 use flashsale_lambda::testing::ApiEvent;
 use lambda_http::Request;
@@ -108,17 +109,11 @@ impl Bench {
         .collect();
         let config = Config::from_lookup(|var| vars.get(var).map(|v| (*v).to_owned())).unwrap();
         let store = Arc::new(InMemoryStore::new());
-        let sale = Sale::from_draft(SaleDraft {
-            sale_id: Some("bench-sale".to_owned()),
-            name: "Bench".to_owned(),
-            stock,
-            starts_at,
-            ends_at: starts_at + Duration::hours(1),
-            per_user_limit: None,
-            payment_timeout_secs: Some(900),
-            shards: Some(shards),
-        })
-        .unwrap();
+        let sale = testing::sale(stock, shards)
+            .id("bench-sale")
+            .named("Bench")
+            .starting_at(starts_at)
+            .build();
         assert!(runtime.block_on(store.create_sale(&sale)).unwrap());
         let signer = GrabTokenSigner::new(SECRET).unwrap();
         let deps = Deps::from_ports(

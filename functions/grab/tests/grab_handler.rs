@@ -8,11 +8,12 @@ use std::sync::atomic::Ordering;
 use chrono::{DateTime, Duration, TimeZone, Utc};
 use flashsale_domain::ports::Blocklist;
 use flashsale_domain::ports::{SaleCatalog, StockLedger};
+use flashsale_domain::testing;
 use flashsale_domain::testing::{
     FailingLedger, InMemoryBlocklist, InMemoryStore, ManualClock, RecordingQueue,
 };
 use flashsale_domain::token::GrabTokenSigner;
-use flashsale_domain::{Sale, SaleDraft, SaleId, UserId};
+use flashsale_domain::{SaleId, UserId};
 use flashsale_grab::{Config, Deps, Ports, RETRY_ATTEMPT_HEADER, handler};
 use flashsale_lambda::testing::{ApiEvent, body_json, error_code};
 use flashsale_lambda::{ConfigError, MAX_BODY_BYTES};
@@ -62,17 +63,10 @@ impl World {
 
     async fn with_ledger(stock: i64, shards: i64, ledger: Option<Arc<dyn StockLedger>>) -> Self {
         let store = Arc::new(InMemoryStore::new());
-        let sale = Sale::from_draft(SaleDraft {
-            sale_id: Some(SALE.to_owned()),
-            name: "Phone launch".to_owned(),
-            stock,
-            starts_at: starts_at(),
-            ends_at: starts_at() + Duration::hours(1),
-            per_user_limit: None,
-            payment_timeout_secs: Some(900),
-            shards: Some(shards),
-        })
-        .unwrap();
+        let sale = testing::sale(stock, shards)
+            .id(SALE)
+            .starting_at(starts_at())
+            .build();
         assert!(store.create_sale(&sale).await.unwrap());
         let queue = Arc::new(RecordingQueue::default());
         let clock = Arc::new(ManualClock::new(starts_at() + Duration::minutes(1)));

@@ -27,9 +27,10 @@ use flashsale_domain::ports::{
     OrderBook, OrderQueue, ReserveRefusal, SaleCatalog, Settlement, ShardState, ShardTakers,
     StockLedger, Take, TakeReturn,
 };
+use flashsale_domain::testing;
 use flashsale_domain::testing::{InMemoryBlocklist, InMemoryStore, ManualClock, RecordingQueue};
 use flashsale_domain::token::GrabTokenSigner;
-use flashsale_domain::{ReleaseReason, Reservation, Sale, SaleDraft, SaleId};
+use flashsale_domain::{ReleaseReason, Reservation, Sale, SaleId};
 use flashsale_grab::{
     Config, Deps, GRAB_KEY_BUDGET, GrabKeyError, Ports, REQUEST_DEADLINE, SDK_BUDGET, handler,
 };
@@ -203,17 +204,10 @@ impl StockLedger for SlowEmptyShards {
 }
 
 fn sale(stock: i64, shards: i64) -> Sale {
-    Sale::from_draft(SaleDraft {
-        sale_id: Some(SALE.to_owned()),
-        name: "Phone launch".to_owned(),
-        stock,
-        starts_at: starts_at(),
-        ends_at: starts_at() + Duration::hours(1),
-        per_user_limit: None,
-        payment_timeout_secs: Some(900),
-        shards: Some(shards),
-    })
-    .unwrap()
+    testing::sale(stock, shards)
+        .id(SALE)
+        .starting_at(starts_at())
+        .build()
 }
 
 /// The grab over an in-memory catalog and order book, with the stock ledger and queue

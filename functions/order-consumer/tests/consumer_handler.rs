@@ -11,8 +11,9 @@ use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use chrono::{Duration, TimeZone, Utc};
 use flashsale_domain::error::StoreError;
 use flashsale_domain::ports::{OrderBook, ReleaseScheduler, SaleCatalog, StockLedger};
+use flashsale_domain::testing;
 use flashsale_domain::testing::{InMemoryStore, ManualClock, RecordingScheduler};
-use flashsale_domain::{OrderId, OrderStatus, ReleaseReason, Reservation, Sale, SaleDraft};
+use flashsale_domain::{OrderId, OrderStatus, ReleaseReason, Reservation, Sale};
 use flashsale_lambda::ConfigError;
 use flashsale_lambda::testing::fixture;
 use flashsale_order_consumer::{
@@ -94,17 +95,7 @@ impl World {
     async fn new() -> Self {
         let start = Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap();
         let store = Arc::new(InMemoryStore::new());
-        let sale = Sale::from_draft(SaleDraft {
-            sale_id: Some("phone-launch".to_owned()),
-            name: "Phone launch".to_owned(),
-            stock: 100,
-            starts_at: start,
-            ends_at: start + Duration::hours(1),
-            per_user_limit: None,
-            payment_timeout_secs: Some(900),
-            shards: Some(8),
-        })
-        .unwrap();
+        let sale = testing::sale(100, 8).starting_at(start).build();
         assert!(store.create_sale(&sale).await.unwrap());
         let scheduler = Arc::new(FlakyScheduler::default());
         let dead_letters = Arc::new(RecordingDeadLetters::default());

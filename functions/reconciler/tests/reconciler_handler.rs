@@ -9,10 +9,9 @@ use chrono::{DateTime, Duration, TimeZone, Utc};
 use flashsale_domain::error::StoreError;
 use flashsale_domain::ports::{Clock, OrderBook, SaleCatalog};
 use flashsale_domain::service::ReconcileReport;
+use flashsale_domain::testing;
 use flashsale_domain::testing::{InMemoryStore, ManualClock, RecordingQueue};
-use flashsale_domain::{
-    AppError, OrderId, OrderStatus, Reservation, Sale, SaleDraft, SaleId, UserId,
-};
+use flashsale_domain::{AppError, OrderId, OrderStatus, Reservation, Sale, SaleId, UserId};
 use flashsale_lambda::ConfigError;
 use flashsale_lambda::testing::fixture;
 use flashsale_reconciler::{Config, Deps, Ports, ReconcileError, handler};
@@ -54,17 +53,10 @@ impl World {
         let store = Arc::new(InMemoryStore::new());
         let queue = Arc::new(RecordingQueue::default());
         let clock = Arc::new(ManualClock::new(start()));
-        let sale = Sale::from_draft(SaleDraft {
-            sale_id: Some("phone-launch".to_owned()),
-            name: "Phone launch".to_owned(),
-            stock: 10,
-            starts_at: start(),
-            ends_at: start() + Duration::hours(1),
-            per_user_limit: None,
-            payment_timeout_secs: Some(600),
-            shards: Some(1),
-        })
-        .unwrap();
+        let sale = testing::sale(10, 1)
+            .starting_at(start())
+            .payment_window_secs(600)
+            .build();
         assert!(store.create_sale(&sale).await.unwrap());
         let deps = Deps::from_ports(
             config,

@@ -6,8 +6,9 @@ use std::sync::Arc;
 use chrono::{DateTime, Duration, NaiveDateTime, TimeZone, Utc};
 use flashsale_adapters::{EventBridgeScheduler, FIRING_SLACK};
 use flashsale_domain::ports::{Clock, OrderBook, PayOutcome, SaleCatalog, StockLedger};
+use flashsale_domain::testing;
 use flashsale_domain::testing::{FailingLedger, InMemoryStore, ManualClock};
-use flashsale_domain::{AppError, OrderStatus, ReleaseReason, Reservation, Sale, SaleDraft};
+use flashsale_domain::{AppError, OrderStatus, ReleaseReason, Reservation, Sale};
 use flashsale_lambda::ConfigError;
 use flashsale_lambda::testing::fixture;
 use flashsale_release::{Config, Deps, MAX_WAIT, Ports, ReleaseError, handler};
@@ -68,17 +69,10 @@ impl World {
     ) -> Self {
         let start = Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap();
         let store = Arc::new(InMemoryStore::new());
-        let sale = Sale::from_draft(SaleDraft {
-            sale_id: Some(reservation.sale_id.to_string()),
-            name: "Phone launch".to_owned(),
-            stock: 100,
-            starts_at: start,
-            ends_at: start + Duration::hours(1),
-            per_user_limit: None,
-            payment_timeout_secs: Some(900),
-            shards: Some(8),
-        })
-        .unwrap();
+        let sale = testing::sale(100, 8)
+            .id(&reservation.sale_id.to_string())
+            .starting_at(start)
+            .build();
         assert!(store.create_sale(&sale).await.unwrap());
         store
             .reserve(&sale, reservation.shard, &reservation)
