@@ -54,6 +54,20 @@ enum Command {
     },
     /// Every measurement, written to the report.
     Run(RunArgs),
+    /// Only the contention scenario (section 7) at `make bench`'s sizes, printed as
+    /// JSON: a quicker loop while working on the grab's write shape. Not a report.
+    Contention {
+        #[arg(long, default_value = "template.yaml")]
+        template: PathBuf,
+        #[arg(long, default_value = "target/release/flashsale-local")]
+        local_bin: PathBuf,
+        /// Commit times of the surge and the textbook client (default: `make bench`'s).
+        #[arg(long = "commit-ms", value_name = "MS")]
+        commit_times_ms: Vec<u64>,
+        /// Skip the per-shard curve.
+        #[arg(long)]
+        no_curve: bool,
+    },
 }
 
 #[derive(Debug, clap::Args)]
@@ -132,6 +146,12 @@ async fn main() -> ExitCode {
             event,
         } => print_init(&template, &bin_dir, runs, invokes, &event).await,
         Command::Run(args) => run(&args).await,
+        Command::Contention {
+            template,
+            local_bin,
+            commit_times_ms,
+            no_curve,
+        } => contention_only(template, local_bin, commit_times_ms, no_curve).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -289,6 +309,50 @@ const SMOKE: Sizes = Sizes {
         drain_timeout: Duration::from_secs(30),
     },
 };
+
+async fn contention_only(
+    template: PathBuf,
+    local_bin: PathBuf,
+    commit_times_ms: Vec<u64>,
+    no_curve: bool,
+) -> Result<(), BenchError> {
+    let mut sizes = RUN.contention;
+    // The sizes hold `'static` slices: a command line's are leaked, once per process.
+    if !commit_times_ms.is_empty() {
+        sizes.commit_times_ms = Vec::leak(commit_times_ms);
+    }
+    if no_curve {
+        sizes.curve_commit_times_ms = &[];
+    }
+    let stack = BenchStack::start(&StackSpec {
+        local_bin,
+        template,
+        parameter_overrides: LIFTED_THROTTLES.iter().map(|s| (*s).to_owned()).collect(),
+    })
+    .await?;
+    let session = Session::open(&stack).await?;
+    let report = contention::contention(&session, &stack, &sizes).await?;
+    for run in &report.runs {
+        let gateway = &run.gateway;
+        eprintln!(
+            "commit {} ms: sold {} left {:?} 503s {} of {} ({:.2} %), writes/unit {:.2}, \
+             sell-out gateway {:?} textbook {:?} ratio {:.2}",
+            run.commit_time_ms,
+            gateway.sold,
+            gateway.left,
+            gateway.unavailable,
+            gateway.answers,
+            gateway.unavailable_share() * 100.0,
+            gateway.writes_per_unit().unwrap_or(f64::NAN),
+            gateway.sell_out,
+            run.textbook.target_reached_after,
+            run.sell_out_ratio().unwrap_or(f64::NAN),
+        );
+    }
+    let json = serde_json::to_string_pretty(&report).unwrap_or_default();
+    println!("{json}");
+    Ok(())
+}
 
 async fn run(args: &RunArgs) -> Result<(), BenchError> {
     let sizes = if args.smoke { &SMOKE } else { &RUN };

@@ -120,11 +120,10 @@ impl World {
         reservation
     }
 
-    /// A reservation the order consumer has already turned into a pending order with
-    /// its release timer.
+    /// A reservation whose release timer the order consumer has already set (it writes
+    /// nothing else: the hold is the order).
     async fn pending(&self, user: &str) -> Reservation {
         let reservation = self.reserve(user).await;
-        self.store.open(&reservation).await.unwrap();
         self.scheduler
             .timers
             .lock()
@@ -651,8 +650,7 @@ async fn an_admin_sees_stats_that_reconcile() {
         json!({
             "stock_total": 100,
             "available": 97,
-            "reserved": 1,
-            "pending_payment": 1,
+            "reserved": 2,
             "paid": 1,
             "cancelled": 1,
             "expired": 0,
@@ -821,7 +819,7 @@ async fn nobody_pays_another_users_order() {
         .await;
     assert_eq!(response.status(), 404);
     assert_eq!(error_code(&response), "order_not_found");
-    assert_eq!(world.status_of(&reservation).await, "pending_payment");
+    assert_eq!(world.status_of(&reservation).await, "reserved");
     assert!(world.has_timer(&reservation));
 }
 
@@ -868,7 +866,7 @@ async fn nobody_cancels_another_users_order() {
         .await;
     assert_eq!(response.status(), 404);
     assert_eq!(error_code(&response), "order_not_found");
-    assert_eq!(world.status_of(&reservation).await, "pending_payment");
+    assert_eq!(world.status_of(&reservation).await, "reserved");
     assert_eq!(world.available().await, 99);
 }
 
@@ -891,7 +889,7 @@ async fn order_routes_need_a_verified_caller() {
         assert_eq!(response.status(), 401, "{fixture}");
         assert_eq!(error_code(&response), "unauthorized", "{fixture}");
     }
-    assert_eq!(world.status_of(&reservation).await, "pending_payment");
+    assert_eq!(world.status_of(&reservation).await, "reserved");
 }
 
 // ---- routing and configuration ------------------------------------------------------

@@ -1,5 +1,6 @@
-//! The order consumer: reads the reservations the grab put on the orders FIFO queue,
-//! opens each as an order awaiting payment and sets its release timer.
+//! The order consumer: reads the reservations the grab put on the orders FIFO queue
+//! and sets each held order's release timer. It reads the hold and writes nothing to
+//! the table: the grab's hold already is the order.
 //!
 //! Records are independent (each is its own message group), so a batch is processed
 //! concurrently, up to [`MAX_CONCURRENT_RECORDS`] at a time. The answer is a partial
@@ -32,9 +33,9 @@ pub use dead_letter::{DeadLetter, DeadLetterQueue, ParkError, SqsDeadLetterQueue
 pub const MAX_CONCURRENT_RECORDS: usize = 10;
 
 /// How long one SDK call of the consumer may take. The template gives the function
-/// 30 s and records run concurrently, so what counts is one record's chain: the open
-/// transaction, its read when refused, creating the timer, and parking a poison record
-/// (four calls): 4 x 5 s leaves 10 s spare. Nobody waits on the consumer, and a record
+/// 30 s and records run concurrently, so what counts is one record's chain: the read of
+/// the hold, creating the timer, and parking a poison record (three calls): 3 x 5 s
+/// leaves 15 s spare. Nobody waits on the consumer, and a record
 /// whose call fails comes back only after the queue's visibility timeout, so a slow
 /// call is given more time than on the HTTP functions before it is abandoned.
 pub const SDK_BUDGET: CallBudget = CallBudget {
@@ -289,7 +290,7 @@ async fn consume(deps: &Deps, record: &SqsMessage) -> Result<Opened, RecordError
 async fn handle(deps: &Deps, record: &SqsMessage) -> bool {
     match consume(deps, record).await {
         Ok(Opened::AwaitingPayment) => {
-            tracing::info!(outcome = "awaiting_payment", "order opened");
+            tracing::info!(outcome = "awaiting_payment", "release timer set");
             false
         }
         Ok(Opened::AlreadySettled(status)) => {

@@ -631,6 +631,9 @@ pub(crate) fn order_item(
     item
 }
 
+/// The order item read back. Only the tests read it: the functions answer from holds,
+/// and the item is the settled order's record for operators (and its TTL).
+#[cfg(test)]
 pub(crate) fn parse_order(item: &Item) -> Result<(Reservation, OrderStatus), ItemError> {
     let fields = Fields::of(item);
     let reservation = Reservation {

@@ -407,9 +407,7 @@ impl StockLedger for DynamoStore {
                     "SET #hold.#status = :final, #hold.#settled = :settled, \
                      #active = #active - :one ADD #abandoned :one",
                 )
-                .condition_expression(
-                    "#hold.#status IN (:reserved, :pending) AND #hold.#shard = :shard",
-                )
+                .condition_expression("#hold.#status = :reserved AND #hold.#shard = :shard")
                 .set_expression_attribute_names(names(&[
                     ("#hold", &hold_attribute),
                     ("#active", ACTIVE),
@@ -423,7 +421,6 @@ impl StockLedger for DynamoStore {
                     (":settled", item::time(now)),
                     (":final", s(reason.final_status().as_str())),
                     (":reserved", s(OrderStatus::Reserved.as_str())),
-                    (":pending", s(OrderStatus::PendingPayment.as_str())),
                     (":shard", n(reservation.shard)),
                 ]))
                 .build(),

@@ -11,7 +11,7 @@ use aws_sdk_dynamodb::types::{AttributeValue, KeysAndAttributes, Put, TransactWr
 use chrono::{DateTime, Utc};
 use flashsale_domain::{OrderId, OrderStatus, Reservation, Sale, StoreError, UserId};
 
-use super::item::{self, AVAILABLE, GSI1, Hold, Item, ItemError, PK, STATUS, TAKERS, s};
+use super::item::{self, AVAILABLE, GSI1, Hold, Item, ItemError, PK, TAKERS};
 use super::transact::{Refusal, count_conflict, transact};
 use super::{CorruptItem, DynamoStore, Inconsistency, UnprocessedKeys};
 use crate::classify::store_error;
@@ -95,8 +95,8 @@ impl DynamoStore {
     }
 
     /// Writes the order item in its final `status`, unless it is already settled: the
-    /// order's part of a pay or release transaction. The item may not exist yet (the
-    /// consumer has not opened the order), hence the put.
+    /// order's part of a pay or release transaction. Until then the order is only its
+    /// hold, so the item is new: written once, when the hold settles.
     pub(super) fn settle_order_item(
         &self,
         operation: &'static str,
@@ -107,14 +107,8 @@ impl DynamoStore {
         built(
             operation,
             self.put(item::order_item(reservation, status, now))
-                .condition_expression(
-                    "attribute_not_exists(#pk) OR #status IN (:reserved, :pending)",
-                )
-                .set_expression_attribute_names(names(&[("#pk", PK), ("#status", STATUS)]))
-                .set_expression_attribute_values(values([
-                    (":reserved", s(OrderStatus::Reserved.as_str())),
-                    (":pending", s(OrderStatus::PendingPayment.as_str())),
-                ]))
+                .condition_expression("attribute_not_exists(#pk)")
+                .set_expression_attribute_names(names(&[("#pk", PK)]))
                 .build(),
         )
     }
