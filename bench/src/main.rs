@@ -51,6 +51,9 @@ enum Command {
         invokes: usize,
         #[arg(long, default_value = "events/grab.json")]
         event: PathBuf,
+        /// `aws-lambda-rie` (default: the one aws-sam-cli bundles in `.tools/venv`).
+        #[arg(long)]
+        rie: Option<PathBuf>,
     },
     /// Every measurement, written to the report.
     Run(RunArgs),
@@ -91,6 +94,9 @@ struct RunArgs {
     /// cargo-lambda's output (`make build-lambdas`), sizes only, when present.
     #[arg(long, default_value = "target/lambda")]
     lambda_dir: PathBuf,
+    /// `aws-lambda-rie` (default: the one aws-sam-cli bundles in `.tools/venv`).
+    #[arg(long)]
+    rie: Option<PathBuf>,
     /// The cargo target folder (criterion writes its estimates there).
     #[arg(long, default_value = "target")]
     target_dir: PathBuf,
@@ -119,6 +125,8 @@ enum BenchError {
     },
     #[error("the event {}: {reason}", path.display())]
     Event { path: PathBuf, reason: String },
+    #[error("no aws-lambda-rie under {}: run `make tools` (it installs aws-sam-cli), or pass --rie", .0.display())]
+    NoRie(PathBuf),
     #[error("the smoke's report is inconsistent: {0}")]
     Inconsistent(String),
 }
@@ -144,7 +152,11 @@ async fn main() -> ExitCode {
             runs,
             invokes,
             event,
-        } => print_init(&template, &bin_dir, runs, invokes, &event).await,
+            rie,
+        } => match rie_or_bundled(rie) {
+            Ok(rie) => print_init(&rie, &template, &bin_dir, runs, invokes, &event).await,
+            Err(error) => Err(error),
+        },
         Command::Run(args) => run(&args).await,
         Command::Contention {
             template,
@@ -189,7 +201,15 @@ async fn proxy(
     Ok(())
 }
 
+/// The RIE given, or the one `make tools` installed with aws-sam-cli.
+fn rie_or_bundled(rie: Option<PathBuf>) -> Result<PathBuf, BenchError> {
+    let venv = Path::new(".tools/venv");
+    rie.or_else(|| flashsale_rie::bundled_rie(venv))
+        .ok_or_else(|| BenchError::NoRie(venv.to_owned()))
+}
+
 async fn print_init(
+    rie: &Path,
     template: &Path,
     bin_dir: &Path,
     runs: usize,
@@ -210,14 +230,15 @@ async fn print_init(
         event["requestContext"]["http"]["method"] = serde_json::json!("GET");
         event["requestContext"]["http"]["path"] = serde_json::json!("/bench/unrouted");
         let trips =
-            init::unrouted_invocations(&model, bin_dir, "GrabFunction", &event, invokes).await?;
+            init::unrouted_invocations(rie, &model, bin_dir, "GrabFunction", &event, invokes)
+                .await?;
         println!(
             "GrabFunction unrouted invoke round trip: p50 {} ms  p95 {} ms  ({invokes} invokes)",
             trips.map_or("-".to_owned(), |p| format!("{:.3}", p.p50_ms)),
             trips.map_or("-".to_owned(), |p| format!("{:.3}", p.p95_ms)),
         );
     }
-    for f in init::measure(&model, bin_dir, runs).await? {
+    for f in init::measure(rie, &model, bin_dir, runs).await? {
         println!(
             "{:<24} {:>10} bytes  init p50 {} ms  p95 {} ms  ({} runs)",
             f.function,
@@ -365,12 +386,13 @@ async fn run(args: &RunArgs) -> Result<(), BenchError> {
         sizes.init_runs
     );
     let model = init::functions(&args.template)?;
-    let bootstraps = init::measure(&model, &args.bin_dir, sizes.init_runs).await?;
+    let rie = rie_or_bundled(args.rie.clone())?;
+    let bootstraps = init::measure(&rie, &model, &args.bin_dir, sizes.init_runs).await?;
     let deployed_arch = std::fs::read_to_string(args.lambda_dir.join("ARCH"))
         .ok()
         .map(|arch| arch.trim().to_owned());
     let deployed = match deployed_arch {
-        Some(_) => init::measure(&model, &args.lambda_dir, 0)
+        Some(_) => init::measure(&rie, &model, &args.lambda_dir, 0)
             .await
             .unwrap_or_default(),
         None => Vec::new(),

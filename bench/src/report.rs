@@ -355,8 +355,9 @@ impl BenchReport {
         let _ = writeln!(
             out,
             "## 5. Bootstraps: size and init\n\nInit: from spawning the binary ({}) under the \
-             Runtime API emulator (`flashsale-runtime-emulator`) with the template's environment \
-             to its first `GET /2018-06-01/runtime/invocation/next`. Goals: grab ≤ 8 MB, init ≤ \
+             AWS Lambda Runtime Interface Emulator (`aws-lambda-rie`, as the aws-sam-cli wheel \
+             bundles it) with the template's environment: the RIE's `INIT REPORT`, from the \
+             process's start to its first request for an event. Goals: grab ≤ 8 MB, init ≤ \
              20 ms.\n",
             self.bootstraps_built_as
         );
