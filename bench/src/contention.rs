@@ -763,7 +763,7 @@ enum RawReserve {
 
 /// What one raw buyer got.
 enum RawOutcome {
-    Reserved(Reservation),
+    Reserved,
     SoldOut,
     GaveUp,
     Failed(String),
@@ -871,7 +871,7 @@ async fn textbook_buyer(
             let contended = matches!(answer, Ok(Err(ReserveRefusal::Contended)));
             locked(tally).record(round_trip, matches!(answer, Ok(Ok(()))), contended);
             match answer {
-                Ok(Ok(())) => return RawOutcome::Reserved(reservation),
+                Ok(Ok(())) => return RawOutcome::Reserved,
                 Ok(Err(ReserveRefusal::ShardEmpty(_))) => break,
                 Ok(Err(ReserveRefusal::Contended)) if attempt < TEXTBOOK_RETRY.attempts => {
                     tokio::time::sleep(TEXTBOOK_RETRY.pause(attempt)).await;
@@ -898,7 +898,6 @@ async fn raw_run(raw: &RawTarget, proxy: &Proxy, sale: Sale, plan: RawPlan) -> R
         reserved: AtomicUsize,
         reached: OnceLock<Duration>,
         tally: Mutex<RawTally>,
-        held: Mutex<Vec<Reservation>>,
         sold_out: AtomicUsize,
         gave_up: AtomicUsize,
         failed: AtomicUsize,
@@ -928,8 +927,7 @@ async fn raw_run(raw: &RawTarget, proxy: &Proxy, sale: Sale, plan: RawPlan) -> R
                         }
                     };
                     match textbook_buyer(&store, &sale, user, &shared.tally, plan.reserve).await {
-                        RawOutcome::Reserved(reservation) => {
-                            locked(&shared.held).push(reservation);
+                        RawOutcome::Reserved => {
                             let reserved = shared.reserved.fetch_add(1, Ordering::SeqCst) + 1;
                             if reserved == plan.target {
                                 let _ = shared.reached.set(started.elapsed());
@@ -961,7 +959,6 @@ async fn raw_run(raw: &RawTarget, proxy: &Proxy, sale: Sale, plan: RawPlan) -> R
     let elapsed = started.elapsed();
     let dynamodb = proxy.counts().since(&counts_before);
     let tally = std::mem::take(&mut *locked(&shared.tally));
-    let held = std::mem::take(&mut *locked(&shared.held));
     let mean = |total: Duration, n: u64| (n > 0).then(|| total.div_f64(n as f64));
     RawRun {
         sale_id: sale.sale_id.to_string(),
@@ -970,7 +967,7 @@ async fn raw_run(raw: &RawTarget, proxy: &Proxy, sale: Sale, plan: RawPlan) -> R
         workers: plan.workers,
         target: plan.target,
         buyers_started: shared.next.load(Ordering::SeqCst).min(plan.max_buyers),
-        reserved: held.len(),
+        reserved: shared.reserved.load(Ordering::SeqCst),
         sold_out: shared.sold_out.load(Ordering::SeqCst),
         gave_up: shared.gave_up.load(Ordering::SeqCst),
         failed: shared.failed.load(Ordering::SeqCst),

@@ -1200,3 +1200,82 @@ async fn a_corrupt_sale_item_is_a_permanent_error_naming_the_item() {
         "{corrupt:?}"
     );
 }
+
+/// The order item's sort key (the adapter's own is private to it).
+const ORDER_SK: &str = "ORDER";
+
+/// Leaves `reservation` as the consumer of the version before the hold became the order
+/// left it: the hold `pending_payment`, and an order item of the same status.
+async fn opened_by_an_earlier_version(
+    client: &aws_sdk_dynamodb::Client,
+    table: &str,
+    reservation: &Reservation,
+) {
+    let user_pk = format!("SALE#{}#USER#{}", reservation.sale_id, reservation.user_id);
+    client
+        .update_item()
+        .table_name(table)
+        .key("pk", AttributeValue::S(user_pk))
+        .key("sk", AttributeValue::S("HOLDS".to_owned()))
+        .update_expression("SET #hold.#status = :pending")
+        .expression_attribute_names("#hold", format!("hold#{}", reservation.order_id))
+        .expression_attribute_names("#status", "status")
+        .expression_attribute_values(":pending", AttributeValue::S("pending_payment".to_owned()))
+        .send()
+        .await
+        .expect("the earlier consumer's hold");
+    client
+        .put_item()
+        .table_name(table)
+        .item(
+            "pk",
+            AttributeValue::S(format!("ORDER#{}", reservation.order_id)),
+        )
+        .item("sk", AttributeValue::S(ORDER_SK.to_owned()))
+        .item("status", AttributeValue::S("pending_payment".to_owned()))
+        .send()
+        .await
+        .expect("the earlier consumer's order item");
+}
+
+#[tokio::test]
+async fn orders_an_earlier_version_opened_read_as_reserved_and_settle_as_ever() {
+    let (store, client, table) = support::store().await;
+    let sale = support::sale(3, 1, 1);
+    created(&store, &sale).await;
+    let (alice, bob) = (support::user("alice"), support::user("bob"));
+    let paying = reserved(&store, &sale, &alice, 0).await;
+    let lapsing = reserved(&store, &sale, &bob, 0).await;
+    for reservation in [&paying, &lapsing] {
+        opened_by_an_earlier_version(&client, &table, reservation).await;
+    }
+
+    assert_eq!(
+        status_of(&store, &paying).await,
+        Some(OrderStatus::Reserved)
+    );
+    let counts = store.count(&sale).await.expect("count");
+    assert_eq!((counts.reserved, counts.available), (2, 1));
+    assert_reconciles(&sale, &counts);
+    assert_eq!(store.open_holds(&sale).await.expect("open holds").len(), 2);
+
+    assert_eq!(
+        store.pay(&paying, Utc::now()).await.expect("pay"),
+        PayOutcome::Paid
+    );
+    assert_eq!(
+        store
+            .release(&lapsing, ReleaseReason::Expired, lapsing.expires_at)
+            .await
+            .expect("release"),
+        Settlement::Applied
+    );
+    assert_eq!(status_of(&store, &paying).await, Some(OrderStatus::Paid));
+    assert_eq!(
+        status_of(&store, &lapsing).await,
+        Some(OrderStatus::Expired)
+    );
+    let counts = store.count(&sale).await.expect("count");
+    assert_eq!((counts.paid, counts.expired, counts.available), (1, 1, 2));
+    assert_reconciles(&sale, &counts);
+}

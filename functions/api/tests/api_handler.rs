@@ -122,7 +122,7 @@ impl World {
 
     /// A reservation whose release timer the order consumer has already set (it writes
     /// nothing else: the hold is the order).
-    async fn pending(&self, user: &str) -> Reservation {
+    async fn with_timer(&self, user: &str) -> Reservation {
         let reservation = self.reserve(user).await;
         self.scheduler
             .timers
@@ -633,8 +633,8 @@ async fn a_transient_store_failure_is_unavailable_with_retry_after() {
 async fn an_admin_sees_stats_that_reconcile() {
     let world = World::with_sale().await;
     world.reserve("user-alice").await;
-    world.pending("user-bob").await;
-    let paid = world.pending("user-carol").await;
+    world.with_timer("user-bob").await;
+    let paid = world.with_timer("user-carol").await;
     world
         .order_call("api-pay-order.json", "user-carol", &paid.order_id)
         .await;
@@ -727,7 +727,7 @@ async fn another_users_order_is_not_found_like_a_missing_one() {
 #[tokio::test]
 async fn paying_an_open_order_marks_it_paid_and_forgets_its_timer() {
     let world = World::with_sale().await;
-    let reservation = world.pending("user-alice").await;
+    let reservation = world.with_timer("user-alice").await;
 
     let response = world
         .order_call("api-pay-order.json", "user-alice", &reservation.order_id)
@@ -753,7 +753,7 @@ async fn paying_a_reserved_order_before_the_consumer_opened_it_works_too() {
 #[tokio::test]
 async fn paying_twice_answers_paid_twice() {
     let world = World::with_sale().await;
-    let reservation = world.pending("user-alice").await;
+    let reservation = world.with_timer("user-alice").await;
     for _ in 0..2 {
         let response = world
             .order_call("api-pay-order.json", "user-alice", &reservation.order_id)
@@ -767,7 +767,7 @@ async fn paying_twice_answers_paid_twice() {
 #[tokio::test]
 async fn paying_after_the_window_closed_is_order_expired_and_the_stock_is_back() {
     let world = World::with_sale().await;
-    let reservation = world.pending("user-alice").await;
+    let reservation = world.with_timer("user-alice").await;
     world
         .clock
         .set(reservation.expires_at + Duration::seconds(1));
@@ -797,7 +797,7 @@ async fn paying_after_the_window_closed_is_order_expired_and_the_stock_is_back()
 #[tokio::test]
 async fn paying_a_cancelled_order_is_order_cancelled() {
     let world = World::with_sale().await;
-    let reservation = world.pending("user-alice").await;
+    let reservation = world.with_timer("user-alice").await;
     world
         .order_call("api-cancel-order.json", "user-alice", &reservation.order_id)
         .await;
@@ -813,7 +813,7 @@ async fn paying_a_cancelled_order_is_order_cancelled() {
 #[tokio::test]
 async fn nobody_pays_another_users_order() {
     let world = World::with_sale().await;
-    let reservation = world.pending("user-alice").await;
+    let reservation = world.with_timer("user-alice").await;
     let response = world
         .order_call("api-pay-order.json", "user-bob", &reservation.order_id)
         .await;
@@ -828,7 +828,7 @@ async fn nobody_pays_another_users_order() {
 #[tokio::test]
 async fn cancelling_returns_the_stock_at_once_and_is_idempotent() {
     let world = World::with_sale().await;
-    let reservation = world.pending("user-alice").await;
+    let reservation = world.with_timer("user-alice").await;
     for _ in 0..2 {
         let response = world
             .order_call("api-cancel-order.json", "user-alice", &reservation.order_id)
@@ -843,7 +843,7 @@ async fn cancelling_returns_the_stock_at_once_and_is_idempotent() {
 #[tokio::test]
 async fn cancelling_a_paid_order_is_order_paid_and_keeps_the_sale() {
     let world = World::with_sale().await;
-    let reservation = world.pending("user-alice").await;
+    let reservation = world.with_timer("user-alice").await;
     world
         .order_call("api-pay-order.json", "user-alice", &reservation.order_id)
         .await;
@@ -860,7 +860,7 @@ async fn cancelling_a_paid_order_is_order_paid_and_keeps_the_sale() {
 #[tokio::test]
 async fn nobody_cancels_another_users_order() {
     let world = World::with_sale().await;
-    let reservation = world.pending("user-alice").await;
+    let reservation = world.with_timer("user-alice").await;
     let response = world
         .order_call("api-cancel-order.json", "user-bob", &reservation.order_id)
         .await;
@@ -873,7 +873,7 @@ async fn nobody_cancels_another_users_order() {
 #[tokio::test]
 async fn order_routes_need_a_verified_caller() {
     let world = World::with_sale().await;
-    let reservation = world.pending("user-alice").await;
+    let reservation = world.with_timer("user-alice").await;
     for fixture in [
         "api-get-order.json",
         "api-pay-order.json",

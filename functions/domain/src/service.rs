@@ -89,10 +89,10 @@ impl BlocklistService {
 
 /// What the consumer's step left behind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Opened {
-    /// The order is held and its release timer is set.
-    AwaitingPayment,
-    /// Cancelled or expired before the consumer came; nothing to do.
+pub enum TimerSet {
+    /// The order is held and its release timer is set (now or before).
+    Set,
+    /// Paid, cancelled or expired before the consumer came; no timer is needed.
     AlreadySettled(OrderStatus),
 }
 
@@ -122,9 +122,10 @@ impl OrderService {
 
     /// The consumer's step: the held order's release timer is set. One read of the
     /// hold and no write: the grab's hold already is the order, so the table is not
-    /// written for a unit between its grab and its settlement. Safe to repeat for the
+    /// written for a unit between its grab and its settlement. The timer carries the
+    /// hold's own reservation, whatever else the message says. Safe to repeat for the
     /// same reservation (the timer is idempotent by order id).
-    pub async fn open(&self, reservation: &Reservation) -> Result<Opened, AppError> {
+    pub async fn set_release_timer(&self, reservation: &Reservation) -> Result<TimerSet, AppError> {
         let held = self
             .orders
             .find(&reservation.order_id, &reservation.user_id)
@@ -134,10 +135,10 @@ impl OrderService {
             // not what the grab committed.
             Some((order, held)) if held.shard == reservation.shard => {
                 if !order.status.is_open() {
-                    return Ok(Opened::AlreadySettled(order.status));
+                    return Ok(TimerSet::AlreadySettled(order.status));
                 }
-                self.scheduler.schedule_release(reservation).await?;
-                Ok(Opened::AwaitingPayment)
+                self.scheduler.schedule_release(&held).await?;
+                Ok(TimerSet::Set)
             }
             _ => Err(AppError::OrderNotFound),
         }

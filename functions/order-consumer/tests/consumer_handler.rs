@@ -300,7 +300,7 @@ async fn poison_records_are_parked_with_their_group_and_the_rest_are_consumed() 
     assert!(
         unknown
             .reason
-            .starts_with("OrderConsumer.OrderNotFound: opening order")
+            .starts_with("OrderConsumer.OrderNotFound: setting the release timer of order")
             && unknown.reason.ends_with("order not found"),
         "{}",
         unknown.reason

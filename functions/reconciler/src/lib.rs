@@ -25,7 +25,7 @@ use serde_json::Value;
 /// How long past its deadline an order may stay open before its timer counts as lost,
 /// when `RECONCILE_TIMER_GRACE_SECS` is unset. A timer releases at most 3 s after the
 /// deadline for a payment window of a minute or more, and at most a minute after the
-/// order was opened for a shorter one (see `EventBridgeScheduler::at_expression`); a
+/// consumer set it for a shorter one (see `EventBridgeScheduler::at_expression`); a
 /// release that fails is retried by Lambda about a minute later. Three minutes leaves
 /// the timer and its first retry the first word; the reconciler only repairs what
 /// they lost.

@@ -117,6 +117,8 @@ pub enum StartError {
         #[source]
         source: std::io::Error,
     },
+    #[error("the RIE exited ({status}) before it listened\n--- output ---\n{logs}")]
+    Exited { status: ExitStatus, logs: String },
     #[error("the RIE did not listen on {address} within {waited:?}\n--- output ---\n{logs}")]
     NotListening {
         address: String,
@@ -141,6 +143,8 @@ pub enum InvokeError {
     Exited { status: ExitStatus, logs: String },
     #[error("could not reach the RIE")]
     Transport(#[source] reqwest::Error),
+    #[error("could not wait for the RIE process")]
+    Wait(#[source] std::io::Error),
     #[error("the function failed the invocation: {0}")]
     Function(FunctionError),
     #[error("the response is not JSON: {body}")]
@@ -184,10 +188,20 @@ pub struct Lambda {
     timeout: Duration,
 }
 
-/// A port nothing listens on now (the RIE binds it a moment later).
-fn free_port() -> Result<u16, StartError> {
-    let listener = TcpListener::bind("127.0.0.1:0").map_err(StartError::Port)?;
-    Ok(listener.local_addr().map_err(StartError::Port)?.port())
+/// Two distinct loopback ports nothing listens on now: the RIE's invoke endpoint and
+/// the Runtime API it serves the function. Both listeners are held until both ports are
+/// known, so the two cannot be the same; the RIE binds them a moment later, and
+/// [`Lambda::start`] fails fast if another process took one meanwhile.
+fn free_ports() -> Result<(u16, u16), StartError> {
+    let first = TcpListener::bind("127.0.0.1:0").map_err(StartError::Port)?;
+    let second = TcpListener::bind("127.0.0.1:0").map_err(StartError::Port)?;
+    let port = |listener: &TcpListener| {
+        listener
+            .local_addr()
+            .map(|address| address.port())
+            .map_err(StartError::Port)
+    };
+    Ok((port(&first)?, port(&second)?))
 }
 
 impl Lambda {
@@ -219,8 +233,9 @@ impl Lambda {
                 program: spec.rie.clone(),
                 source,
             })?;
-        let invoke_address = format!("127.0.0.1:{}", free_port()?);
-        let runtime_address = format!("127.0.0.1:{}", free_port()?);
+        let (invoke_port, runtime_port) = free_ports()?;
+        let invoke_address = format!("127.0.0.1:{invoke_port}");
+        let runtime_address = format!("127.0.0.1:{runtime_port}");
         let mut command = Command::new(&rie);
         command
             .arg("--runtime-interface-emulator-address")
@@ -256,6 +271,9 @@ impl Lambda {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
+            // A group of its own, so that dropping the Lambda ends the bootstrap (and a
+            // runner such as qemu) with the RIE, not only the RIE.
+            .process_group(0)
             .kill_on_drop(true);
         let mut child = command.spawn().map_err(|source| StartError::Spawn {
             program: spec.rie.clone(),
@@ -269,7 +287,7 @@ impl Lambda {
         if let Some(stderr) = child.stderr.take() {
             readers.push(collect(stderr, Arc::clone(&logs)));
         }
-        let lambda = Self {
+        let mut lambda = Self {
             child,
             invoke_url: format!(
                 "http://{invoke_address}/2015-03-31/functions/function/invocations"
@@ -283,10 +301,18 @@ impl Lambda {
         Ok(lambda)
     }
 
-    async fn listening(&self, address: &str) -> Result<(), StartError> {
+    /// Waits until the RIE listens, or fails at once if it exited (it panics when a
+    /// port it was given is taken).
+    async fn listening(&mut self, address: &str) -> Result<(), StartError> {
         let waited = Duration::from_secs(10);
         let until = Instant::now() + waited;
         while Instant::now() < until {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(StartError::Exited {
+                    status,
+                    logs: self.logs(),
+                });
+            }
             if tokio::net::TcpStream::connect(address).await.is_ok() {
                 return Ok(());
             }
@@ -349,7 +375,7 @@ impl Lambda {
             status = self.child.wait() => {
                 return Err(match status {
                     Ok(status) => self.exited(status).await,
-                    Err(_) => InvokeError::TimedOut { timeout, logs: self.logs() },
+                    Err(error) => InvokeError::Wait(error),
                 });
             }
         };
@@ -398,6 +424,22 @@ impl Lambda {
     }
 }
 
+impl Drop for Lambda {
+    /// Ends the RIE's whole process group: the RIE, the bootstrap it started and any
+    /// runner. `kill_on_drop` alone would leave the bootstrap running.
+    fn drop(&mut self) {
+        let group = self
+            .child
+            .id()
+            .and_then(|pid| i32::try_from(pid).ok())
+            .map(nix::unistd::Pid::from_raw);
+        if let Some(group) = group {
+            // Already gone is fine: there is nothing left to end.
+            let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+}
+
 /// What the RIE's `INIT RTDONE` and `INIT REPORT` lines said of the first init.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum InitReport {
@@ -405,14 +447,22 @@ enum InitReport {
     Failed,
 }
 
+/// The first init's outcome. Two formats are in the RIE's builds: `INIT RTDONE(status:
+/// error)` before `INIT REPORT(durationMs: ...)`, or the report carrying the status
+/// itself, `INIT REPORT(initType: ..., durationMs: ..., status: error, ...)`.
 fn init_report(logs: &str) -> Option<InitReport> {
-    // `INIT RTDONE(status: error)` comes before the report of an init that failed.
     let report = logs.find("INIT REPORT(")?;
-    if logs[..report].contains("INIT RTDONE(status: error)") {
+    let after = &logs[report..];
+    let line = after.lines().next().unwrap_or_default();
+    let failed_before = logs[..report].contains("INIT RTDONE(status: error)");
+    let failed_in_report = line
+        .split("status: ")
+        .nth(1)
+        .is_some_and(|status| !status.starts_with("success"));
+    if failed_before || failed_in_report {
         return Some(InitReport::Failed);
     }
-    let after = &logs[report..];
-    let millis = after
+    let millis = line
         .split("durationMs: ")
         .nth(1)?
         .split([')', ','])
@@ -455,6 +505,8 @@ mod tests {
         );
         let failed = "INIT RTDONE(status: error)\nINIT REPORT(durationMs: 25.559000)\n";
         assert_eq!(init_report(failed), Some(InitReport::Failed));
+        let failed_newer = "INIT REPORT(initType: on-demand, durationMs: 3.10, status: error, phase: init, errorType: Runtime.ExitError)";
+        assert_eq!(init_report(failed_newer), Some(InitReport::Failed));
         assert_eq!(init_report("START RequestId: x"), None);
     }
 

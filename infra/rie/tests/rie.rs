@@ -147,3 +147,17 @@ async fn init_time_comes_from_the_ries_init_report_and_the_function_still_serves
         .expect("json");
     assert_eq!(answer["echo"], json!({"n": 3}));
 }
+
+#[tokio::test]
+async fn a_function_that_dies_during_init_is_reported_as_an_init_failure() {
+    let dying = LambdaSpec {
+        runner: vec!["/bin/sh".to_owned(), "-c".to_owned(), "exit 3".to_owned()],
+        ..echo_spec()
+    };
+    let mut lambda = Lambda::start(&dying).await.expect("start");
+    let error = lambda
+        .init_duration(&json!({}))
+        .await
+        .expect_err("the runtime never asked for an event");
+    assert!(matches!(error, InvokeError::InitFailed { .. }), "{error}");
+}

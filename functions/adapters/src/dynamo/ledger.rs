@@ -407,7 +407,9 @@ impl StockLedger for DynamoStore {
                     "SET #hold.#status = :final, #hold.#settled = :settled, \
                      #active = #active - :one ADD #abandoned :one",
                 )
-                .condition_expression("#hold.#status = :reserved AND #hold.#shard = :shard")
+                .condition_expression(
+                    "#hold.#status IN (:reserved, :legacy_pending) AND #hold.#shard = :shard",
+                )
                 .set_expression_attribute_names(names(&[
                     ("#hold", &hold_attribute),
                     ("#active", ACTIVE),
@@ -421,6 +423,7 @@ impl StockLedger for DynamoStore {
                     (":settled", item::time(now)),
                     (":final", s(reason.final_status().as_str())),
                     (":reserved", s(OrderStatus::Reserved.as_str())),
+                    (":legacy_pending", s(item::LEGACY_PENDING_PAYMENT)),
                     (":shard", n(reservation.shard)),
                 ]))
                 .build(),

@@ -10,7 +10,9 @@ use flashsale_domain::{Order, OrderId, OrderStatus, Reservation, Sale, StoreErro
 use futures::{StreamExt, TryStreamExt, stream};
 
 use super::DynamoStore;
-use super::item::{self, EXPIRES_AT_MS, GSI1_PK, GSI1_SK, SHARD, STATUS, n, s};
+use super::item::{
+    self, EXPIRES_AT_MS, GSI1_PK, GSI1_SK, LEGACY_PENDING_PAYMENT, SHARD, STATUS, n, s,
+};
 use super::requests::{Consistency, built, corrupt, names, values};
 use super::transact::{self, in_request_order};
 
@@ -95,7 +97,8 @@ impl OrderBook for DynamoStore {
             self.update(item::user_key(&reservation.sale_id, &reservation.user_id))
                 .update_expression("SET #hold.#status = :paid")
                 .condition_expression(
-                    "#hold.#status = :reserved AND #hold.#expires > :now AND #hold.#shard = :shard",
+                    "#hold.#status IN (:reserved, :legacy_pending) AND #hold.#expires > :now \
+                     AND #hold.#shard = :shard",
                 )
                 .set_expression_attribute_names(names(&[
                     ("#hold", &hold_attribute),
@@ -106,6 +109,7 @@ impl OrderBook for DynamoStore {
                 .set_expression_attribute_values(values([
                     (":paid", s(OrderStatus::Paid.as_str())),
                     (":reserved", s(OrderStatus::Reserved.as_str())),
+                    (":legacy_pending", s(LEGACY_PENDING_PAYMENT)),
                     (":now", n(now.timestamp_millis())),
                     (":shard", n(reservation.shard)),
                 ]))

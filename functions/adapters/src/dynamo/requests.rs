@@ -11,7 +11,7 @@ use aws_sdk_dynamodb::types::{AttributeValue, KeysAndAttributes, Put, TransactWr
 use chrono::{DateTime, Utc};
 use flashsale_domain::{OrderId, OrderStatus, Reservation, Sale, StoreError, UserId};
 
-use super::item::{self, AVAILABLE, GSI1, Hold, Item, ItemError, PK, TAKERS};
+use super::item::{self, AVAILABLE, GSI1, Hold, Item, ItemError, PK, STATUS, TAKERS, s};
 use super::transact::{Refusal, count_conflict, transact};
 use super::{CorruptItem, DynamoStore, Inconsistency, UnprocessedKeys};
 use crate::classify::store_error;
@@ -96,7 +96,8 @@ impl DynamoStore {
 
     /// Writes the order item in its final `status`, unless it is already settled: the
     /// order's part of a pay or release transaction. Until then the order is only its
-    /// hold, so the item is new: written once, when the hold settles.
+    /// hold, so the item is new: written once, when the hold settles (or there since the
+    /// consumer of an earlier version opened it, as [`item::LEGACY_PENDING_PAYMENT`]).
     pub(super) fn settle_order_item(
         &self,
         operation: &'static str,
@@ -107,8 +108,12 @@ impl DynamoStore {
         built(
             operation,
             self.put(item::order_item(reservation, status, now))
-                .condition_expression("attribute_not_exists(#pk)")
-                .set_expression_attribute_names(names(&[("#pk", PK)]))
+                .condition_expression("attribute_not_exists(#pk) OR #status = :legacy_pending")
+                .set_expression_attribute_names(names(&[("#pk", PK), ("#status", STATUS)]))
+                .set_expression_attribute_values(values([(
+                    ":legacy_pending",
+                    s(item::LEGACY_PENDING_PAYMENT),
+                )]))
                 .build(),
         )
     }

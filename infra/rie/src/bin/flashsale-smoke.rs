@@ -435,7 +435,7 @@ async fn run(args: &Args) -> Result<(), SmokeError> {
         || reserved.to_string(),
     )?;
 
-    // 4. The grab really queued the reservation; the consumer opens it.
+    // 4. The grab really queued the reservation; the consumer sets its timer.
     let source = consumer_spec.sqs_sources.first().ok_or(SmokeError::Check {
         step: "consumer",
         detail: "OrderConsumerFunction has no SQS event".to_owned(),
