@@ -2,7 +2,7 @@
 #   make check-template   cfn-lint + sam validate --lint + checkov, offline
 #   make build-lambdas    release bootstrap of every function with cargo-lambda (arm64 when
 #                         the target's std can be installed, else the host architecture)
-#   make smoke-lambdas    runs those very bootstraps under a Lambda Runtime API emulator
+#   make smoke-lambdas    runs those very bootstraps under AWS's Runtime Interface Emulator
 #                         against DynamoDB Local + moto and checks each response
 #   make check-infra      all three
 #   make sam-build        `sam build` as a deployer runs it (not part of make test)
@@ -113,7 +113,7 @@ build-lambdas: lambda-tools
 # Runs the bootstraps that build-lambdas produced, as they are. An arm64 build on an
 # x86_64 host runs under qemu-user (apt, installed when missing), with Debian's aarch64
 # libc as the loader's root.
-smoke-lambdas: build-lambdas debug-build
+smoke-lambdas: build-lambdas debug-build template-tools
 	@arch=$$(cat $(LAMBDA_DIR)/ARCH); host=$$(uname -m); runner=""; \
 	if [ "$$arch" = arm64 ] && [ "$$host" != aarch64 ]; then \
 	  if ! command -v qemu-aarch64 >/dev/null 2>&1 || [ ! -d '$(ARM64_SYSROOT)/lib' ]; then \
@@ -123,7 +123,9 @@ smoke-lambdas: build-lambdas debug-build
 	  runner="qemu-aarch64 -L $(ARM64_SYSROOT)"; \
 	fi; \
 	echo "smoke-lambdas: running the $$arch bootstraps$${runner:+ under $$runner}"; \
-	$(CHECK_ENV) $(DEBUG_BIN)/flashsale-smoke \
+	rie=$$(ls $(VENV)/lib/python3*/site-packages/samcli/local/rapid/aws-lambda-rie-$$(uname -m | sed 's/aarch64/arm64/') 2>/dev/null | head -1); \
+	test -x "$$rie" || { echo "smoke-lambdas: no aws-lambda-rie in $(VENV) (aws-sam-cli bundles it)"; exit 1; }; \
+	$(CHECK_ENV) $(DEBUG_BIN)/flashsale-smoke --rie "$$rie" \
 	  --lambda-dir $(LAMBDA_DIR) --events events --template template.yaml \
 	  $${runner:+--runner "$$runner"}
 

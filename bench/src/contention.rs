@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use flashsale_adapters::DynamoStore;
-use flashsale_domain::ports::{OpenOutcome, OrderBook, ReserveRefusal, SaleCatalog, StockLedger};
+use flashsale_domain::ports::{ReserveRefusal, SaleCatalog, StockLedger};
 use flashsale_domain::{OrderId, Reservation, Sale, SaleId, StoreError, UserId, ValidationError};
 use flashsale_e2e::client::{ClientError, expect_status};
 use flashsale_e2e::surge::retry_delay;
@@ -176,25 +176,16 @@ impl ContentionRun {
     }
 }
 
-/// The consumer's share of the DynamoDB writes, from the local stack's own metrics
-/// (`GET /local/metrics`): the proxy sees every write but not who sent it.
+/// The hand-over to the consumer, from the local stack's own metrics
+/// (`GET /local/metrics`): the proxy sees every request but not who sent it.
 #[derive(Debug, Clone, Copy, Serialize)]
-pub struct ConsumerWrites {
-    /// `orders_opened` of the sale: one order-open transaction each (a redelivery that
-    /// finds its order open is one refused transaction, and counted too).
+pub struct HandOver {
+    /// `orders_opened` of the sale: release timers the consumer set (a redelivered
+    /// record counts again). The consumer reads the hold and writes nothing to the table.
     pub orders_opened: u64,
-    /// `transaction_conflicts_retried{operation="dynamodb.open"}`: opens cancelled by
-    /// the conflict mode and sent again.
-    pub open_conflicts: u64,
     /// `transaction_conflicts_retried{operation="dynamodb.reserve"}`: the grab's reserves
     /// cancelled, as the grab itself counted them (a check on the proxy's count).
     pub reserve_conflicts: u64,
-}
-
-impl ConsumerWrites {
-    pub fn writes(&self) -> u64 {
-        self.orders_opened + self.open_conflicts
-    }
 }
 
 /// The surge through the gateway.
@@ -226,11 +217,11 @@ pub struct GatewaySurge {
     /// From the release to the last buyer's last answer.
     pub surge: Duration,
     pub surge_dynamodb: Counts,
-    /// From the release until the consumer had opened every unit sold.
+    /// From the release until the consumer had set every sold unit's timer.
     pub through_drain: Duration,
     pub drained: bool,
     pub through_drain_dynamodb: Counts,
-    pub consumer: Option<ConsumerWrites>,
+    pub hand_over: Option<HandOver>,
 }
 
 impl GatewaySurge {
@@ -261,13 +252,6 @@ impl GatewaySurge {
             writes(&self.through_drain_dynamodb) as f64,
             self.sold as f64,
         )
-    }
-
-    /// The same less the consumer's writes (as its metrics count them).
-    pub fn grab_path_writes_per_unit(&self) -> Option<f64> {
-        let consumer = self.consumer?.writes();
-        let all = writes(&self.through_drain_dynamodb);
-        ratio(all.saturating_sub(consumer) as f64, self.sold as f64)
     }
 }
 
@@ -447,7 +431,7 @@ pub async fn contention(
             )
             .await?;
         let sale = raw.sale(&sale_id).await?;
-        let (textbook, held) = raw_run(
+        let textbook = raw_run(
             &raw,
             &stack.dynamodb,
             sale,
@@ -461,7 +445,6 @@ pub async fn contention(
         )
         .await;
         drop(conflicts);
-        open_raw_holds(&raw, held).await;
         runs.push(ContentionRun {
             commit_time_ms,
             gateway,
@@ -601,31 +584,39 @@ async fn local_metrics(session: &Session) -> Option<Summary> {
     response.json::<Summary>().await.ok()
 }
 
-/// The metrics once the consumer's count of opened orders of the sale has reached
-/// `opened` (it counts an open just after it commits, so right after the stats show
-/// it, it may not have yet), or after a few seconds.
-async fn metrics_once_counted(session: &Session, sale_id: &str, opened: u64) -> Option<Summary> {
-    let deadline = Instant::now() + Duration::from_secs(5);
+/// The metrics once the consumer has set `opened` more timers of the sale than
+/// `before` counted (nothing in the table says so: the consumer writes nothing there),
+/// or after `within`; and whether it had.
+async fn metrics_once_opened(
+    session: &Session,
+    before: &Summary,
+    sale_id: &str,
+    opened: u64,
+    within: Duration,
+) -> Option<(Summary, bool)> {
+    let deadline = Instant::now() + within;
+    let counted = |summary: &Summary| summary.counter("orders_opened", &[("sale_id", sale_id)]);
     loop {
         let summary = local_metrics(session).await?;
-        let counted = summary.counter("orders_opened", &[("sale_id", sale_id)]);
-        if counted >= opened as f64 || Instant::now() > deadline {
-            return Some(summary);
+        if counted(&summary) - counted(before) >= opened as f64 {
+            return Some((summary, true));
+        }
+        if Instant::now() > deadline {
+            return Some((summary, false));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
-fn consumer_writes(before: &Summary, after: &Summary, sale_id: &str) -> ConsumerWrites {
+fn hand_over(before: &Summary, after: &Summary, sale_id: &str) -> HandOver {
     let delta = |name: &str, labels: &[(&str, &str)]| {
         let grown = after.counter(name, labels) - before.counter(name, labels);
         // Counters, read as floats: whole and never negative.
         grown.max(0.0).round() as u64
     };
     let conflicts = "transaction_conflicts_retried";
-    ConsumerWrites {
+    HandOver {
         orders_opened: delta("orders_opened", &[("sale_id", sale_id)]),
-        open_conflicts: delta(conflicts, &[("operation", "dynamodb.open")]),
         reserve_conflicts: delta(conflicts, &[("operation", "dynamodb.reserve")]),
     }
 }
@@ -694,17 +685,27 @@ async fn gateway_surge(
     let is_sold_out = |a: &&GrabAnswer| a.code.as_deref() == Some("sold_out");
     let count = |keep: &dyn Fn(&&GrabAnswer) -> bool| all.iter().filter(|a| keep(a)).count();
 
-    let (drained, final_stats) = wait_for_consumer(session, &sale_id, sizes.drain_timeout).await?;
-    let through_drain = released.elapsed();
-    let through_drain_dynamodb = stack.dynamodb.counts().since(&counts_before);
-    let opened = final_stats
-        .get("pending_payment")
+    // Every unit the surge took, by the stats, has had its timer set.
+    let taken = final_stats(session, &sale_id)
+        .await?
+        .get("reserved")
         .and_then(Value::as_u64)
         .unwrap_or(0);
-    let metrics_after = metrics_once_counted(session, &sale_id, opened).await;
-    let consumer = metrics_before
+    let (metrics_after, drained) = match &metrics_before {
+        Some(before) => {
+            match metrics_once_opened(session, before, &sale_id, taken, sizes.drain_timeout).await {
+                Some((after, drained)) => (Some(after), drained),
+                None => (None, false),
+            }
+        }
+        None => (None, false),
+    };
+    let through_drain = released.elapsed();
+    let through_drain_dynamodb = stack.dynamodb.counts().since(&counts_before);
+    let final_stats = final_stats(session, &sale_id).await?;
+    let hand_over = metrics_before
         .zip(metrics_after)
-        .map(|(before, after)| consumer_writes(&before, &after, &sale_id));
+        .map(|(before, after)| hand_over(&before, &after, &sale_id));
     Ok(GatewaySurge {
         sale_id,
         buyers: buyers.len(),
@@ -730,32 +731,15 @@ async fn gateway_surge(
         through_drain,
         drained,
         through_drain_dynamodb,
-        consumer,
+        hand_over,
     })
 }
 
-/// Waits until the consumer has opened every reserved unit of the sale (nothing left
-/// `reserved`), so that its writes are all in the count; answers whether it did in
-/// time, and the last stats read.
-async fn wait_for_consumer(
-    session: &Session,
-    sale_id: &str,
-    within: Duration,
-) -> Result<(bool, Value), ContentionError> {
-    let started = Instant::now();
-    loop {
-        let stats = session.api.stats(&session.admin, sale_id).await?;
-        expect_status(&stats, StatusCode::OK, "stats")?;
-        let reserved = stats.body.get("reserved").and_then(Value::as_u64);
-        if reserved == Some(0) {
-            return Ok((true, stats.body));
-        }
-        if started.elapsed() > within {
-            return Ok((false, stats.body));
-        }
-        // Each stats read is a dozen DynamoDB reads; the consumer needs no hurrying.
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+/// The sale's stats, as the admin reads them.
+async fn final_stats(session: &Session, sale_id: &str) -> Result<Value, ContentionError> {
+    let stats = session.api.stats(&session.admin, sale_id).await?;
+    expect_status(&stats, StatusCode::OK, "stats")?;
+    Ok(stats.body)
 }
 
 /// How a raw run goes.
@@ -779,7 +763,7 @@ enum RawReserve {
 
 /// What one raw buyer got.
 enum RawOutcome {
-    Reserved(Reservation),
+    Reserved,
     SoldOut,
     GaveUp,
     Failed(String),
@@ -804,7 +788,7 @@ async fn shard_run(
         .create_sale_on_shards(&name, sizes.curve_stock, PAYMENT_WINDOW_SECS, Some(1))
         .await?;
     let sale = raw.sale(&sale_id).await?;
-    let (run, held) = raw_run(
+    let run = raw_run(
         raw,
         &stack.dynamodb,
         sale,
@@ -819,7 +803,6 @@ async fn shard_run(
     )
     .await;
     drop(conflicts);
-    open_raw_holds(raw, held).await;
     Ok(run)
 }
 
@@ -888,7 +871,7 @@ async fn textbook_buyer(
             let contended = matches!(answer, Ok(Err(ReserveRefusal::Contended)));
             locked(tally).record(round_trip, matches!(answer, Ok(Ok(()))), contended);
             match answer {
-                Ok(Ok(())) => return RawOutcome::Reserved(reservation),
+                Ok(Ok(())) => return RawOutcome::Reserved,
                 Ok(Err(ReserveRefusal::ShardEmpty(_))) => break,
                 Ok(Err(ReserveRefusal::Contended)) if attempt < TEXTBOOK_RETRY.attempts => {
                     tokio::time::sleep(TEXTBOOK_RETRY.pause(attempt)).await;
@@ -905,20 +888,16 @@ async fn textbook_buyer(
 
 /// Raw buyers on `workers` tasks, each a new user, until `target` units are reserved
 /// (no new buyer starts after that: the measure is the time to the target) or
-/// `max_buyers` have tried. Answers the run and the reservations made.
-async fn raw_run(
-    raw: &RawTarget,
-    proxy: &Proxy,
-    sale: Sale,
-    plan: RawPlan,
-) -> (RawRun, Vec<Reservation>) {
+/// `max_buyers` have tried. Their holds stay `reserved`, timer-less, as a lost hand-over
+/// leaves them: every sale here has a payment window longer than the run, so the
+/// reconciler does not release them while a later window counts.
+async fn raw_run(raw: &RawTarget, proxy: &Proxy, sale: Sale, plan: RawPlan) -> RawRun {
     #[derive(Default)]
     struct Shared {
         next: AtomicUsize,
         reserved: AtomicUsize,
         reached: OnceLock<Duration>,
         tally: Mutex<RawTally>,
-        held: Mutex<Vec<Reservation>>,
         sold_out: AtomicUsize,
         gave_up: AtomicUsize,
         failed: AtomicUsize,
@@ -948,8 +927,7 @@ async fn raw_run(
                         }
                     };
                     match textbook_buyer(&store, &sale, user, &shared.tally, plan.reserve).await {
-                        RawOutcome::Reserved(reservation) => {
-                            locked(&shared.held).push(reservation);
+                        RawOutcome::Reserved => {
                             let reserved = shared.reserved.fetch_add(1, Ordering::SeqCst) + 1;
                             if reserved == plan.target {
                                 let _ = shared.reached.set(started.elapsed());
@@ -981,16 +959,15 @@ async fn raw_run(
     let elapsed = started.elapsed();
     let dynamodb = proxy.counts().since(&counts_before);
     let tally = std::mem::take(&mut *locked(&shared.tally));
-    let held = std::mem::take(&mut *locked(&shared.held));
     let mean = |total: Duration, n: u64| (n > 0).then(|| total.div_f64(n as f64));
-    let run = RawRun {
+    RawRun {
         sale_id: sale.sale_id.to_string(),
         stock: sale.stock_total,
         shards: sale.shards,
         workers: plan.workers,
         target: plan.target,
         buyers_started: shared.next.load(Ordering::SeqCst).min(plan.max_buyers),
-        reserved: held.len(),
+        reserved: shared.reserved.load(Ordering::SeqCst),
         sold_out: shared.sold_out.load(Ordering::SeqCst),
         gave_up: shared.gave_up.load(Ordering::SeqCst),
         failed: shared.failed.load(Ordering::SeqCst),
@@ -1002,31 +979,6 @@ async fn raw_run(
         committed_round_trip: mean(tally.committed_time, u64::from(tally.committed)),
         attempt_round_trip: mean(tally.attempt_time, tally.attempts),
         dynamodb,
-    };
-    (run, held)
-}
-
-/// Opens the raw client's reservations as the consumer would (outside every counted
-/// window, conflict mode off): left `reserved`, the reconciler would send each of them
-/// to the consumer a minute later, whose writes would then land in a later window.
-async fn open_raw_holds(raw: &RawTarget, held: Vec<Reservation>) {
-    let failed = stream::iter(held)
-        .map(|reservation| {
-            let store = raw.store.clone();
-            async move { store.open(&reservation).await }
-        })
-        .buffer_unordered(8)
-        .filter(|opened| {
-            let failed = !matches!(opened, Ok(OpenOutcome::AwaitingPayment));
-            async move { failed }
-        })
-        .count()
-        .await;
-    if failed > 0 {
-        tracing::warn!(
-            failed,
-            "raw reservations not opened; the reconciler will send them on"
-        );
     }
 }
 

@@ -1,8 +1,10 @@
 //! Bootstrap sizes and init times.
 //!
 //! Init is measured as Lambda sees it on the host architecture: the real binary is
-//! started under the Runtime API emulator with the environment the template gives it,
-//! and init ends at its first `GET /2018-06-01/runtime/invocation/next`. The grab reads
+//! started under AWS's Runtime Interface Emulator with the environment the template
+//! gives it, and init is what the RIE's `INIT REPORT` says (from the process's start to
+//! its first request for an event; the RIE initialises on the first invocation, an
+//! empty event here, whose answer does not matter). The grab reads
 //! its key from Secrets Manager during init; [`InitSecrets`] answers that one call on
 //! loopback, so the round trip is measured without moto competing for the cores.
 
@@ -13,7 +15,7 @@ use std::time::Duration;
 use flashsale_local::model::{FunctionSpec, StackModel};
 use flashsale_local::resolve::StackContext;
 use flashsale_local::template::Template;
-use flashsale_runtime_emulator::{Lambda, LambdaSpec};
+use flashsale_rie::{Lambda, LambdaSpec};
 use serde::Serialize;
 
 use crate::stats::Percentiles;
@@ -32,13 +34,13 @@ pub enum InitError {
     Start {
         name: String,
         #[source]
-        source: flashsale_runtime_emulator::EmulatorError,
+        source: flashsale_rie::StartError,
     },
     #[error("{name} did not become ready")]
     NotReady {
         name: String,
         #[source]
-        source: flashsale_runtime_emulator::InvokeError,
+        source: flashsale_rie::InvokeError,
     },
 }
 
@@ -165,6 +167,7 @@ const CLIENT_ENV: [(&str, &str); 6] = [
 
 /// How to start `function`'s binary from `binaries`, with the template's environment.
 fn spec_for(
+    rie: &Path,
     function: &FunctionSpec,
     binaries: &Path,
     secrets: &InitSecrets,
@@ -188,6 +191,7 @@ fn spec_for(
         secrets.endpoint.clone(),
     ));
     Ok(LambdaSpec {
+        rie: rie.to_owned(),
         name: function.name.clone(),
         bootstrap: path,
         runner: Vec::new(),
@@ -208,6 +212,7 @@ async fn started(spec: &LambdaSpec, function: &FunctionSpec) -> Result<Lambda, I
 
 /// Starts each function's binary `runs` times; `runs == 0` measures sizes only.
 pub async fn measure(
+    rie: &Path,
     model: &StackModel,
     binaries: &Path,
     runs: usize,
@@ -215,7 +220,7 @@ pub async fn measure(
     let secrets = InitSecrets::start().await.map_err(InitError::Secrets)?;
     let mut results = Vec::new();
     for function in &model.functions {
-        let spec = spec_for(function, binaries, &secrets)?;
+        let spec = spec_for(rie, function, binaries, &secrets)?;
         let bytes = std::fs::metadata(&spec.bootstrap)
             .map(|m| m.len())
             .unwrap_or(0);
@@ -223,7 +228,7 @@ pub async fn measure(
         for _ in 0..runs {
             let mut lambda = started(&spec, function).await?;
             let init = lambda
-                .init_duration()
+                .init_duration(&serde_json::json!({}))
                 .await
                 .map_err(|source| InitError::NotReady {
                     name: function.logical_id.clone(),
@@ -245,8 +250,9 @@ pub async fn measure(
 /// Round trips of `count` invocations of one warm function with an HTTP event for a
 /// route it does not serve: answered by parsing, routing and an error body, with no I/O,
 /// so it shows what the build does to the handler's own CPU work (plus a constant
-/// loopback Runtime API exchange).
+/// loopback exchange with the RIE).
 pub async fn unrouted_invocations(
+    rie: &Path,
     model: &StackModel,
     binaries: &Path,
     logical_id: &str,
@@ -257,7 +263,7 @@ pub async fn unrouted_invocations(
         return Ok(None);
     };
     let secrets = InitSecrets::start().await.map_err(InitError::Secrets)?;
-    let spec = spec_for(function, binaries, &secrets)?;
+    let spec = spec_for(rie, function, binaries, &secrets)?;
     let mut lambda = started(&spec, function).await?;
     let mut samples = Vec::with_capacity(count);
     for _ in 0..count {

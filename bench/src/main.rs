@@ -51,9 +51,26 @@ enum Command {
         invokes: usize,
         #[arg(long, default_value = "events/grab.json")]
         event: PathBuf,
+        /// `aws-lambda-rie` (default: the one aws-sam-cli bundles in `.tools/venv`).
+        #[arg(long)]
+        rie: Option<PathBuf>,
     },
     /// Every measurement, written to the report.
     Run(RunArgs),
+    /// Only the contention scenario (section 7) at `make bench`'s sizes, printed as
+    /// JSON: a quicker loop while working on the grab's write shape. Not a report.
+    Contention {
+        #[arg(long, default_value = "template.yaml")]
+        template: PathBuf,
+        #[arg(long, default_value = "target/release/flashsale-local")]
+        local_bin: PathBuf,
+        /// Commit times of the surge and the textbook client (default: `make bench`'s).
+        #[arg(long = "commit-ms", value_name = "MS")]
+        commit_times_ms: Vec<u64>,
+        /// Skip the per-shard curve.
+        #[arg(long)]
+        no_curve: bool,
+    },
 }
 
 #[derive(Debug, clap::Args)]
@@ -77,6 +94,9 @@ struct RunArgs {
     /// cargo-lambda's output (`make build-lambdas`), sizes only, when present.
     #[arg(long, default_value = "target/lambda")]
     lambda_dir: PathBuf,
+    /// `aws-lambda-rie` (default: the one aws-sam-cli bundles in `.tools/venv`).
+    #[arg(long)]
+    rie: Option<PathBuf>,
     /// The cargo target folder (criterion writes its estimates there).
     #[arg(long, default_value = "target")]
     target_dir: PathBuf,
@@ -105,6 +125,8 @@ enum BenchError {
     },
     #[error("the event {}: {reason}", path.display())]
     Event { path: PathBuf, reason: String },
+    #[error("no aws-lambda-rie under {}: run `make tools` (it installs aws-sam-cli), or pass --rie", .0.display())]
+    NoRie(PathBuf),
     #[error("the smoke's report is inconsistent: {0}")]
     Inconsistent(String),
 }
@@ -130,8 +152,18 @@ async fn main() -> ExitCode {
             runs,
             invokes,
             event,
-        } => print_init(&template, &bin_dir, runs, invokes, &event).await,
+            rie,
+        } => match rie_or_bundled(rie) {
+            Ok(rie) => print_init(&rie, &template, &bin_dir, runs, invokes, &event).await,
+            Err(error) => Err(error),
+        },
         Command::Run(args) => run(&args).await,
+        Command::Contention {
+            template,
+            local_bin,
+            commit_times_ms,
+            no_curve,
+        } => contention_only(template, local_bin, commit_times_ms, no_curve).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -169,7 +201,15 @@ async fn proxy(
     Ok(())
 }
 
+/// The RIE given, or the one `make tools` installed with aws-sam-cli.
+fn rie_or_bundled(rie: Option<PathBuf>) -> Result<PathBuf, BenchError> {
+    let venv = Path::new(".tools/venv");
+    rie.or_else(|| flashsale_rie::bundled_rie(venv))
+        .ok_or_else(|| BenchError::NoRie(venv.to_owned()))
+}
+
 async fn print_init(
+    rie: &Path,
     template: &Path,
     bin_dir: &Path,
     runs: usize,
@@ -190,14 +230,15 @@ async fn print_init(
         event["requestContext"]["http"]["method"] = serde_json::json!("GET");
         event["requestContext"]["http"]["path"] = serde_json::json!("/bench/unrouted");
         let trips =
-            init::unrouted_invocations(&model, bin_dir, "GrabFunction", &event, invokes).await?;
+            init::unrouted_invocations(rie, &model, bin_dir, "GrabFunction", &event, invokes)
+                .await?;
         println!(
             "GrabFunction unrouted invoke round trip: p50 {} ms  p95 {} ms  ({invokes} invokes)",
             trips.map_or("-".to_owned(), |p| format!("{:.3}", p.p50_ms)),
             trips.map_or("-".to_owned(), |p| format!("{:.3}", p.p95_ms)),
         );
     }
-    for f in init::measure(&model, bin_dir, runs).await? {
+    for f in init::measure(rie, &model, bin_dir, runs).await? {
         println!(
             "{:<24} {:>10} bytes  init p50 {} ms  p95 {} ms  ({} runs)",
             f.function,
@@ -290,6 +331,50 @@ const SMOKE: Sizes = Sizes {
     },
 };
 
+async fn contention_only(
+    template: PathBuf,
+    local_bin: PathBuf,
+    commit_times_ms: Vec<u64>,
+    no_curve: bool,
+) -> Result<(), BenchError> {
+    let mut sizes = RUN.contention;
+    // The sizes hold `'static` slices: a command line's are leaked, once per process.
+    if !commit_times_ms.is_empty() {
+        sizes.commit_times_ms = Vec::leak(commit_times_ms);
+    }
+    if no_curve {
+        sizes.curve_commit_times_ms = &[];
+    }
+    let stack = BenchStack::start(&StackSpec {
+        local_bin,
+        template,
+        parameter_overrides: LIFTED_THROTTLES.iter().map(|s| (*s).to_owned()).collect(),
+    })
+    .await?;
+    let session = Session::open(&stack).await?;
+    let report = contention::contention(&session, &stack, &sizes).await?;
+    for run in &report.runs {
+        let gateway = &run.gateway;
+        eprintln!(
+            "commit {} ms: sold {} left {:?} 503s {} of {} ({:.2} %), writes/unit {:.2}, \
+             sell-out gateway {:?} textbook {:?} ratio {:.2}",
+            run.commit_time_ms,
+            gateway.sold,
+            gateway.left,
+            gateway.unavailable,
+            gateway.answers,
+            gateway.unavailable_share() * 100.0,
+            gateway.writes_per_unit().unwrap_or(f64::NAN),
+            gateway.sell_out,
+            run.textbook.target_reached_after,
+            run.sell_out_ratio().unwrap_or(f64::NAN),
+        );
+    }
+    let json = serde_json::to_string_pretty(&report).unwrap_or_default();
+    println!("{json}");
+    Ok(())
+}
+
 async fn run(args: &RunArgs) -> Result<(), BenchError> {
     let sizes = if args.smoke { &SMOKE } else { &RUN };
     let machine = Machine::probe(&args.command);
@@ -301,12 +386,13 @@ async fn run(args: &RunArgs) -> Result<(), BenchError> {
         sizes.init_runs
     );
     let model = init::functions(&args.template)?;
-    let bootstraps = init::measure(&model, &args.bin_dir, sizes.init_runs).await?;
+    let rie = rie_or_bundled(args.rie.clone())?;
+    let bootstraps = init::measure(&rie, &model, &args.bin_dir, sizes.init_runs).await?;
     let deployed_arch = std::fs::read_to_string(args.lambda_dir.join("ARCH"))
         .ok()
         .map(|arch| arch.trim().to_owned());
     let deployed = match deployed_arch {
-        Some(_) => init::measure(&model, &args.lambda_dir, 0)
+        Some(_) => init::measure(&rie, &model, &args.lambda_dir, 0)
             .await
             .unwrap_or_default(),
         None => Vec::new(),

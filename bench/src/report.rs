@@ -246,10 +246,11 @@ impl BenchReport {
         out.push_str(
             "From `flashsale-pipeline` (flashsale-e2e), as it printed it. Goal: `ratio` ≥ 0.9 \
              with zero 503s at concurrency 8 and 32. `raw_reserve_open_per_s` runs, per unit, \
-             the grab's transaction and then the consumer's (`OrderBook::open`) straight to \
-             DynamoDB Local: the database work every unit sold through the pipeline costs. \
-             DynamoDB Local runs one transaction at a time, so `ratio_to_reserve_open` near 1 \
-             means the gateway, the functions and the queue add little beyond that work.\n\n",
+             the grab's reserve and then the consumer's read of the hold (`OrderBook::find`) \
+             straight to DynamoDB Local: the database work every unit sold through the \
+             pipeline costs. DynamoDB Local serves one request at a time, so \
+             `ratio_to_reserve_open` near 1 means the gateway, the functions and the queue add \
+             little beyond that work.\n\n",
         );
         for run in &self.pipeline {
             match run {
@@ -354,8 +355,9 @@ impl BenchReport {
         let _ = writeln!(
             out,
             "## 5. Bootstraps: size and init\n\nInit: from spawning the binary ({}) under the \
-             Runtime API emulator (`flashsale-runtime-emulator`) with the template's environment \
-             to its first `GET /2018-06-01/runtime/invocation/next`. Goals: grab ≤ 8 MB, init ≤ \
+             AWS Lambda Runtime Interface Emulator (`aws-lambda-rie`, as the aws-sam-cli wheel \
+             bundles it) with the template's environment: the RIE's `INIT REPORT`, from the \
+             process's start to its first request for an event. Goals: grab ≤ 8 MB, init ≤ \
              20 ms.\n",
             self.bootstraps_built_as
         );
@@ -393,7 +395,7 @@ impl BenchReport {
         let _ = writeln!(
             out,
             "## 6. Latency per route, moderate surge\n\n{} buyers at concurrency {} each load \
-             the sale page, fetch a grab path, grab, read their order until it awaits payment, \
+             the sale page, fetch a grab path, grab, read their order (awaiting payment from the grab on), \
              and pay ({:.1} s in all).\n",
             s.buyers,
             s.concurrency,
@@ -436,13 +438,12 @@ impl BenchReport {
              retrying 429, 503 and no answer on the same path with `X-Retry-Attempt: n` after \
              `Retry-After` plus full jitter (flashsale-e2e's `retry_delay`), up to {attempts} \
              requests a buyer, as the sale page does. DynamoDB requests are counted from the \
-             release of the grabs until nothing of the sale was left `reserved` (the order \
-             consumer had opened every unit taken), so every write a unit costs is in; a unit \
-             whose hand-over to the queue was lost waits for the reconciler's resend, a minute \
-             or more, and the reads then include the bench's stats polls (every 500 ms).\n\
+             release of the grabs until the order consumer had set the release timer of \
+             every unit taken (it reads the hold and writes nothing to the table), so every \
+             write a unit costs until it is paid or released is in.\n\
              - **The textbook client**: a second sale of {stock} units on {shards} shards, \
-             bought by raw buyers at concurrency {conc} calling the grab's store \
-             (`DynamoStore::reserve`) through the proxy: the buyer's shards in \
+             bought by raw buyers at concurrency {conc} reserving in one `TransactWriteItems` \
+             (`DynamoStore::reserve_in_one_transaction`) through the proxy: the buyer's shards in \
              `Sale::shard_order`, the next one on `ShardEmpty`, the same one again on \
              `Contended` after a pause uniform in [0, min({cap} ms, {base} ms · 2^(n−1))], \
              {tries} tries of a shard, then the buyer gives up as a 503 would. No consumer runs \
@@ -523,7 +524,7 @@ impl BenchReport {
         );
         row(
             out,
-            "stats `consistent` (after the consumer drained)",
+            "stats `consistent` (once every timer was set)",
             &|r| {
                 let drained = if r.gateway.drained {
                     ""
@@ -591,14 +592,14 @@ impl BenchReport {
             "reserve conflicts as the grab counted them (`/local/metrics`)",
             &|r| {
                 r.gateway
-                    .consumer
+                    .hand_over
                     .map_or("-".to_owned(), |m| m.reserve_conflicts.to_string())
             },
             "",
         );
         row(
             out,
-            "DynamoDB write requests, release → consumer drained",
+            "DynamoDB write requests, release → every timer set",
             &|r| contention::writes(&r.gateway.through_drain_dynamodb).to_string(),
             "",
         );
@@ -610,18 +611,12 @@ impl BenchReport {
         );
         row(
             out,
-            "of the writes, the consumer's (orders opened + their conflicts)",
+            "release timers the consumer set (it writes nothing to the table)",
             &|r| {
                 r.gateway
-                    .consumer
-                    .map_or("-".to_owned(), |m| m.writes().to_string())
+                    .hand_over
+                    .map_or("-".to_owned(), |m| m.orders_opened.to_string())
             },
-            "",
-        );
-        row(
-            out,
-            "grab-path writes per unit sold (all less the consumer's)",
-            &|r| opt_f64(r.gateway.grab_path_writes_per_unit(), 2),
             "",
         );
         row(
@@ -700,14 +695,12 @@ impl BenchReport {
             );
         }
         out.push_str(
-            "\nThe proxy sees every DynamoDB request but not who sent it; the consumer's share \
-             comes from the local stack's own metrics (`orders_opened` of the sale, one \
-             order-open transaction each, and `transaction_conflicts_retried` of \
-             `dynamodb.open`). Write requests are `TransactWriteItems`, `PutItem`, \
+            "\nThe proxy sees every DynamoDB request but not who sent it; the timers set come \
+             from the local stack's own metrics (`orders_opened` of the sale). Write requests are `TransactWriteItems`, `PutItem`, \
              `UpdateItem`, `DeleteItem` and `BatchWriteItem`, cancelled and refused ones \
              included: every one is a request the table answers. No sale here has a payment \
              window shorter than the run, so no release writes in a window.\n\n\
-             DynamoDB requests from the release until the consumer drained, by operation \
+             DynamoDB requests from the release until every sold unit's timer was set, by operation \
              (seen, of which conflicts):\n\n",
         );
         let mut operations: BTreeSet<&str> = BTreeSet::new();

@@ -438,7 +438,8 @@ pub struct SurgeLatencyReport {
 }
 
 /// Each buyer loads the sale page, fetches a grab path, grabs, reads the order until it
-/// awaits payment and pays; every call's latency is kept under its route.
+/// is held (awaiting payment from the grab on) and pays; every call's latency is kept
+/// under its route.
 pub async fn route_latencies(
     session: &Session,
     buyers: usize,
@@ -496,14 +497,14 @@ pub async fn route_latencies(
                 let Some(order_id) = grab.get("order_id").and_then(Value::as_str) else {
                     return;
                 };
-                // The consumer makes the order payable; read it until then (bounded).
+                // The order is payable from the grab on; read it once, as the page does.
                 let deadline = Instant::now() + Duration::from_secs(60);
                 while Instant::now() < deadline {
                     let Some(read) = one(Method::GET, format!("/orders/{order_id}")).await else {
                         return;
                     };
                     let read = keep("GET /orders/{id}", read);
-                    if read.get("status").and_then(Value::as_str) == Some("pending_payment") {
+                    if read.get("status").and_then(Value::as_str) == Some("reserved") {
                         if let Some(paid) =
                             one(Method::POST, format!("/orders/{order_id}/pay")).await
                         {

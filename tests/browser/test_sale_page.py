@@ -14,7 +14,8 @@ from playwright.sync_api import expect
 # The release timer fires within the minute after the payment deadline (Scheduler's
 # minute precision), plus the release's own wait: generous on a loaded machine.
 EXPIRY_DEADLINE_MS = 240_000
-OPEN_ORDER = re.compile(r"^(reserved|pending_payment)$")
+# An order awaiting payment: the grab's hold is the order, reserved until it settles.
+OPEN_ORDER = re.compile(r"^reserved$")
 
 
 def buyer_page(open_page, stack, sale_id, user=None, **kwargs):
@@ -87,7 +88,8 @@ def test_a_buyer_buys_and_pays(open_page, stack):
     screenshot(page, "on-sale")
     page.locator("#buy").click()
     status = page.locator("#order-status")
-    expect(status).to_have_attribute("data-status", "pending_payment")
+    expect(status).to_have_attribute("data-status", "reserved")
+    expect(status).to_have_text("Awaiting payment")
     expect(page.locator("#pay-countdown")).to_contain_text("Pay within")
     assert_accessible(page, "an order awaiting payment")
     screenshot(page, "awaiting-payment")
@@ -119,7 +121,7 @@ def test_the_time_left_to_pay_never_reads_more_than_there_is(open_page, stack):
     def with_deadline_ahead(route):
         answer = route.fetch()
         order = answer.json()
-        if order.get("status") in ("reserved", "pending_payment"):
+        if order.get("status") == "reserved":
             if "at" not in deadline:
                 deadline_ms = time.time() * 1000 + 60_900
                 deadline["at"] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(deadline_ms / 1000)) + (
@@ -170,7 +172,7 @@ def test_two_buyers_race_for_the_last_unit_one_wins_the_other_sees_sold_out(open
         page.evaluate("document.querySelector('#buy').click()")
     settled = """() => {
       const order = document.querySelector('#order-status').dataset.status;
-      if (order === 'reserved' || order === 'pending_payment') return true;
+      if (order === 'reserved') return true;
       return document.querySelector('#sale-status').dataset.status === 'sold_out'
         && document.querySelector('#buy').textContent === 'Sold out';
     }"""
@@ -184,7 +186,7 @@ def test_two_buyers_race_for_the_last_unit_one_wins_the_other_sees_sold_out(open
     expect(loser.locator("#stock")).to_have_text("0 of 1 left")
     screenshot(loser, "sold-out")
     stats = stack.stats(sale_id)
-    assert stats["available"] == 0 and stats["reserved"] + stats["pending_payment"] == 1, stats
+    assert stats["available"] == 0 and stats["reserved"] == 1, stats
 
 
 def test_a_429_storm_is_retried_with_the_same_grab_path_and_buys_once(open_page, stack):
@@ -218,7 +220,7 @@ def test_a_429_storm_is_retried_with_the_same_grab_path_and_buys_once(open_page,
     assert len({url for url, _ in seen}) == 1, "every retry used the same grab path"
     assert [attempt for _, attempt in seen] == [None, "1", "2", "3", "4"]
     stats = stack.stats(sale_id)
-    assert stats["reserved"] + stats["pending_payment"] == 1, f"exactly one order: {stats}"
+    assert stats["reserved"] == 1, f"exactly one order: {stats}"
     assert stats["available"] == 4 and stats["consistent"], stats
 
 

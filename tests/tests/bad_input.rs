@@ -339,9 +339,8 @@ async fn another_users_order_is_404_whatever_is_asked() {
     let alice = harness.user("alice");
     let mallory = harness.user("mallory");
     let (order_id, _) = harness.grab_ok(&alice, "not-yours").await;
-    harness
-        .wait_for_status(&alice, &order_id, "pending_payment", common::CONSUMER_LAG)
-        .await;
+    // The order as its buyer pays it: held, its timer set.
+    harness.wait_for_orders_opened("not-yours", 1).await;
     for (method, path) in [
         (Method::GET, format!("/orders/{order_id}")),
         (Method::POST, format!("/orders/{order_id}/pay")),
@@ -368,10 +367,7 @@ async fn another_users_order_is_404_whatever_is_asked() {
         "order_not_found",
     )
     .await;
-    assert_eq!(
-        harness.order_status(&alice, &order_id).await,
-        "pending_payment"
-    );
+    assert_eq!(harness.order_status(&alice, &order_id).await, "reserved");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -11,7 +11,7 @@
 //!
 //! The drills run side by side, each on a stack and proxies of its own (over the
 //! emulators this test process shares), so the file takes about as long as its slowest
-//! drill: a lapsed order's timer fires within a minute of the order opening, and the
+//! drill: a lapsed order's timer fires within a minute of being set, and the
 //! reconciler's first pass comes a minute after its stack started.
 
 mod common;
@@ -37,18 +37,22 @@ const BUYERS: usize = 30;
 const DOUBLE_TRYERS: usize = 5;
 /// Short, so unpaid units lapse within the drill, yet long enough that a buyer whose
 /// answers a loaded machine slowed still pays in time. Any window under a minute
-/// lapses within a minute of the order opening: the timer's minute is the next one.
+/// lapses within a minute of its timer being set: the timer's minute begins then (see
+/// `EventBridgeScheduler::at_expression`). A hold whose hand-over was lost has no
+/// timer: the reconciler releases it past this deadline by the timer grace
+/// ([`TIMER_GRACE`]).
 const WINDOW_SECS: u32 = 30;
 /// How long a drill's sale may take to settle before the drill fails. Generous: it only
-/// bounds a failure. A lapsed order's timer fires within a minute of its opening, the
+/// bounds a failure. A lapsed order's timer fires within a minute of being set, the
 /// reconciler passes once a minute, and the machine may be loaded.
 const SETTLE_WITHIN: Duration = Duration::from_secs(300);
 
-/// How long a buyer answered 202 waits for the order to open before the drill fails. A
-/// unit whose queue hand-over failed after its commit is answered 202 all the same and
-/// opens only once the reconciler, passing once a minute, finds it past its hand-over
-/// grace: up to a minute and the grace beyond the consumer's own lag. Only a bound on a
-/// failure; a passing drill does not wait it out.
+/// How long a buyer answered 202 waits before acting on the order before the drill
+/// fails: for the order to read as held, or, where the drill wants the consumer first
+/// ([`Drill::settle_after_timer`]), for its timer (or its lapse: a hold whose hand-over
+/// was lost never gets a timer, and the reconciler releases it past its deadline by the
+/// timer grace, passing once a minute). Only a bound on a failure; a passing drill does
+/// not wait it out.
 const OPEN_WITHIN: Duration = Duration::from_secs(CONSUMER_LAG.as_secs() + 90);
 
 /// How often a drill looks at an order or the stats while it waits: gently, since the
@@ -72,9 +76,11 @@ const COMMIT_TIME: Duration = Duration::from_millis(15);
 /// The conflicts drill's: twice as long, so every hot item is contended all surge long.
 const CONFLICTS_DRILL_COMMIT_TIME: Duration = Duration::from_millis(30);
 
-/// The reconciler's hand-over grace where a drill makes SendMessage fail after a
-/// commit: 5 s instead of the deployed 60, so the drill settles within minutes.
-const HANDOVER_GRACE: (&str, &str) = ("ReconcileHandoverGraceSecs", "5");
+/// The reconciler's timer grace where a drill may leave a hold without a timer (a
+/// SendMessage that failed after the commit, so the consumer never heard of the hold)
+/// or its timer unfired: 5 s past the deadline instead of the deployed 180, so the
+/// drill settles within minutes.
+const TIMER_GRACE: (&str, &str) = ("ReconcileTimerGraceSecs", "5");
 /// And, in every drill, a take with no hold behind it is returned as soon, where it
 /// waits out a grab path's life on AWS (6 minutes): these drills end within minutes.
 const TAKE_GRACE: (&str, &str) = ("ReconcileTakeGraceSecs", "5");
@@ -119,6 +125,12 @@ struct Drill {
     /// transactions on one buyer's and one order's items, where conflicts still happen
     /// now that no transaction touches a stock shard.
     double_settle: bool,
+    /// Buyers act only once the consumer has set their order's timer (or the order
+    /// lapsed), so the consumer's batches hold open orders, each of which gets a timer.
+    /// Otherwise they act as the sale page lets them: at once, on the held order,
+    /// whether or not the consumer has got to it (it then finds the order settled and
+    /// sets no timer).
+    settle_after_timer: bool,
 }
 
 fn on_all(fault: Fault, every: u64) -> Vec<(Service, FaultRule)> {
@@ -149,19 +161,21 @@ fn drills() -> Vec<Drill> {
             commit_time: COMMIT_TIME,
             expect_conflicts: false,
             double_settle: false,
+            settle_after_timer: false,
         }
     }
     // One request in three to every service faults. SendMessage is among them, so a
-    // grab whose hand-over failed after its commit is answered 202 all the same and
-    // handed over by the reconciler, after a short grace here.
+    // grab whose hand-over failed after its commit is answered 202 all the same: its
+    // buyer may still pay or cancel it, and the reconciler releases it otherwise, a
+    // short grace past its deadline here (no timer was ever set for it).
     let one_request_in_three = |name, fault_text, buyer_retry, fault| Drill {
-        parameters: vec![HANDOVER_GRACE],
+        parameters: vec![TIMER_GRACE],
         ..base(
             name,
             fault_text,
             "every 3rd request to each service",
             format!(
-                "the SDK's retries; what outlasted them: {buyer_retry}, SQS redelivery, the next scheduler poll, and the reconciler for a hand-over that failed after its commit (5 s grace here)"
+                "the SDK's retries; what outlasted them: {buyer_retry}, SQS redelivery, the next scheduler poll, and, for a hand-over that failed after its commit (no timer), the reconciler's release past the deadline by the timer grace (5 s here)"
             ),
             on_all(fault, 3),
         )
@@ -203,13 +217,13 @@ fn drills() -> Vec<Drill> {
             on_all(Fault::CommitThenDrop, 4),
         ),
         Drill {
-            parameters: vec![HANDOVER_GRACE],
+            parameters: vec![TIMER_GRACE],
             buyers_retry: false,
             ..base(
                 "send-after-commit",
-                "SendMessage fails after the reservation committed; buyers are answered 202 and do not retry",
+                "SendMessage fails after the reservation committed, so the consumer never sets a timer; buyers are answered 202 and do not retry",
                 "the first 15 SendMessage calls",
-                "the reconciler: a hold left reserved past the handover grace (5 s here) is sent again, or released once past its deadline",
+                "nothing is sent again: the buyer pays or cancels the hold as usual (neither needs its timer), and the reconciler releases one left unpaid once past its deadline by the timer grace (5 s here)",
                 vec![(
                     Service::Sqs,
                     FaultRule {
@@ -221,9 +235,9 @@ fn drills() -> Vec<Drill> {
         },
         base(
             "create-schedule",
-            "CreateSchedule fails (500) after the order opened",
+            "CreateSchedule fails (500) when the consumer sets an order's timer",
             "the first 15 CreateSchedule calls",
-            "the consumer reports the record failed; SQS redelivers it after the visibility timeout and the repeat open sets the timer",
+            "the consumer reports the record failed; SQS redelivers it after the visibility timeout and the consumer's repeat sets the timer",
             vec![(
                 Service::Scheduler,
                 FaultRule {
@@ -233,7 +247,7 @@ fn drills() -> Vec<Drill> {
             )],
         ),
         Drill {
-            parameters: vec![("ReconcileTimerGraceSecs", "5")],
+            parameters: vec![TIMER_GRACE],
             ..base(
                 "timer-lost",
                 "no schedule ever fires: the local Scheduler's ListSchedules/GetSchedule fail",
@@ -252,7 +266,7 @@ fn drills() -> Vec<Drill> {
             ..base(
                 "conflicts",
                 "transaction conflicts: a transaction holds its items for its round trip + 30 ms; another touching one is cancelled (TransactionConflict), a plain write of one refused; every pay and cancel sent twice at once",
-                "every item a transaction touches (the buyers' and orders' items: the consumer's open, pay, cancel, release) for the whole surge; the shards take plain writes only",
+                "every item a transaction touches (the buyers' and orders' items: pay, cancel, release) for the whole surge; the shards take plain writes only",
                 "the store's jittered retry of a TransactionConflict, the hold read back after a lost race (a pay that finds its order paid answers paid: both clicks hear the same), the buyer's retry of the same grab path (503)",
                 Vec::new(),
             )
@@ -260,11 +274,14 @@ fn drills() -> Vec<Drill> {
         Drill {
             crash_consumer: true,
             check_one_timer_per_order: true,
+            // The crash comes once half of a batch's records have set their timer: with
+            // buyers settling first, a batch of settled orders would set none.
+            settle_after_timer: true,
             ..base(
                 "consumer-crash",
                 "the consumer's runtime dies mid-batch (Runtime.ExitError), after some records were applied",
                 "one batch",
-                "the batch comes back whole after the visibility timeout; the idempotent open and the timer named after the order make each order and timer exactly once",
+                "the batch comes back whole after the visibility timeout; the consumer writes nothing to the table and names each timer after its order, so a record applied twice sets its timer once",
                 Vec::new(),
             )
         },
@@ -409,7 +426,7 @@ enum Told {
 }
 
 /// One buyer's part: one grab (two at once for the first few, against the limit),
-/// then, once the order is open, pay, cancel or let it lapse.
+/// then pay, cancel or let the order lapse.
 #[derive(Debug, Default)]
 struct BuyerReport {
     /// (order id, what the buyer was told) for each 202.
@@ -464,12 +481,23 @@ async fn buyer(harness: &Harness, drill: &Drill, sale_id: &str, n: usize) -> Buy
             continue;
         }
         let order_id = answer.str_field("order_id").expect("order_id").to_owned();
-        // As a buyer's page does: act once the order awaits payment (or has lapsed).
+        // As a buyer's page does: act once the order reads as awaiting payment (held,
+        // `reserved`) or lapsed; in a drill that wants the consumer first, only once
+        // the order's timer is set as well.
         let opened = eventually(OPEN_WITHIN, || async {
             let status = harness.order_status(&token, &order_id).await;
-            matches!(status.as_str(), "pending_payment" | "expired")
-                .then(|| status.clone())
-                .ok_or(status)
+            let ready = match status.as_str() {
+                "expired" => true,
+                "reserved" if drill.settle_after_timer => {
+                    // Read straight from moto: the proxies neither fault nor count it.
+                    // A timer that fired early may be gone already; the order then
+                    // lapses at its deadline.
+                    harness.release_timer_input(&order_id).await.is_some()
+                }
+                "reserved" => true,
+                _ => false,
+            };
+            ready.then(|| status.clone()).ok_or(status)
         })
         .await;
         let settle = || settle_once(harness, drill, &token, &order_id, n, &opened);
@@ -589,8 +617,7 @@ async fn run(drill: Drill) -> Row {
     // And so does every hold, told or not (a buyer who gave up after a 503).
     let open_settled = eventually(SETTLE_WITHIN, || async {
         let stats = harness.stats(&sale_id).await;
-        let open = stats["reserved"].as_u64().unwrap_or(u64::MAX)
-            + stats["pending_payment"].as_u64().unwrap_or(u64::MAX);
+        let open = stats["reserved"].as_u64().unwrap_or(u64::MAX);
         (open == 0).then(|| stats.clone()).ok_or(stats)
     })
     .await;
@@ -601,7 +628,7 @@ async fn run(drill: Drill) -> Row {
     // reconciler may only return some meanwhile, which shrinks the shortfall too.
     let stray = u64::try_from(harness.stray_takes(&sale_id).await.len()).expect("small");
     let stats = harness.stats(&sale_id).await;
-    let accounted = ["available", "reserved", "pending_payment", "paid"]
+    let accounted = ["available", "reserved", "paid"]
         .iter()
         .map(|field| stats[*field].as_u64().expect("a count"))
         .sum::<u64>();

@@ -1,6 +1,7 @@
-//! An order's life through the local stack: the consumer (run by the SQS event source
-//! emulation) opens it and sets its timer, then pay, cancel or the timer (fired by the
-//! Scheduler emulation) ends it.
+//! An order's life through the local stack: the grab's hold is the order, `reserved`
+//! until it settles; the consumer (run by the SQS event source emulation) sets its
+//! timer and writes nothing; then pay, cancel or the timer (fired by the Scheduler
+//! emulation) ends it.
 
 mod common;
 
@@ -16,11 +17,11 @@ async fn a_paid_order_is_settled_and_its_timer_is_gone() {
     let alice = harness.user("alice");
     let (order_id, _) = harness.grab_ok(&alice, "pay").await;
 
-    harness
-        .wait_for_status(&alice, &order_id, "pending_payment", CONSUMER_LAG)
-        .await;
     let timer = harness.wait_for_release_timer(&order_id).await;
     assert_eq!(timer["order_id"], order_id.as_str());
+    // Setting the timer wrote nothing: the order stays as the grab left it.
+    harness.wait_for_orders_opened("pay", 1).await;
+    assert_eq!(harness.order_status(&alice, &order_id).await, "reserved");
 
     let paid = harness.api.pay(&alice, &order_id).await.unwrap();
     assert_eq!(paid.status, StatusCode::OK, "{}", paid.body);
@@ -70,10 +71,10 @@ async fn an_unpaid_order_expires_on_time_and_its_unit_can_be_grabbed_again() {
     let sold_out = harness.api.grab(&bob, "expire").await.unwrap();
     assert_error(&sold_out, StatusCode::CONFLICT, "sold_out");
 
-    harness.wait_until_opened(&alice, &order_id).await;
+    harness.wait_for_orders_opened("expire", 1).await;
     // The Scheduler emulation fires the timer at a random second of its minute, as AWS
     // may; fired early, the release waits for the deadline. A 2 s window's timer is in
-    // the minute the order was opened in, so it expires within a minute of that.
+    // the minute it was set in, so the order expires within a minute of that.
     harness
         .wait_for_status(
             &alice,

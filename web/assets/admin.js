@@ -4,7 +4,7 @@
 import { $, call, humanMessage, sleep, untilAnswered } from "./api.js";
 import { completeProviderSignIn, currentSession, renderSignIn } from "./auth.js";
 
-const SERIES = ["available", "reserved", "pending_payment", "paid"];
+const SERIES = ["available", "reserved", "paid"];
 const MAX_POINTS = 150;
 const STATS_EVERY_MS = 2000;
 

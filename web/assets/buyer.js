@@ -316,8 +316,7 @@ function endOrder() {
 }
 
 const ORDER_TEXT = {
-  reserved: "Reserved - opening your order...",
-  pending_payment: "Awaiting payment",
+  reserved: "Awaiting payment",
   paid: "Paid - it is yours!",
   expired: "Expired - the payment window closed and the unit went back on sale",
   cancelled: "Cancelled - the unit went back on sale",
@@ -329,7 +328,7 @@ function renderOrder(now) {
   ui.orderStatus.textContent = ORDER_TEXT[order.status] || order.status;
   ui.orderStatus.dataset.status = order.status;
   ui.orderId.textContent = order.order_id;
-  const open = order.status === "reserved" || order.status === "pending_payment";
+  const open = order.status === "reserved";
   const left = Date.parse(order.expires_at) - now;
   ui.payCountdown.hidden = !open;
   ui.payCountdown.textContent =

@@ -285,7 +285,7 @@ mod tests {
                 }
             }
         }
-        // A consumer that opens the order after its deadline sets a timer for now.
+        // A consumer that sets the timer after its deadline sets it for now.
         let late = start + Duration::seconds(90);
         assert_eq!(
             EventBridgeScheduler::at_expression(start, late),

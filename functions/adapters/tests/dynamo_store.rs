@@ -13,7 +13,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use chrono::{Duration, Utc};
 use flashsale_adapters::{ContentionExhausted, CorruptItem, DynamoStore, ItemError};
 use flashsale_domain::ports::{
-    OpenOutcome, OrderBook, PayOutcome, ReserveRefusal, SaleCatalog, Settlement, StockLedger,
+    OrderBook, PayOutcome, ReserveRefusal, SaleCatalog, Settlement, StockLedger,
 };
 use flashsale_domain::sale::{MAX_ABANDONED_HOLDS, StockCounts};
 use flashsale_domain::testing::InMemoryStore;
@@ -44,7 +44,7 @@ async fn status_of(store: &DynamoStore, reservation: &Reservation) -> Option<Ord
 }
 
 fn assert_reconciles(sale: &Sale, counts: &StockCounts) {
-    let accounted = counts.available + counts.reserved + counts.pending_payment + counts.paid;
+    let accounted = counts.available + counts.reserved + counts.paid;
     assert_eq!(
         accounted,
         u64::from(sale.stock_total),
@@ -458,10 +458,6 @@ async fn after_a_release_the_same_order_id_answers_already_held_and_writes_nothi
         store.pay(&expired, now).await.expect("pay"),
         PayOutcome::Settled(OrderStatus::Expired)
     );
-    assert_eq!(
-        store.open(&expired).await.expect("open"),
-        OpenOutcome::AlreadySettled(OrderStatus::Expired)
-    );
     assert_eq!(store.open_holds(&sale).await.expect("open holds"), vec![]);
     let counts = store.count(&sale).await.expect("count");
     assert_eq!((counts.cancelled, counts.expired), (1, 1));
@@ -739,52 +735,6 @@ async fn releasing_an_unknown_reservation_is_unknown_and_writes_nothing() {
     );
 }
 
-#[tokio::test]
-async fn open_is_idempotent_and_answers_already_settled_after_a_release() {
-    let (store, _, _) = support::store().await;
-    let sale = support::sale(3, 1, 1);
-    created(&store, &sale).await;
-    let reservation = reserved(&store, &sale, &support::user("alice"), 0).await;
-
-    assert_eq!(
-        store.open(&reservation).await.expect("open"),
-        OpenOutcome::AwaitingPayment
-    );
-    assert_eq!(
-        store.open(&reservation).await.expect("redelivered"),
-        OpenOutcome::AwaitingPayment
-    );
-    assert_eq!(
-        status_of(&store, &reservation).await,
-        Some(OrderStatus::PendingPayment)
-    );
-    let counts = store.count(&sale).await.expect("count");
-    assert_eq!(
-        (counts.reserved, counts.pending_payment),
-        (0, 1),
-        "one order"
-    );
-
-    store
-        .release(&reservation, ReleaseReason::Cancelled, Utc::now())
-        .await
-        .expect("release");
-    assert_eq!(
-        store.open(&reservation).await.expect("late delivery"),
-        OpenOutcome::AlreadySettled(OrderStatus::Cancelled)
-    );
-    assert_eq!(
-        status_of(&store, &reservation).await,
-        Some(OrderStatus::Cancelled)
-    );
-
-    let never = support::reservation(&sale, &support::user("bob"), 0);
-    assert_eq!(
-        store.open(&never).await.expect("open"),
-        OpenOutcome::Unknown
-    );
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pay_and_release_racing_have_exactly_one_winner() {
     const ROUNDS: u32 = 30;
@@ -796,9 +746,6 @@ async fn pay_and_release_racing_have_exactly_one_winner() {
         let user = support::user(&format!("racer-{round}"));
         let shard = sale.bucket_of(&user);
         let reservation = reserved(&store, &sale, &user, shard).await;
-        if round % 2 == 0 {
-            store.open(&reservation).await.expect("open");
-        }
         let now = Utc::now();
         let pay = tokio::spawn({
             let (store, reservation) = (store.clone(), reservation.clone());
@@ -828,7 +775,7 @@ async fn pay_and_release_racing_have_exactly_one_winner() {
     eprintln!("pay won {paid}, release won {expired} of {ROUNDS}");
     let counts = store.count(&sale).await.expect("count");
     assert_eq!((counts.paid, counts.expired), (paid, expired));
-    assert_eq!((counts.reserved, counts.pending_payment), (0, 0));
+    assert_eq!(counts.reserved, 0);
     assert_reconciles(&sale, &counts);
 }
 
@@ -865,7 +812,6 @@ async fn pay_inside_the_window_is_idempotent_and_after_it_answers_window_closed(
     );
 
     let just_in_time = reserved(&store, &sale, &support::user("bob"), 0).await;
-    store.open(&just_in_time).await.expect("open");
     let last_moment = just_in_time.expires_at - Duration::milliseconds(1);
     assert_eq!(
         store.pay(&just_in_time, last_moment).await.expect("pay"),
@@ -910,11 +856,6 @@ async fn another_users_order_is_not_found_at_any_stage() {
         store.find(id, &mallory).await.expect("find").is_none(),
         "held"
     );
-    store.open(&reservation).await.expect("open");
-    assert!(
-        store.find(id, &mallory).await.expect("find").is_none(),
-        "pending"
-    );
     store
         .release(&reservation, ReleaseReason::Cancelled, Utc::now())
         .await
@@ -935,7 +876,7 @@ async fn another_users_order_is_not_found_at_any_stage() {
 }
 
 #[tokio::test]
-async fn counts_reconcile_after_a_mix_of_reserves_opens_payments_and_releases() {
+async fn counts_reconcile_after_a_mix_of_reserves_payments_and_releases() {
     let (store, _, _) = support::store().await;
     let sale = support::sale(10, 3, 2);
     created(&store, &sale).await;
@@ -950,9 +891,6 @@ async fn counts_reconcile_after_a_mix_of_reserves_opens_payments_and_releases() 
         );
     }
     let now = Utc::now();
-    for order in &orders[0..3] {
-        store.open(order).await.expect("open");
-    }
     assert_eq!(
         store.pay(&orders[0], now).await.expect("pay"),
         PayOutcome::Paid
@@ -975,8 +913,7 @@ async fn counts_reconcile_after_a_mix_of_reserves_opens_payments_and_releases() 
         counts,
         StockCounts {
             available: 5,
-            reserved: 2,
-            pending_payment: 1,
+            reserved: 3,
             paid: 2,
             cancelled: 1,
             expired: 1,
@@ -1066,7 +1003,7 @@ async fn play_holds_of_every_status<S>(
     other_sale: &Sale,
     holds: &[Reservation],
     other_hold: &Reservation,
-) -> Vec<(Reservation, OrderStatus)>
+) -> Vec<Reservation>
 where
     S: SaleCatalog + StockLedger + OrderBook,
 {
@@ -1090,12 +1027,6 @@ where
         .expect("reserve")
         .expect("stock and limit allow it");
     let now = Utc::now();
-    for opened in [1, 2, 5, 6, 8] {
-        assert_eq!(
-            store.open(&holds[opened]).await.expect("open"),
-            OpenOutcome::AwaitingPayment
-        );
-    }
     for paid in [2, 3] {
         assert_eq!(
             store.pay(&holds[paid], now).await.expect("pay"),
@@ -1122,23 +1053,16 @@ where
             "hold {again}"
         );
     }
-    let mut open: Vec<(Reservation, OrderStatus)> = [
-        (0, OrderStatus::Reserved),
-        (1, OrderStatus::PendingPayment),
-        (6, OrderStatus::PendingPayment),
-        (7, OrderStatus::Reserved),
-        (8, OrderStatus::PendingPayment),
-    ]
-    .into_iter()
-    .map(|(index, status)| (holds[index].clone(), status))
-    .collect();
-    open.sort_by(|a, b| a.0.order_id.cmp(&b.0.order_id));
+    let mut open: Vec<Reservation> = [0, 1, 6, 7, 8]
+        .into_iter()
+        .map(|index| holds[index].clone())
+        .collect();
+    open.sort_by(|a, b| a.order_id.cmp(&b.order_id));
     open
 }
 
 #[tokio::test]
-async fn open_holds_returns_reserved_and_pending_holds_with_their_reservations_and_omits_settled_ones()
- {
+async fn open_holds_returns_the_reservations_of_reserved_holds_and_omits_settled_ones() {
     let (store, pages) = support::small_pages_store(2).await;
     let fake = InMemoryStore::default();
     let sale = support::sale(20, 2, 2);
@@ -1175,7 +1099,7 @@ async fn open_holds_returns_reserved_and_pending_holds_with_their_reservations_a
     );
     assert_eq!(
         store.open_holds(&other_sale).await.expect("open holds"),
-        vec![(other_hold, OrderStatus::Reserved)]
+        vec![other_hold]
     );
     assert_eq!(
         store.count(&sale).await.expect("count"),
@@ -1275,4 +1199,83 @@ async fn a_corrupt_sale_item_is_a_permanent_error_naming_the_item() {
         matches!(&corrupt.source, ItemError::WrongType { name, expected: "N" } if name == "stock_total"),
         "{corrupt:?}"
     );
+}
+
+/// The order item's sort key (the adapter's own is private to it).
+const ORDER_SK: &str = "ORDER";
+
+/// Leaves `reservation` as the consumer of the version before the hold became the order
+/// left it: the hold `pending_payment`, and an order item of the same status.
+async fn opened_by_an_earlier_version(
+    client: &aws_sdk_dynamodb::Client,
+    table: &str,
+    reservation: &Reservation,
+) {
+    let user_pk = format!("SALE#{}#USER#{}", reservation.sale_id, reservation.user_id);
+    client
+        .update_item()
+        .table_name(table)
+        .key("pk", AttributeValue::S(user_pk))
+        .key("sk", AttributeValue::S("HOLDS".to_owned()))
+        .update_expression("SET #hold.#status = :pending")
+        .expression_attribute_names("#hold", format!("hold#{}", reservation.order_id))
+        .expression_attribute_names("#status", "status")
+        .expression_attribute_values(":pending", AttributeValue::S("pending_payment".to_owned()))
+        .send()
+        .await
+        .expect("the earlier consumer's hold");
+    client
+        .put_item()
+        .table_name(table)
+        .item(
+            "pk",
+            AttributeValue::S(format!("ORDER#{}", reservation.order_id)),
+        )
+        .item("sk", AttributeValue::S(ORDER_SK.to_owned()))
+        .item("status", AttributeValue::S("pending_payment".to_owned()))
+        .send()
+        .await
+        .expect("the earlier consumer's order item");
+}
+
+#[tokio::test]
+async fn orders_an_earlier_version_opened_read_as_reserved_and_settle_as_ever() {
+    let (store, client, table) = support::store().await;
+    let sale = support::sale(3, 1, 1);
+    created(&store, &sale).await;
+    let (alice, bob) = (support::user("alice"), support::user("bob"));
+    let paying = reserved(&store, &sale, &alice, 0).await;
+    let lapsing = reserved(&store, &sale, &bob, 0).await;
+    for reservation in [&paying, &lapsing] {
+        opened_by_an_earlier_version(&client, &table, reservation).await;
+    }
+
+    assert_eq!(
+        status_of(&store, &paying).await,
+        Some(OrderStatus::Reserved)
+    );
+    let counts = store.count(&sale).await.expect("count");
+    assert_eq!((counts.reserved, counts.available), (2, 1));
+    assert_reconciles(&sale, &counts);
+    assert_eq!(store.open_holds(&sale).await.expect("open holds").len(), 2);
+
+    assert_eq!(
+        store.pay(&paying, Utc::now()).await.expect("pay"),
+        PayOutcome::Paid
+    );
+    assert_eq!(
+        store
+            .release(&lapsing, ReleaseReason::Expired, lapsing.expires_at)
+            .await
+            .expect("release"),
+        Settlement::Applied
+    );
+    assert_eq!(status_of(&store, &paying).await, Some(OrderStatus::Paid));
+    assert_eq!(
+        status_of(&store, &lapsing).await,
+        Some(OrderStatus::Expired)
+    );
+    let counts = store.count(&sale).await.expect("count");
+    assert_eq!((counts.paid, counts.expired, counts.available), (1, 1, 2));
+    assert_reconciles(&sale, &counts);
 }

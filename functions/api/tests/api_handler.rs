@@ -120,11 +120,10 @@ impl World {
         reservation
     }
 
-    /// A reservation the order consumer has already turned into a pending order with
-    /// its release timer.
-    async fn pending(&self, user: &str) -> Reservation {
+    /// A reservation whose release timer the order consumer has already set (it writes
+    /// nothing else: the hold is the order).
+    async fn with_timer(&self, user: &str) -> Reservation {
         let reservation = self.reserve(user).await;
-        self.store.open(&reservation).await.unwrap();
         self.scheduler
             .timers
             .lock()
@@ -634,8 +633,8 @@ async fn a_transient_store_failure_is_unavailable_with_retry_after() {
 async fn an_admin_sees_stats_that_reconcile() {
     let world = World::with_sale().await;
     world.reserve("user-alice").await;
-    world.pending("user-bob").await;
-    let paid = world.pending("user-carol").await;
+    world.with_timer("user-bob").await;
+    let paid = world.with_timer("user-carol").await;
     world
         .order_call("api-pay-order.json", "user-carol", &paid.order_id)
         .await;
@@ -651,8 +650,7 @@ async fn an_admin_sees_stats_that_reconcile() {
         json!({
             "stock_total": 100,
             "available": 97,
-            "reserved": 1,
-            "pending_payment": 1,
+            "reserved": 2,
             "paid": 1,
             "cancelled": 1,
             "expired": 0,
@@ -729,7 +727,7 @@ async fn another_users_order_is_not_found_like_a_missing_one() {
 #[tokio::test]
 async fn paying_an_open_order_marks_it_paid_and_forgets_its_timer() {
     let world = World::with_sale().await;
-    let reservation = world.pending("user-alice").await;
+    let reservation = world.with_timer("user-alice").await;
 
     let response = world
         .order_call("api-pay-order.json", "user-alice", &reservation.order_id)
@@ -755,7 +753,7 @@ async fn paying_a_reserved_order_before_the_consumer_opened_it_works_too() {
 #[tokio::test]
 async fn paying_twice_answers_paid_twice() {
     let world = World::with_sale().await;
-    let reservation = world.pending("user-alice").await;
+    let reservation = world.with_timer("user-alice").await;
     for _ in 0..2 {
         let response = world
             .order_call("api-pay-order.json", "user-alice", &reservation.order_id)
@@ -769,7 +767,7 @@ async fn paying_twice_answers_paid_twice() {
 #[tokio::test]
 async fn paying_after_the_window_closed_is_order_expired_and_the_stock_is_back() {
     let world = World::with_sale().await;
-    let reservation = world.pending("user-alice").await;
+    let reservation = world.with_timer("user-alice").await;
     world
         .clock
         .set(reservation.expires_at + Duration::seconds(1));
@@ -799,7 +797,7 @@ async fn paying_after_the_window_closed_is_order_expired_and_the_stock_is_back()
 #[tokio::test]
 async fn paying_a_cancelled_order_is_order_cancelled() {
     let world = World::with_sale().await;
-    let reservation = world.pending("user-alice").await;
+    let reservation = world.with_timer("user-alice").await;
     world
         .order_call("api-cancel-order.json", "user-alice", &reservation.order_id)
         .await;
@@ -815,13 +813,13 @@ async fn paying_a_cancelled_order_is_order_cancelled() {
 #[tokio::test]
 async fn nobody_pays_another_users_order() {
     let world = World::with_sale().await;
-    let reservation = world.pending("user-alice").await;
+    let reservation = world.with_timer("user-alice").await;
     let response = world
         .order_call("api-pay-order.json", "user-bob", &reservation.order_id)
         .await;
     assert_eq!(response.status(), 404);
     assert_eq!(error_code(&response), "order_not_found");
-    assert_eq!(world.status_of(&reservation).await, "pending_payment");
+    assert_eq!(world.status_of(&reservation).await, "reserved");
     assert!(world.has_timer(&reservation));
 }
 
@@ -830,7 +828,7 @@ async fn nobody_pays_another_users_order() {
 #[tokio::test]
 async fn cancelling_returns_the_stock_at_once_and_is_idempotent() {
     let world = World::with_sale().await;
-    let reservation = world.pending("user-alice").await;
+    let reservation = world.with_timer("user-alice").await;
     for _ in 0..2 {
         let response = world
             .order_call("api-cancel-order.json", "user-alice", &reservation.order_id)
@@ -845,7 +843,7 @@ async fn cancelling_returns_the_stock_at_once_and_is_idempotent() {
 #[tokio::test]
 async fn cancelling_a_paid_order_is_order_paid_and_keeps_the_sale() {
     let world = World::with_sale().await;
-    let reservation = world.pending("user-alice").await;
+    let reservation = world.with_timer("user-alice").await;
     world
         .order_call("api-pay-order.json", "user-alice", &reservation.order_id)
         .await;
@@ -862,20 +860,20 @@ async fn cancelling_a_paid_order_is_order_paid_and_keeps_the_sale() {
 #[tokio::test]
 async fn nobody_cancels_another_users_order() {
     let world = World::with_sale().await;
-    let reservation = world.pending("user-alice").await;
+    let reservation = world.with_timer("user-alice").await;
     let response = world
         .order_call("api-cancel-order.json", "user-bob", &reservation.order_id)
         .await;
     assert_eq!(response.status(), 404);
     assert_eq!(error_code(&response), "order_not_found");
-    assert_eq!(world.status_of(&reservation).await, "pending_payment");
+    assert_eq!(world.status_of(&reservation).await, "reserved");
     assert_eq!(world.available().await, 99);
 }
 
 #[tokio::test]
 async fn order_routes_need_a_verified_caller() {
     let world = World::with_sale().await;
-    let reservation = world.pending("user-alice").await;
+    let reservation = world.with_timer("user-alice").await;
     for fixture in [
         "api-get-order.json",
         "api-pay-order.json",
@@ -891,7 +889,7 @@ async fn order_routes_need_a_verified_caller() {
         assert_eq!(response.status(), 401, "{fixture}");
         assert_eq!(error_code(&response), "unauthorized", "{fixture}");
     }
-    assert_eq!(world.status_of(&reservation).await, "pending_payment");
+    assert_eq!(world.status_of(&reservation).await, "reserved");
 }
 
 // ---- routing and configuration ------------------------------------------------------

@@ -268,7 +268,8 @@ impl GrabService {
     ///
     /// A reservation that committed is answered as one: when a reserve's outcome is
     /// unknown the grab resolves it before answering, and a failed hand-over to the
-    /// queue does not turn a held unit into an error (the reconciler sends it on).
+    /// queue does not turn a held unit into an error (its buyer can pay it without a
+    /// timer, and the reconciler releases it past its deadline if they do not).
     pub async fn grab(
         &self,
         sale_id: &SaleId,
@@ -641,8 +642,9 @@ impl GrabService {
     /// Sends a committed reservation to the order consumer. If that fails, the hold
     /// stays and the buyer is still told they hold it: the hand-over is the system's
     /// job, not the buyer's. A retry of the same grab path sends it again (the queue
-    /// deduplicates by order id), and the [`Reconciler`](crate::service::Reconciler)
-    /// sends any reserved hold whose message never arrived.
+    /// deduplicates by order id); without one, the buyer can still pay (pay needs no
+    /// timer) and the [`Reconciler`](crate::service::Reconciler) releases the hold once
+    /// it is past its deadline.
     async fn hand_over(&self, reservation: &Reservation) {
         if let Err(error) = self.queue.enqueue(reservation).await {
             tracing::error!(

@@ -1,13 +1,13 @@
 //! Orders and their state machine.
 //!
 //! ```text
-//!   grab ──► reserved ──consumer──► pending_payment ──pay──► paid
-//!               │  └──────────────pay─────────────────────────▲
-//!               ├──cancel / timeout──► cancelled / expired
-//!   pending_payment ──cancel / timeout──► cancelled / expired
+//!   grab ──► reserved ──pay──► paid
+//!               └──cancel / timeout──► cancelled / expired
 //! ```
 //! `paid`, `cancelled` and `expired` are final. Stock leaves the shard at the grab and
-//! comes back exactly once, on the move to `cancelled` or `expired`.
+//! comes back exactly once, on the move to `cancelled` or `expired`. The grab's hold is
+//! the order from the start: the order consumer sets the release timer and writes
+//! nothing, so a unit costs the table no write between the grab and its settlement.
 
 use std::fmt;
 use std::str::FromStr;
@@ -21,29 +21,21 @@ use crate::ids::{OrderId, SaleId, UserId};
 #[serde(rename_all = "snake_case")]
 pub enum OrderStatus {
     Reserved,
-    PendingPayment,
     Paid,
     Cancelled,
     Expired,
 }
 
 impl OrderStatus {
-    pub const ALL: [Self; 5] = [
-        Self::Reserved,
-        Self::PendingPayment,
-        Self::Paid,
-        Self::Cancelled,
-        Self::Expired,
-    ];
+    pub const ALL: [Self; 4] = [Self::Reserved, Self::Paid, Self::Cancelled, Self::Expired];
 
     /// Statuses from which the order can still be paid, cancelled or expire: the stock
     /// is held for the buyer but not sold.
-    pub const OPEN: [Self; 2] = [Self::Reserved, Self::PendingPayment];
+    pub const OPEN: [Self; 1] = [Self::Reserved];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Reserved => "reserved",
-            Self::PendingPayment => "pending_payment",
             Self::Paid => "paid",
             Self::Cancelled => "cancelled",
             Self::Expired => "expired",
@@ -58,7 +50,6 @@ impl OrderStatus {
     /// with conditional writes; this is their specification.
     pub fn can_become(self, next: Self) -> bool {
         match (self, next) {
-            (Self::Reserved, Self::PendingPayment) => true,
             (from, Self::Paid | Self::Cancelled | Self::Expired) => from.is_open(),
             _ => false,
         }
@@ -160,9 +151,9 @@ mod tests {
                 assert_eq!(from.can_become(to), from.is_open(), "{from} -> {to}");
             }
         }
-        assert!(Reserved.can_become(PendingPayment));
-        assert!(!PendingPayment.can_become(Reserved));
-        assert!(!Paid.can_become(PendingPayment));
+        for from in OrderStatus::ALL {
+            assert!(!from.can_become(Reserved), "{from} -> reserved");
+        }
     }
 
     #[test]

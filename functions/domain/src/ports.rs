@@ -216,7 +216,7 @@ pub trait StockLedger: Send + Sync {
     /// Ends an open hold and gives its unit back to its shard: one transaction on the
     /// user's and the order's items records the order as `reason.final_status()`, then
     /// a conditional write on the shard removes the order's take. Only an open hold
-    /// (`reserved`/`pending_payment`) can be released, so the stock comes back at most
+    /// (`reserved`) can be released, so the stock comes back at most
     /// once: a repeated or late call answers `AlreadySettled` and, if the shard still
     /// records the take (a release that died between its writes), gives it back. The
     /// hold stays, with its final status and no longer counted against the limit, so
@@ -252,17 +252,6 @@ pub trait StockLedger: Send + Sync {
     async fn return_take(&self, take: &Take, now: DateTime<Utc>) -> Result<TakeReturn, StoreError>;
 }
 
-/// What `OrderBook::open` found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OpenOutcome {
-    /// The order is (now or already) `pending_payment` and needs its release schedule.
-    AwaitingPayment,
-    /// The order already reached a final status before the consumer got to it.
-    AlreadySettled(OrderStatus),
-    /// No hold matches the reservation.
-    Unknown,
-}
-
 /// What `OrderBook::pay` found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PayOutcome {
@@ -275,13 +264,10 @@ pub enum PayOutcome {
     Unknown,
 }
 
-/// Orders: the durable record of each reservation's fate.
+/// Orders: the durable record of each reservation's fate. The grab's hold is the order
+/// from the moment it is reserved; nothing writes it again until it settles.
 #[async_trait]
 pub trait OrderBook: Send + Sync {
-    /// Creates the order item as `pending_payment` and moves the hold there, atomically.
-    /// Idempotent: a redelivered reservation finds the order and answers the same.
-    async fn open(&self, reservation: &Reservation) -> Result<OpenOutcome, StoreError>;
-
     /// Marks an open order paid if its window is still open at `now`, atomically with
     /// its hold. Idempotent: paying a paid order answers `Paid` again.
     async fn pay(
@@ -298,11 +284,11 @@ pub trait OrderBook: Send + Sync {
         user: &UserId,
     ) -> Result<Option<(Order, Reservation)>, StoreError>;
 
-    /// Every open hold of the sale (`reserved` or `pending_payment`) with the
-    /// reservation behind it. A read for the reconciler; like [`OrderBook::count`] it
-    /// may lag the latest writes on AWS, which is harmless because every action the
-    /// reconciler takes on a hold is conditional on the hold's current state.
-    async fn open_holds(&self, sale: &Sale) -> Result<Vec<(Reservation, OrderStatus)>, StoreError>;
+    /// The reservation behind every open (`reserved`) hold of the sale. A read for the
+    /// reconciler; like [`OrderBook::count`] it may lag the latest writes on AWS, which
+    /// is harmless because every action the reconciler takes on a hold is conditional
+    /// on the hold's current state.
+    async fn open_holds(&self, sale: &Sale) -> Result<Vec<Reservation>, StoreError>;
 
     /// Counts every unit of the sale by where it is, for reconciliation. A read of
     /// every hold and order of the sale, so for admins, not for the hot path.

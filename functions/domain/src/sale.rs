@@ -333,13 +333,12 @@ fn gcd(mut a: u32, mut b: u32) -> u32 {
 }
 
 /// Counts of a sale's stock by where it is. Sold stock is `paid`; held stock is
-/// `reserved` or `pending_payment`; `cancelled` and `expired` are orders whose stock came
-/// back and are counted for reporting only.
+/// `reserved`; `cancelled` and `expired` are orders whose stock came back and are
+/// counted for reporting only.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StockCounts {
     pub available: u64,
     pub reserved: u64,
-    pub pending_payment: u64,
     pub paid: u64,
     pub cancelled: u64,
     pub expired: u64,
@@ -356,7 +355,7 @@ pub struct SaleStats {
 
 impl SaleStats {
     pub fn reconcile(stock_total: u32, counts: StockCounts) -> Self {
-        let accounted = counts.available + counts.reserved + counts.pending_payment + counts.paid;
+        let accounted = counts.available + counts.reserved + counts.paid;
         Self {
             stock_total: u64::from(stock_total),
             counts,

@@ -13,8 +13,8 @@ use crate::error::{AppError, StoreError};
 use crate::ids::{OrderId, SaleId, UserId};
 use crate::order::{Order, OrderStatus, ReleaseReason, Reservation};
 use crate::ports::{
-    Blocklist, Clock, OpenOutcome, OrderBook, OrderQueue, PayOutcome, ReleaseScheduler,
-    SaleCatalog, Settlement, StockLedger, TakeReturn,
+    Blocklist, Clock, OrderBook, PayOutcome, ReleaseScheduler, SaleCatalog, Settlement,
+    StockLedger, TakeReturn,
 };
 use crate::sale::{MAX_PAYMENT_TIMEOUT_SECS, Sale, SaleDraft, SaleStats, SaleView};
 
@@ -89,10 +89,10 @@ impl BlocklistService {
 
 /// What the consumer's step left behind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Opened {
-    /// The order awaits payment and its release timer is set.
-    AwaitingPayment,
-    /// Cancelled or expired before the consumer came; nothing to do.
+pub enum TimerSet {
+    /// The order is held and its release timer is set (now or before).
+    Set,
+    /// Paid, cancelled or expired before the consumer came; no timer is needed.
     AlreadySettled(OrderStatus),
 }
 
@@ -120,16 +120,27 @@ impl OrderService {
         Ok(self.owned(order_id, user).await?.0)
     }
 
-    /// The consumer's step: the order awaits payment and its release timer is set.
-    /// Safe to repeat for the same reservation.
-    pub async fn open(&self, reservation: &Reservation) -> Result<Opened, AppError> {
-        match self.orders.open(reservation).await? {
-            OpenOutcome::AwaitingPayment => {
-                self.scheduler.schedule_release(reservation).await?;
-                Ok(Opened::AwaitingPayment)
+    /// The consumer's step: the held order's release timer is set. One read of the
+    /// hold and no write: the grab's hold already is the order, so the table is not
+    /// written for a unit between its grab and its settlement. The timer carries the
+    /// hold's own reservation, whatever else the message says. Safe to repeat for the
+    /// same reservation (the timer is idempotent by order id).
+    pub async fn set_release_timer(&self, reservation: &Reservation) -> Result<TimerSet, AppError> {
+        let held = self
+            .orders
+            .find(&reservation.order_id, &reservation.user_id)
+            .await?;
+        match held {
+            // Only the hold this reservation made: a message naming another shard is
+            // not what the grab committed.
+            Some((order, held)) if held.shard == reservation.shard => {
+                if !order.status.is_open() {
+                    return Ok(TimerSet::AlreadySettled(order.status));
+                }
+                self.scheduler.schedule_release(&held).await?;
+                Ok(TimerSet::Set)
             }
-            OpenOutcome::AlreadySettled(status) => Ok(Opened::AlreadySettled(status)),
-            OpenOutcome::Unknown => Err(AppError::OrderNotFound),
+            _ => Err(AppError::OrderNotFound),
         }
     }
 
@@ -219,8 +230,6 @@ impl ExpiryService {
 pub struct ReconcileReport {
     pub sales: usize,
     pub open_holds: usize,
-    /// Reserved holds whose queue message was evidently lost, sent again.
-    pub requeued: usize,
     /// Holds past their deadline that no timer had released, released here.
     pub expired: usize,
     /// Holds an action failed on; the next pass tries them again.
@@ -234,22 +243,20 @@ pub struct ReconcileReport {
 
 /// The safety net under the happy path (the seeds' reconciliation). A grab can commit
 /// and then lose its queue message (the function timed out or crashed in between, or
-/// the commit's answer was lost), and a timer can be lost; either would strand a unit
-/// for good. Each pass finds open holds that should have moved on by now and moves
-/// them: a `reserved` hold older than `handover_grace` is sent to the consumer again
-/// (deduplicated by order id) or, if already past its deadline, released; a hold past
-/// its deadline by `timer_grace` is released. A unit a shard records as taken that no
-/// hold accounts for, taken longer than `take_grace` ago, goes back to its shard (a
-/// reserve takes, then holds: a grab that died in between leaves such a take). Every
-/// action is conditional on the hold's state, so a pass racing the normal path changes
-/// nothing twice.
+/// the commit's answer was lost), so no timer is ever set, and a timer can be lost;
+/// either would strand a unit for good. The buyer of such a hold can still pay it (pay
+/// needs no timer), so each pass only releases the open holds past their deadline by
+/// `timer_grace`: the unit comes back that much late, and nothing is sent again. A unit
+/// a shard records as taken that no hold accounts for, taken longer than `take_grace`
+/// ago, goes back to its shard (a reserve takes, then holds: a grab that died in
+/// between leaves such a take). Every action is conditional on the hold's state, so a
+/// pass racing the normal path changes nothing twice.
 pub struct Reconciler {
     pub catalog: Arc<dyn SaleCatalog>,
     pub orders: Arc<dyn OrderBook>,
     pub ledger: Arc<dyn StockLedger>,
-    pub queue: Arc<dyn OrderQueue>,
     pub clock: Arc<dyn Clock>,
-    pub handover_grace: Duration,
+    /// How long past its deadline a hold may stay open before its timer counts as lost.
     pub timer_grace: Duration,
     /// How old a take no hold accounts for must be before it goes back: past the life
     /// of the grab path that made it ([`DEFAULT_TAKE_GRACE`]). Until then a request of
@@ -290,12 +297,11 @@ impl Reconciler {
                 }
             };
             self.return_unaccounted_takes(&sale, now, &mut report).await;
-            for (reservation, status) in holds {
+            for reservation in holds {
                 report.open_holds += 1;
-                match self.settle_if_stuck(&reservation, status, now).await {
-                    Ok(Some(Repair::Requeued)) => report.requeued += 1,
-                    Ok(Some(Repair::Expired)) => report.expired += 1,
-                    Ok(None) => {}
+                match self.release_if_stuck(&reservation, now).await {
+                    Ok(true) => report.expired += 1,
+                    Ok(false) => {}
                     Err(error) => {
                         report.failed += 1;
                         tracing::error!(
@@ -352,38 +358,23 @@ impl Reconciler {
         }
     }
 
-    async fn settle_if_stuck(
+    /// Releases a hold its timer should have released `timer_grace` ago; whether this
+    /// call released it.
+    async fn release_if_stuck(
         &self,
         reservation: &Reservation,
-        status: OrderStatus,
         now: DateTime<Utc>,
-    ) -> Result<Option<Repair>, StoreError> {
-        let past_deadline = now >= reservation.expires_at;
-        let stuck = match status {
-            OrderStatus::Reserved => now - reservation.created_at >= self.handover_grace,
-            OrderStatus::PendingPayment => now - reservation.expires_at >= self.timer_grace,
-            _ => false,
-        };
-        if !stuck {
-            return Ok(None);
+    ) -> Result<bool, StoreError> {
+        if now - reservation.expires_at < self.timer_grace {
+            return Ok(false);
         }
-        if past_deadline {
-            let settled = self
-                .ledger
-                .release(reservation, ReleaseReason::Expired, now)
-                .await?;
-            tracing::warn!(order_id = %reservation.order_id, ?settled, "released a hold no timer released");
-            return Ok((settled == Settlement::Applied).then_some(Repair::Expired));
-        }
-        self.queue.enqueue(reservation).await?;
-        tracing::warn!(order_id = %reservation.order_id, "sent a reservation whose message was lost again");
-        Ok(Some(Repair::Requeued))
+        let settled = self
+            .ledger
+            .release(reservation, ReleaseReason::Expired, now)
+            .await?;
+        tracing::warn!(order_id = %reservation.order_id, ?settled, "released a hold no timer released");
+        Ok(settled == Settlement::Applied)
     }
-}
-
-enum Repair {
-    Requeued,
-    Expired,
 }
 
 /// The answer to pay or cancel (`wanted`) of an order read consistently, if it is

@@ -12,9 +12,8 @@ use crate::error::StoreError;
 use crate::ids::{OrderId, SaleId, UserId};
 use crate::order::{Order, OrderStatus, ReleaseReason, Reservation};
 use crate::ports::{
-    Blocklist, Clock, OpenOutcome, OrderBook, OrderQueue, Pause, PayOutcome, ReleaseScheduler,
-    ReserveRefusal, SaleCatalog, Settlement, ShardState, ShardTakers, StockLedger, Take,
-    TakeReturn,
+    Blocklist, Clock, OrderBook, OrderQueue, Pause, PayOutcome, ReleaseScheduler, ReserveRefusal,
+    SaleCatalog, Settlement, ShardState, ShardTakers, StockLedger, Take, TakeReturn,
 };
 use crate::sale::{MAX_ABANDONED_HOLDS, Sale, SaleDraft, StockCounts};
 
@@ -192,7 +191,7 @@ impl InMemoryStore {
     }
 
     /// Records a reservation as `reserved` with its unit taken, as a grab whose queue
-    /// message was lost would leave it: the reconciler's case.
+    /// message was lost would leave it (no timer): the reconciler's case.
     pub fn strand(&self, sale: &Sale, reservation: &Reservation) {
         let mut state = locked(&self.state);
         *state
@@ -453,28 +452,6 @@ impl StockLedger for InMemoryStore {
 
 #[async_trait]
 impl OrderBook for InMemoryStore {
-    async fn open(&self, reservation: &Reservation) -> Result<OpenOutcome, StoreError> {
-        let mut state = locked(&self.state);
-        let id = &reservation.order_id;
-        if let Some((_, status)) = state.orders.get(id) {
-            return Ok(match status {
-                OrderStatus::PendingPayment => OpenOutcome::AwaitingPayment,
-                settled => OpenOutcome::AlreadySettled(*settled),
-            });
-        }
-        match state.holds.get_mut(id) {
-            Some((held, status)) if *status == OrderStatus::Reserved => {
-                *status = OrderStatus::PendingPayment;
-                let held = held.clone();
-                state
-                    .orders
-                    .insert(id.clone(), (held, OrderStatus::PendingPayment));
-                Ok(OpenOutcome::AwaitingPayment)
-            }
-            _ => Ok(OpenOutcome::Unknown),
-        }
-    }
-
     async fn pay(
         &self,
         reservation: &Reservation,
@@ -532,15 +509,15 @@ impl OrderBook for InMemoryStore {
             }))
     }
 
-    async fn open_holds(&self, sale: &Sale) -> Result<Vec<(Reservation, OrderStatus)>, StoreError> {
+    async fn open_holds(&self, sale: &Sale) -> Result<Vec<Reservation>, StoreError> {
         let state = locked(&self.state);
-        let mut holds: Vec<(Reservation, OrderStatus)> = state
+        let mut holds: Vec<Reservation> = state
             .holds
             .values()
             .filter(|(held, status)| held.sale_id == sale.sale_id && status.is_open())
-            .cloned()
+            .map(|(held, _)| held.clone())
             .collect();
-        holds.sort_by(|a, b| a.0.order_id.cmp(&b.0.order_id));
+        holds.sort_by(|a, b| a.order_id.cmp(&b.order_id));
         Ok(holds)
     }
 
@@ -562,7 +539,6 @@ impl OrderBook for InMemoryStore {
         for (_, status) in state.holds.values().filter(of_sale) {
             match status {
                 OrderStatus::Reserved => counts.reserved += 1,
-                OrderStatus::PendingPayment => counts.pending_payment += 1,
                 OrderStatus::Paid => counts.paid += 1,
                 _ => {}
             }

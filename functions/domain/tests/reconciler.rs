@@ -5,13 +5,11 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use chrono::{DateTime, Duration, TimeZone, Utc};
 use flashsale_domain::error::StoreError;
-use flashsale_domain::ports::{
-    Clock, OpenOutcome, OrderBook, PayOutcome, SaleCatalog, StockLedger, Take,
-};
+use flashsale_domain::ports::{Clock, OrderBook, PayOutcome, SaleCatalog, StockLedger, Take};
 use flashsale_domain::sale::StockCounts;
 use flashsale_domain::service::{ReconcileReport, Reconciler};
 use flashsale_domain::testing;
-use flashsale_domain::testing::{InMemoryStore, InjectedFailure, ManualClock, RecordingQueue};
+use flashsale_domain::testing::{InMemoryStore, InjectedFailure, ManualClock};
 use flashsale_domain::{Order, OrderId, OrderStatus, Reservation, Sale, SaleId, UserId};
 
 fn start() -> DateTime<Utc> {
@@ -20,7 +18,6 @@ fn start() -> DateTime<Utc> {
 
 struct World {
     store: Arc<InMemoryStore>,
-    queue: Arc<RecordingQueue>,
     clock: Arc<ManualClock>,
     reconciler: Reconciler,
     sale: Sale,
@@ -28,7 +25,6 @@ struct World {
 
 async fn world() -> World {
     let store = Arc::new(InMemoryStore::new());
-    let queue = Arc::new(RecordingQueue::default());
     let clock = Arc::new(ManualClock::new(start()));
     let clock_port: Arc<dyn Clock> = clock.clone();
     let sale = testing::sale(10, 1)
@@ -41,15 +37,12 @@ async fn world() -> World {
         catalog: store.clone(),
         orders: store.clone(),
         ledger: store.clone(),
-        queue: queue.clone(),
         clock: clock_port,
-        handover_grace: Duration::seconds(60),
         timer_grace: Duration::seconds(120),
         take_grace: Duration::seconds(360),
     };
     World {
         store,
-        queue,
         clock,
         reconciler,
         sale,
@@ -69,55 +62,30 @@ fn reservation(world: &World, user: &str) -> Reservation {
 }
 
 #[tokio::test]
-async fn a_fresh_reservation_is_left_to_the_consumer() {
+async fn a_hold_within_its_window_is_left_alone_timer_or_not() {
     let world = world().await;
+    // A hold whose hand-over was lost has no timer; its buyer may still pay it.
     world.store.strand(&world.sale, &reservation(&world, "a"));
-    world.clock.advance(Duration::seconds(30));
-    let report = world.reconciler.run().await.unwrap();
-    assert_eq!(
-        report,
-        ReconcileReport {
-            sales: 1,
-            open_holds: 1,
-            ..ReconcileReport::default()
-        }
-    );
-    assert!(world.queue.sent.lock().unwrap().is_empty());
+    for at in [Duration::seconds(30), Duration::seconds(599)] {
+        world.clock.set(start() + at);
+        let report = world.reconciler.run().await.unwrap();
+        assert_eq!(
+            report,
+            ReconcileReport {
+                sales: 1,
+                open_holds: 1,
+                ..ReconcileReport::default()
+            }
+        );
+    }
+    assert_eq!(world.store.shard_available(&world.sale.sale_id, 0), 9);
 }
 
 #[tokio::test]
-async fn a_reservation_whose_message_was_lost_is_sent_again() {
-    let world = world().await;
-    let lost = reservation(&world, "a");
-    world.store.strand(&world.sale, &lost);
-    world.clock.advance(Duration::seconds(61));
-    let report = world.reconciler.run().await.unwrap();
-    assert_eq!(report.requeued, 1);
-    assert_eq!(*world.queue.sent.lock().unwrap(), vec![lost]);
-}
-
-#[tokio::test]
-async fn a_lost_reservation_past_its_deadline_is_released() {
-    let world = world().await;
-    let lost = reservation(&world, "a");
-    world.store.strand(&world.sale, &lost);
-    world.clock.set(lost.expires_at);
-    let report = world.reconciler.run().await.unwrap();
-    assert_eq!((report.expired, report.requeued), (1, 0));
-    assert_eq!(world.store.shard_available(&world.sale.sale_id, 0), 10);
-    // A second pass finds nothing open.
-    let again = world.reconciler.run().await.unwrap();
-    assert_eq!((again.open_holds, again.expired), (0, 0));
-}
-
-#[tokio::test]
-async fn an_awaiting_order_whose_timer_never_fired_is_released_after_the_grace() {
+async fn a_hold_no_timer_released_is_released_once_past_its_deadline_by_the_grace() {
     let world = world().await;
     let held = reservation(&world, "a");
     world.store.strand(&world.sale, &held);
-    flashsale_domain::ports::OrderBook::open(world.store.as_ref(), &held)
-        .await
-        .unwrap();
 
     world.clock.set(held.expires_at + Duration::seconds(60));
     assert_eq!(
@@ -127,6 +95,7 @@ async fn an_awaiting_order_whose_timer_never_fired_is_released_after_the_grace()
     );
     world.clock.set(held.expires_at + Duration::seconds(120));
     assert_eq!(world.reconciler.run().await.unwrap().expired, 1);
+    assert_eq!(world.store.shard_available(&world.sale.sale_id, 0), 10);
     let settled = world
         .store
         .release(
@@ -140,6 +109,9 @@ async fn an_awaiting_order_whose_timer_never_fired_is_released_after_the_grace()
         settled,
         flashsale_domain::ports::Settlement::AlreadySettled(OrderStatus::Expired)
     );
+    // A second pass finds nothing open.
+    let again = world.reconciler.run().await.unwrap();
+    assert_eq!((again.open_holds, again.expired), (0, 0));
 }
 
 #[tokio::test]
@@ -157,10 +129,6 @@ struct UnreadableSale {
 
 #[async_trait]
 impl OrderBook for UnreadableSale {
-    async fn open(&self, reservation: &Reservation) -> Result<OpenOutcome, StoreError> {
-        self.store.open(reservation).await
-    }
-
     async fn pay(
         &self,
         reservation: &Reservation,
@@ -177,7 +145,7 @@ impl OrderBook for UnreadableSale {
         self.store.find(order_id, user).await
     }
 
-    async fn open_holds(&self, sale: &Sale) -> Result<Vec<(Reservation, OrderStatus)>, StoreError> {
+    async fn open_holds(&self, sale: &Sale) -> Result<Vec<Reservation>, StoreError> {
         if sale.sale_id == self.unreadable {
             return Err(StoreError::permanent("open_holds", InjectedFailure));
         }
@@ -203,11 +171,11 @@ async fn a_sale_whose_holds_cannot_be_read_does_not_stop_the_others_being_repair
     });
     let lost = reservation(&world, "a");
     world.store.strand(&world.sale, &lost);
-    world.clock.advance(Duration::seconds(61));
+    world.clock.set(lost.expires_at + Duration::seconds(120));
     let report = world.reconciler.run().await.unwrap();
     assert_eq!((report.sales, report.failed_sales), (2, 1));
-    assert_eq!(report.requeued, 1);
-    assert_eq!(*world.queue.sent.lock().unwrap(), vec![lost]);
+    assert_eq!(report.expired, 1);
+    assert_eq!(world.store.shard_available(&world.sale.sale_id, 0), 10);
 }
 
 /// A take the shard records with no hold behind it: a grab that died between the
@@ -233,7 +201,7 @@ async fn a_take_with_no_hold_is_given_back_once_its_grab_path_can_no_longer_fini
     assert_eq!(early.takes_returned, 0, "a reserve may be writing its hold");
     assert_eq!(world.store.shard_available(&world.sale.sale_id, 0), 9);
 
-    // Past the hand-over grace, but the path lives: its buyer's retry may finish it.
+    // A while on, but the path lives: its buyer's retry may finish it.
     world.clock.advance(Duration::seconds(270));
     let living = world.reconciler.run().await.unwrap();
     assert_eq!(

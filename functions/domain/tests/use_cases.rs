@@ -9,7 +9,7 @@ use flashsale_domain::ports::{Clock, Settlement};
 use flashsale_domain::sale::MAX_ABANDONED_HOLDS;
 use flashsale_domain::service::{
     Attempt, BlocklistService, CachedBlocklist, ContentionPolicy, ExpiryService, GrabService,
-    Opened, OrderService, SaleService,
+    OrderService, SaleService, TimerSet,
 };
 use flashsale_domain::testing;
 use flashsale_domain::testing::{
@@ -440,25 +440,26 @@ async fn a_failed_enqueue_still_answers_the_hold_and_a_retry_sends_it_again() {
 }
 
 #[tokio::test]
-async fn the_consumer_opens_an_order_once_however_often_it_is_delivered() {
+async fn the_consumer_sets_one_timer_however_often_it_is_delivered_and_writes_no_order() {
     let world = World::new();
     let sale = world.sale(5, 1, 1).await;
     world.clock.set(start());
     let reservation = world.grab(&sale, "a").await.unwrap();
     for _ in 0..3 {
         assert_eq!(
-            world.orders.open(&reservation).await.unwrap(),
-            Opened::AwaitingPayment
+            world.orders.set_release_timer(&reservation).await.unwrap(),
+            TimerSet::Set
         );
     }
-    assert_eq!(world.store.order_count(), 1);
+    // The grab's hold is the order: the consumer only sets its timer.
+    assert_eq!(world.store.order_count(), 0);
     assert_eq!(world.scheduler.created.load(Ordering::SeqCst), 1);
     let order = world
         .orders
         .get(&reservation.order_id, &user("a"))
         .await
         .unwrap();
-    assert_eq!(order.status, OrderStatus::PendingPayment);
+    assert_eq!(order.status, OrderStatus::Reserved);
 }
 
 #[tokio::test]
@@ -467,7 +468,7 @@ async fn paying_settles_the_order_and_forgets_its_timer() {
     let sale = world.sale(5, 1, 1).await;
     world.clock.set(start());
     let reservation = world.grab(&sale, "a").await.unwrap();
-    world.orders.open(&reservation).await.unwrap();
+    world.orders.set_release_timer(&reservation).await.unwrap();
     let paid = world
         .orders
         .pay(&reservation.order_id, &user("a"))
@@ -497,7 +498,7 @@ async fn an_unpaid_order_expires_and_its_stock_comes_back_once() {
     let sale = world.sale(1, 1, 1).await;
     world.clock.set(start());
     let reservation = world.grab(&sale, "a").await.unwrap();
-    world.orders.open(&reservation).await.unwrap();
+    world.orders.set_release_timer(&reservation).await.unwrap();
 
     assert!(matches!(
         world.expiry.expire(&reservation).await,
@@ -528,7 +529,7 @@ async fn paying_after_the_window_closed_expires_the_order_at_once() {
     let sale = world.sale(1, 1, 1).await;
     world.clock.set(start());
     let reservation = world.grab(&sale, "a").await.unwrap();
-    world.orders.open(&reservation).await.unwrap();
+    world.orders.set_release_timer(&reservation).await.unwrap();
     world
         .clock
         .set(reservation.expires_at + Duration::seconds(1));
@@ -560,8 +561,8 @@ async fn cancelling_returns_stock_at_once_and_is_idempotent() {
     assert_eq!(world.store.shard_available(&sale, 0), 1);
     // The consumer arriving late opens nothing and sets no timer.
     assert_eq!(
-        world.orders.open(&reservation).await.unwrap(),
-        Opened::AlreadySettled(OrderStatus::Cancelled)
+        world.orders.set_release_timer(&reservation).await.unwrap(),
+        TimerSet::AlreadySettled(OrderStatus::Cancelled)
     );
     assert_eq!(world.scheduler.created.load(Ordering::SeqCst), 0);
     let stats = world.sales.stats(&sale).await.unwrap();
@@ -867,4 +868,35 @@ async fn the_blocklist_is_sorted_and_block_and_unblock_are_idempotent() {
         world.admin.blocked_users().await.unwrap(),
         vec![user("amy")]
     );
+}
+
+#[tokio::test]
+async fn the_consumer_times_the_hold_it_finds_and_refuses_a_message_naming_another_shard() {
+    let world = World::new();
+    let sale = world.sale(5, 2, 1).await;
+    world.clock.set(start());
+    let reservation = world.grab(&sale, "a").await.unwrap();
+
+    // A message for this order on the other shard is not what the grab committed.
+    let elsewhere = flashsale_domain::Reservation {
+        shard: 1 - reservation.shard,
+        ..reservation.clone()
+    };
+    assert!(matches!(
+        world.orders.set_release_timer(&elsewhere).await,
+        Err(AppError::OrderNotFound)
+    ));
+    assert_eq!(world.scheduler.created.load(Ordering::SeqCst), 0);
+
+    // One whose deadline was tampered with still times the hold's own deadline.
+    let later = flashsale_domain::Reservation {
+        expires_at: reservation.expires_at + Duration::hours(1),
+        ..reservation.clone()
+    };
+    assert_eq!(
+        world.orders.set_release_timer(&later).await.unwrap(),
+        TimerSet::Set
+    );
+    let timers = world.scheduler.timers.lock().unwrap();
+    assert_eq!(timers.get(&reservation.order_id), Some(&reservation));
 }

@@ -75,7 +75,7 @@ pub const SDK_BUDGET: CallBudget = CallBudget {
 /// Answering first keeps the process, with its sale cache and sold-out gate, which a
 /// Lambda timeout would throw away. Whatever the abandoned request committed is safe:
 /// the retry of the same path resumes its order (reserve is idempotent per order id),
-/// and the reconciler sends it on if the buyer never comes back.
+/// and the reconciler releases it past its deadline if no timer was set.
 pub const REQUEST_DEADLINE: std::time::Duration = std::time::Duration::from_secs(4);
 
 /// The grab function's configuration.

@@ -300,5 +300,5 @@ async fn when_the_queue_never_answers_after_the_reserve_the_buyer_still_gets_the
     // Kept open for the buyer's retry of the same path, or for the reconciler.
     let open = store.open_holds(&sale).await.unwrap();
     assert_eq!(open.len(), 1, "{open:?}");
-    assert_eq!(open[0].0.user_id.as_str(), "user-alice");
+    assert_eq!(open[0].user_id.as_str(), "user-alice");
 }

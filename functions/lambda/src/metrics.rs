@@ -42,7 +42,7 @@ pub const TOKENS_ISSUED: &str = "tokens_issued";
 pub const TOKENS_REFUSED: &str = "tokens_refused";
 /// `TransactionConflict` cancellations the store retried (emitted by the adapters).
 pub const TRANSACTION_CONFLICTS_RETRIED: &str = "transaction_conflicts_retried";
-/// Orders the consumer opened (awaiting payment, timer set).
+/// Held orders whose release timer the consumer set.
 pub const ORDERS_OPENED: &str = "orders_opened";
 pub const ORDERS_PAID: &str = "orders_paid";
 pub const ORDERS_CANCELLED: &str = "orders_cancelled";
@@ -50,8 +50,6 @@ pub const ORDERS_CANCELLED: &str = "orders_cancelled";
 pub const ORDERS_EXPIRED: &str = "orders_expired";
 /// Seconds between an order's payment deadline and the release that returned its unit.
 pub const RELEASE_LAG: &str = "release_lag_seconds";
-/// Reserved holds whose queue message was lost, sent again by the reconciler.
-pub const RECONCILER_RESENT: &str = "reconciler_resent";
 /// Overdue holds no timer released, released by the reconciler.
 pub const RECONCILER_RELEASED: &str = "reconciler_released";
 /// Units a shard recorded as taken with no hold behind them, given back by the
@@ -64,7 +62,6 @@ pub const RECONCILER_FAILED_SALES: &str = "reconciler_failed_sales";
 /// Units of a sale by state, as last counted by the reconciler (gauges).
 pub const STOCK_AVAILABLE: &str = "stock_available";
 pub const STOCK_RESERVED: &str = "stock_reserved";
-pub const STOCK_PENDING_PAYMENT: &str = "stock_pending_payment";
 pub const STOCK_PAID: &str = "stock_paid";
 /// Poison queue messages the consumer parked in the dead-letter queue.
 pub const DLQ_PARKED: &str = "dlq_parked";
@@ -84,11 +81,10 @@ pub fn describe() {
             TRANSACTION_CONFLICTS_RETRIED,
             "transaction conflicts retried",
         ),
-        (ORDERS_OPENED, "orders opened by the consumer"),
+        (ORDERS_OPENED, "release timers set by the consumer"),
         (ORDERS_PAID, "orders paid"),
         (ORDERS_CANCELLED, "orders cancelled by their buyer"),
         (ORDERS_EXPIRED, "orders expired by their timer"),
-        (RECONCILER_RESENT, "lost reservations sent again"),
         (RECONCILER_RELEASED, "overdue holds released"),
         (
             RECONCILER_TAKES_RETURNED,
@@ -105,8 +101,7 @@ pub fn describe() {
     }
     for (name, what) in [
         (STOCK_AVAILABLE, "units on sale"),
-        (STOCK_RESERVED, "units reserved, order not yet opened"),
-        (STOCK_PENDING_PAYMENT, "units awaiting payment"),
+        (STOCK_RESERVED, "units held, awaiting payment"),
         (STOCK_PAID, "units sold"),
     ] {
         describe_gauge!(name, Unit::Count, what);
@@ -197,8 +192,7 @@ pub fn release_lag(sale_id: &SaleId, seconds: f64) {
 /// What one reconciliation pass repaired or failed on. The EMF collector leaves zero
 /// counts out, so a pass that repaired nothing writes no datapoint (alarms treat
 /// missing data as fine).
-pub fn reconciled(resent: u64, released: u64, takes_returned: u64, failed: u64, failed_sales: u64) {
-    counter!(RECONCILER_RESENT).increment(resent);
+pub fn reconciled(released: u64, takes_returned: u64, failed: u64, failed_sales: u64) {
     counter!(RECONCILER_RELEASED).increment(released);
     counter!(RECONCILER_TAKES_RETURNED).increment(takes_returned);
     counter!(RECONCILER_FAILED).increment(failed);
@@ -210,7 +204,6 @@ pub fn stock(sale_id: &SaleId, counts: &StockCounts) {
     for (name, units) in [
         (STOCK_AVAILABLE, counts.available),
         (STOCK_RESERVED, counts.reserved),
-        (STOCK_PENDING_PAYMENT, counts.pending_payment),
         (STOCK_PAID, counts.paid),
     ] {
         // A gauge is an f64; stock counts are far below 2^53.

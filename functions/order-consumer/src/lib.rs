@@ -1,5 +1,6 @@
-//! The order consumer: reads the reservations the grab put on the orders FIFO queue,
-//! opens each as an order awaiting payment and sets its release timer.
+//! The order consumer: reads the reservations the grab put on the orders FIFO queue
+//! and sets each held order's release timer. It reads the hold and writes nothing to
+//! the table: the grab's hold already is the order.
 //!
 //! Records are independent (each is its own message group), so a batch is processed
 //! concurrently, up to [`MAX_CONCURRENT_RECORDS`] at a time. The answer is a partial
@@ -15,7 +16,7 @@ use std::sync::Arc;
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use flashsale_adapters::{DynamoStore, EventBridgeScheduler, ReleaseTarget};
 use flashsale_domain::ports::{Clock, OrderBook, ReleaseScheduler, StockLedger, SystemClock};
-use flashsale_domain::service::{Opened, OrderService};
+use flashsale_domain::service::{OrderService, TimerSet};
 use flashsale_domain::{AppError, OrderId, Reservation};
 use flashsale_lambda::config::{Env, process_env};
 use flashsale_lambda::telemetry::{diagnostic, error_chain};
@@ -32,9 +33,9 @@ pub use dead_letter::{DeadLetter, DeadLetterQueue, ParkError, SqsDeadLetterQueue
 pub const MAX_CONCURRENT_RECORDS: usize = 10;
 
 /// How long one SDK call of the consumer may take. The template gives the function
-/// 30 s and records run concurrently, so what counts is one record's chain: the open
-/// transaction, its read when refused, creating the timer, and parking a poison record
-/// (four calls): 4 x 5 s leaves 10 s spare. Nobody waits on the consumer, and a record
+/// 30 s and records run concurrently, so what counts is one record's chain: the read of
+/// the hold, creating the timer, and parking a poison record (three calls): 3 x 5 s
+/// leaves 15 s spare. Nobody waits on the consumer, and a record
 /// whose call fails comes back only after the queue's visibility timeout, so a slow
 /// call is given more time than on the HTTP functions before it is abandoned.
 pub const SDK_BUDGET: CallBudget = CallBudget {
@@ -161,8 +162,8 @@ pub enum RecordError {
     NoBody,
     #[error("the record's body is not a reservation")]
     NotAReservation(#[source] serde_json::Error),
-    #[error("opening order {order_id} failed")]
-    Open {
+    #[error("setting the release timer of order {order_id} failed")]
+    Timer {
         order_id: OrderId,
         #[source]
         source: AppError,
@@ -179,7 +180,7 @@ impl RecordError {
     pub fn is_poison(&self) -> bool {
         match self {
             Self::NoBody | Self::NotAReservation(_) => true,
-            Self::Open { source, .. } => {
+            Self::Timer { source, .. } => {
                 matches!(source, AppError::OrderNotFound | AppError::Invalid(_))
             }
         }
@@ -193,13 +194,15 @@ impl RecordError {
         match self {
             Self::NoBody => "OrderConsumer.NoBody",
             Self::NotAReservation(_) => "OrderConsumer.NotAReservation",
-            Self::Open { source, .. } => match source {
+            Self::Timer { source, .. } => match source {
                 AppError::OrderNotFound => "OrderConsumer.OrderNotFound",
                 AppError::Invalid(_) => "OrderConsumer.InvalidReservation",
                 AppError::Store(store) if store.is_retryable() => {
                     "OrderConsumer.OrderStoreUnavailable"
                 }
                 AppError::Store(_) => "OrderConsumer.OrderStoreFailed",
+                // The name from when the consumer opened orders: parked records and
+                // log queries group by it, so it stays.
                 _ => "OrderConsumer.OpenRefused",
             },
         }
@@ -259,7 +262,7 @@ pub async fn handler(deps: &Deps, event: SqsEvent) -> Result<SqsBatchResponse, I
     Ok(response)
 }
 
-async fn consume(deps: &Deps, record: &SqsMessage) -> Result<Opened, RecordError> {
+async fn consume(deps: &Deps, record: &SqsMessage) -> Result<TimerSet, RecordError> {
     let body = record
         .body
         .as_deref()
@@ -267,39 +270,39 @@ async fn consume(deps: &Deps, record: &SqsMessage) -> Result<Opened, RecordError
         .ok_or(RecordError::NoBody)?;
     let reservation: Reservation =
         serde_json::from_str(body).map_err(RecordError::NotAReservation)?;
-    let opened = deps
+    let timer = deps
         .orders
-        .open(&reservation)
+        .set_release_timer(&reservation)
         .await
-        .map_err(|source| RecordError::Open {
+        .map_err(|source| RecordError::Timer {
             order_id: reservation.order_id.clone(),
             source,
         })?;
-    if opened == Opened::AwaitingPayment {
+    if timer == TimerSet::Set {
         // At least once, like the message: a redelivered record counts again.
         flashsale_lambda::metrics::order_step(
             flashsale_lambda::metrics::ORDERS_OPENED,
             &reservation.sale_id,
         );
     }
-    Ok(opened)
+    Ok(timer)
 }
 
 /// Consumes one record; `true` when it must be redelivered.
 async fn handle(deps: &Deps, record: &SqsMessage) -> bool {
     match consume(deps, record).await {
-        Ok(Opened::AwaitingPayment) => {
-            tracing::info!(outcome = "awaiting_payment", "order opened");
+        Ok(TimerSet::Set) => {
+            tracing::info!(outcome = "awaiting_payment", "release timer set");
             false
         }
-        Ok(Opened::AlreadySettled(status)) => {
+        Ok(TimerSet::AlreadySettled(status)) => {
             tracing::info!(outcome = "already_settled", %status, "order settled before the consumer");
             false
         }
         Err(err) if err.is_poison() => park(deps, record, &Diagnostic::from(&err)).await,
         Err(err) => {
             let retryable =
-                matches!(&err, RecordError::Open { source, .. } if source.is_retryable());
+                matches!(&err, RecordError::Timer { source, .. } if source.is_retryable());
             let Diagnostic {
                 error_type,
                 error_message,
@@ -361,7 +364,7 @@ mod tests {
     /// breaking change.
     #[test]
     fn every_error_has_a_stable_error_type() {
-        let open = |source| RecordError::Open {
+        let timer = |source| RecordError::Timer {
             order_id: OrderId::new(flashsale_domain::SaleId::parse("phone").expect("valid")),
             source,
         };
@@ -373,14 +376,17 @@ mod tests {
                 RecordError::NotAReservation(not_json),
                 "OrderConsumer.NotAReservation",
             ),
-            (open(AppError::OrderNotFound), "OrderConsumer.OrderNotFound"),
             (
-                open(AppError::Invalid(ValidationError::new("qty", "is zero"))),
+                timer(AppError::OrderNotFound),
+                "OrderConsumer.OrderNotFound",
+            ),
+            (
+                timer(AppError::Invalid(ValidationError::new("qty", "is zero"))),
                 "OrderConsumer.InvalidReservation",
             ),
-            (open(store(true)), "OrderConsumer.OrderStoreUnavailable"),
-            (open(store(false)), "OrderConsumer.OrderStoreFailed"),
-            (open(AppError::SoldOut), "OrderConsumer.OpenRefused"),
+            (timer(store(true)), "OrderConsumer.OrderStoreUnavailable"),
+            (timer(store(false)), "OrderConsumer.OrderStoreFailed"),
+            (timer(AppError::SoldOut), "OrderConsumer.OpenRefused"),
         ] {
             let diagnostic = Diagnostic::from(&error);
             assert_eq!(diagnostic.error_type, expected);

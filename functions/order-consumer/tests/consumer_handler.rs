@@ -208,7 +208,7 @@ fn batch_of(count: usize) -> (Value, Vec<Reservation>) {
 }
 
 #[tokio::test]
-async fn the_fixture_batch_opens_every_order_and_sets_its_release_timer() {
+async fn the_fixture_batch_sets_every_orders_release_timer_and_writes_no_order() {
     let world = World::new().await;
     let event = batch();
     let reservations = reservations_of(&event);
@@ -218,16 +218,17 @@ async fn the_fixture_batch_opens_every_order_and_sets_its_release_timer() {
 
     assert!(failures(&response).is_empty());
     for reservation in &reservations {
-        assert_eq!(world.status(reservation).await, OrderStatus::PendingPayment);
+        assert_eq!(world.status(reservation).await, OrderStatus::Reserved);
         let timers = world.scheduler.inner.timers.lock().unwrap();
         assert_eq!(timers.get(&reservation.order_id), Some(reservation));
     }
-    assert_eq!(world.store.order_count(), 2);
+    // The grab's hold is the order; the consumer writes none.
+    assert_eq!(world.store.order_count(), 0);
     assert!(world.parked().is_empty());
 }
 
 #[tokio::test]
-async fn a_redelivered_batch_creates_one_order_and_one_timer_each() {
+async fn a_redelivered_batch_creates_one_timer_each() {
     let world = World::new().await;
     let event = batch();
     world.hold(&reservations_of(&event)).await;
@@ -235,7 +236,7 @@ async fn a_redelivered_batch_creates_one_order_and_one_timer_each() {
     for _ in 0..3 {
         assert!(failures(&world.consume(&event).await).is_empty());
     }
-    assert_eq!(world.store.order_count(), 2);
+    assert_eq!(world.store.order_count(), 0);
     assert_eq!(world.schedules_created(), 2);
     assert_eq!(world.timers(), 2);
 }
@@ -256,10 +257,7 @@ async fn an_order_settled_before_the_consumer_is_done_without_a_timer() {
 
     assert!(failures(&response).is_empty());
     assert_eq!(world.status(&reservations[0]).await, OrderStatus::Cancelled);
-    assert_eq!(
-        world.status(&reservations[1]).await,
-        OrderStatus::PendingPayment
-    );
+    assert_eq!(world.status(&reservations[1]).await, OrderStatus::Reserved);
     assert_eq!(world.timers(), 1);
     assert!(world.parked().is_empty());
 }
@@ -288,10 +286,7 @@ async fn poison_records_are_parked_with_their_group_and_the_rest_are_consumed() 
     let response = world.consume(&event).await;
 
     assert!(failures(&response).is_empty(), "{:?}", failures(&response));
-    assert_eq!(
-        world.status(&reservations[1]).await,
-        OrderStatus::PendingPayment
-    );
+    assert_eq!(world.status(&reservations[1]).await, OrderStatus::Reserved);
     let parked: HashMap<String, DeadLetter> = world
         .parked()
         .into_iter()
@@ -305,7 +300,7 @@ async fn poison_records_are_parked_with_their_group_and_the_rest_are_consumed() 
     assert!(
         unknown
             .reason
-            .starts_with("OrderConsumer.OrderNotFound: opening order")
+            .starts_with("OrderConsumer.OrderNotFound: setting the release timer of order")
             && unknown.reason.ends_with("order not found"),
         "{}",
         unknown.reason
@@ -370,12 +365,9 @@ async fn a_transient_failure_reports_only_that_record_and_its_retry_succeeds() {
     let mut retry = event.clone();
     retry["Records"] = json!([event["Records"][0].clone()]);
     assert!(failures(&world.consume(&retry).await).is_empty());
-    assert_eq!(
-        world.status(&reservations[0]).await,
-        OrderStatus::PendingPayment
-    );
+    assert_eq!(world.status(&reservations[0]).await, OrderStatus::Reserved);
     assert_eq!(world.timers(), 2);
-    assert_eq!(world.store.order_count(), 2);
+    assert_eq!(world.store.order_count(), 0);
 }
 
 #[tokio::test]

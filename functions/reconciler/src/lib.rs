@@ -1,6 +1,7 @@
 //! The reconciler function: a periodic pass of the domain's [`Reconciler`], the safety
-//! net under the happy path. It sends again the reservations whose queue message was
-//! lost and releases the holds no timer released (see [`Reconciler`] for the rules).
+//! net under the happy path. It releases the holds no timer released, whether the timer
+//! was lost or never set (a lost queue message), and gives back the takes no hold
+//! accounts for (see [`Reconciler`] for the rules).
 //!
 //! A schedule invokes it; the event's content (a Scheduler input, an EventBridge
 //! scheduled event) carries nothing it needs and is ignored. Its answer is the pass's
@@ -11,11 +12,9 @@
 use std::sync::Arc;
 
 use chrono::Duration;
-use flashsale_adapters::{DynamoStore, SqsOrderQueue};
+use flashsale_adapters::DynamoStore;
 use flashsale_domain::AppError;
-use flashsale_domain::ports::{
-    Clock, OrderBook, OrderQueue, SaleCatalog, StockLedger, SystemClock,
-};
+use flashsale_domain::ports::{Clock, OrderBook, SaleCatalog, StockLedger, SystemClock};
 use flashsale_domain::service::{ReconcileReport, Reconciler, SaleService};
 use flashsale_lambda::config::{Env, process_env};
 use flashsale_lambda::telemetry::{diagnostic, error_chain};
@@ -23,15 +22,10 @@ use flashsale_lambda::{CallBudget, ConfigError};
 use lambda_runtime::Diagnostic;
 use serde_json::Value;
 
-/// How long a reservation may stay `reserved` before its queue message counts as lost,
-/// when `RECONCILE_HANDOVER_GRACE_SECS` is unset. The consumer opens an order within
-/// seconds; a minute also covers a consumer that is retrying a throttled batch.
-pub const DEFAULT_HANDOVER_GRACE_SECS: u32 = 60;
-
 /// How long past its deadline an order may stay open before its timer counts as lost,
 /// when `RECONCILE_TIMER_GRACE_SECS` is unset. A timer releases at most 3 s after the
 /// deadline for a payment window of a minute or more, and at most a minute after the
-/// order was opened for a shorter one (see `EventBridgeScheduler::at_expression`); a
+/// consumer set it for a shorter one (see `EventBridgeScheduler::at_expression`); a
 /// release that fails is retried by Lambda about a minute later. Three minutes leaves
 /// the timer and its first retry the first word; the reconciler only repairs what
 /// they lost.
@@ -61,10 +55,6 @@ pub const SDK_BUDGET: CallBudget = CallBudget {
 #[derive(Debug, Clone)]
 pub struct Config {
     pub table_name: String,
-    /// Where lost reservations are sent again: the queue the grab sends to.
-    pub orders_queue_url: String,
-    /// See [`DEFAULT_HANDOVER_GRACE_SECS`].
-    pub handover_grace: Duration,
     /// See [`DEFAULT_TIMER_GRACE_SECS`].
     pub timer_grace: Duration,
     /// See [`DEFAULT_TAKE_GRACE_SECS`].
@@ -73,11 +63,9 @@ pub struct Config {
 
 impl Config {
     /// Every environment variable this function reads (besides `RUST_LOG`, which the
-    /// log setup reads). The three graces are optional.
+    /// log setup reads). The two graces are optional.
     pub const ENV_VARS: &'static [&'static str] = &[
         "TABLE_NAME",
-        "ORDERS_QUEUE_URL",
-        "RECONCILE_HANDOVER_GRACE_SECS",
         "RECONCILE_TIMER_GRACE_SECS",
         "RECONCILE_TAKE_GRACE_SECS",
     ];
@@ -88,15 +76,11 @@ impl Config {
 
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let env = Env::new(lookup);
-        let handover_secs: u32 =
-            env.parsed_or("RECONCILE_HANDOVER_GRACE_SECS", DEFAULT_HANDOVER_GRACE_SECS)?;
         let timer_secs: u32 =
             env.parsed_or("RECONCILE_TIMER_GRACE_SECS", DEFAULT_TIMER_GRACE_SECS)?;
         let take_secs: u32 = env.parsed_or("RECONCILE_TAKE_GRACE_SECS", DEFAULT_TAKE_GRACE_SECS)?;
         Ok(Self {
             table_name: env.required("TABLE_NAME")?,
-            orders_queue_url: env.required("ORDERS_QUEUE_URL")?,
-            handover_grace: Duration::seconds(i64::from(handover_secs)),
             timer_grace: Duration::seconds(i64::from(timer_secs)),
             take_grace: Duration::seconds(i64::from(take_secs)),
         })
@@ -106,7 +90,6 @@ impl Config {
 /// The SDK clients of the reconciler, within [`SDK_BUDGET`].
 struct Clients {
     dynamodb: aws_sdk_dynamodb::Client,
-    sqs: aws_sdk_sqs::Client,
 }
 
 impl Clients {
@@ -114,7 +97,6 @@ impl Clients {
         let sdk = SDK_BUDGET.bound(sdk);
         Self {
             dynamodb: aws_sdk_dynamodb::Client::new(&sdk),
-            sqs: aws_sdk_sqs::Client::new(&sdk),
         }
     }
 }
@@ -125,7 +107,6 @@ pub struct Ports {
     pub catalog: Arc<dyn SaleCatalog>,
     pub orders: Arc<dyn OrderBook>,
     pub ledger: Arc<dyn StockLedger>,
-    pub queue: Arc<dyn OrderQueue>,
     pub clock: Arc<dyn Clock>,
 }
 
@@ -137,10 +118,10 @@ pub struct Deps {
 }
 
 impl Deps {
-    /// DynamoDB for sales and holds, the SQS orders queue, and the wall clock. The
-    /// catalog is not cached: the pass lists sales once per run.
+    /// DynamoDB for sales and holds, and the wall clock. The catalog is not cached:
+    /// the pass lists sales once per run.
     pub fn new(config: &Config, sdk: &aws_config::SdkConfig) -> Self {
-        let Clients { dynamodb, sqs } = Clients::new(sdk);
+        let Clients { dynamodb } = Clients::new(sdk);
         let store = Arc::new(DynamoStore::new(dynamodb, &config.table_name));
         Self::from_ports(
             config,
@@ -148,7 +129,6 @@ impl Deps {
                 catalog: store.clone(),
                 orders: store.clone(),
                 ledger: store,
-                queue: Arc::new(SqsOrderQueue::new(sqs, &config.orders_queue_url)),
                 clock: Arc::new(SystemClock),
             },
         )
@@ -166,9 +146,7 @@ impl Deps {
                 catalog: ports.catalog,
                 orders: ports.orders,
                 ledger: ports.ledger,
-                queue: ports.queue,
                 clock: ports.clock,
-                handover_grace: config.handover_grace,
                 timer_grace: config.timer_grace,
                 take_grace: config.take_grace,
             },
@@ -235,7 +213,6 @@ async fn reconcile(deps: &Deps) -> Result<ReconcileReport, ReconcileError> {
     let ReconcileReport {
         sales,
         open_holds,
-        requeued,
         expired,
         failed,
         failed_sales,
@@ -243,7 +220,6 @@ async fn reconcile(deps: &Deps) -> Result<ReconcileReport, ReconcileError> {
     } = report;
     let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
     flashsale_lambda::metrics::reconciled(
-        count(requeued),
         count(expired),
         count(takes_returned),
         count(failed),
@@ -253,7 +229,6 @@ async fn reconcile(deps: &Deps) -> Result<ReconcileReport, ReconcileError> {
         tracing::error!(
             sales,
             open_holds,
-            requeued,
             expired,
             takes_returned,
             failed,
@@ -264,7 +239,6 @@ async fn reconcile(deps: &Deps) -> Result<ReconcileReport, ReconcileError> {
         tracing::info!(
             sales,
             open_holds,
-            requeued,
             expired,
             takes_returned,
             failed,
@@ -332,11 +306,7 @@ mod tests {
     #[test]
     fn every_sdk_client_is_built_within_the_budget() {
         let clients = Clients::new(&aws_config::SdkConfig::builder().build());
-        for timeouts in [
-            clients.dynamodb.config().timeout_config(),
-            clients.sqs.config().timeout_config(),
-        ] {
-            assert_eq!(timeouts.and_then(CallBudget::of), Some(SDK_BUDGET));
-        }
+        let timeouts = clients.dynamodb.config().timeout_config();
+        assert_eq!(timeouts.and_then(CallBudget::of), Some(SDK_BUDGET));
     }
 }

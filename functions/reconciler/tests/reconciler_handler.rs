@@ -2,7 +2,6 @@
 //! `events/reconciler.json` and the domain's in-memory fakes.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Duration, TimeZone, Utc};
@@ -10,7 +9,7 @@ use flashsale_domain::error::StoreError;
 use flashsale_domain::ports::{Clock, OrderBook, SaleCatalog};
 use flashsale_domain::service::ReconcileReport;
 use flashsale_domain::testing;
-use flashsale_domain::testing::{InMemoryStore, ManualClock, RecordingQueue};
+use flashsale_domain::testing::{InMemoryStore, ManualClock};
 use flashsale_domain::{AppError, OrderId, OrderStatus, Reservation, Sale, SaleId, UserId};
 use flashsale_lambda::ConfigError;
 use flashsale_lambda::testing::fixture;
@@ -31,13 +30,12 @@ fn config(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
 }
 
 fn default_config() -> Config {
-    config(&[("TABLE_NAME", "t"), ("ORDERS_QUEUE_URL", "q")]).unwrap()
+    config(&[("TABLE_NAME", "t")]).unwrap()
 }
 
 struct World {
     deps: Deps,
     store: Arc<InMemoryStore>,
-    queue: Arc<RecordingQueue>,
     clock: Arc<ManualClock>,
     sale: Sale,
 }
@@ -51,7 +49,6 @@ impl World {
     /// ten-minute payment window; the clock at `start()`.
     async fn build(config: &Config, catalog: Option<Arc<dyn SaleCatalog>>) -> Self {
         let store = Arc::new(InMemoryStore::new());
-        let queue = Arc::new(RecordingQueue::default());
         let clock = Arc::new(ManualClock::new(start()));
         let sale = testing::sale(10, 1)
             .starting_at(start())
@@ -64,20 +61,18 @@ impl World {
                 catalog: catalog.unwrap_or_else(|| store.clone()),
                 orders: store.clone(),
                 ledger: store.clone(),
-                queue: queue.clone(),
                 clock: clock.clone(),
             },
         );
         Self {
             deps,
             store,
-            queue,
             clock,
             sale,
         }
     }
 
-    /// A reservation made now whose queue message never arrived.
+    /// A reservation made now whose queue message never arrived: no timer.
     fn strand(&self, user: &str) -> Reservation {
         let now = self.clock.now();
         let reservation = Reservation {
@@ -98,10 +93,6 @@ impl World {
                 .await
                 .unwrap(),
         )
-    }
-
-    fn sent(&self) -> Vec<Reservation> {
-        self.queue.sent.lock().unwrap().clone()
     }
 
     fn available(&self) -> u64 {
@@ -130,7 +121,6 @@ fn report(answer: Value) -> ReconcileReport {
     ReconcileReport {
         sales: field("sales"),
         open_holds: field("open_holds"),
-        requeued: field("requeued"),
         expired: field("expired"),
         failed: field("failed"),
         failed_sales: field("failed_sales"),
@@ -139,7 +129,7 @@ fn report(answer: Value) -> ReconcileReport {
 }
 
 #[tokio::test]
-async fn a_reservation_whose_message_was_lost_is_sent_to_the_consumer_again() {
+async fn a_hold_within_its_window_is_left_alone_though_no_timer_was_set() {
     let world = World::new().await;
     let lost = world.strand("user-alice");
     world.clock.advance(Duration::seconds(61));
@@ -150,44 +140,29 @@ async fn a_reservation_whose_message_was_lost_is_sent_to_the_consumer_again() {
 
     assert_eq!(
         answer,
-        json!({"sales": 1, "open_holds": 1, "requeued": 1, "expired": 0, "failed": 0, "failed_sales": 0, "takes_returned": 0})
+        json!({"sales": 1, "open_holds": 1, "expired": 0, "failed": 0, "failed_sales": 0, "takes_returned": 0})
     );
-    assert_eq!(world.sent(), vec![lost.clone()]);
-    assert_eq!(world.available(), 9, "the unit stays held for the order");
+    assert_eq!(
+        world.available(),
+        9,
+        "the unit stays held: its buyer may pay"
+    );
     assert_eq!(world.status(&lost).await, OrderStatus::Reserved);
 }
 
 #[tokio::test]
-async fn a_fresh_reservation_is_left_to_the_consumer() {
+async fn a_hold_no_timer_released_goes_back_to_stock_after_the_default_timer_grace() {
     let world = World::new().await;
-    world.strand("user-alice");
-    world.clock.advance(Duration::seconds(30));
+    let held = world.strand("user-alice");
 
-    let report = world.run().await;
+    world.clock.set(held.expires_at + Duration::seconds(179));
+    assert_eq!(world.run().await.expired, 0, "the timer still has time");
+    assert_eq!(world.status(&held).await, OrderStatus::Reserved);
 
-    assert_eq!(
-        report,
-        ReconcileReport {
-            sales: 1,
-            open_holds: 1,
-            ..ReconcileReport::default()
-        }
-    );
-    assert!(world.sent().is_empty());
-}
-
-#[tokio::test]
-async fn a_lost_reservation_past_its_deadline_goes_back_to_stock() {
-    let world = World::new().await;
-    let lost = world.strand("user-alice");
-    world.clock.set(lost.expires_at);
-
-    let report = world.run().await;
-
-    assert_eq!((report.expired, report.requeued), (1, 0));
-    assert!(world.sent().is_empty());
+    world.clock.set(held.expires_at + Duration::seconds(180));
+    assert_eq!(world.run().await.expired, 1);
+    assert_eq!(world.status(&held).await, OrderStatus::Expired);
     assert_eq!(world.available(), 10);
-    assert_eq!(world.status(&lost).await, OrderStatus::Expired);
 
     // Nothing is left for the next run.
     let again = world.run().await;
@@ -196,26 +171,9 @@ async fn a_lost_reservation_past_its_deadline_goes_back_to_stock() {
 }
 
 #[tokio::test]
-async fn an_awaiting_order_whose_timer_never_fired_is_released_after_the_default_timer_grace() {
-    let world = World::new().await;
-    let held = world.strand("user-alice");
-    world.store.open(&held).await.unwrap();
-
-    world.clock.set(held.expires_at + Duration::seconds(179));
-    assert_eq!(world.run().await.expired, 0, "the timer still has time");
-    assert_eq!(world.status(&held).await, OrderStatus::PendingPayment);
-
-    world.clock.set(held.expires_at + Duration::seconds(180));
-    assert_eq!(world.run().await.expired, 1);
-    assert_eq!(world.status(&held).await, OrderStatus::Expired);
-    assert_eq!(world.available(), 10);
-}
-
-#[tokio::test]
 async fn a_paid_order_is_never_touched() {
     let world = World::new().await;
     let paid = world.strand("user-alice");
-    world.store.open(&paid).await.unwrap();
     world.store.pay(&paid, world.clock.now()).await.unwrap();
     world.clock.set(paid.expires_at + Duration::days(1));
 
@@ -227,48 +185,15 @@ async fn a_paid_order_is_never_touched() {
 }
 
 #[tokio::test]
-async fn the_graces_come_from_configuration() {
-    let config = config(&[
-        ("TABLE_NAME", "t"),
-        ("ORDERS_QUEUE_URL", "q"),
-        ("RECONCILE_HANDOVER_GRACE_SECS", "10"),
-        ("RECONCILE_TIMER_GRACE_SECS", "5"),
-    ])
-    .unwrap();
+async fn the_timer_grace_comes_from_configuration() {
+    let config = config(&[("TABLE_NAME", "t"), ("RECONCILE_TIMER_GRACE_SECS", "5")]).unwrap();
     let world = World::build(&config, None).await;
-    let lost = world.strand("user-alice");
-    let awaiting = world.strand("user-bob");
-    world.store.open(&awaiting).await.unwrap();
+    let held = world.strand("user-alice");
 
-    world.clock.advance(Duration::seconds(10));
-    assert_eq!(world.run().await.requeued, 1);
-    assert_eq!(world.sent(), vec![lost]);
-
-    world.clock.set(awaiting.expires_at + Duration::seconds(5));
-    let report = world.run().await;
-    assert_eq!(report.expired, 2, "both are past their deadline by now");
-}
-
-#[tokio::test]
-async fn a_hold_that_cannot_be_sent_is_counted_failed_and_the_invocation_still_succeeds() {
-    let world = World::new().await;
-    let lost = world.strand("user-alice");
-    world.clock.advance(Duration::seconds(61));
-    world.queue.fail.store(true, Ordering::SeqCst);
-
-    let report = world.run().await;
-
-    assert_eq!(
-        (report.open_holds, report.requeued, report.failed),
-        (1, 0, 1)
-    );
-    assert_eq!(world.status(&lost).await, OrderStatus::Reserved);
-
-    // The next run finds the same hold and repairs it.
-    world.queue.fail.store(false, Ordering::SeqCst);
-    let again = world.run().await;
-    assert_eq!((again.requeued, again.failed), (1, 0));
-    assert_eq!(world.sent(), vec![lost]);
+    world.clock.set(held.expires_at + Duration::seconds(4));
+    assert_eq!(world.run().await.expired, 0);
+    world.clock.set(held.expires_at + Duration::seconds(5));
+    assert_eq!(world.run().await.expired, 1);
 }
 
 #[tokio::test]
@@ -281,13 +206,13 @@ async fn the_event_content_changes_nothing() {
         json!([1, 2, 3]),
     ] {
         let world = World::new().await;
-        world.strand("user-alice");
-        world.clock.advance(Duration::seconds(61));
+        let held = world.strand("user-alice");
+        world.clock.set(held.expires_at + Duration::seconds(180));
 
         let answer = handler(&world.deps, event.clone()).await.unwrap();
 
-        assert_eq!(report(answer).requeued, 1, "{event}");
-        assert_eq!(world.sent().len(), 1, "{event}");
+        assert_eq!(report(answer).expired, 1, "{event}");
+        assert_eq!(world.available(), 10, "{event}");
     }
 }
 
@@ -307,8 +232,8 @@ async fn when_the_sales_cannot_be_listed_the_invocation_fails_whatever_the_kind(
             Some(Arc::new(UnreachableCatalog { transient })),
         )
         .await;
-        world.strand("user-alice");
-        world.clock.advance(Duration::seconds(61));
+        let held = world.strand("user-alice");
+        world.clock.set(held.expires_at + Duration::seconds(180));
 
         let err = handler(&world.deps, fixture("reconciler.json"))
             .await
@@ -324,26 +249,22 @@ async fn when_the_sales_cannot_be_listed_the_invocation_fails_whatever_the_kind(
             "Reconciler.StoreFailed"
         };
         assert_eq!(Diagnostic::from(err).error_type, expected_type);
-        assert!(world.sent().is_empty());
+        assert_eq!(world.available(), 9, "nothing was released");
     }
 }
 
 #[test]
-fn config_reads_the_table_and_queue_and_defaults_the_graces() {
+fn config_reads_the_table_and_defaults_the_graces() {
     assert_eq!(
         Config::ENV_VARS,
         [
             "TABLE_NAME",
-            "ORDERS_QUEUE_URL",
-            "RECONCILE_HANDOVER_GRACE_SECS",
             "RECONCILE_TIMER_GRACE_SECS",
             "RECONCILE_TAKE_GRACE_SECS",
         ]
     );
     let config = default_config();
     assert_eq!(config.table_name, "t");
-    assert_eq!(config.orders_queue_url, "q");
-    assert_eq!(config.handover_grace, Duration::seconds(60));
     assert_eq!(config.timer_grace, Duration::seconds(180));
     assert_eq!(
         config.take_grace,
@@ -353,26 +274,21 @@ fn config_reads_the_table_and_queue_and_defaults_the_graces() {
 }
 
 #[test]
-fn config_without_the_table_or_the_queue_fails() {
+fn config_without_the_table_fails() {
     assert!(matches!(
-        config(&[("ORDERS_QUEUE_URL", "q")]),
+        config(&[("RECONCILE_TIMER_GRACE_SECS", "5")]),
         Err(ConfigError::Missing("TABLE_NAME"))
-    ));
-    assert!(matches!(
-        config(&[("TABLE_NAME", "t")]),
-        Err(ConfigError::Missing("ORDERS_QUEUE_URL"))
     ));
 }
 
 #[test]
 fn a_grace_that_is_not_a_whole_number_of_seconds_is_invalid() {
     for (var, value) in [
-        ("RECONCILE_HANDOVER_GRACE_SECS", "soon"),
-        ("RECONCILE_HANDOVER_GRACE_SECS", "-5"),
-        ("RECONCILE_TIMER_GRACE_SECS", "1.5"),
+        ("RECONCILE_TIMER_GRACE_SECS", "soon"),
+        ("RECONCILE_TIMER_GRACE_SECS", "-5"),
+        ("RECONCILE_TAKE_GRACE_SECS", "1.5"),
     ] {
-        let err =
-            config(&[("TABLE_NAME", "t"), ("ORDERS_QUEUE_URL", "q"), (var, value)]).unwrap_err();
+        let err = config(&[("TABLE_NAME", "t"), (var, value)]).unwrap_err();
         assert!(
             matches!(err, ConfigError::Invalid { var: bad, .. } if bad == var),
             "{var}={value}: {err:?}"

@@ -173,7 +173,7 @@ impl LocalMetrics {
             total("orders_paid"),
             total("orders_cancelled"),
             total("orders_expired"),
-            total("reconciler_resent") + total("reconciler_released"),
+            total("reconciler_released"),
             total("dlq_parked"),
         )
     }

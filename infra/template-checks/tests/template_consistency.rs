@@ -54,7 +54,7 @@ fn functions() -> [Function; 5] {
             logical_id: "OrderConsumerFunction",
             package: "flashsale-order-consumer",
             env_vars: flashsale_order_consumer::Config::ENV_VARS,
-            use_cases: &[("OrderService", "open")],
+            use_cases: &[("OrderService", "set_release_timer")],
         },
         Function {
             logical_id: "ReleaseFunction",

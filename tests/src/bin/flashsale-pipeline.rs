@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use clap::Parser;
 use flashsale_adapters::DynamoStore;
-use flashsale_domain::ports::{OpenOutcome, OrderBook, ReserveRefusal, SaleCatalog, StockLedger};
+use flashsale_domain::ports::{OrderBook, ReserveRefusal, SaleCatalog, StockLedger};
 use flashsale_domain::{OrderId, Reservation, Sale, SaleId, UserId};
 use flashsale_e2e::ApiClient;
 use flashsale_e2e::client::expect_status;
@@ -34,7 +34,7 @@ use serde_json::{Value, json};
 #[command(
     name = "flashsale-pipeline",
     about = "Grab successes/s through the local gateway versus raw TransactWriteItems/s of the grab's shape on the same DynamoDB Local; one JSON line per concurrency level",
-    after_help = "Output fields: concurrency, grabs, raw_transact_per_s, raw_reserve_open_per_s (the grab's transaction, then the consumer's, per unit), gateway_grabs_per_s, ratio (gateway/raw), ratio_to_reserve_open (gateway/raw_reserve_open), http_503, http_429, failures, raw_p50_ms, raw_p99_ms, gateway_p50_ms, gateway_p99_ms.\n\nWithout --api it starts its own stack (DynamoDB Local, the SQS emulator, moto; free ports) with every gateway throttle lifted, so only the stack itself limits the rate."
+    after_help = "Output fields: concurrency, grabs, raw_transact_per_s, raw_reserve_open_per_s (the grab's writes, then the consumer's read of the hold, per unit), gateway_grabs_per_s, ratio (gateway/raw), ratio_to_reserve_open (gateway/raw_reserve_open), http_503, http_429, failures, raw_p50_ms, raw_p99_ms, gateway_p50_ms, gateway_p99_ms.\n\nWithout --api it starts its own stack (DynamoDB Local, the SQS emulator, moto; free ports) with every gateway throttle lifted, so only the stack itself limits the rate."
 )]
 struct Args {
     /// Concurrency levels to measure, comma-separated; each gets both measurements.
@@ -223,13 +223,13 @@ impl Tally {
 enum RawWork {
     /// The grab's transaction only.
     Reserve,
-    /// The grab's transaction, then the consumer's (`OrderBook::open`): every write a
-    /// sold unit costs the database through the pipeline.
+    /// The grab's writes, then the consumer's read of the hold (`OrderBook::find`):
+    /// every DynamoDB call a sold unit costs through the pipeline.
     ReserveAndOpen,
 }
 
-/// Raw: the grab's transaction (and with [`RawWork::ReserveAndOpen`] the consumer's),
-/// through the functions' own adapter, straight to DynamoDB.
+/// Raw: the grab's writes (and with [`RawWork::ReserveAndOpen`] the consumer's read of
+/// the hold), through the functions' own adapter, straight to DynamoDB.
 async fn raw(
     target: &Target,
     sale: Sale,
@@ -274,8 +274,8 @@ async fn raw(
                 let done = reserved
                     && (work == RawWork::Reserve
                         || matches!(
-                            store.open(&reservation).await,
-                            Ok(OpenOutcome::AwaitingPayment)
+                            store.find(&reservation.order_id, &reservation.user_id).await,
+                            Ok(Some((order, _))) if order.status.is_open()
                         ));
                 if done {
                     tally.latency(started);

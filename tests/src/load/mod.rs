@@ -268,8 +268,8 @@ async fn wait_for_expiry(
 ) -> Result<Value, LoadError> {
     loop {
         let current = stats(client, admin, sale_id).await?;
-        let held = |field| current.get(field).and_then(Value::as_u64).unwrap_or(0);
-        if held("reserved") + held("pending_payment") == 0 {
+        let held = current.get("reserved").and_then(Value::as_u64).unwrap_or(0);
+        if held == 0 {
             return Ok(current);
         }
         if Instant::now() >= deadline {

@@ -15,18 +15,19 @@ use flashsale_domain::{OrderId, Sale, SaleId, UserId};
 use flashsale_e2e::{ApiClient, ApiResponse};
 use flashsale_emulators::LocalEndpoints;
 use flashsale_emulators::proxy::{ConflictMode, Proxy, ProxyOptions};
+use flashsale_local::metrics::Summary;
 use flashsale_local::{EmulatorSource, LocalStack, StackOptions};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-/// How long the consumer may take to open an order (or set its timer) before a test
+/// How long the consumer may take to set an order's release timer before a test
 /// fails. Generous: it only bounds a failure, and a loaded machine running other
 /// builds delays the event source emulation's polls by seconds.
 pub const CONSUMER_LAG: Duration = Duration::from_secs(90);
 
 /// How long an order with a payment window of `window_secs` may take to expire before a
 /// test fails. The timer's minute ends at most 3 s after the deadline for a window of
-/// a minute or more, and at most a minute after the order was opened for a shorter one
+/// a minute or more, and at most a minute after the timer was set for a shorter one
 /// (see `EventBridgeScheduler::at_expression`); the rest is room for a loaded machine.
 pub fn expiry_lag(window_secs: u64) -> Duration {
     Duration::from_secs(window_secs.max(60) + 120)
@@ -280,7 +281,8 @@ impl Harness {
         order.str_field("status").expect("status").to_owned()
     }
 
-    /// Waits until the order reaches `status`, as the consumer or a timer moves it.
+    /// Waits until the order reaches `status`, as a timer, the reconciler or the buyer
+    /// moves it.
     pub async fn wait_for_status(
         &self,
         user: &str,
@@ -295,15 +297,37 @@ impl Harness {
         .await;
     }
 
-    /// Waits until the consumer has opened the order: it awaits payment, or has already
-    /// expired. A short window's timer may fire the instant it is set (a random second
-    /// of the current minute), so `pending_payment` alone could come and go unseen.
-    pub async fn wait_until_opened(&self, user: &str, order_id: &str) -> String {
+    /// How many release timers the consumer has set for the sale's orders: its
+    /// `orders_opened` counter, as the stack's `GET /local/metrics` answers it. The
+    /// consumer only reads the hold and writes nothing to the table, so this (or the
+    /// timer itself, while it exists) is the only sign that it has handed an order over.
+    /// The counter is the test process's: every stack of a test binary records into one
+    /// recorder, told apart by sale id, so a binary's sale ids must be its own. A
+    /// redelivered record counts again.
+    pub async fn orders_opened(&self, sale_id: &str) -> u64 {
+        let answer = self
+            .api
+            .send_raw(reqwest::Method::GET, "/local/metrics", None, None)
+            .await
+            .expect("the local metrics answer");
+        assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+        let summary: Summary =
+            serde_json::from_value(answer.body).expect("the local metrics summary");
+        let counted = summary.counter("orders_opened", &[("sale_id", sale_id)]);
+        // A counter, read as a float: whole and never negative.
+        counted.max(0.0).round() as u64
+    }
+
+    /// Waits until the consumer has set at least `count` release timers for the sale's
+    /// orders in all (see [`Harness::orders_opened`]), and answers how many it has. The
+    /// timer may have fired and deleted itself by then: a short window's timer may fire
+    /// the instant it is set (a random second of the current minute).
+    pub async fn wait_for_orders_opened(&self, sale_id: &str, count: u64) -> u64 {
         eventually(CONSUMER_LAG, || async {
-            let current = self.order_status(user, order_id).await;
-            matches!(current.as_str(), "pending_payment" | "expired")
-                .then(|| current.clone())
-                .ok_or(current)
+            let opened = self.orders_opened(sale_id).await;
+            (opened >= count)
+                .then_some(opened)
+                .ok_or(format!("{opened} of {count} timers set for {sale_id}"))
         })
         .await
     }

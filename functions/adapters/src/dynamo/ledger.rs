@@ -408,7 +408,7 @@ impl StockLedger for DynamoStore {
                      #active = #active - :one ADD #abandoned :one",
                 )
                 .condition_expression(
-                    "#hold.#status IN (:reserved, :pending) AND #hold.#shard = :shard",
+                    "#hold.#status IN (:reserved, :legacy_pending) AND #hold.#shard = :shard",
                 )
                 .set_expression_attribute_names(names(&[
                     ("#hold", &hold_attribute),
@@ -423,7 +423,7 @@ impl StockLedger for DynamoStore {
                     (":settled", item::time(now)),
                     (":final", s(reason.final_status().as_str())),
                     (":reserved", s(OrderStatus::Reserved.as_str())),
-                    (":pending", s(OrderStatus::PendingPayment.as_str())),
+                    (":legacy_pending", s(item::LEGACY_PENDING_PAYMENT)),
                     (":shard", n(reservation.shard)),
                 ]))
                 .build(),

@@ -4,17 +4,18 @@ use std::collections::HashMap;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use flashsale_domain::ports::{OpenOutcome, OrderBook, PayOutcome};
+use flashsale_domain::ports::{OrderBook, PayOutcome};
 use flashsale_domain::sale::StockCounts;
 use flashsale_domain::{Order, OrderId, OrderStatus, Reservation, Sale, StoreError, UserId};
 use futures::{StreamExt, TryStreamExt, stream};
 
 use super::DynamoStore;
-use super::item::{self, EXPIRES_AT_MS, GSI1_PK, GSI1_SK, PK, SHARD, STATUS, n, s};
+use super::item::{
+    self, EXPIRES_AT_MS, GSI1_PK, GSI1_SK, LEGACY_PENDING_PAYMENT, SHARD, STATUS, n, s,
+};
 use super::requests::{Consistency, built, corrupt, names, values};
 use super::transact::{self, in_request_order};
 
-const OPEN: &str = "dynamodb.open";
 const PAY: &str = "dynamodb.pay";
 const FIND: &str = "dynamodb.find";
 const COUNT: &str = "dynamodb.count";
@@ -22,14 +23,6 @@ const OPEN_HOLDS: &str = "dynamodb.open_holds";
 
 /// Stats buckets queried at once when reading a sale's holds.
 const BUCKET_QUERIES_IN_FLIGHT: usize = 16;
-
-/// `open`'s transaction items.
-mod opening {
-    /// Creates the order item.
-    pub(super) const ORDER_ITEM: usize = 0;
-    /// Moves the hold on the user's item to `pending_payment`.
-    pub(super) const USER_ITEM: usize = 1;
-}
 
 /// `pay`'s transaction items.
 mod paying {
@@ -93,55 +86,6 @@ impl DynamoStore {
 
 #[async_trait]
 impl OrderBook for DynamoStore {
-    async fn open(&self, reservation: &Reservation) -> Result<OpenOutcome, StoreError> {
-        let record = built(
-            OPEN,
-            self.put(item::order_item(
-                reservation,
-                OrderStatus::PendingPayment,
-                Utc::now(),
-            ))
-            .condition_expression("attribute_not_exists(#pk)")
-            .set_expression_attribute_names(names(&[("#pk", PK)]))
-            .build(),
-        )?;
-        let hold_attribute = item::hold_attribute(&reservation.order_id);
-        let advance = built(
-            OPEN,
-            self.update(item::user_key(&reservation.sale_id, &reservation.user_id))
-                .update_expression("SET #hold.#status = :pending")
-                .condition_expression("#hold.#status = :reserved AND #hold.#shard = :shard")
-                .set_expression_attribute_names(names(&[
-                    ("#hold", &hold_attribute),
-                    ("#status", STATUS),
-                    ("#shard", SHARD),
-                ]))
-                .set_expression_attribute_values(values([
-                    (":reserved", s(OrderStatus::Reserved.as_str())),
-                    (":pending", s(OrderStatus::PendingPayment.as_str())),
-                    (":shard", n(reservation.shard)),
-                ]))
-                .build(),
-        )?;
-        let items = in_request_order([
-            (opening::ORDER_ITEM, transact::put(record)),
-            (opening::USER_ITEM, transact::update(advance)),
-        ]);
-        match self.run(OPEN, items).await? {
-            Ok(()) => Ok(OpenOutcome::AwaitingPayment),
-            // The order item exists: this is a redelivery, or pay/release came first.
-            Err(refusal) if refusal.failed(opening::ORDER_ITEM) => {
-                let key = item::order_key(&reservation.order_id);
-                Ok(match self.read_item(OPEN, key, item::parse_order).await? {
-                    Some((_, OrderStatus::PendingPayment)) => OpenOutcome::AwaitingPayment,
-                    Some((_, status)) if !status.is_open() => OpenOutcome::AlreadySettled(status),
-                    _ => OpenOutcome::Unknown,
-                })
-            }
-            Err(_) => Ok(OpenOutcome::Unknown),
-        }
-    }
-
     async fn pay(
         &self,
         reservation: &Reservation,
@@ -153,7 +97,7 @@ impl OrderBook for DynamoStore {
             self.update(item::user_key(&reservation.sale_id, &reservation.user_id))
                 .update_expression("SET #hold.#status = :paid")
                 .condition_expression(
-                    "#hold.#status IN (:reserved, :pending) AND #hold.#expires > :now \
+                    "#hold.#status IN (:reserved, :legacy_pending) AND #hold.#expires > :now \
                      AND #hold.#shard = :shard",
                 )
                 .set_expression_attribute_names(names(&[
@@ -165,7 +109,7 @@ impl OrderBook for DynamoStore {
                 .set_expression_attribute_values(values([
                     (":paid", s(OrderStatus::Paid.as_str())),
                     (":reserved", s(OrderStatus::Reserved.as_str())),
-                    (":pending", s(OrderStatus::PendingPayment.as_str())),
+                    (":legacy_pending", s(LEGACY_PENDING_PAYMENT)),
                     (":now", n(now.timestamp_millis())),
                     (":shard", n(reservation.shard)),
                 ]))
@@ -204,8 +148,8 @@ impl OrderBook for DynamoStore {
         user: &UserId,
     ) -> Result<Option<(Order, Reservation)>, StoreError> {
         // The hold is keyed by the caller, so finding it proves ownership (another
-        // user's order is simply not there); it exists before the consumer has written
-        // the order item, and a settled one keeps its final status. One read.
+        // user's order is simply not there); it is the order from the grab on, and a
+        // settled one keeps its final status. One read.
         Ok(self
             .read_hold(FIND, order_id, user)
             .await?
@@ -213,14 +157,15 @@ impl OrderBook for DynamoStore {
     }
 
     /// Only user items are read, so paid holds are read too but settled orders are not.
-    async fn open_holds(&self, sale: &Sale) -> Result<Vec<(Reservation, OrderStatus)>, StoreError> {
+    async fn open_holds(&self, sale: &Sale) -> Result<Vec<Reservation>, StoreError> {
         let mut open: Vec<_> = self
             .read_holds(OPEN_HOLDS, sale)
             .await?
             .into_iter()
             .filter(|(_, status)| status.is_open())
+            .map(|(reservation, _)| reservation)
             .collect();
-        open.sort_by(|a, b| a.0.order_id.cmp(&b.0.order_id));
+        open.sort_by(|a, b| a.order_id.cmp(&b.order_id));
         Ok(open)
     }
 
@@ -239,7 +184,6 @@ impl OrderBook for DynamoStore {
         for (_, status) in self.read_holds(COUNT, sale).await? {
             let counter = match status {
                 OrderStatus::Reserved => &mut counts.reserved,
-                OrderStatus::PendingPayment => &mut counts.pending_payment,
                 OrderStatus::Paid => &mut counts.paid,
                 OrderStatus::Cancelled => &mut counts.cancelled,
                 OrderStatus::Expired => &mut counts.expired,

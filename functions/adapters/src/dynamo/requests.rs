@@ -95,8 +95,9 @@ impl DynamoStore {
     }
 
     /// Writes the order item in its final `status`, unless it is already settled: the
-    /// order's part of a pay or release transaction. The item may not exist yet (the
-    /// consumer has not opened the order), hence the put.
+    /// order's part of a pay or release transaction. Until then the order is only its
+    /// hold, so the item is new: written once, when the hold settles (or there since the
+    /// consumer of an earlier version opened it, as [`item::LEGACY_PENDING_PAYMENT`]).
     pub(super) fn settle_order_item(
         &self,
         operation: &'static str,
@@ -107,14 +108,12 @@ impl DynamoStore {
         built(
             operation,
             self.put(item::order_item(reservation, status, now))
-                .condition_expression(
-                    "attribute_not_exists(#pk) OR #status IN (:reserved, :pending)",
-                )
+                .condition_expression("attribute_not_exists(#pk) OR #status = :legacy_pending")
                 .set_expression_attribute_names(names(&[("#pk", PK), ("#status", STATUS)]))
-                .set_expression_attribute_values(values([
-                    (":reserved", s(OrderStatus::Reserved.as_str())),
-                    (":pending", s(OrderStatus::PendingPayment.as_str())),
-                ]))
+                .set_expression_attribute_values(values([(
+                    ":legacy_pending",
+                    s(item::LEGACY_PENDING_PAYMENT),
+                )]))
                 .build(),
         )
     }

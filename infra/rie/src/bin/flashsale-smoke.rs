@@ -1,5 +1,6 @@
 //! `make smoke-lambdas`: runs the release `bootstrap` binaries that `make
-//! build-lambdas` produced under the Runtime API emulator, against DynamoDB Local, the
+//! build-lambdas` produced under AWS's Runtime Interface Emulator (`aws-lambda-rie`, as
+//! the aws-sam-cli wheel bundles it), against DynamoDB Local, the
 //! SQS emulator and moto provisioned from template.yaml (by flashsale-local, as `make run` does), and
 //! walks one sale through them with the `events/` fixtures:
 //!
@@ -29,11 +30,13 @@ use flashsale_local::model::{FunctionSpec, StackModel};
 use flashsale_local::provision::{Clients, provision};
 use flashsale_local::resolve::StackContext;
 use flashsale_local::template::Template;
-use flashsale_runtime_emulator::{InvokeError, Lambda, LambdaSpec};
+use flashsale_rie::{InvokeError, Lambda, LambdaSpec, StartError};
 use serde_json::{Value, json};
 
 #[derive(Debug, Parser)]
-#[command(about = "Smoke-test the built bootstrap binaries under a Lambda Runtime API emulator")]
+#[command(
+    about = "Smoke-test the built bootstrap binaries under AWS's Lambda Runtime Interface Emulator"
+)]
 struct Args {
     /// Where cargo-lambda put the binaries: <dir>/<bin>/bootstrap.
     #[arg(long, default_value = "target/lambda")]
@@ -46,6 +49,9 @@ struct Args {
     /// Run each bootstrap under this command (e.g. "qemu-aarch64 -L /usr/aarch64-linux-gnu").
     #[arg(long)]
     runner: Option<String>,
+    /// `aws-lambda-rie` for this host (the aws-sam-cli wheel bundles it).
+    #[arg(long)]
+    rie: PathBuf,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -80,7 +86,7 @@ enum SmokeError {
     Start {
         name: String,
         #[source]
-        source: flashsale_runtime_emulator::EmulatorError,
+        source: StartError,
     },
     #[error("{step}")]
     Invoke {
@@ -281,6 +287,7 @@ async fn start(
         .map(|r| r.split_whitespace().map(str::to_owned).collect())
         .unwrap_or_default();
     let spec = LambdaSpec {
+        rie: args.rie.clone(),
         name: function.name.clone(),
         bootstrap: bootstrap_of(&args.lambda_dir, function)?,
         runner,
@@ -428,7 +435,7 @@ async fn run(args: &Args) -> Result<(), SmokeError> {
         || reserved.to_string(),
     )?;
 
-    // 4. The grab really queued the reservation; the consumer opens it.
+    // 4. The grab really queued the reservation; the consumer sets its timer.
     let source = consumer_spec.sqs_sources.first().ok_or(SmokeError::Check {
         step: "consumer",
         detail: "OrderConsumerFunction has no SQS event".to_owned(),
@@ -609,5 +616,26 @@ async fn run(args: &Args) -> Result<(), SmokeError> {
         || format!("{report}\n--- logs ---\n{}", reconciler.logs()),
     )?;
     println!("  ok  reconciler with its fixture: {report}");
+
+    // Every function has been invoked, so each RIE has reported its init.
+    for (name, lambda) in [
+        ("api", &mut api),
+        ("grab", &mut grab),
+        ("order-consumer", &mut consumer),
+        ("release", &mut release),
+        ("reconciler", &mut reconciler),
+    ] {
+        let init = lambda
+            .init_duration(&json!({}))
+            .await
+            .map_err(|source| SmokeError::Invoke {
+                step: "init report",
+                source,
+            })?;
+        println!(
+            "  init {name}: {:.1} ms (the RIE's INIT REPORT)",
+            init.as_secs_f64() * 1e3
+        );
+    }
     Ok(())
 }
