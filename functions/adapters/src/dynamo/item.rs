@@ -44,6 +44,18 @@ pub(crate) const STATUS: &str = "status";
 /// CloudFormation updates the functions one by one: they are read as `reserved`, and
 /// pay and release accept them. Remove once no stack can hold one.
 pub(crate) const LEGACY_PENDING_PAYMENT: &str = "pending_payment";
+/// A hold that can still be paid or released: `reserved`, or an earlier version's
+/// [`LEGACY_PENDING_PAYMENT`]. Binds `:reserved` and `:legacy_pending`
+/// ([`open_hold_values`]); `#hold` and `#status` are the caller's.
+pub(crate) const OPEN_HOLD: &str = "#hold.#status IN (:reserved, :legacy_pending)";
+
+/// The values [`OPEN_HOLD`] binds.
+pub(crate) fn open_hold_values() -> [(&'static str, AttributeValue); 2] {
+    [
+        (":reserved", s(OrderStatus::Reserved.as_str())),
+        (":legacy_pending", s(LEGACY_PENDING_PAYMENT)),
+    ]
+}
 pub(crate) const SHARD: &str = "shard";
 pub(crate) const EXPIRES_AT_MS: &str = "expires_at_ms";
 /// On a hold: when the release that expired it committed.
@@ -639,27 +651,26 @@ pub(crate) fn order_item(
     item
 }
 
-/// The order item read back. Only the tests read it: the functions answer from holds,
-/// and the item is the settled order's record for operators (and its TTL).
-#[cfg(test)]
-pub(crate) fn parse_order(item: &Item) -> Result<(Reservation, OrderStatus), ItemError> {
-    let fields = Fields::of(item);
-    let reservation = Reservation {
-        order_id: fields.id("order_id", OrderId::parse)?,
-        sale_id: fields.id("sale_id", |raw| SaleId::parse(raw))?,
-        user_id: fields.id("user_id", |raw| UserId::parse(raw))?,
-        shard: fields.number(SHARD)?,
-        created_at: fields.time("created_at")?,
-        expires_at: fields.time("expires_at")?,
-    };
-    Ok((reservation, fields.status()?))
-}
-
 #[cfg(test)]
 mod tests {
     use chrono::TimeZone;
 
     use super::*;
+
+    /// The order item read back, as an operator would: the functions answer from
+    /// holds, and the item is only the settled order's record (and its TTL).
+    fn parse_order(item: &Item) -> Result<(Reservation, OrderStatus), ItemError> {
+        let fields = Fields::of(item);
+        let reservation = Reservation {
+            order_id: fields.id("order_id", OrderId::parse)?,
+            sale_id: fields.id("sale_id", |raw| SaleId::parse(raw))?,
+            user_id: fields.id("user_id", |raw| UserId::parse(raw))?,
+            shard: fields.number(SHARD)?,
+            created_at: fields.time("created_at")?,
+            expires_at: fields.time("expires_at")?,
+        };
+        Ok((reservation, fields.status()?))
+    }
 
     fn reservation() -> Reservation {
         let sale_id = SaleId::parse("phone-1").expect("valid");

@@ -400,6 +400,7 @@ impl StockLedger for DynamoStore {
         // The hold stays, with its final status, so that a late retry of the grab that
         // made it finds it and cannot reserve the order id again. An expiry records
         // when it committed, so its lateness can be read back with the order.
+        let [reserved, legacy_pending] = item::open_hold_values();
         let end_hold = built(
             RELEASE,
             self.update(item::user_key(&reservation.sale_id, &reservation.user_id))
@@ -407,9 +408,7 @@ impl StockLedger for DynamoStore {
                     "SET #hold.#status = :final, #hold.#settled = :settled, \
                      #active = #active - :one ADD #abandoned :one",
                 )
-                .condition_expression(
-                    "#hold.#status IN (:reserved, :legacy_pending) AND #hold.#shard = :shard",
-                )
+                .condition_expression(format!("{} AND #hold.#shard = :shard", item::OPEN_HOLD))
                 .set_expression_attribute_names(names(&[
                     ("#hold", &hold_attribute),
                     ("#active", ACTIVE),
@@ -422,8 +421,8 @@ impl StockLedger for DynamoStore {
                     (":one", n(1)),
                     (":settled", item::time(now)),
                     (":final", s(reason.final_status().as_str())),
-                    (":reserved", s(OrderStatus::Reserved.as_str())),
-                    (":legacy_pending", s(item::LEGACY_PENDING_PAYMENT)),
+                    reserved,
+                    legacy_pending,
                     (":shard", n(reservation.shard)),
                 ]))
                 .build(),

@@ -10,9 +10,7 @@ use flashsale_domain::{Order, OrderId, OrderStatus, Reservation, Sale, StoreErro
 use futures::{StreamExt, TryStreamExt, stream};
 
 use super::DynamoStore;
-use super::item::{
-    self, EXPIRES_AT_MS, GSI1_PK, GSI1_SK, LEGACY_PENDING_PAYMENT, SHARD, STATUS, n, s,
-};
+use super::item::{self, EXPIRES_AT_MS, GSI1_PK, GSI1_SK, OPEN_HOLD, SHARD, STATUS, n, s};
 use super::requests::{Consistency, built, corrupt, names, values};
 use super::transact::{self, in_request_order};
 
@@ -92,14 +90,14 @@ impl OrderBook for DynamoStore {
         now: DateTime<Utc>,
     ) -> Result<PayOutcome, StoreError> {
         let hold_attribute = item::hold_attribute(&reservation.order_id);
+        let [reserved, legacy_pending] = item::open_hold_values();
         let settle_hold = built(
             PAY,
             self.update(item::user_key(&reservation.sale_id, &reservation.user_id))
                 .update_expression("SET #hold.#status = :paid")
-                .condition_expression(
-                    "#hold.#status IN (:reserved, :legacy_pending) AND #hold.#expires > :now \
-                     AND #hold.#shard = :shard",
-                )
+                .condition_expression(format!(
+                    "{OPEN_HOLD} AND #hold.#expires > :now AND #hold.#shard = :shard"
+                ))
                 .set_expression_attribute_names(names(&[
                     ("#hold", &hold_attribute),
                     ("#status", STATUS),
@@ -108,8 +106,8 @@ impl OrderBook for DynamoStore {
                 ]))
                 .set_expression_attribute_values(values([
                     (":paid", s(OrderStatus::Paid.as_str())),
-                    (":reserved", s(OrderStatus::Reserved.as_str())),
-                    (":legacy_pending", s(LEGACY_PENDING_PAYMENT)),
+                    reserved,
+                    legacy_pending,
                     (":now", n(now.timestamp_millis())),
                     (":shard", n(reservation.shard)),
                 ]))
