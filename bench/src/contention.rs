@@ -65,6 +65,8 @@ pub enum ContentionError {
 pub struct ContentionSizes {
     /// Commit times of the surge and the textbook client, side by side.
     pub commit_times_ms: &'static [u64],
+    /// Gateway surges run, unreported, before the measured ones (one textbook run too).
+    pub warm_up_surges: usize,
     pub stock: u32,
     pub shards: u16,
     pub buyers: usize,
@@ -146,6 +148,7 @@ fn ratio(part: f64, whole: f64) -> Option<f64> {
 /// Everything the scenario measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct ContentionReport {
+    pub warm_up_surges: usize,
     pub stock: u32,
     pub shards: u16,
     pub buyers: usize,
@@ -159,10 +162,58 @@ pub struct ContentionReport {
     pub curve: Vec<ShardPoint>,
 }
 
-/// The surge and the textbook client at one commit time.
+/// Which client of a pair ran first: whatever the warm-up leaves, each commit time runs
+/// both orders, so neither client is always the one on a warmer table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunOrder {
+    GatewayFirst,
+    TextbookFirst,
+}
+
+impl RunOrder {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::GatewayFirst => "gateway first",
+            Self::TextbookFirst => "textbook first",
+        }
+    }
+
+    fn tag(self) -> &'static str {
+        match self {
+            Self::GatewayFirst => "g",
+            Self::TextbookFirst => "t",
+        }
+    }
+}
+
+impl ContentionReport {
+    /// At `commit_time_ms`, the mean gateway sell-out over the mean textbook one, over
+    /// both orders; `None` unless every run there sold out.
+    pub fn pooled_sell_out_ratio(&self, commit_time_ms: u64) -> Option<f64> {
+        let runs: Vec<&ContentionRun> = self
+            .runs
+            .iter()
+            .filter(|r| r.commit_time_ms == commit_time_ms)
+            .collect();
+        let mut gateway = 0.0;
+        let mut textbook = 0.0;
+        for run in &runs {
+            gateway += run.gateway.sell_out?.as_secs_f64();
+            textbook += run.textbook.target_reached_after?.as_secs_f64();
+        }
+        if runs.is_empty() {
+            return None;
+        }
+        ratio(gateway, textbook)
+    }
+}
+
+/// The surge and the textbook client at one commit time, in one order.
 #[derive(Debug, Clone, Serialize)]
 pub struct ContentionRun {
     pub commit_time_ms: u64,
+    pub order: RunOrder,
     pub gateway: GatewaySurge,
     pub textbook: RawRun,
 }
@@ -214,6 +265,11 @@ pub struct GatewaySurge {
     pub final_outcomes: BTreeMap<String, usize>,
     /// From the release of the grabs to the `stock`-th unit's 202.
     pub sell_out: Option<Duration>,
+    /// From the release to the first, the quarter's, the half's, the three quarters'
+    /// and the last unit's first 202: where the sell-out time goes.
+    pub milestones: Vec<Duration>,
+    /// The median and the 90th percentile of the round trips that were answered 202.
+    pub reserved_round_trip: Vec<Duration>,
     /// From the release to the last buyer's last answer.
     pub surge: Duration,
     pub surge_dynamodb: Counts,
@@ -274,6 +330,8 @@ pub struct RawRun {
     pub first_failure: Option<String>,
     /// From the start to the `target`-th reservation.
     pub target_reached_after: Option<Duration>,
+    /// As [`GatewaySurge::milestones`], from the start.
+    pub milestones: Vec<Duration>,
     pub elapsed: Duration,
     /// Reserve calls, and how many answered `Contended`.
     pub attempts: u64,
@@ -405,51 +463,51 @@ pub async fn contention(
     let raw = RawTarget::new(stack).await?;
     // DynamoDB Local is a JVM: under its first seconds of load its hot paths are still
     // interpreted, and plain writes then time out at the SDK's 500 ms attempt timeout.
-    // AWS's service has no such phase, so one surge of the same size, not reported,
-    // runs first, and the first commit time is not measured on a cold table.
+    // AWS's service has no such phase. One surge was not enough: the first measured one
+    // after it sold out in 850 to 890 ms, the next in 530 to 620 (measured). So both
+    // clients warm up first, unreported, and each commit time runs them in both orders.
     if let Some(&first) = sizes.commit_times_ms.first() {
-        eprintln!("bench: 7. a warm-up surge, not reported");
+        let warm = sizes.warm_up_surges;
+        eprintln!("bench: 7. warming up: {warm} surges and one textbook run, not reported");
         let _conflicts = ConflictsOn::new(&stack.dynamodb, first);
-        gateway_surge(session, stack, sizes, "warmup").await?;
+        for surge in 0..sizes.warm_up_surges {
+            gateway_surge(session, stack, sizes, &format!("warmup{surge}")).await?;
+        }
+        textbook_run(session, &raw, stack, sizes, "warmup").await?;
     }
     let mut runs = Vec::new();
     for &commit_time_ms in sizes.commit_times_ms {
-        let conflicts = ConflictsOn::new(&stack.dynamodb, commit_time_ms);
-        eprintln!(
-            "bench: 7. contention at {commit_time_ms} ms: the surge through the gateway ({} buyers, {} units on {} shards)",
-            sizes.buyers, sizes.stock, sizes.shards
-        );
-        let name = format!("surge{commit_time_ms}");
-        let gateway = gateway_surge(session, stack, sizes, &name).await?;
-        eprintln!("bench: 7. contention at {commit_time_ms} ms: the textbook client");
-        let sale_id = session
-            .create_sale_on_shards(
-                &format!("textbook{commit_time_ms}"),
+        for order in [RunOrder::GatewayFirst, RunOrder::TextbookFirst] {
+            let conflicts = ConflictsOn::new(&stack.dynamodb, commit_time_ms);
+            let tag = format!("{commit_time_ms}{}", order.tag());
+            let surge_name = format!("surge{tag}");
+            eprintln!(
+                "bench: 7. contention at {commit_time_ms} ms, {}: the surge through the gateway ({} buyers, {} units on {} shards) and the textbook client",
+                order.label(),
+                sizes.buyers,
                 sizes.stock,
-                PAYMENT_WINDOW_SECS,
-                Some(sizes.shards),
-            )
-            .await?;
-        let sale = raw.sale(&sale_id).await?;
-        let textbook = raw_run(
-            &raw,
-            &stack.dynamodb,
-            sale,
-            RawPlan {
-                workers: sizes.concurrency,
-                max_buyers: sizes.buyers,
-                target: sizes.stock as usize,
-                tag: format!("textbook{commit_time_ms}-{}", session.run),
-                reserve: RawReserve::OneTransaction,
-            },
-        )
-        .await;
-        drop(conflicts);
-        runs.push(ContentionRun {
-            commit_time_ms,
-            gateway,
-            textbook,
-        });
+                sizes.shards
+            );
+            let (gateway, textbook) = match order {
+                RunOrder::GatewayFirst => {
+                    let gateway = gateway_surge(session, stack, sizes, &surge_name).await?;
+                    let textbook = textbook_run(session, &raw, stack, sizes, &tag).await?;
+                    (gateway, textbook)
+                }
+                RunOrder::TextbookFirst => {
+                    let textbook = textbook_run(session, &raw, stack, sizes, &tag).await?;
+                    let gateway = gateway_surge(session, stack, sizes, &surge_name).await?;
+                    (gateway, textbook)
+                }
+            };
+            drop(conflicts);
+            runs.push(ContentionRun {
+                commit_time_ms,
+                order,
+                gateway,
+                textbook,
+            });
+        }
     }
     let mut curve = Vec::new();
     for &commit_time_ms in sizes.curve_commit_times_ms {
@@ -495,6 +553,7 @@ pub async fn contention(
         started.elapsed().as_secs_f64()
     );
     Ok(ContentionReport {
+        warm_up_surges: sizes.warm_up_surges,
         stock: sizes.stock,
         shards: sizes.shards,
         buyers: sizes.buyers,
@@ -509,11 +568,45 @@ pub async fn contention(
     })
 }
 
+/// The textbook client on a new sale of the surge's size.
+async fn textbook_run(
+    session: &Session,
+    raw: &RawTarget,
+    stack: &BenchStack,
+    sizes: &ContentionSizes,
+    tag: &str,
+) -> Result<RawRun, ContentionError> {
+    let sale_id = session
+        .create_sale_on_shards(
+            &format!("textbook{tag}"),
+            sizes.stock,
+            PAYMENT_WINDOW_SECS,
+            Some(sizes.shards),
+        )
+        .await?;
+    let sale = raw.sale(&sale_id).await?;
+    Ok(raw_run(
+        raw,
+        &stack.dynamodb,
+        sale,
+        RawPlan {
+            workers: sizes.concurrency,
+            max_buyers: sizes.buyers,
+            target: sizes.stock as usize,
+            tag: format!("textbook{tag}-{}", session.run),
+            reserve: RawReserve::OneTransaction,
+        },
+    )
+    .await)
+}
+
 /// One answer of the grab route.
 #[derive(Debug, Clone)]
 struct GrabAnswer {
     /// Since the release of the grabs.
     at: Duration,
+    /// The request's round trip.
+    took: Duration,
     /// 0: no answer.
     status: u16,
     code: Option<String>,
@@ -546,6 +639,7 @@ async fn grab_until_answered(
         if retry > 0 {
             request = request.header(RETRY_HEADER, retry.to_string());
         }
+        let sent = Instant::now();
         let (status, retry_after, body) = match request.send().await {
             Ok(response) => {
                 let status = response.status().as_u16();
@@ -563,6 +657,7 @@ async fn grab_until_answered(
         let field = |name: &str| body.get(name).and_then(Value::as_str).map(str::to_owned);
         answers.push(GrabAnswer {
             at: released.elapsed(),
+            took: sent.elapsed(),
             status,
             code: field("error"),
             order_id: field("order_id"),
@@ -677,11 +772,25 @@ async fn gateway_surge(
     let mut seen = BTreeSet::new();
     reserved_at.retain(|(_, order)| seen.insert(*order));
     let sold = reserved_at.len();
+    let milestones = milestones(&reserved_at.iter().map(|(at, _)| *at).collect::<Vec<_>>());
     let sell_out = reserved_at
         .get((sizes.stock as usize).saturating_sub(1))
         .filter(|_| sizes.stock > 0)
         .map(|(at, _)| *at);
     let all: Vec<&GrabAnswer> = per_buyer.iter().flatten().collect();
+    let mut reserved_round_trip: Vec<Duration> = all
+        .iter()
+        .filter(|a| a.status == 202)
+        .map(|a| a.took)
+        .collect();
+    reserved_round_trip.sort();
+    let reserved_round_trip = [50, 90]
+        .into_iter()
+        .filter_map(|p| {
+            let last = reserved_round_trip.len().checked_sub(1)?;
+            Some(reserved_round_trip[last * p / 100])
+        })
+        .collect();
     let is_sold_out = |a: &&GrabAnswer| a.code.as_deref() == Some("sold_out");
     let count = |keep: &dyn Fn(&&GrabAnswer) -> bool| all.iter().filter(|a| keep(a)).count();
 
@@ -726,6 +835,8 @@ async fn gateway_surge(
             .count(),
         final_outcomes,
         sell_out,
+        milestones,
+        reserved_round_trip,
         surge,
         surge_dynamodb,
         through_drain,
@@ -830,6 +941,17 @@ impl RawTally {
     }
 }
 
+/// The first, quarter, half, three-quarter and last of `sorted`.
+fn milestones(sorted: &[Duration]) -> Vec<Duration> {
+    let Some(last) = sorted.len().checked_sub(1) else {
+        return Vec::new();
+    };
+    [0, last / 4, last / 2, last * 3 / 4, last]
+        .into_iter()
+        .map(|index| sorted[index])
+        .collect()
+}
+
 fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -897,6 +1019,7 @@ async fn raw_run(raw: &RawTarget, proxy: &Proxy, sale: Sale, plan: RawPlan) -> R
         next: AtomicUsize,
         reserved: AtomicUsize,
         reached: OnceLock<Duration>,
+        reserved_at: Mutex<Vec<Duration>>,
         tally: Mutex<RawTally>,
         sold_out: AtomicUsize,
         gave_up: AtomicUsize,
@@ -929,6 +1052,7 @@ async fn raw_run(raw: &RawTarget, proxy: &Proxy, sale: Sale, plan: RawPlan) -> R
                     match textbook_buyer(&store, &sale, user, &shared.tally, plan.reserve).await {
                         RawOutcome::Reserved => {
                             let reserved = shared.reserved.fetch_add(1, Ordering::SeqCst) + 1;
+                            locked(&shared.reserved_at).push(started.elapsed());
                             if reserved == plan.target {
                                 let _ = shared.reached.set(started.elapsed());
                             }
@@ -973,6 +1097,11 @@ async fn raw_run(raw: &RawTarget, proxy: &Proxy, sale: Sale, plan: RawPlan) -> R
         failed: shared.failed.load(Ordering::SeqCst),
         first_failure: shared.first_failure.get().cloned(),
         target_reached_after: shared.reached.get().copied(),
+        milestones: {
+            let mut reserved_at = std::mem::take(&mut *locked(&shared.reserved_at));
+            reserved_at.sort();
+            milestones(&reserved_at)
+        },
         elapsed,
         attempts: tally.attempts,
         contended: tally.contended,

@@ -286,6 +286,7 @@ const RUN: Sizes = Sizes {
     tool_limit: Duration::from_secs(1800),
     contention: ContentionSizes {
         commit_times_ms: &[15, 30],
+        warm_up_surges: 3,
         stock: 100,
         shards: 10,
         buyers: 1500,
@@ -318,6 +319,7 @@ const SMOKE: Sizes = Sizes {
     tool_limit: Duration::from_secs(120),
     contention: ContentionSizes {
         commit_times_ms: &[15],
+        warm_up_surges: 1,
         stock: 6,
         shards: 2,
         buyers: 30,
@@ -356,9 +358,10 @@ async fn contention_only(
     for run in &report.runs {
         let gateway = &run.gateway;
         eprintln!(
-            "commit {} ms: sold {} left {:?} 503s {} of {} ({:.2} %), writes/unit {:.2}, \
+            "commit {} ms, {}: sold {} left {:?} 503s {} of {} ({:.2} %), writes/unit {:.2}, \
              sell-out gateway {:?} textbook {:?} ratio {:.2}",
             run.commit_time_ms,
+            run.order.label(),
             gateway.sold,
             gateway.left,
             gateway.unavailable,
@@ -368,6 +371,26 @@ async fn contention_only(
             gateway.sell_out,
             run.textbook.target_reached_after,
             run.sell_out_ratio().unwrap_or(f64::NAN),
+        );
+        let ms = |marks: &[std::time::Duration]| {
+            marks
+                .iter()
+                .map(|at| format!("{:.0}", at.as_secs_f64() * 1000.0))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        eprintln!(
+            "  units 1, 25 %, 50 %, 75 %, all at (ms): gateway {} · textbook {}",
+            ms(&gateway.milestones),
+            ms(&run.textbook.milestones),
+        );
+    }
+    for &commit_time_ms in sizes.commit_times_ms {
+        eprintln!(
+            "commit {commit_time_ms} ms, both orders: mean gateway / mean textbook sell-out {:.2}",
+            report
+                .pooled_sell_out_ratio(commit_time_ms)
+                .unwrap_or(f64::NAN)
         );
     }
     let json = serde_json::to_string_pretty(&report).unwrap_or_default();

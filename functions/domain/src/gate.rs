@@ -53,6 +53,8 @@ struct SaleMarks {
     doubts_pruned_at: Option<DateTime<Utc>>,
     /// A [`Recheck`] of this sale is out, so no other is handed out.
     rechecking: bool,
+    /// Per shard: the takes this process has in flight on it (see [`TakeSlot`]).
+    in_flight: Vec<u32>,
 }
 
 impl SaleMarks {
@@ -93,6 +95,7 @@ impl SoldOutGate {
         marks
             .takers
             .resize(usize::from(shards), ShardTakers::default());
+        marks.in_flight.resize(usize::from(shards), 0);
         f(marks)
     }
 
@@ -145,6 +148,31 @@ impl SoldOutGate {
     /// walk, since other grabs may have found it empty since the walk was planned.
     pub fn is_worth_a_write(&self, sale_id: &SaleId, shards: u16, shard: u16) -> bool {
         self.with_marks(sale_id, shards, |marks| marks.worth_a_write(shard))
+    }
+
+    /// A slot for one take on `shard`, unless this process has `cap` in flight there.
+    ///
+    /// Plain writes to one item queue rather than cancel each other, so a crowd on one
+    /// shard is not refused by DynamoDB; it is refused by the shard running dry under
+    /// it: every take queued behind the last unit fails its condition, and each is a
+    /// billed write. Where one environment serves many grabs at once (the local stack,
+    /// Lambda Managed Instances), capping its takes in flight per shard bounds that
+    /// waste to `cap - 1` per shard; it does not slow the sale while the shards with
+    /// stock can take the environment's grabs between them. With one grab per
+    /// environment (Lambda's default), the cap never binds.
+    pub fn admit(&self, sale_id: &SaleId, shards: u16, shard: u16, cap: u32) -> Option<TakeSlot> {
+        self.with_marks(sale_id, shards, |marks| {
+            let in_flight = marks.in_flight.get_mut(usize::from(shard))?;
+            if *in_flight >= cap.max(1) {
+                return None;
+            }
+            *in_flight += 1;
+            Some(TakeSlot {
+                gate: self.clone(),
+                sale_id: sale_id.clone(),
+                shard,
+            })
+        })
     }
 
     /// `shard` was seen empty at `now`, held by `takers`.
@@ -267,6 +295,24 @@ impl Recheck {
                 );
                 self.gate.postpone(&self.sale_id, now);
             }
+        }
+    }
+}
+
+/// One take in flight on a shard, counted by [`SoldOutGate::admit`] until dropped.
+#[derive(Debug)]
+pub struct TakeSlot {
+    gate: SoldOutGate,
+    sale_id: SaleId,
+    shard: u16,
+}
+
+impl Drop for TakeSlot {
+    fn drop(&mut self) {
+        if let Some(marks) = lock(&self.gate.sales).get_mut(&self.sale_id)
+            && let Some(in_flight) = marks.in_flight.get_mut(usize::from(self.shard))
+        {
+            *in_flight = in_flight.saturating_sub(1);
         }
     }
 }

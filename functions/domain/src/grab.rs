@@ -128,6 +128,13 @@ pub struct ContentionPolicy {
     /// grab answers 503 instead of adding load, and the buyer's retry of the same path
     /// (idempotent) tells.
     pub max_unknown_outcomes: u32,
+    /// Takes one process sends a shard at once (see [`SoldOutGate::admit`]). A grab
+    /// finding every shard with stock at the cap waits for a slot instead of queueing a
+    /// write that the last unit's taker may leave refused.
+    pub max_takes_in_flight_per_shard: u32,
+    /// The ceiling of the wait for a slot, uniform below it; such waits are not walks,
+    /// and only the budget bounds them.
+    pub slot_wait: std::time::Duration,
 }
 
 impl ContentionPolicy {
@@ -145,6 +152,8 @@ impl ContentionPolicy {
         // on AWS; a second covers them queued behind a crowd on one shard.
         undo_window: Duration::seconds(1),
         max_unknown_outcomes: 1,
+        max_takes_in_flight_per_shard: 2,
+        slot_wait: std::time::Duration::from_millis(5),
     };
 
     /// The pause before walk number `walk` (1 for the second), uniform in
@@ -157,6 +166,13 @@ impl ContentionPolicy {
         let ceiling = self.pause_base.saturating_mul(factor).min(self.pause_cap);
         let ceiling_micros = u64::try_from(ceiling.as_micros()).unwrap_or(u64::MAX);
         let draw = splitmix64(order_id.random_bits() ^ u64::from(walk));
+        std::time::Duration::from_micros(draw % (ceiling_micros + 1))
+    }
+
+    /// The wait number `wait` of `order_id` for a slot, uniform in `[0, slot_wait]`.
+    fn slot_wait_before(&self, wait: u32, order_id: &OrderId) -> std::time::Duration {
+        let ceiling_micros = u64::try_from(self.slot_wait.as_micros()).unwrap_or(u64::MAX);
+        let draw = splitmix64(order_id.random_bits().rotate_left(17) ^ u64::from(wait));
         std::time::Duration::from_micros(draw % (ceiling_micros + 1))
     }
 }
@@ -373,10 +389,14 @@ impl GrabService {
             expires_at: sale.payment_deadline(started),
         };
         let mut walks = 0_u32;
+        let mut slot_waits = 0_u32;
         loop {
             walks += 1;
             // Shards this walk found contended, or whose answer was lost.
             let mut contended = Vec::new();
+            // Shards with stock that this process had enough takes in flight on.
+            let mut at_cap = Vec::new();
+            let mut wrote = false;
             let mut untried = shards.into_iter();
             for shard in untried.by_ref() {
                 if self.clock.now() - started >= self.contention.budget {
@@ -390,9 +410,24 @@ impl GrabService {
                 {
                     continue;
                 }
+                // The shard this order may have a take on is asked whatever the crowd.
+                let slot = if tally.in_doubt == Some(shard) {
+                    None
+                } else {
+                    let cap = self.contention.max_takes_in_flight_per_shard;
+                    match self.gate.admit(sale_id, sale.shards, shard, cap) {
+                        Some(slot) => Some(slot),
+                        None => {
+                            at_cap.push(shard);
+                            continue;
+                        }
+                    }
+                };
                 reservation.shard = shard;
                 tally.reserves += 1;
+                wrote = true;
                 let answer = self.ledger.reserve(sale, shard, &reservation).await;
+                drop(slot);
                 if tally.in_doubt == Some(shard)
                     && matches!(answer, Ok(Err(ReserveRefusal::ShardEmpty(_))))
                 {
@@ -484,6 +519,7 @@ impl GrabService {
             // The next walk tries what this one did not reach first, then what it found
             // contended; another process may have found some of them empty meanwhile.
             let next: Vec<u16> = untried
+                .chain(at_cap.iter().copied())
                 .chain(contended)
                 .filter(|shard| Some(*shard) != tally.in_doubt)
                 .collect();
@@ -508,6 +544,11 @@ impl GrabService {
                 // No contention pause: the wait for the undo was the pause.
                 continue;
             }
+            // Every shard left was at the cap: a slot frees within a take's round trip,
+            // so that wait is not a walk.
+            if !wrote {
+                walks -= 1;
+            }
             if walks >= self.contention.max_walks
                 || self.clock.now() - started >= self.contention.budget
             {
@@ -519,7 +560,13 @@ impl GrabService {
                     ContentionOutlasted { walks },
                 )));
             }
-            let pause = self.contention.pause_before(walks, &reservation.order_id);
+            let pause = if wrote {
+                self.contention.pause_before(walks, &reservation.order_id)
+            } else {
+                slot_waits += 1;
+                self.contention
+                    .slot_wait_before(slot_waits, &reservation.order_id)
+            };
             self.pause.pause(pause).await;
         }
     }

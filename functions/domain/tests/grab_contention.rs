@@ -524,3 +524,83 @@ async fn the_wait_for_an_undo_ends_with_the_grabs_budget() {
         "until the budget's end (started at 0.2 s, the take's window ends at 3 s)"
     );
 }
+
+/// Takes in flight on a shard, held as another grab of this process would hold them.
+fn crowd(world: &World, shard: u16) -> Vec<flashsale_domain::gate::TakeSlot> {
+    let cap = ContentionPolicy::DEFAULT.max_takes_in_flight_per_shard;
+    (0..cap)
+        .map(|_| {
+            world
+                .grabs
+                .gate
+                .admit(&world.sale.sale_id, world.sale.shards, shard, cap)
+                .expect("room under the cap")
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn the_cap_of_takes_in_flight_on_one_shard_is_counted_and_freed() {
+    let world = World::new(8, 2, []).await;
+    let cap = ContentionPolicy::DEFAULT.max_takes_in_flight_per_shard;
+    let gate = &world.grabs.gate;
+    let slots = crowd(&world, 0);
+    assert!(gate.admit(&world.sale.sale_id, 2, 0, cap).is_none());
+    assert!(
+        gate.admit(&world.sale.sale_id, 2, 1, cap).is_some(),
+        "another shard has room"
+    );
+    drop(slots);
+    assert!(gate.admit(&world.sale.sale_id, 2, 0, cap).is_some());
+}
+
+#[tokio::test]
+async fn a_shard_at_the_cap_is_passed_over_for_one_with_room_without_a_write() {
+    let world = World::new(8, 4, []).await;
+    let order = world.order_of("alice");
+    let _crowd = crowd(&world, order[0]);
+    let report = world.grab("alice").await;
+    assert_eq!(reserved(&report).shard, order[1]);
+    assert_eq!(
+        world.ledger.tried(),
+        order[1..2],
+        "no write to the crowded shard"
+    );
+    assert!(world.pauses.taken().is_empty());
+    assert_eq!(world.available(), 7);
+}
+
+/// A pause during which the other grabs' takes in flight finish.
+#[derive(Default)]
+struct CrowdLeaves {
+    crowd: std::sync::Mutex<Vec<flashsale_domain::gate::TakeSlot>>,
+    pauses: std::sync::Mutex<Vec<std::time::Duration>>,
+}
+
+#[async_trait::async_trait]
+impl flashsale_domain::ports::Pause for CrowdLeaves {
+    async fn pause(&self, how_long: std::time::Duration) {
+        self.pauses.lock().unwrap().push(how_long);
+        self.crowd.lock().unwrap().clear();
+    }
+}
+
+#[tokio::test]
+async fn with_every_shard_at_the_cap_the_grab_waits_for_a_slot_and_spends_no_walk() {
+    let mut world = World::new(8, 2, []).await;
+    let leaves = Arc::new(CrowdLeaves::default());
+    leaves.crowd.lock().unwrap().extend(crowd(&world, 0));
+    leaves.crowd.lock().unwrap().extend(crowd(&world, 1));
+    world.grabs.pause = leaves.clone();
+    let report = world.grab("alice").await;
+    reserved(&report);
+    assert_eq!(
+        report.reserves, 1,
+        "nothing written while every shard was at the cap"
+    );
+    let pauses = leaves.pauses.lock().unwrap().clone();
+    assert_eq!(pauses.len(), 1);
+    assert!(pauses[0] <= ContentionPolicy::DEFAULT.slot_wait);
+    assert_eq!(world.available(), 7);
+    assert!(world.no_stray_takes().await);
+}
