@@ -140,15 +140,15 @@ fn on_all(fault: Fault, every: u64) -> Vec<(Service, FaultRule)> {
         .collect()
 }
 
-fn drills() -> Vec<Drill> {
-    fn base(
+impl Drill {
+    fn new(
         name: &'static str,
         fault: &'static str,
         rate: &'static str,
         repaired_by: impl Into<String>,
         rules: Vec<(Service, FaultRule)>,
-    ) -> Drill {
-        Drill {
+    ) -> Self {
+        Self {
             name,
             fault,
             rate,
@@ -164,13 +164,21 @@ fn drills() -> Vec<Drill> {
             settle_after_timer: false,
         }
     }
+
+    /// A stack with no standing fault: a drill that arms its own.
+    fn quiet(name: &'static str) -> Self {
+        Self::new(name, "-", "-", "-", Vec::new())
+    }
+}
+
+fn drills() -> Vec<Drill> {
     // One request in three to every service faults. SendMessage is among them, so a
     // grab whose hand-over failed after its commit is answered 202 all the same: its
     // buyer may still pay or cancel it, and the reconciler releases it otherwise, a
     // short grace past its deadline here (no timer was ever set for it).
     let one_request_in_three = |name, fault_text, buyer_retry, fault| Drill {
         parameters: vec![TIMER_GRACE],
-        ..base(
+        ..Drill::new(
             name,
             fault_text,
             "every 3rd request to each service",
@@ -183,7 +191,7 @@ fn drills() -> Vec<Drill> {
     vec![
         Drill {
             check_one_timer_per_order: true,
-            ..base(
+            ..Drill::new(
                 "baseline",
                 "none (baseline; conflicts at a 15 ms commit time, as in every drill)",
                 "-",
@@ -209,7 +217,7 @@ fn drills() -> Vec<Drill> {
             "the buyer's retry (503)",
             Fault::ConnectionReset,
         ),
-        base(
+        Drill::new(
             "commit-then-drop",
             "the request is applied, its answer dropped (transaction committed, message sent, schedule created)",
             "every 4th request to each service",
@@ -219,7 +227,7 @@ fn drills() -> Vec<Drill> {
         Drill {
             parameters: vec![TIMER_GRACE],
             buyers_retry: false,
-            ..base(
+            ..Drill::new(
                 "send-after-commit",
                 "SendMessage fails after the reservation committed, so the consumer never sets a timer; buyers are answered 202 and do not retry",
                 "the first 15 SendMessage calls",
@@ -233,7 +241,7 @@ fn drills() -> Vec<Drill> {
                 )],
             )
         },
-        base(
+        Drill::new(
             "create-schedule",
             "CreateSchedule fails (500) when the consumer sets an order's timer",
             "the first 15 CreateSchedule calls",
@@ -248,7 +256,7 @@ fn drills() -> Vec<Drill> {
         ),
         Drill {
             parameters: vec![TIMER_GRACE],
-            ..base(
+            ..Drill::new(
                 "timer-lost",
                 "no schedule ever fires: the local Scheduler's ListSchedules/GetSchedule fail",
                 "every schedule read (100%)",
@@ -263,7 +271,7 @@ fn drills() -> Vec<Drill> {
             commit_time: CONFLICTS_DRILL_COMMIT_TIME,
             expect_conflicts: true,
             double_settle: true,
-            ..base(
+            ..Drill::new(
                 "conflicts",
                 "transaction conflicts: a transaction holds its items for its round trip + 30 ms; another touching one is cancelled (TransactionConflict), a plain write of one refused; every pay and cancel sent twice at once",
                 "every item a transaction touches (the buyers' and orders' items: pay, cancel, release) for the whole surge; the shards take plain writes only",
@@ -277,7 +285,7 @@ fn drills() -> Vec<Drill> {
             // The crash comes once half of a batch's records have set their timer: with
             // buyers settling first, a batch of settled orders would set none.
             settle_after_timer: true,
-            ..base(
+            ..Drill::new(
                 "consumer-crash",
                 "the consumer's runtime dies mid-batch (Runtime.ExitError), after some records were applied",
                 "one batch",
@@ -860,4 +868,234 @@ async fn every_fault_drill_ends_with_nothing_lost() {
         }
     }
     assert!(failed.is_empty(), "drills failed: {failed:#?}");
+}
+
+// ------------------------------------------------------------------ the outage drill
+
+/// The outage drill (issue 16 §3): a steady stream of grabs, then DynamoDB answers 500
+/// to every request for [`OUTAGE`], then it recovers.
+const OUTAGE: Duration = Duration::from_secs(30);
+/// Grabs before the outage, and after it.
+const OUTAGE_LEAD: Duration = Duration::from_secs(3);
+const OUTAGE_TAIL: Duration = Duration::from_secs(8);
+/// Buyers grabbing at once, each sending one grab per [`OUTAGE_PACE`] at most (and one
+/// at a time): about 80 grabs a second while the table is healthy.
+const OUTAGE_WORKERS: usize = 8;
+const OUTAGE_PACE: Duration = Duration::from_millis(100);
+/// Enough stock that the stream never sells out: at most `OUTAGE_LEAD + OUTAGE_TAIL`
+/// of grabs at 80 a second can be served.
+const OUTAGE_STOCK: u32 = 1600;
+const OUTAGE_SHARDS: u16 = 8;
+/// Long enough that no hold lapses within the drill: a release would call the table
+/// during the outage, and those calls are not the grab's.
+const OUTAGE_WINDOW_SECS: u32 = 900;
+/// A breaker that never opens: the grab as it was before the breakers.
+const NO_BREAKER: (&str, &str) = ("BreakerFailures", "1000000000");
+/// The route throttles out of the way: the drill is about what reaches the function.
+const UNTHROTTLED: [(&str, &str); 4] = [
+    ("GrabThrottleRateLimit", "100000"),
+    ("GrabThrottleBurstLimit", "100000"),
+    ("TokenThrottleRateLimit", "100000"),
+    ("TokenThrottleBurstLimit", "100000"),
+];
+
+/// Each worker sends the grabs on its own paths, one at a time and at most one per
+/// [`OUTAGE_PACE`], for `how_long`; answers in the order they came.
+async fn stream(
+    harness: &Harness,
+    paths: &mut [std::vec::IntoIter<(String, String)>],
+    how_long: Duration,
+) -> Vec<Answered> {
+    let started = Instant::now();
+    let per_worker = futures::future::join_all(paths.iter_mut().map(|paths| async move {
+        let mut answered = Vec::new();
+        while started.elapsed() < how_long {
+            let Some((token, path)) = paths.next() else {
+                break;
+            };
+            let sent = started.elapsed();
+            let answer = harness
+                .api
+                .send_raw(Method::POST, &path, Some(&token), None)
+                .await
+                .expect("grab answers");
+            answered.push(Answered {
+                at: started.elapsed(),
+                status: answer.status.as_u16(),
+                order_id: answer.str_field("order_id").map(str::to_owned),
+            });
+            if let Some(wait) = (sent + OUTAGE_PACE).checked_sub(started.elapsed()) {
+                tokio::time::sleep(wait).await;
+            }
+        }
+        answered
+    }))
+    .await;
+    let mut answered: Vec<Answered> = per_worker.into_iter().flatten().collect();
+    answered.sort_by_key(|a| a.at);
+    answered
+}
+
+/// One grab of the outage drill: when it was answered, since its stream began, and how.
+struct Answered {
+    at: Duration,
+    status: u16,
+    order_id: Option<String>,
+}
+
+/// What one run of the outage drill measured.
+struct OutageRun {
+    grabs_in_outage: usize,
+    dynamodb_requests_in_outage: u64,
+    /// From the end of the outage to the first 202 after it (answered).
+    served_again_after: Option<Duration>,
+    answers: BTreeMap<u16, usize>,
+}
+
+impl OutageRun {
+    fn requests_per_grab(&self) -> f64 {
+        self.dynamodb_requests_in_outage as f64 / self.grabs_in_outage.max(1) as f64
+    }
+}
+
+async fn outage_run(
+    name: &'static str,
+    parameters: Vec<(&'static str, &'static str)>,
+) -> OutageRun {
+    let drill = Drill {
+        parameters: UNTHROTTLED.into_iter().chain(parameters).collect(),
+        buyers_retry: false,
+        ..Drill::quiet(name)
+    };
+    let rig = Rig::start(&drill).await;
+    let harness = &rig.harness;
+    let sale_id = format!("drill-{name}");
+    harness
+        .active_sale(&sale_id, OUTAGE_STOCK, OUTAGE_SHARDS, OUTAGE_WINDOW_SECS)
+        .await;
+    // Every buyer's grab path first: the drill is about the grab route.
+    let per_worker =
+        ((OUTAGE_LEAD + OUTAGE + OUTAGE_TAIL).as_millis() / OUTAGE_PACE.as_millis()) as usize + 1;
+    let paths: Vec<Vec<(String, String)>> =
+        futures::future::join_all((0..OUTAGE_WORKERS).map(|worker| {
+            let sale_id = &sale_id;
+            async move {
+                let mut paths = Vec::with_capacity(per_worker);
+                for n in 0..per_worker {
+                    let token = harness.user(&format!("{sale_id}-w{worker}-{n}"));
+                    let pass = harness
+                        .api
+                        .grab_pass(&token, sale_id)
+                        .await
+                        .expect("token answers");
+                    assert_eq!(pass.status, StatusCode::OK, "{name}: {}", pass.body);
+                    let path = pass.str_field("grab_path").expect("a grab path").to_owned();
+                    paths.push((token, path));
+                }
+                paths
+            }
+        }))
+        .await;
+
+    let mut paths: Vec<_> = paths.into_iter().map(Vec::into_iter).collect();
+
+    // The stream while the table is healthy; then, once the consumer has read every
+    // hold it made (its reads are not the grab's and have no breaker), the outage.
+    let lead = stream(harness, &mut paths, OUTAGE_LEAD).await;
+    let lead_held = lead.iter().filter(|a| a.status == 202).count();
+    harness
+        .wait_for_orders_opened(&sale_id, u64::try_from(lead_held).expect("small"))
+        .await;
+    let before = rig.dynamodb.counts();
+    rig.arm(&[(
+        Service::DynamoDb,
+        FaultRule::always("*", Fault::ServerError),
+    )]);
+    eprintln!("drill {name}: DynamoDB answers 500 to everything");
+    let outage = stream(harness, &mut paths, OUTAGE).await;
+    rig.arm(&[]);
+    let dynamodb_requests_in_outage = rig.dynamodb.counts().since(&before).total();
+    eprintln!("drill {name}: DynamoDB is back");
+    let tail = stream(harness, &mut paths, OUTAGE_TAIL).await;
+
+    let grabs_in_outage = outage.len();
+    let served_again_after = tail.iter().find(|a| a.status == 202).map(|a| a.at);
+    let answered: Vec<&Answered> = lead.iter().chain(&outage).chain(&tail).collect();
+    let answers = answered.iter().fold(BTreeMap::new(), |mut tally, a| {
+        *tally.entry(a.status).or_default() += 1;
+        tally
+    });
+    for status in answers.keys() {
+        assert!(
+            *status < 500 || *status == 503,
+            "{name}: a grab was answered {status}: {answers:?}"
+        );
+    }
+
+    // Nothing lost: every order answered 202 is held, and once the reconciler has given
+    // back the takes whose hold the outage cut off, the stock adds up.
+    let held: std::collections::BTreeSet<&str> = answered
+        .iter()
+        .filter(|a| a.status == 202)
+        .filter_map(|a| a.order_id.as_deref())
+        .collect();
+    let stats = eventually(SETTLE_WITHIN, || async {
+        let stats = harness.stats(&sale_id).await;
+        let count = |field: &str| stats[field].as_u64().unwrap_or(u64::MAX);
+        let adds_up =
+            count("available").saturating_add(count("reserved")) == u64::from(OUTAGE_STOCK);
+        (stats["consistent"] == true && adds_up)
+            .then(|| stats.clone())
+            .ok_or(stats)
+    })
+    .await;
+    assert_eq!(
+        stats["reserved"].as_u64(),
+        u64::try_from(held.len()).ok(),
+        "{name}: every hold is one a buyer was answered 202 for: {stats}"
+    );
+    OutageRun {
+        grabs_in_outage,
+        dynamodb_requests_in_outage,
+        served_again_after,
+        answers,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dynamodb_outage_is_refused_in_memory_and_the_grab_serves_again_soon_after() {
+    // The breaker as deployed, and beside it the grab with a breaker that never opens.
+    let (breaker, without) = tokio::join!(
+        outage_run("outage", Vec::new()),
+        outage_run("outage-no-breaker", vec![NO_BREAKER]),
+    );
+    for (label, run) in [("with the breaker", &breaker), ("without", &without)] {
+        eprintln!(
+            "outage drill, {label}: {} DynamoDB requests for {} grabs in the {} s outage ({:.3} a grab); served again {:?} after it; answers {:?}",
+            run.dynamodb_requests_in_outage,
+            run.grabs_in_outage,
+            OUTAGE.as_secs(),
+            run.requests_per_grab(),
+            run.served_again_after,
+            run.answers,
+        );
+    }
+    assert!(
+        breaker.grabs_in_outage > 0 && without.grabs_in_outage > 0,
+        "grabs were sent during the outage"
+    );
+    assert!(
+        breaker.requests_per_grab() <= 0.1,
+        "{:.3} DynamoDB requests a grab during the outage ({} for {})",
+        breaker.requests_per_grab(),
+        breaker.dynamodb_requests_in_outage,
+        breaker.grabs_in_outage
+    );
+    let served_again = breaker
+        .served_again_after
+        .expect("the grab served again after the outage");
+    assert!(
+        served_again <= Duration::from_secs(5),
+        "served again {served_again:?} after the outage"
+    );
 }

@@ -94,6 +94,13 @@ pub(crate) fn store_error<E>(
 where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
 {
+    // Refused at its first try: nothing was sent. A retry refused after a sent try
+    // leaves that try's outcome unknown, as any transient failure does.
+    if let Some(open) = crate::breaker::refused_by_breaker(&error)
+        && !open.after_a_sent_try
+    {
+        return StoreError::unavailable(operation, open.retry_after, error);
+    }
     match retryability(&error) {
         Retryability::Transient => StoreError::transient(operation, error),
         Retryability::Permanent => StoreError::permanent(operation, error),

@@ -6,6 +6,7 @@
 //! (`classify`) as `Transient` (throttling, timeouts, network, 5xx, contention that
 //! outlasted the retries) or `Permanent` (everything else).
 
+pub mod breaker;
 mod classify;
 pub mod correlation;
 mod dynamo;
@@ -23,5 +24,5 @@ pub use pause::TokioPause;
 pub use scheduler::{
     EventBridgeScheduler, FIRING_SLACK, MAX_EARLY_FIRING, NoReleaseTarget, ReleaseTarget,
 };
-pub use sdk::{https_client, load_sdk_config};
+pub use sdk::{dynamodb_behind, https_client, load_sdk_config, sqs_behind};
 pub use sqs::SqsOrderQueue;

@@ -8,6 +8,8 @@ use aws_config::{BehaviorVersion, SdkConfig};
 use aws_smithy_http_client::tls::{Provider, rustls_provider::CryptoMode};
 use aws_smithy_runtime_api::client::http::SharedHttpClient;
 
+use crate::breaker::CircuitBreaker;
+
 /// An HTTPS (and plain HTTP) client for the AWS SDK: rustls with ring's crypto and the
 /// system's root certificates, loaded on the first connection rather than at start-up.
 pub fn https_client() -> SharedHttpClient {
@@ -23,4 +25,22 @@ pub async fn load_sdk_config() -> SdkConfig {
         .http_client(https_client())
         .load()
         .await
+}
+
+/// A DynamoDB client on `sdk` whose every try goes through `breaker` first.
+pub fn dynamodb_behind(sdk: &SdkConfig, breaker: &CircuitBreaker) -> aws_sdk_dynamodb::Client {
+    let config = aws_sdk_dynamodb::config::Builder::from(sdk)
+        .interceptor(breaker.interceptor())
+        .retry_classifier(breaker.retry_classifier())
+        .build();
+    aws_sdk_dynamodb::Client::from_conf(config)
+}
+
+/// An SQS client on `sdk` whose every try goes through `breaker` first.
+pub fn sqs_behind(sdk: &SdkConfig, breaker: &CircuitBreaker) -> aws_sdk_sqs::Client {
+    let config = aws_sdk_sqs::config::Builder::from(sdk)
+        .interceptor(breaker.interceptor())
+        .retry_classifier(breaker.retry_classifier())
+        .build();
+    aws_sdk_sqs::Client::from_conf(config)
 }

@@ -3,7 +3,8 @@
 
 use std::sync::Arc;
 
-use flashsale_adapters::{DynamoStore, EventBridgeScheduler};
+use flashsale_adapters::breaker::{BreakerPolicy, CircuitBreaker};
+use flashsale_adapters::{DynamoStore, EventBridgeScheduler, dynamodb_behind};
 use flashsale_domain::ports::{
     Blocklist, Clock, OrderBook, ReleaseScheduler, SaleCatalog, StockLedger, SystemClock,
 };
@@ -59,6 +60,8 @@ pub struct Config {
     /// The group of the release schedules that pay and cancel delete.
     pub schedule_group_name: String,
     pub admin: AdminRule,
+    /// When DynamoDB's circuit breaker opens, and for how long.
+    pub breaker: BreakerPolicy,
 }
 
 impl Config {
@@ -69,6 +72,9 @@ impl Config {
         "SCHEDULE_GROUP_NAME",
         "ADMIN_CLAIM",
         "ADMIN_GROUP",
+        "BREAKER_FAILURES",
+        "BREAKER_WINDOW_MS",
+        "BREAKER_COOL_OFF_MS",
     ];
 
     pub fn from_env() -> Result<Self, ConfigError> {
@@ -88,21 +94,23 @@ impl Config {
                     .optional("ADMIN_GROUP")
                     .unwrap_or_else(|| DEFAULT_ADMIN_GROUP.to_owned()),
             },
+            breaker: env.breaker_policy()?,
         })
     }
 }
 
-/// The SDK clients of the api, within [`SDK_BUDGET`].
+/// The SDK clients of the api, within [`SDK_BUDGET`]; DynamoDB behind a circuit
+/// breaker, so that pay and cancel fail fast on a failing table.
 struct Clients {
     dynamodb: aws_sdk_dynamodb::Client,
     scheduler: aws_sdk_scheduler::Client,
 }
 
 impl Clients {
-    fn new(sdk: &aws_config::SdkConfig) -> Self {
+    fn new(sdk: &aws_config::SdkConfig, breaker: BreakerPolicy) -> Self {
         let sdk = SDK_BUDGET.bound(sdk);
         Self {
-            dynamodb: aws_sdk_dynamodb::Client::new(&sdk),
+            dynamodb: dynamodb_behind(&sdk, &CircuitBreaker::new("dynamodb", breaker)),
             scheduler: aws_sdk_scheduler::Client::new(&sdk),
         }
     }
@@ -134,7 +142,7 @@ impl Deps {
         let Clients {
             dynamodb,
             scheduler,
-        } = Clients::new(sdk);
+        } = Clients::new(sdk, config.breaker);
         let store = Arc::new(DynamoStore::new(dynamodb.clone(), &config.table_name));
         Self::from_ports(
             config,
@@ -338,7 +346,10 @@ mod tests {
 
     #[test]
     fn every_sdk_client_is_built_within_the_budget() {
-        let clients = Clients::new(&aws_config::SdkConfig::builder().build());
+        let clients = Clients::new(
+            &aws_config::SdkConfig::builder().build(),
+            BreakerPolicy::DEFAULT,
+        );
         for timeouts in [
             clients.dynamodb.config().timeout_config(),
             clients.scheduler.config().timeout_config(),

@@ -35,6 +35,16 @@ pub enum StoreError {
         #[source]
         source: BoxError,
     },
+    /// The service was not called at all: the adapter's circuit breaker is open after a
+    /// run of failures. Nothing of the operation happened, so nothing is in doubt; it
+    /// may succeed once `retry_after` has passed.
+    #[error("{operation} was not attempted: the service kept failing")]
+    Unavailable {
+        operation: &'static str,
+        retry_after: std::time::Duration,
+        #[source]
+        source: BoxError,
+    },
     /// Trying again will not help: bad configuration, missing permissions, or data
     /// in the store that breaks the domain's invariants.
     #[error("{operation} failed")]
@@ -60,8 +70,33 @@ impl StoreError {
         }
     }
 
+    pub fn unavailable(
+        operation: &'static str,
+        retry_after: std::time::Duration,
+        source: impl Into<BoxError>,
+    ) -> Self {
+        Self::Unavailable {
+            operation,
+            retry_after,
+            source: source.into(),
+        }
+    }
+
     pub fn is_retryable(&self) -> bool {
-        matches!(self, Self::Transient { .. })
+        matches!(self, Self::Transient { .. } | Self::Unavailable { .. })
+    }
+
+    /// Whether the operation was never sent, so that nothing of it can have happened.
+    pub fn was_not_attempted(&self) -> bool {
+        matches!(self, Self::Unavailable { .. })
+    }
+
+    /// How long to wait before trying again, when the adapter knows.
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        match self {
+            Self::Unavailable { retry_after, .. } => Some(*retry_after),
+            _ => None,
+        }
     }
 }
 

@@ -481,6 +481,9 @@ impl GrabService {
                         }
                         contended.push(shard);
                     }
+                    // Never sent: nothing is in doubt, and asking again now would only
+                    // be refused the same way.
+                    Err(error) if error.was_not_attempted() => return Err(error.into()),
                     Err(error) if error.is_retryable() => {
                         tracing::warn!(
                             order_id = %reservation.order_id,

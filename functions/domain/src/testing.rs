@@ -587,6 +587,9 @@ pub enum ReserveScript {
     /// Passes it to the ledger behind, then fails transiently: it committed, and the
     /// caller cannot know that (a lost answer, an attempt that timed out).
     CommitThenFail,
+    /// Refused before it is sent, as an open circuit breaker refuses it: nothing was
+    /// written, and the caller knows it.
+    NotAttempted,
 }
 
 /// A ledger that plays a script over reserve calls, one step per call in call order,
@@ -631,6 +634,11 @@ impl StockLedger for ScriptedLedger {
             ReserveScript::Pass => self.inner.reserve(sale, shard, reservation).await,
             ReserveScript::Contend => Ok(Err(ReserveRefusal::Contended)),
             ReserveScript::FailBefore => Err(StoreError::transient("reserve", InjectedFailure)),
+            ReserveScript::NotAttempted => Err(StoreError::unavailable(
+                "reserve",
+                std::time::Duration::from_secs(2),
+                InjectedFailure,
+            )),
             ReserveScript::CommitThenFail => {
                 // Whatever it answered, the caller hears only the failure.
                 let _answer = self.inner.reserve(sale, shard, reservation).await?;

@@ -20,7 +20,7 @@ use flashsale_domain::testing::{
 use flashsale_domain::token::GrabTokenSigner;
 use flashsale_domain::{AppError, OrderId, OrderStatus, Sale, UserId};
 
-use ReserveScript::{CommitThenFail, Contend, FailBefore};
+use ReserveScript::{CommitThenFail, Contend, FailBefore, NotAttempted};
 
 const SECRET: &[u8] = b"an-hmac-key-of-at-least-32-bytes!";
 
@@ -603,4 +603,33 @@ async fn with_every_shard_at_the_cap_the_grab_waits_for_a_slot_and_spends_no_wal
     assert!(pauses[0] <= ContentionPolicy::DEFAULT.slot_wait);
     assert_eq!(world.available(), 7);
     assert!(world.no_stray_takes().await);
+}
+
+#[tokio::test]
+async fn a_reserve_refused_unsent_is_answered_at_once_with_nothing_read_or_in_doubt() {
+    let world = World::new(8, 4, [NotAttempted]).await;
+    let user = UserId::parse("alice").unwrap();
+    let (token, order_id) = world.path_of(&user).await;
+    let report = world
+        .grabs
+        .grab(&world.sale.sale_id, &token, &user, Attempt::First)
+        .await;
+    match &report.outcome {
+        Err(AppError::Store(error)) => {
+            assert!(error.was_not_attempted(), "{error:?}");
+            assert_eq!(error.retry_after(), Some(std::time::Duration::from_secs(2)));
+        }
+        other => panic!("expected the refusal, got {other:?}"),
+    }
+    assert_eq!(report.reserves, 1, "one reserve, refused; no walk on");
+    assert!(world.pauses.taken().is_empty());
+    assert_eq!(
+        world
+            .grabs
+            .gate
+            .shard_taken_by(&world.sale.sale_id, world.sale.shards, &order_id),
+        None,
+        "nothing was sent, so nothing is in doubt"
+    );
+    assert_eq!(world.available(), 8);
 }

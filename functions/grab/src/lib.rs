@@ -14,7 +14,8 @@ use std::sync::Arc;
 use tracing::Instrument as _;
 
 use chrono::{DateTime, Duration, Utc};
-use flashsale_adapters::{DynamoStore, SqsOrderQueue, TokioPause};
+use flashsale_adapters::breaker::{BreakerPolicy, CircuitBreaker};
+use flashsale_adapters::{DynamoStore, SqsOrderQueue, TokioPause, dynamodb_behind, sqs_behind};
 use flashsale_domain::gate::SoldOutGate;
 use flashsale_domain::ports::{
     Blocklist, Clock, OrderBook, OrderQueue, Pause, SaleCatalog, StockLedger, SystemClock,
@@ -89,6 +90,8 @@ pub struct Config {
     pub sold_out_recheck: Duration,
     /// How often a process rereads the blocklist.
     pub blocklist_refresh: Duration,
+    /// When DynamoDB's and SQS's circuit breakers open, and for how long.
+    pub breaker: BreakerPolicy,
 }
 
 impl Config {
@@ -100,6 +103,9 @@ impl Config {
         "GRAB_TOKEN_SECRET_ARN",
         "SOLD_OUT_RECHECK_MS",
         "BLOCKLIST_REFRESH_MS",
+        "BREAKER_FAILURES",
+        "BREAKER_WINDOW_MS",
+        "BREAKER_COOL_OFF_MS",
     ];
 
     pub fn from_env() -> Result<Self, ConfigError> {
@@ -117,6 +123,7 @@ impl Config {
             grab_token_secret_arn: env.required("GRAB_TOKEN_SECRET_ARN")?,
             sold_out_recheck: Duration::milliseconds(i64::from(recheck_ms)),
             blocklist_refresh: Duration::milliseconds(i64::from(blocklist_refresh_ms)),
+            breaker: env.breaker_policy()?,
         })
     }
 }
@@ -154,7 +161,7 @@ impl Deps {
     /// DynamoDB behind a per-process sale cache, the SQS orders queue, and the wall
     /// clock; grab paths signed and checked with `signer`.
     pub fn new(config: &Config, signer: GrabTokenSigner, sdk: &aws_config::SdkConfig) -> Self {
-        let Clients { dynamodb, sqs } = Clients::new(sdk);
+        let Clients { dynamodb, sqs } = Clients::new(sdk, config.breaker);
         let store = Arc::new(DynamoStore::new(dynamodb.clone(), &config.table_name));
         Self::from_ports(
             config,
@@ -192,18 +199,19 @@ impl Deps {
     }
 }
 
-/// The SDK clients of the grab, within [`SDK_BUDGET`].
+/// The SDK clients of the grab, within [`SDK_BUDGET`], each behind its own circuit
+/// breaker: a failing DynamoDB or SQS is then refused in memory instead of called.
 struct Clients {
     dynamodb: aws_sdk_dynamodb::Client,
     sqs: aws_sdk_sqs::Client,
 }
 
 impl Clients {
-    fn new(sdk: &aws_config::SdkConfig) -> Self {
+    fn new(sdk: &aws_config::SdkConfig, breaker: BreakerPolicy) -> Self {
         let sdk = SDK_BUDGET.bound(sdk);
         Self {
-            dynamodb: aws_sdk_dynamodb::Client::new(&sdk),
-            sqs: aws_sdk_sqs::Client::new(&sdk),
+            dynamodb: dynamodb_behind(&sdk, &CircuitBreaker::new("dynamodb", breaker)),
+            sqs: sqs_behind(&sdk, &CircuitBreaker::new("sqs", breaker)),
         }
     }
 }
@@ -376,12 +384,41 @@ mod tests {
 
     #[test]
     fn every_sdk_client_is_built_within_the_budget() {
-        let clients = Clients::new(&aws_config::SdkConfig::builder().build());
+        let clients = Clients::new(
+            &aws_config::SdkConfig::builder().build(),
+            BreakerPolicy::DEFAULT,
+        );
         for timeouts in [
             clients.dynamodb.config().timeout_config(),
             clients.sqs.config().timeout_config(),
         ] {
             assert_eq!(timeouts.and_then(CallBudget::of), Some(SDK_BUDGET));
         }
+    }
+
+    #[test]
+    fn dynamodb_and_sqs_are_each_called_through_a_circuit_breaker() {
+        use aws_smithy_runtime_api::client::interceptors::Intercept;
+        let clients = Clients::new(
+            &aws_config::SdkConfig::builder().build(),
+            BreakerPolicy::DEFAULT,
+        );
+        let behind_breaker = |names: Vec<&'static str>| names.contains(&"CircuitBreaker");
+        assert!(behind_breaker(
+            clients
+                .dynamodb
+                .config()
+                .interceptors()
+                .map(|i| i.name())
+                .collect()
+        ));
+        assert!(behind_breaker(
+            clients
+                .sqs
+                .config()
+                .interceptors()
+                .map(|i| i.name())
+                .collect()
+        ));
     }
 }

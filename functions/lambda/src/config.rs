@@ -6,7 +6,21 @@
 use std::error::Error as StdError;
 use std::str::FromStr;
 
+use flashsale_adapters::breaker::BreakerPolicy;
 use flashsale_domain::error::BoxError;
+
+/// The variables of the circuit breakers' policy, read by [`Env::breaker_policy`];
+/// each defaults to [`BreakerPolicy::DEFAULT`]'s.
+pub const BREAKER_ENV_VARS: [&str; 3] = [
+    "BREAKER_FAILURES",
+    "BREAKER_WINDOW_MS",
+    "BREAKER_COOL_OFF_MS",
+];
+
+/// A breaker setting that cannot work: no failure count or no time at all.
+#[derive(Debug, thiserror::Error)]
+#[error("must be at least 1")]
+pub struct NotPositive;
 
 /// Why a function's configuration could not be built. Functions fail at start-up on
 /// this, before serving anything, so a misconfigured deployment never half-works.
@@ -76,6 +90,31 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
     }
 }
 
+impl<F: Fn(&str) -> Option<String>> Env<F> {
+    /// The circuit breakers' policy from [`BREAKER_ENV_VARS`].
+    pub fn breaker_policy(&self) -> Result<BreakerPolicy, ConfigError> {
+        let [failures_var, window_var, cool_off_var] = BREAKER_ENV_VARS;
+        let default = BreakerPolicy::DEFAULT;
+        let positive = |var: &'static str, default: u64| -> Result<u64, ConfigError> {
+            match self.parsed_or(var, default)? {
+                0 => Err(ConfigError::invalid(var, NotPositive)),
+                value => Ok(value),
+            }
+        };
+        let millis =
+            |duration: std::time::Duration| u64::try_from(duration.as_millis()).unwrap_or(u64::MAX);
+        let failures = positive(failures_var, u64::from(default.failures))?;
+        Ok(BreakerPolicy {
+            failures: u32::try_from(failures).unwrap_or(u32::MAX),
+            window: std::time::Duration::from_millis(positive(window_var, millis(default.window))?),
+            cool_off: std::time::Duration::from_millis(positive(
+                cool_off_var,
+                millis(default.cool_off),
+            )?),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;
@@ -122,5 +161,32 @@ mod tests {
                 .unwrap(),
             250
         );
+    }
+
+    #[test]
+    fn the_breaker_policy_defaults_reads_its_variables_and_refuses_zero() {
+        assert_eq!(env(&[]).breaker_policy().unwrap(), BreakerPolicy::DEFAULT);
+        let set = env(&[
+            ("BREAKER_FAILURES", "3"),
+            ("BREAKER_WINDOW_MS", "5000"),
+            ("BREAKER_COOL_OFF_MS", "1500"),
+        ])
+        .breaker_policy()
+        .unwrap();
+        assert_eq!(
+            set,
+            BreakerPolicy {
+                failures: 3,
+                window: std::time::Duration::from_secs(5),
+                cool_off: std::time::Duration::from_millis(1500),
+            }
+        );
+        assert!(matches!(
+            env(&[("BREAKER_COOL_OFF_MS", "0")]).breaker_policy(),
+            Err(ConfigError::Invalid {
+                var: "BREAKER_COOL_OFF_MS",
+                ..
+            })
+        ));
     }
 }

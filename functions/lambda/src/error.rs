@@ -92,7 +92,27 @@ impl ApiError {
     pub fn is_transient(&self) -> bool {
         matches!(
             self,
-            Self::DeadlineExceeded(_) | Self::App(AppError::Store(StoreError::Transient { .. }))
+            Self::DeadlineExceeded(_)
+                | Self::App(AppError::Store(
+                    StoreError::Transient { .. } | StoreError::Unavailable { .. }
+                ))
+        )
+    }
+
+    /// When the client should try again, if it should: the dependency's own cool-off
+    /// when its circuit breaker knows it, else [`crate::response::RETRY_AFTER_SECS`].
+    pub fn retry_after_secs(&self) -> Option<u64> {
+        if !self.is_transient() {
+            return None;
+        }
+        let known = match self {
+            Self::App(AppError::Store(store)) => store.retry_after(),
+            _ => None,
+        };
+        Some(
+            known.map_or(u64::from(crate::response::RETRY_AFTER_SECS), |wait| {
+                wait.as_secs_f64().ceil().max(1.0) as u64
+            }),
         )
     }
 }
@@ -132,7 +152,7 @@ fn app_status_and_code(err: &AppError) -> (StatusCode, &'static str) {
         // Only the release function's use case answers this; reaching HTTP means a
         // route called the wrong use case, which is our bug, not the client's.
         AppError::NotYetDue => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
-        AppError::Store(StoreError::Transient { .. }) => {
+        AppError::Store(StoreError::Transient { .. } | StoreError::Unavailable { .. }) => {
             (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
         }
         AppError::Store(StoreError::Permanent { .. }) => {

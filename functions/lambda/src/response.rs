@@ -83,10 +83,10 @@ pub fn error_response(err: &ApiError) -> Response<Body> {
     })
     .unwrap_or_else(|_| r#"{"error":"internal","message":"internal error"}"#.to_owned());
     let mut response = with_json_headers(status, text, CachePolicy::NoStore);
-    if err.is_transient() {
+    if let Some(secs) = err.retry_after_secs() {
         response
             .headers_mut()
-            .insert(RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+            .insert(RETRY_AFTER, HeaderValue::from(secs));
     }
     response
 }
@@ -136,6 +136,29 @@ mod tests {
         assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(response.headers()[RETRY_AFTER], "1");
         assert_eq!(body_json(&response)["error"], "unavailable");
+    }
+
+    #[test]
+    fn a_call_an_open_circuit_breaker_refused_is_503_retried_after_its_cool_off() {
+        let err = ApiError::from(AppError::Store(StoreError::unavailable(
+            "reserve",
+            std::time::Duration::from_millis(1500),
+            Secret,
+        )));
+        let response = error_response(&err);
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            response.headers()[RETRY_AFTER],
+            "2",
+            "rounded up to a second"
+        );
+        assert_eq!(body_json(&response)["error"], "unavailable");
+        let almost_over = ApiError::from(AppError::Store(StoreError::unavailable(
+            "reserve",
+            std::time::Duration::from_millis(3),
+            Secret,
+        )));
+        assert_eq!(error_response(&almost_over).headers()[RETRY_AFTER], "1");
     }
 
     #[test]

@@ -258,6 +258,9 @@ fn env_vars_carry_the_resources_and_parameters_their_names_promise() {
         ("GRAB_TOKEN_SECRET_ARN", json!({"Ref": "GrabTokenSecret"})),
         ("ADMIN_CLAIM", json!({"Ref": "AdminClaim"})),
         ("ADMIN_GROUP", json!({"Ref": "AdminGroup"})),
+        ("BREAKER_FAILURES", json!({"Ref": "BreakerFailures"})),
+        ("BREAKER_WINDOW_MS", json!({"Ref": "BreakerWindowMs"})),
+        ("BREAKER_COOL_OFF_MS", json!({"Ref": "BreakerCoolOffMs"})),
     ]
     .into();
     for f in functions() {
