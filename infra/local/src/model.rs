@@ -1741,7 +1741,8 @@ mod tests {
         );
         assert_eq!(
             consumer.environment["RELEASE_FUNCTION_ARN"],
-            "arn:aws:lambda:us-east-1:123456789012:function:st-ReleaseFunction"
+            "arn:aws:lambda:us-east-1:123456789012:function:st-ReleaseFunction:live",
+            "timers invoke the release's live alias, so a rollback moves them too"
         );
         assert_eq!(
             consumer.environment["ORDERS_DLQ_URL"],

@@ -500,7 +500,36 @@ impl<'t> Resolver<'t> {
         if let Some(param) = self.parameters.get(target) {
             return Ok(param.to_json());
         }
+        if let Some(function) = target.strip_suffix(".Alias") {
+            return self.function_alias(function, at).map(Value::String);
+        }
         Ok(Value::String(self.identity(target, at)?.reference))
+    }
+
+    /// What SAM's `Ref Function.Alias` returns for a function with `AutoPublishAlias`
+    /// (its own or the Globals'): the alias's ARN, the function's qualified by the alias
+    /// name. Locally one build of each function runs, whatever alias is invoked.
+    fn function_alias(&mut self, function: &str, at: &str) -> Result<String, ResolveError> {
+        let template = self.template;
+        let alias = template
+            .resource(function)
+            .filter(|decl| decl.kind == "AWS::Serverless::Function")
+            .and_then(|decl| {
+                decl.properties
+                    .get("AutoPublishAlias")
+                    .or_else(|| {
+                        template
+                            .globals
+                            .get("Function")
+                            .and_then(|globals| globals.get("AutoPublishAlias"))
+                    })
+                    .and_then(scalar_string)
+            })
+            .ok_or_else(|| ResolveError::UnknownReference {
+                target: format!("{function}.Alias"),
+                at: at.to_owned(),
+            })?;
+        Ok(format!("{}:{alias}", self.get_att(function, "Arn", at)?))
     }
 
     /// What `Fn::GetAtt target.attribute` returns.
@@ -886,6 +915,22 @@ Resources:
             "st-Dlq.fifo",
             "an unnamed FIFO queue gets the .fifo suffix CloudFormation adds"
         );
+    }
+
+    #[test]
+    fn a_functions_alias_is_its_arn_qualified_by_the_alias_name() {
+        let template = Template::parse(
+            "Globals:\n  Function:\n    AutoPublishAlias: live\nResources:\n  Fn:\n    Type: AWS::Serverless::Function\n    Properties:\n      CodeUri: x\n      Environment:\n        Variables:\n          TARGET: !Ref Fn.Alias\n  Plain:\n    Type: AWS::SQS::Queue\n",
+        )
+        .unwrap();
+        let mut resolver = Resolver::new(&template, context(), &BTreeMap::new()).unwrap();
+        let target = resolver.reference("Fn.Alias", "test").unwrap();
+        let arn = resolver.get_att("Fn", "Arn", "test").unwrap();
+        assert_eq!(target, Value::String(format!("{arn}:live")));
+        assert!(matches!(
+            resolver.reference("Plain.Alias", "test"),
+            Err(ResolveError::UnknownReference { .. })
+        ));
     }
 
     #[test]

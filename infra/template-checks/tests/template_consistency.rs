@@ -245,7 +245,7 @@ fn env_vars_carry_the_resources_and_parameters_their_names_promise() {
         ),
         (
             "RELEASE_FUNCTION_ARN",
-            json!({"Fn::GetAtt": ["ReleaseFunction", "Arn"]}),
+            json!({"Ref": "ReleaseFunctionAliaslive"}),
         ),
         (
             "SCHEDULER_ROLE_ARN",
@@ -837,7 +837,7 @@ fn the_scheduler_role_is_assumable_only_by_scheduler_and_may_only_invoke_release
     assert_eq!(invoke.actions, ["lambda:InvokeFunction"]);
     assert_eq!(
         invoke.resources,
-        [json!({"Fn::GetAtt": ["ReleaseFunction", "Arn"]})]
+        [json!({"Ref": "ReleaseFunctionAliaslive"})]
     );
     // The schedules' dead-letter queue, which the consumer's targets name.
     let park = &policies.statements[1];
@@ -846,6 +846,110 @@ fn the_scheduler_role_is_assumable_only_by_scheduler_and_may_only_invoke_release
         park.resources,
         [json!({"Fn::GetAtt": ["ReleaseSchedulesDLQ", "Arn"]})]
     );
+}
+
+// ------------------------------------------------------------------ aliases and deploys
+
+/// The `live` alias SAM made for each function (`AutoPublishAlias`), by function.
+fn live_aliases() -> BTreeMap<String, String> {
+    let stack = stack();
+    stack
+        .expanded_resources_of("AWS::Lambda::Alias")
+        .into_iter()
+        .filter_map(|alias| {
+            let properties = &stack.expanded_resource(&alias)["Properties"];
+            let function = properties["FunctionName"]["Ref"].as_str()?.to_owned();
+            (properties["Name"] == "live").then_some((function, alias))
+        })
+        .collect()
+}
+
+#[test]
+fn every_invocation_goes_through_a_functions_live_alias_never_latest() {
+    let aliases = live_aliases();
+    let functions: BTreeSet<String> = functions()
+        .iter()
+        .map(|f| f.logical_id.to_owned())
+        .collect();
+    assert_eq!(
+        aliases.keys().cloned().collect::<BTreeSet<_>>(),
+        functions,
+        "every function, and only those, has a live alias"
+    );
+    let alias_ids: BTreeSet<String> = aliases.values().cloned().collect();
+    let stack = stack();
+    // Whatever invokes a function names its alias; naming the function itself would
+    // invoke $LATEST, which CodeDeploy neither shifts nor rolls back.
+    let invokers = [
+        "AWS::Lambda::Permission",
+        "AWS::Lambda::EventSourceMapping",
+        "AWS::Events::Rule",
+        "AWS::ApiGatewayV2::Api",
+        "AWS::ApiGatewayV2::Integration",
+    ];
+    let mut invoked = BTreeSet::new();
+    for kind in invokers {
+        for id in stack.expanded_resources_of(kind) {
+            let named = stack::references(&stack.expanded_resource(&id)["Properties"]);
+            let latest: Vec<&String> = named.intersection(&functions).collect();
+            assert!(
+                latest.is_empty(),
+                "{id} ({kind}) invokes {latest:?} at $LATEST"
+            );
+            invoked.extend(named.intersection(&alias_ids).cloned());
+        }
+    }
+    // The release timers: the consumer names the alias as their target, and the role
+    // Scheduler assumes may invoke only it.
+    let release_alias = aliases["ReleaseFunction"].clone();
+    let consumer_env =
+        &stack.expanded_resource("OrderConsumerFunction")["Properties"]["Environment"]["Variables"];
+    assert_eq!(
+        stack::references(&consumer_env["RELEASE_FUNCTION_ARN"]),
+        BTreeSet::from([release_alias.clone()])
+    );
+    invoked.insert(release_alias);
+    assert_eq!(invoked, alias_ids, "every alias is what something invokes");
+}
+
+#[test]
+fn every_function_deploys_gradually_and_rolls_back_on_its_own_alarms() {
+    let stack = stack();
+    let alarms: BTreeSet<String> = stack
+        .expanded_resources_of("AWS::CloudWatch::Alarm")
+        .into_iter()
+        .collect();
+    for f in functions() {
+        let preference = &stack.raw_resource(f.logical_id)["Properties"]["DeploymentPreference"];
+        let kind = preference["Type"].as_str().unwrap_or_default();
+        assert!(
+            kind.starts_with("Canary") || kind.starts_with("Linear"),
+            "{}: a gradual deployment, not {kind:?}",
+            f.logical_id
+        );
+        let triggers = stack::references(&preference["Alarms"]);
+        assert!(!triggers.is_empty(), "{}: rollback alarms", f.logical_id);
+        assert!(
+            triggers.is_subset(&alarms),
+            "{}: {triggers:?} are alarms of this stack",
+            f.logical_id
+        );
+        // A rollback trigger about the function itself (its errors, at least), not only
+        // about the API as a whole.
+        assert!(
+            triggers
+                .iter()
+                .any(|alarm| stack::references(stack.raw_resource(alarm)).contains(f.logical_id)),
+            "{}: no alarm of its own among {triggers:?}",
+            f.logical_id
+        );
+        let group = format!("{}DeploymentGroup", f.logical_id);
+        assert_eq!(
+            stack.expanded_resource(&group)["Type"],
+            "AWS::CodeDeploy::DeploymentGroup",
+            "{group}"
+        );
+    }
 }
 
 // ------------------------------------------------------------------ API and event source
@@ -990,7 +1094,7 @@ fn the_consumer_reports_partial_batch_failures_with_bounded_concurrency() {
     let mapping = &stack().expanded_resource(&mapping_id)["Properties"];
     assert_eq!(
         mapping["FunctionName"],
-        json!({"Ref": "OrderConsumerFunction"})
+        json!({"Ref": "OrderConsumerFunctionAliaslive"})
     );
     assert_eq!(
         mapping["EventSourceArn"],
@@ -1085,7 +1189,7 @@ fn the_reconciler_runs_on_a_schedule_one_pass_at_a_time() {
         rules.iter().any(|id| {
             let rule = &stack().expanded_resource(id)["Properties"];
             rule["ScheduleExpression"] == json!({"Ref": "ReconcileSchedule"})
-                && stack::references(&rule["Targets"]).contains("ReconcilerFunction")
+                && stack::references(&rule["Targets"]).contains("ReconcilerFunctionAliaslive")
         }),
         "a schedule rule targets the reconciler: {rules:?}"
     );
