@@ -10,7 +10,6 @@
 //! function on its first invocation, as on-demand Lambda does, and logs
 //! `INIT REPORT(durationMs: ...)`, which [`Lambda::init_duration`] reads.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -20,6 +19,9 @@ use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::{Child, Command};
 use tokio::task::JoinHandle;
+
+mod ports;
+use ports::PortLease;
 
 /// Where the aws-sam-cli wheel keeps the RIE, under a virtualenv's `site-packages`.
 const RAPID_DIR: &str = "samcli/local/rapid";
@@ -109,7 +111,7 @@ pub struct FunctionError {
 pub enum StartError {
     #[error("{} is not there", path.display())]
     Missing { path: PathBuf },
-    #[error("could not find a free port on loopback")]
+    #[error("could not lease a free port on loopback")]
     Port(#[source] std::io::Error),
     #[error("could not start {}", program.display())]
     Spawn {
@@ -141,8 +143,12 @@ pub enum InvokeError {
     TimedOut { timeout: Duration, logs: String },
     #[error("the RIE process exited ({status})\n--- function output ---\n{logs}")]
     Exited { status: ExitStatus, logs: String },
-    #[error("could not reach the RIE")]
-    Transport(#[source] reqwest::Error),
+    #[error("could not reach the RIE: {source}\n--- function output ---\n{logs}")]
+    Transport {
+        #[source]
+        source: reqwest::Error,
+        logs: String,
+    },
     #[error("could not wait for the RIE process")]
     Wait(#[source] std::io::Error),
     #[error("the function failed the invocation: {0}")]
@@ -155,6 +161,8 @@ pub enum InvokeError {
     },
     #[error("the function did not initialise\n--- function output ---\n{logs}")]
     InitFailed { logs: String },
+    #[error("could not start the RIE again after another process took its port")]
+    Restart(#[source] StartError),
     #[error("no INIT REPORT in the RIE's output\n--- function output ---\n{logs}")]
     NoInitReport { logs: String },
 }
@@ -178,38 +186,69 @@ pub struct LambdaSpec {
     pub timeout: Duration,
 }
 
+/// How many pairs of ports a function is tried on. A [`PortLease`] keeps the ports of
+/// cooperating processes apart, but a process outside them may still bind one first;
+/// the RIE then panics before any event can reach the function, so a fresh pair is
+/// safe to try.
+const PORT_ATTEMPTS: usize = 5;
+
+/// The RIE's panic when a port it was given is taken (at start for its invoke
+/// endpoint, at the first invocation for the Runtime API).
+fn a_port_was_taken(logs: &str) -> bool {
+    logs.contains("bind: address already in use")
+}
+
+/// The RIE recorded the runtime's exit as the init's fatal error, with no report after.
+fn the_runtime_exited_in_init(logs: &str) -> bool {
+    logs.contains("First fatal error stored in appctx: Runtime.ExitError")
+        && init_report(logs).is_none()
+}
+
+/// The init failed because the bootstrap's call to the Runtime API at `address` was
+/// refused: the RIE was not listening yet.
+fn the_runtime_api_refused_the_bootstrap(logs: &str, address: &str) -> bool {
+    init_report(logs) == Some(InitReport::Failed)
+        && logs.lines().any(|line| {
+            line.contains(address)
+                && (line.contains("Connection refused") || line.contains("ConnectionRefused"))
+        })
+}
+
 /// One function under its own RIE. Killed when dropped.
 pub struct Lambda {
+    spec: LambdaSpec,
     child: Child,
+    runtime_address: String,
     invoke_url: String,
     http: reqwest::Client,
     logs: Arc<Mutex<String>>,
     readers: Vec<JoinHandle<()>>,
     timeout: Duration,
-}
-
-/// Two distinct loopback ports nothing listens on now: the RIE's invoke endpoint and
-/// the Runtime API it serves the function. Both listeners are held until both ports are
-/// known, so the two cannot be the same; the RIE binds them a moment later, and
-/// [`Lambda::start`] fails fast if another process took one meanwhile.
-fn free_ports() -> Result<(u16, u16), StartError> {
-    let first = TcpListener::bind("127.0.0.1:0").map_err(StartError::Port)?;
-    let second = TcpListener::bind("127.0.0.1:0").map_err(StartError::Port)?;
-    let port = |listener: &TcpListener| {
-        listener
-            .local_addr()
-            .map(|address| address.port())
-            .map_err(StartError::Port)
-    };
-    Ok((port(&first)?, port(&second)?))
+    // Held as long as the RIE may bind them.
+    _ports: [PortLease; 2],
 }
 
 impl Lambda {
     /// Starts the RIE on two free loopback ports (its invoke endpoint and the Runtime API
     /// it serves the function), with the variables Lambda sets that the RIE does not,
     /// then the spec's environment. Nothing else of this process's environment leaks in
-    /// (except PATH, to find the runner), as in Lambda. Answers once the RIE listens.
+    /// (except PATH, to find the runner), as in Lambda. Answers once the RIE listens;
+    /// tries fresh ports if another process took one first.
     pub async fn start(spec: &LambdaSpec) -> Result<Self, StartError> {
+        let mut attempt = 1;
+        loop {
+            match Self::start_once(spec).await {
+                Err(StartError::Exited { logs, .. })
+                    if attempt < PORT_ATTEMPTS && a_port_was_taken(&logs) =>
+                {
+                    attempt += 1;
+                }
+                started => return started,
+            }
+        }
+    }
+
+    async fn start_once(spec: &LambdaSpec) -> Result<Self, StartError> {
         for path in [&spec.rie, &spec.bootstrap] {
             if !path.is_file() {
                 return Err(StartError::Missing { path: path.clone() });
@@ -233,9 +272,12 @@ impl Lambda {
                 program: spec.rie.clone(),
                 source,
             })?;
-        let (invoke_port, runtime_port) = free_ports()?;
-        let invoke_address = format!("127.0.0.1:{invoke_port}");
-        let runtime_address = format!("127.0.0.1:{runtime_port}");
+        let ports = [
+            PortLease::take().map_err(StartError::Port)?,
+            PortLease::take().map_err(StartError::Port)?,
+        ];
+        let invoke_address = format!("127.0.0.1:{}", ports[0].port());
+        let runtime_address = format!("127.0.0.1:{}", ports[1].port());
         let mut command = Command::new(&rie);
         command
             .arg("--runtime-interface-emulator-address")
@@ -288,7 +330,9 @@ impl Lambda {
             readers.push(collect(stderr, Arc::clone(&logs)));
         }
         let mut lambda = Self {
+            spec: spec.clone(),
             child,
+            runtime_address: runtime_address.clone(),
             invoke_url: format!(
                 "http://{invoke_address}/2015-03-31/functions/function/invocations"
             ),
@@ -296,6 +340,7 @@ impl Lambda {
             logs,
             readers,
             timeout: spec.timeout,
+            _ports: ports,
         };
         lambda.listening(&invoke_address).await?;
         Ok(lambda)
@@ -341,6 +386,13 @@ impl Lambda {
         if init_report(&self.logs()).is_none() {
             match self.invoke(probe).await {
                 Ok(_) | Err(InvokeError::Failed { .. }) => {}
+                // A runtime that exits at once can crash the RIE itself ("Unable to find
+                // an exitedChannel"), after it recorded the exit: still an init failure.
+                Err(InvokeError::Exited { .. } | InvokeError::Transport { .. })
+                    if self.went_down().await && the_runtime_exited_in_init(&self.logs()) =>
+                {
+                    return Err(InvokeError::InitFailed { logs: self.logs() });
+                }
                 Err(other) => return Err(other),
             }
             // The RIE prints the report before it answers; the reader may lag a moment.
@@ -358,8 +410,58 @@ impl Lambda {
     }
 
     /// Invokes the function with `event` and waits, at most its timeout (plus a margin
-    /// for the RIE's own answer), for the answer.
+    /// for the RIE's own answer), for the answer. If the RIE lost a race of its own
+    /// before the function could see the event, a new RIE on fresh ports gets it.
     pub async fn invoke(&mut self, event: &Value) -> Result<Outcome, InvokeError> {
+        let mut attempt = 1;
+        loop {
+            match self.invoke_once(event).await {
+                Err(error) if attempt < PORT_ATTEMPTS && self.never_ran_the_event(&error).await => {
+                    attempt += 1;
+                    // The old RIE's process group ends as it is dropped here.
+                    *self = Self::start(&self.spec)
+                        .await
+                        .map_err(InvokeError::Restart)?;
+                }
+                answered => return answered,
+            }
+        }
+    }
+
+    /// The two races the RIE can lose at the first invocation, neither of which exists
+    /// in Lambda, and after both of which no runtime ever fetched the event:
+    /// - another process bound the Runtime API port first, and the RIE panicked (the
+    ///   invocation then broke, or reached that process and got a 404);
+    /// - the RIE starts the runtime beside its Runtime API server, not after it, so on
+    ///   a busy machine the bootstrap's first call is refused and it exits.
+    async fn never_ran_the_event(&mut self, error: &InvokeError) -> bool {
+        match error {
+            InvokeError::Exited { .. }
+            | InvokeError::Transport { .. }
+            | InvokeError::Failed { status: 404, .. } => {
+                self.went_down().await && a_port_was_taken(&self.logs())
+            }
+            InvokeError::Failed { logs, .. } => {
+                the_runtime_api_refused_the_bootstrap(logs, &self.runtime_address)
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether the RIE exited (it may still be going down when its connection broke);
+    /// if so, its output is all in [`Self::logs`].
+    async fn went_down(&mut self) -> bool {
+        match tokio::time::timeout(Duration::from_secs(2), self.child.wait()).await {
+            Ok(Ok(_)) => {}
+            _ => return false,
+        }
+        for reader in self.readers.drain(..) {
+            let _ = tokio::time::timeout(Duration::from_secs(5), reader).await;
+        }
+        true
+    }
+
+    async fn invoke_once(&mut self, event: &Value) -> Result<Outcome, InvokeError> {
         if let Some(status) = self.child.try_wait().ok().flatten() {
             return Err(self.exited(status).await);
         }
@@ -387,13 +489,24 @@ impl Lambda {
                     logs: self.logs(),
                 });
             }
-            Err(error) => return Err(InvokeError::Transport(error)),
+            Err(source) => {
+                // A broken connection is most often the RIE going down: wait for its
+                // last words.
+                self.went_down().await;
+                return Err(InvokeError::Transport {
+                    source,
+                    logs: self.logs(),
+                });
+            }
         };
         let status = response.status().as_u16();
         let body = response
             .bytes()
             .await
-            .map_err(InvokeError::Transport)?
+            .map_err(|source| InvokeError::Transport {
+                source,
+                logs: self.logs(),
+            })?
             .to_vec();
         // The RIE answers a function that outlived its timeout with 200 and this text.
         if body.starts_with(b"Task timed out after") {
@@ -508,6 +621,28 @@ mod tests {
         let failed_newer = "INIT REPORT(initType: on-demand, durationMs: 3.10, status: error, phase: init, errorType: Runtime.ExitError)";
         assert_eq!(init_report(failed_newer), Some(InitReport::Failed));
         assert_eq!(init_report("START RequestId: x"), None);
+    }
+
+    #[test]
+    fn a_bootstrap_refused_by_the_runtime_api_is_told_from_one_that_failed_on_its_own() {
+        let refused = "echo lambda starting\n\
+            Error: hyper_util::client::legacy::Error(Connect, ConnectError(\"tcp connect error\", \
+            127.0.0.1:22867, Os { code: 111, kind: ConnectionRefused, message: \"Connection refused\" }))\n\
+            [INFO] (rapid) INIT RTDONE(status: error)\n[INFO] (rapid) INIT REPORT(durationMs: 16.874000)\n";
+        assert!(the_runtime_api_refused_the_bootstrap(
+            refused,
+            "127.0.0.1:22867"
+        ));
+        // Its own dependency refused it: a real init failure.
+        assert!(!the_runtime_api_refused_the_bootstrap(
+            refused,
+            "127.0.0.1:9000"
+        ));
+        let succeeded = refused.replace("status: error", "status: success");
+        assert!(!the_runtime_api_refused_the_bootstrap(
+            &succeeded,
+            "127.0.0.1:22867"
+        ));
     }
 
     #[test]

@@ -122,7 +122,7 @@ async fn a_function_that_cannot_start_fails_the_invocation_instead_of_hanging() 
     };
     let mut lambda = Lambda::start(&silent).await.expect("start");
     let error = lambda.invoke(&json!({})).await.expect_err("no answer");
-    assert!(matches!(error, InvokeError::TimedOut { .. }), "{error}");
+    assert!(matches!(error, InvokeError::TimedOut { .. }), "{error:?}");
 }
 
 #[tokio::test]
