@@ -14,6 +14,7 @@
 //! A 4xx is an answer from a healthy service, throttling included: a throttle on one hot
 //! key says nothing about the rest of the table, and the SDK already backs off from it.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -48,9 +49,10 @@ pub struct BreakerPolicy {
 }
 
 impl BreakerPolicy {
-    /// Five failed tries in a row: the SDK makes up to three per call, so that is two
-    /// calls that outlasted every retry, which a healthy DynamoDB or SQS (a 5xx rate
-    /// far below 1 %) all but never produces. Ten seconds: a grab's whole budget is
+    /// Five failed tries in a row: the SDK makes up to three per call, but a call's
+    /// operation budget (1 s for a grab) usually cuts it after one or two, so that is two
+    /// to five failing calls in a row, which a healthy DynamoDB or SQS (a 5xx rate far
+    /// below 1 %) all but never produces. Ten seconds: a grab's whole budget is
     /// 2.5 s, so five failures spread wider are not one outage. Two seconds of cool-off:
     /// the page retries after `Retry-After`, and one probe per environment every two
     /// seconds is what a sick dependency then sees; once it recovers, an environment
@@ -89,12 +91,18 @@ enum State {
     Open {
         until: Instant,
     },
-    /// One probe is out since `since`. A probe whose outcome never arrives (its call
-    /// dropped mid-flight) is given up after a cool-off, and another goes.
+    /// One probe, `probe`, is out since `since`. A probe whose outcome never arrives
+    /// (its call dropped mid-flight) is given up after a cool-off, and another goes.
     HalfOpen {
         since: Instant,
+        probe: ProbeTicket,
     },
 }
+
+/// Which probe a try was: only the probe out now decides a half-open breaker, not the
+/// late answer of a try let through earlier (closed, or a probe given up on).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProbeTicket(u64);
 
 /// How a try was let through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,7 +110,7 @@ pub enum Admitted {
     /// The breaker is closed.
     Freely,
     /// As the one probe of a breaker that was open.
-    AsProbe,
+    AsProbe(ProbeTicket),
 }
 
 /// What a try's outcome was, for the breaker.
@@ -120,6 +128,8 @@ pub struct CircuitBreaker {
     dependency: &'static str,
     policy: BreakerPolicy,
     state: Arc<Mutex<State>>,
+    /// The next probe's ticket.
+    probes: Arc<AtomicU64>,
 }
 
 impl CircuitBreaker {
@@ -131,6 +141,7 @@ impl CircuitBreaker {
                 failures: 0,
                 since: None,
             })),
+            probes: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -156,13 +167,14 @@ impl CircuitBreaker {
         match *state {
             State::Closed { .. } => Ok(Admitted::Freely),
             State::Open { until } if now < until => Err(refused(until)),
-            State::HalfOpen { since } if now < since + self.policy.cool_off => {
+            State::HalfOpen { since, .. } if now < since + self.policy.cool_off => {
                 Err(refused(since + self.policy.cool_off))
             }
             // The cool-off is over (or the last probe was lost): this try is the probe.
             State::Open { .. } | State::HalfOpen { .. } => {
-                *state = State::HalfOpen { since: now };
-                Ok(Admitted::AsProbe)
+                let probe = ProbeTicket(self.probes.fetch_add(1, Ordering::Relaxed));
+                *state = State::HalfOpen { since: now, probe };
+                Ok(Admitted::AsProbe(probe))
             }
         }
     }
@@ -171,10 +183,17 @@ impl CircuitBreaker {
         matches!(*self.state(), State::Closed { .. })
     }
 
-    /// Takes in the outcome of a try that [`CircuitBreaker::admit`] let through.
-    pub fn record(&self, outcome: TryOutcome, now: Instant) {
+    /// Takes in the outcome of a try that [`CircuitBreaker::admit`] let through as
+    /// `admitted`.
+    pub fn record(&self, admitted: Admitted, outcome: TryOutcome, now: Instant) {
         let mut state = self.state();
         let next = match (*state, outcome) {
+            // Not the probe out now: a try from before, answering late.
+            (half_open @ State::HalfOpen { probe, .. }, _)
+                if admitted != Admitted::AsProbe(probe) =>
+            {
+                half_open
+            }
             (State::HalfOpen { .. }, TryOutcome::Answered) => {
                 metrics::counter!(BREAKER_CLOSED, DEPENDENCY => self.dependency).increment(1);
                 tracing::info!(dependency = self.dependency, "circuit breaker closed");
@@ -239,7 +258,7 @@ impl CircuitBreaker {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum LastTry {
     Refused,
-    Sent,
+    Sent(Admitted),
 }
 
 impl Storable for LastTry {
@@ -262,13 +281,13 @@ impl Intercept for BreakerInterceptor {
         _runtime_components: &RuntimeComponents,
         cfg: &mut ConfigBag,
     ) -> Result<(), BoxError> {
-        let sent_before = cfg.load::<LastTry>() == Some(&LastTry::Sent);
+        let sent_before = matches!(cfg.load::<LastTry>(), Some(LastTry::Sent(_)));
         let admitted = self.0.admit(Instant::now()).map_err(|open| BreakerOpen {
             after_a_sent_try: sent_before,
             ..open
         });
         let last = match admitted {
-            Ok(_) => LastTry::Sent,
+            Ok(how) => LastTry::Sent(how),
             Err(_) => LastTry::Refused,
         };
         cfg.interceptor_state().store_put(last);
@@ -287,15 +306,15 @@ impl Intercept for BreakerInterceptor {
         _runtime_components: &RuntimeComponents,
         cfg: &mut ConfigBag,
     ) -> Result<(), BoxError> {
-        if cfg.load::<LastTry>() == Some(&LastTry::Refused) {
+        let Some(&LastTry::Sent(admitted)) = cfg.load::<LastTry>() else {
             return Ok(());
-        }
+        };
         let outcome = match context.response() {
             Some(response) if response.status().is_server_error() => TryOutcome::Failed,
             Some(_) => TryOutcome::Answered,
             None => TryOutcome::Failed,
         };
-        self.0.record(outcome, Instant::now());
+        self.0.record(admitted, outcome, Instant::now());
         Ok(())
     }
 }
@@ -346,8 +365,8 @@ mod tests {
 
     fn failing(breaker: &CircuitBreaker, times: u32, at: Instant) {
         for _ in 0..times {
-            breaker.admit(at).expect("closed");
-            breaker.record(TryOutcome::Failed, at);
+            let admitted = breaker.admit(at).expect("closed");
+            breaker.record(admitted, TryOutcome::Failed, at);
         }
     }
 
@@ -356,11 +375,10 @@ mod tests {
         let breaker = CircuitBreaker::new("dynamodb", POLICY);
         let t0 = Instant::now();
         failing(&breaker, 2, t0);
-        assert!(
-            breaker.admit(t0).is_ok(),
-            "two failures of three: still closed"
-        );
-        breaker.record(TryOutcome::Failed, t0);
+        let third = breaker
+            .admit(t0)
+            .expect("two failures of three: still closed");
+        breaker.record(third, TryOutcome::Failed, t0);
         let refused = breaker.admit(t0 + Duration::from_millis(500)).unwrap_err();
         assert_eq!(refused.dependency, "dynamodb");
         assert_eq!(refused.retry_after, Duration::from_millis(1500));
@@ -371,8 +389,8 @@ mod tests {
         let breaker = CircuitBreaker::new("sqs", POLICY);
         let t0 = Instant::now();
         failing(&breaker, 2, t0);
-        breaker.admit(t0).unwrap();
-        breaker.record(TryOutcome::Answered, t0);
+        let answered = breaker.admit(t0).unwrap();
+        breaker.record(answered, TryOutcome::Answered, t0);
         failing(&breaker, 2, t0);
         assert!(breaker.admit(t0).is_ok());
     }
@@ -392,12 +410,13 @@ mod tests {
         let t0 = Instant::now();
         failing(&breaker, 3, t0);
         let later = t0 + POLICY.cool_off;
-        assert_eq!(breaker.admit(later), Ok(Admitted::AsProbe));
+        let probe = breaker.admit(later).expect("the probe");
+        assert!(matches!(probe, Admitted::AsProbe(_)), "{probe:?}");
         assert!(
             breaker.admit(later).is_err(),
             "no second try while the probe is out"
         );
-        breaker.record(TryOutcome::Answered, later);
+        breaker.record(probe, TryOutcome::Answered, later);
         assert_eq!(
             breaker.admit(later),
             Ok(Admitted::Freely),
@@ -411,8 +430,8 @@ mod tests {
         let t0 = Instant::now();
         failing(&breaker, 3, t0);
         let probe = t0 + POLICY.cool_off;
-        breaker.admit(probe).unwrap();
-        breaker.record(TryOutcome::Failed, probe);
+        let admitted = breaker.admit(probe).unwrap();
+        breaker.record(admitted, TryOutcome::Failed, probe);
         let refused = breaker.admit(probe + Duration::from_secs(1)).unwrap_err();
         assert_eq!(refused.retry_after, Duration::from_secs(1));
         assert!(breaker.admit(probe + POLICY.cool_off).is_ok());
@@ -424,9 +443,39 @@ mod tests {
         let t0 = Instant::now();
         failing(&breaker, 3, t0);
         let probe = t0 + POLICY.cool_off;
-        breaker.admit(probe).unwrap();
+        let lost = breaker.admit(probe).unwrap();
         assert!(breaker.admit(probe + Duration::from_secs(1)).is_err());
-        assert!(breaker.admit(probe + POLICY.cool_off).is_ok());
+        let replacement = breaker.admit(probe + POLICY.cool_off).unwrap();
+        assert_ne!(lost, replacement);
+        // The lost probe answering at last decides nothing: the replacement does.
+        breaker.record(lost, TryOutcome::Answered, probe + POLICY.cool_off);
+        assert!(
+            breaker.admit(probe + POLICY.cool_off).is_err(),
+            "still half-open"
+        );
+        breaker.record(replacement, TryOutcome::Failed, probe + POLICY.cool_off);
+        assert!(
+            breaker.admit(probe + POLICY.cool_off).is_err(),
+            "open again"
+        );
+    }
+
+    #[test]
+    fn a_late_answer_of_a_try_from_before_does_not_decide_a_half_open_breaker() {
+        let breaker = CircuitBreaker::new("dynamodb", POLICY);
+        let t0 = Instant::now();
+        // A slow try let through while closed, still out when the breaker opens.
+        let slow = breaker.admit(t0).unwrap();
+        failing(&breaker, 3, t0);
+        let later = t0 + POLICY.cool_off;
+        let probe = breaker.admit(later).unwrap();
+        breaker.record(slow, TryOutcome::Answered, later);
+        assert!(
+            breaker.admit(later).is_err(),
+            "the probe decides, not the slow try"
+        );
+        breaker.record(probe, TryOutcome::Answered, later);
+        assert_eq!(breaker.admit(later), Ok(Admitted::Freely));
     }
 
     #[test]

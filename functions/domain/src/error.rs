@@ -91,6 +91,19 @@ impl StoreError {
         matches!(self, Self::Unavailable { .. })
     }
 
+    /// This error, as the failure of an operation of which an earlier step already
+    /// happened: a later step refused unsent no longer means that nothing happened, so
+    /// it becomes [`StoreError::Transient`] (outcome unknown to the caller, to be
+    /// resolved) and the caller does not take it for "nothing in doubt".
+    pub fn after_a_step_that_happened(self) -> Self {
+        match self {
+            Self::Unavailable {
+                operation, source, ..
+            } => Self::Transient { operation, source },
+            other => other,
+        }
+    }
+
     /// How long to wait before trying again, when the adapter knows.
     pub fn retry_after(&self) -> Option<std::time::Duration> {
         match self {
@@ -147,5 +160,35 @@ impl AppError {
             Self::NotYetDue => true,
             _ => false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_after_a_step_that_happened_is_in_doubt_not_unsent() {
+        let refused = StoreError::unavailable(
+            "dynamodb.hold",
+            std::time::Duration::from_secs(2),
+            "breaker open",
+        );
+        assert!(refused.was_not_attempted());
+        let after_the_take = refused.after_a_step_that_happened();
+        assert!(!after_the_take.was_not_attempted(), "the take happened");
+        assert!(after_the_take.is_retryable());
+        assert!(matches!(
+            after_the_take,
+            StoreError::Transient {
+                operation: "dynamodb.hold",
+                ..
+            }
+        ));
+        let permanent = StoreError::permanent("dynamodb.hold", "denied");
+        assert!(matches!(
+            permanent.after_a_step_that_happened(),
+            StoreError::Permanent { .. }
+        ));
     }
 }

@@ -427,7 +427,9 @@ impl GrabService {
                 tally.reserves += 1;
                 wrote = true;
                 let answer = self.ledger.reserve(sale, shard, &reservation).await;
-                drop(slot);
+                // The slot frees only once the gate knows what this take found (below),
+                // so a grab waiting for it never writes to a shard just found empty; and
+                // before anything else is awaited.
                 if tally.in_doubt == Some(shard)
                     && matches!(answer, Ok(Err(ReserveRefusal::ShardEmpty(_))))
                 {
@@ -446,6 +448,7 @@ impl GrabService {
                 match answer {
                     Ok(Ok(())) => {
                         self.gate.mark_stocked(sale_id, sale.shards, shard);
+                        drop(slot);
                         self.hand_over(&reservation).await;
                         return Ok(GrabOutcome::Reserved(reservation));
                     }
@@ -458,6 +461,7 @@ impl GrabService {
                         tally.undo_possible_until = tally.undo_possible_until.max(undo_until);
                         self.gate
                             .mark_empty(sale_id, sale.shards, shard, takers, now);
+                        drop(slot);
                     }
                     Ok(Err(ReserveRefusal::LimitReached)) => {
                         // The store gave the take back when the hold was refused: the
@@ -466,6 +470,7 @@ impl GrabService {
                         return Err(AppError::LimitReached);
                     }
                     Ok(Err(ReserveRefusal::AlreadyHeld)) => {
+                        drop(slot);
                         return self
                             .resume(&reservation.order_id, user)
                             .await?
@@ -491,6 +496,7 @@ impl GrabService {
                             error = &error as &dyn std::error::Error,
                             "reserve outcome unknown; reading the buyer's item"
                         );
+                        drop(slot);
                         tally.in_doubt = Some(shard);
                         tally.doubted = true;
                         match self.resume(&reservation.order_id, user).await {

@@ -192,7 +192,8 @@ pub trait StockLedger: Send + Sync {
     /// call takes nothing for good and answers `AlreadyHeld`, so a caller that cannot
     /// tell whether a timed-out call committed may simply call again, on the same shard
     /// (where a take that landed is found and finished) or another (where the shard's
-    /// take is undone, or left to `return_take`).
+    /// take is undone, or left to `return_take`). [`StoreError::Unavailable`] only when
+    /// nothing was sent, the take included: a refusal after the take is `Transient`.
     async fn reserve(
         &self,
         sale: &Sale,

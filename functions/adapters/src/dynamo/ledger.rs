@@ -379,8 +379,11 @@ impl StockLedger for DynamoStore {
             Err(refusal) => return Ok(Err(refusal)),
         }
         // An error from here leaves the take: a call again on this shard finds it and
-        // finishes, and the reconciler returns it if none comes.
-        self.hold(sale, shard, reservation).await
+        // finishes, and the reconciler returns it if none comes. So even a hold the
+        // breaker refused unsent is not "nothing happened": the grab must come back here.
+        self.hold(sale, shard, reservation)
+            .await
+            .map_err(StoreError::after_a_step_that_happened)
     }
 
     async fn availability(&self, sale: &Sale) -> Result<Vec<u64>, StoreError> {
