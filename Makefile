@@ -41,8 +41,12 @@ STACK_NAME ?= flashsale-local
 # throttles it to what DynamoDB and the grab's reserved concurrency sustain. The deployed defaults (template.yaml) are far higher. The token route writes
 # nothing and the local stack has no concurrency to share, so it gets the default route
 # throttle: a surge's buyers fetch their grab paths in seconds, not at the grab's rate.
+# The edge's limits (the template's WAF rules) are played too: 60 token and grab
+# requests a minute per buyer, as deployed; every local buyer shares 127.0.0.1, so the
+# per-IP one is raised out of `make load`'s way.
 LOCAL_PARAMETERS ?= GrabThrottleRateLimit=40 GrabThrottleBurstLimit=20 \
-  TokenThrottleRateLimit=1000 TokenThrottleBurstLimit=2000
+  TokenThrottleRateLimit=1000 TokenThrottleBurstLimit=2000 \
+  EnableWaf=true WafGrabRateLimitPerIp=1000000
 
 # The steps share one venv (each tool is its own pip install, with common dependencies)
 # and one cargo target dir, and the tests need the tools: `make -j` must not interleave

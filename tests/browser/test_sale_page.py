@@ -235,13 +235,13 @@ def test_errors_read_as_plain_words(open_page, stack):
     assert_accessible(page, "an unknown sale's error")
 
     # The answers of the layers in front of the functions: API Gateway's own JSON, and
-    # the WAF's HTML page.
+    # an HTML page from CloudFront.
     sale_id, _ = stack.create_sale(stock=1, prefix="errors")
     page = buyer_page(open_page, stack, sale_id)
     refusals = [
         ({"status": 401, "json": {"message": "Unauthorized"}}, "Please sign in again"),
         ({"status": 403, "body": "<html><body>Request blocked.</body></html>", "content_type": "text/html"},
-         "Too many requests from your network"),
+         "network edge refused this request"),
         ({"status": 403, "json": {"error": "blocked", "message": "user is blocked"}}, "Your account is blocked"),
     ]
     for answer, message in refusals:
@@ -252,6 +252,26 @@ def test_errors_read_as_plain_words(open_page, stack):
         # A refusal gives the button back.
         expect(page.locator("#buy")).to_be_enabled()
         page.unroute("**/sales/*/token")
+
+    # The edge's per-buyer limit (WAF) answers 429 with Retry-After: the page says why it
+    # waits, waits it out, and buys once the edge lets it through.
+    limited = {"status": 429, "headers": {"Retry-After": "1"},
+               "json": {"error": "rate_limited", "message": "too many token and grab requests"}}
+    refused = []
+
+    def limit_once(route):
+        if refused:
+            route.continue_()
+        else:
+            refused.append(route.request.url)
+            route.fulfill(**limited)
+
+    page.route("**/sales/*/token", limit_once)
+    page.locator("#buy").click()
+    expect(page.locator("#message")).to_contain_text("Too many tries from you or your network")
+    assert_accessible(page, "waiting out the edge's limit")
+    expect(page.locator("#order-status")).to_have_attribute("data-status", "reserved", timeout=15_000)
+    assert len(refused) == 1
 
 
 def test_the_admin_creates_a_sale_and_watches_the_stats_move(open_page, stack):

@@ -57,14 +57,65 @@ pub struct ApiClient {
 
 impl ApiClient {
     pub fn new(base_url: impl Into<String>) -> Self {
+        Self::build(base_url, None)
+    }
+
+    /// A client whose connections leave from `local` (another loopback address, say),
+    /// so the server sees another client IP, as buyers behind different addresses are.
+    pub fn from_address(base_url: impl Into<String>, local: std::net::IpAddr) -> Self {
+        Self::build(base_url, Some(local))
+    }
+
+    fn build(base_url: impl Into<String>, local: Option<std::net::IpAddr>) -> Self {
         let http = reqwest::Client::builder()
             .pool_max_idle_per_host(4096)
+            .local_address(local)
             .build()
             .expect("a client with default TLS settings builds");
         Self {
             base_url: base_url.into().trim_end_matches('/').to_owned(),
             http,
         }
+    }
+
+    /// Sends a request and answers its `Retry-After` header too.
+    pub async fn send_for_retry_after(
+        &self,
+        method: Method,
+        path: &str,
+        token: Option<&str>,
+    ) -> Result<(ApiResponse, Option<String>), ClientError> {
+        let http_error = |source| ClientError::Http {
+            path: path.to_owned(),
+            source,
+        };
+        let mut request = self
+            .http
+            .request(method, format!("{}{path}", self.base_url));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        let response = request.send().await.map_err(http_error)?;
+        let retry_after = response
+            .headers()
+            .get("retry-after")
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_owned);
+        let status = response.status();
+        let bytes = response.bytes().await.map_err(http_error)?;
+        let body = serde_json::from_slice(&bytes).map_err(|_| ClientError::NotJson {
+            path: path.to_owned(),
+            status,
+            body: String::from_utf8_lossy(&bytes).into_owned(),
+        })?;
+        Ok((
+            ApiResponse {
+                status,
+                body,
+                cache_control: None,
+            },
+            retry_after,
+        ))
     }
 
     pub fn base_url(&self) -> &str {

@@ -54,6 +54,8 @@ const MESSAGES = {
   order_cancelled: "This order was cancelled.",
   order_paid: "This order is already paid.",
   unavailable: "The service is busy right now. Retrying shortly.",
+  // The edge's limits per buyer and per network (WAF), which say how long to wait.
+  rate_limited: "Too many tries from you or your network just now. Waiting, then trying again.",
   internal: "Something went wrong on our side. Please try again.",
 };
 
@@ -73,9 +75,9 @@ const GATEWAY_MESSAGES = {
 /** The message to show for a failed call. */
 export function humanMessage(result) {
   if (result.status === 0) return "No connection to the shop. Check your network; retrying.";
-  // The WAF's per-IP limit on the token and grab paths blocks with a 403 page.
-  if (result.status === 403 && result.fromEdge) {
-    return "Too many requests from your network. Wait a minute, then try again.";
+  // Neither the API nor API Gateway: CloudFront itself refused (its HTML error page).
+  if (result.fromEdge && result.status >= 400 && result.status < 500) {
+    return "The shop's network edge refused this request. Wait a minute, then try again.";
   }
   const code = result.data && result.data.error;
   if (code && MESSAGES[code]) {

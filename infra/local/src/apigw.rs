@@ -22,6 +22,7 @@ use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use serde_json::{Value, json};
 
 use crate::auth::{LocalJwt, Verified};
+use crate::edge::EdgeLimiter;
 use crate::lambda::{LambdaService, error_chain};
 use crate::model::{CorsSpec, RouteAuth, RouteSpec, Throttle};
 
@@ -168,6 +169,8 @@ pub struct Gateway {
     jwt: LocalJwt,
     /// CORS configuration by API id.
     cors: BTreeMap<String, CorsSpec>,
+    /// The web ACL's rate limits, which WAF applies before CloudFront forwards.
+    edge: EdgeLimiter,
 }
 
 impl Gateway {
@@ -188,11 +191,13 @@ impl Gateway {
             .iter()
             .filter_map(|api| api.cors.clone().map(|c| (api.api_id.clone(), c)))
             .collect();
+        let edge = EdgeLimiter::new(lambda.model().edge_rules.clone());
         Self {
             lambda,
             routes,
             jwt,
             cors,
+            edge,
         }
     }
 
@@ -323,9 +328,15 @@ async fn serve(
             .headers()
             .contains_key(header::ACCESS_CONTROL_REQUEST_METHOD)
         && gateway.find(&Method::OPTIONS, &path).is_none();
-    let mut response = match (&cors, preflight) {
+    // WAF decides before CloudFront forwards, so a blocked request reaches no route,
+    // authorizer or function; the page reads its answer like any other (CORS below).
+    let blocked = gateway
+        .edge
+        .check(&path, peer.ip(), request.headers(), Instant::now());
+    let mut response = match (blocked, &cors, preflight) {
+        (Some(rule), _, _) => rule.block.to_response(),
         // API Gateway answers preflights itself, before any route or authorizer.
-        (Some(cors), true) => preflight_response(cors, origin.as_deref()),
+        (None, Some(cors), true) => preflight_response(cors, origin.as_deref()),
         _ => route_request(&gateway, peer, request).await,
     };
     if let (Some(cors), Some(origin)) = (&cors, &origin) {

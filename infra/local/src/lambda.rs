@@ -172,6 +172,8 @@ impl LambdaService {
             .get(logical_id)
             .ok_or_else(|| InvokeError::UnknownFunction(logical_id.to_owned()))?;
         let timeout = deployed.spec.timeout;
+        // Lambda's own `Invocations` metric, so a test can see what reached a function.
+        ::metrics::counter!("lambda_invocations", "function" => logical_id.to_owned()).increment(1);
         let context = InvokeContext {
             request_id: ulid::Ulid::new().to_string().to_lowercase(),
             function_arn: deployed.spec.arn.clone(),

@@ -2,6 +2,7 @@
 //! (DynamoDB Local, moto, the SQS emulator) and the functions run in-process behind emulations of the
 //! managed triggers AWS would put in front of them:
 //!
+//! - [`edge`]: the CloudFront web ACL's rate-based rules (AWS WAF), before any route;
 //! - [`apigw`]: the HTTP API with its JWT authorizer ([`auth`]), payload format 2.0;
 //! - [`esm`]: the SQS event source mapping, with `ReportBatchItemFailures`;
 //! - [`scheduler`]: EventBridge Scheduler delivery of one-time schedules, invoking
@@ -15,6 +16,7 @@
 pub mod apigw;
 pub mod auth;
 pub mod dispatch;
+pub mod edge;
 pub mod esm;
 pub mod lambda;
 pub mod metrics;

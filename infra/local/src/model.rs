@@ -12,6 +12,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+use crate::edge::{EdgeRateRule, WebAclError, WebAclProperties};
 use crate::resolve::{ParamValue, ResolveError, Resolver, StackContext, value_string};
 use crate::template::{Node, ResourceDecl, Template};
 
@@ -39,6 +40,12 @@ pub enum ModelError {
     },
     #[error("{at}: only JWT authorizers are emulated locally")]
     UnsupportedAuthorizer { at: String },
+    #[error("{at}: {source}")]
+    WebAcl {
+        at: String,
+        #[source]
+        source: WebAclError,
+    },
     #[error("route {route_key} is declared twice ({first} and {second})")]
     DuplicateRoute {
         route_key: String,
@@ -67,6 +74,9 @@ pub struct StackModel {
     /// response headers policy named by a distribution's default behaviour (the pages).
     /// The local static server adds them too.
     pub page_headers: Vec<(String, String)>,
+    /// The rate-based rules of the CloudFront-scoped web ACL, if the template creates
+    /// one: the local gateway plays them before any route (see [`crate::edge`]).
+    pub edge_rules: Vec<EdgeRateRule>,
     /// Resources the local stack does not create (IAM roles: locally nothing is
     /// authorized; the HTTP API: served in-process), as (logical id, type).
     pub not_provisioned: Vec<(String, String)>,
@@ -133,6 +143,7 @@ impl StackModel {
         let mut function_decls = Vec::new();
         let mut api_decls = Vec::new();
         let mut distribution_decls = Vec::new();
+        let mut edge_rules = Vec::new();
         for decl in template.resources.values() {
             if let Some(condition) = &decl.condition
                 && !resolver.condition(condition, &format!("Resources.{}", decl.logical_id))?
@@ -149,6 +160,16 @@ impl StackModel {
                 "AWS::Serverless::Function" => function_decls.push(decl),
                 "AWS::Serverless::HttpApi" => {
                     api_decls.push(decl);
+                    not_provisioned.push((decl.logical_id.clone(), decl.kind.clone()));
+                }
+                "AWS::WAFv2::WebACL" => {
+                    let acl: WebAclProperties = typed_properties(&mut resolver, decl)?;
+                    if acl.scope == "CLOUDFRONT" {
+                        edge_rules.extend(acl.rules().map_err(|source| ModelError::WebAcl {
+                            at: format!("Resources.{}", decl.logical_id),
+                            source,
+                        })?);
+                    }
                     not_provisioned.push((decl.logical_id.clone(), decl.kind.clone()));
                 }
                 "AWS::CloudFront::Distribution" => {
@@ -213,6 +234,7 @@ impl StackModel {
             functions,
             apis,
             page_headers,
+            edge_rules,
             not_provisioned,
         })
     }
@@ -1655,7 +1677,7 @@ enum Lenient {
     String(String),
 }
 
-fn lenient_u64<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+pub(crate) fn lenient_u64<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
     match Lenient::deserialize(d)? {
         Lenient::Number(n) => Ok(n),
         Lenient::String(s) => s

@@ -1,7 +1,7 @@
 //! template.yaml's CDN layer <-> the HTTP API it fronts: every route is reachable through
 //! the distribution with its method and its Authorization header, only the public sale
 //! status is cached, the pages' bucket is readable by the distribution alone, and the
-//! optional WAF limits the token and grab paths per IP.
+//! optional WAF limits the token and grab paths per IP and per buyer.
 
 use std::collections::BTreeSet;
 
@@ -286,7 +286,7 @@ fn waf_matches(statement: &Value, path: &str) -> bool {
 }
 
 #[test]
-fn the_optional_waf_limits_token_and_grab_requests_per_ip() {
+fn the_optional_waf_limits_token_and_grab_requests_per_ip_and_per_buyer() {
     let acl = stack().raw_resource("PagesWebAcl");
     assert_eq!(acl["Condition"], "HasWaf");
     assert_eq!(acl["Properties"]["Scope"], "CLOUDFRONT");
@@ -295,25 +295,69 @@ fn the_optional_waf_limits_token_and_grab_requests_per_ip() {
         json!({"Fn::If": ["HasWaf", {"Fn::GetAtt": ["PagesWebAcl", "Arn"]}, {"Ref": "AWS::NoValue"}]})
     );
     let rules = acl["Properties"]["Rules"].as_array().expect("rules");
-    let limited: Vec<&Value> = rules
-        .iter()
-        .filter(|r| r["Action"]["Block"].is_object())
-        .map(|r| &r["Statement"]["RateBasedStatement"])
-        .filter(|s| s["AggregateKeyType"] == "IP")
-        .collect();
-    assert_eq!(limited.len(), 1, "one per-IP rate rule");
-    let scope = &limited[0]["ScopeDownStatement"];
+    let rate_rule = |is_key: &dyn Fn(&Value) -> bool| -> Vec<&Value> {
+        rules
+            .iter()
+            .filter(|r| is_key(&r["Statement"]["RateBasedStatement"]))
+            .collect()
+    };
+    let per_ip = rate_rule(&|s| s["AggregateKeyType"] == "IP");
+    let per_buyer = rate_rule(&|s| {
+        s["AggregateKeyType"] == "CUSTOM_KEYS"
+            && s["CustomKeys"]
+                == json!([{"Header": {"Name": "authorization", "TextTransformations": [{"Priority": 0, "Type": "NONE"}]}}])
+    });
+    assert_eq!(per_ip.len(), 1, "one per-IP rate rule");
+    assert_eq!(
+        per_buyer.len(),
+        1,
+        "one rate rule per Authorization header: one buyer"
+    );
     let routes = routes();
-    for route in &routes {
-        let path = route.sample_path();
-        let hot = route.path.ends_with("/token") || route.path.contains("/grab/");
+    for (rule, limit) in [
+        (per_ip[0], "WafGrabRateLimitPerIp"),
+        (per_buyer[0], "WafGrabRateLimitPerUser"),
+    ] {
+        let statement = &rule["Statement"]["RateBasedStatement"];
         assert_eq!(
-            waf_matches(scope, &path),
-            hot,
-            "{} {}: limited per IP exactly when it is the token or grab path",
-            route.method,
-            route.path
+            statement["Limit"],
+            json!({"Ref": limit}),
+            "{}",
+            rule["Name"]
         );
+        assert_eq!(
+            statement["EvaluationWindowSec"],
+            json!({"Ref": "WafRateWindowSecs"})
+        );
+        // The page waits out a 429's Retry-After; WAF's default 403 would read as a refusal.
+        let custom = &rule["Action"]["Block"]["CustomResponse"];
+        assert_eq!(custom["ResponseCode"], 429, "{}", rule["Name"]);
+        assert_eq!(
+            custom["ResponseHeaders"],
+            json!([{"Name": "Retry-After", "Value": {"Fn::Sub": "${WafRateWindowSecs}"}}])
+        );
+        let body_key = custom["CustomResponseBodyKey"].as_str().expect("a body");
+        let body: Value = serde_json::from_str(
+            acl["Properties"]["CustomResponseBodies"][body_key]["Content"]
+                .as_str()
+                .expect("the body's content"),
+        )
+        .expect("the body is JSON");
+        assert_eq!(body["error"], "rate_limited", "the API's error shape");
+        assert!(body["message"].is_string());
+        let scope = &statement["ScopeDownStatement"];
+        for route in &routes {
+            let path = route.sample_path();
+            let hot = route.path.ends_with("/token") || route.path.contains("/grab/");
+            assert_eq!(
+                waf_matches(scope, &path),
+                hot,
+                "{}: {} {}: limited exactly when it is the token or grab path",
+                rule["Name"],
+                route.method,
+                route.path
+            );
+        }
     }
     assert!(
         routes.iter().filter(|r| r.path.contains("/grab/")).count() == 1,

@@ -297,6 +297,17 @@ impl Harness {
         .await;
     }
 
+    /// Every metric the test process's stacks recorded, as `GET /local/metrics` answers.
+    pub async fn local_metrics(&self) -> Summary {
+        let answer = self
+            .api
+            .send_raw(reqwest::Method::GET, "/local/metrics", None, None)
+            .await
+            .expect("the local metrics answer");
+        assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+        serde_json::from_value(answer.body).expect("the local metrics summary")
+    }
+
     /// How many release timers the consumer has set for the sale's orders: its
     /// `orders_opened` counter, as the stack's `GET /local/metrics` answers it. The
     /// consumer only reads the hold and writes nothing to the table, so this (or the
@@ -305,15 +316,10 @@ impl Harness {
     /// recorder, told apart by sale id, so a binary's sale ids must be its own. A
     /// redelivered record counts again.
     pub async fn orders_opened(&self, sale_id: &str) -> u64 {
-        let answer = self
-            .api
-            .send_raw(reqwest::Method::GET, "/local/metrics", None, None)
+        let counted = self
+            .local_metrics()
             .await
-            .expect("the local metrics answer");
-        assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
-        let summary: Summary =
-            serde_json::from_value(answer.body).expect("the local metrics summary");
-        let counted = summary.counter("orders_opened", &[("sale_id", sale_id)]);
+            .counter("orders_opened", &[("sale_id", sale_id)]);
         // A counter, read as a float: whole and never negative.
         counted.max(0.0).round() as u64
     }
