@@ -243,6 +243,7 @@ bench: bench-tools
 	cargo build --release --locked $(addprefix -p ,$(LAMBDA_PACKAGES))
 	target/release/flashsale-bench run --command "make bench" --report docs/benchmarks.md \
 	  --local-bin target/release/flashsale-local --bin-dir target/release
+	$(MAKE) bench-challenge
 
 bench-smoke: tools debug-build
 	$(DEBUG_BIN)/flashsale-bench run --smoke --command "make bench-smoke" \

@@ -159,7 +159,8 @@ class LocalStack:
         assert status == 200, body
         return body["token"]
 
-    def create_sale(self, *, stock, starts_in_s=-1, payment_timeout_secs=600, per_user_limit=1, prefix="sale"):
+    def create_sale(self, *, stock, starts_in_s=-1, payment_timeout_secs=600, per_user_limit=1, prefix="sale",
+                    challenge_work=0):
         """A sale of its own for one test; starts `starts_in_s` from now (whole seconds)."""
         sale_id = f"{prefix}-{uuid.uuid4().hex[:10]}"
         now = datetime.now(timezone.utc).replace(microsecond=0)
@@ -172,6 +173,7 @@ class LocalStack:
             "ends_at": iso(starts_at + timedelta(hours=1)),
             "per_user_limit": per_user_limit,
             "payment_timeout_secs": payment_timeout_secs,
+            "challenge_work": challenge_work,
         }
         admin = self.token("ops", admin=True)
         status, answer, retries = self.call_until_answered("POST", "/admin/sales", token=admin, body=body)

@@ -106,6 +106,29 @@ def test_a_buyer_buys_and_pays(open_page, stack):
     assert (stats["paid"], stats["available"], stats["consistent"]) == (1, 4, True), stats
 
 
+def test_a_sale_with_a_challenge_is_solved_in_a_worker_with_its_progress_shown_then_bought(open_page, stack):
+    # Enough work to see the puzzle being solved (seconds in Chromium here), not minutes.
+    sale_id, _ = stack.create_sale(stock=2, prefix="pow", challenge_work=20_000)
+    page = buyer_page(open_page, stack, sale_id)
+    tokens = []
+    page.on("request", lambda request: tokens.append(request) if request.url.endswith("/token") else None)
+    page.locator("#buy").click()
+    puzzle = page.locator("#challenge")
+    expect(page.locator("#message")).to_contain_text("Verifying you are a person")
+    expect(puzzle).to_be_visible()
+    expect(puzzle.get_by_label("Verifying you are a person")).to_be_attached()
+    assert_accessible(page, "solving the challenge")
+    status = page.locator("#order-status")
+    expect(status).to_have_attribute("data-status", "reserved", timeout=60_000)
+    expect(puzzle).to_be_hidden()
+    # The worker did the work (a counter per derivation) and the token carried it.
+    derivations = int(puzzle.get_attribute("data-derivations"))
+    assert 1 <= derivations <= 20_000, derivations
+    assert len(tokens) == 1 and tokens[0].post_data_json["solution"]["counter"] == derivations - 1
+    stats = stack.stats(sale_id)
+    assert (stats["reserved"], stats["available"]) == (1, 1), stats
+
+
 def test_the_time_left_to_pay_never_reads_more_than_there_is(open_page, stack):
     """An order whose deadline is 60.9 s away reads "Pay within 1:00", never 1:01: the
     server already rounds the deadline up to a whole second, and the page used to round

@@ -25,6 +25,8 @@ const ui = {
   countdownLabel: $("#countdown-label"),
   buy: $("#buy"),
   message: $("#message"),
+  challenge: $("#challenge"),
+  challengeProgress: $("#challenge-progress"),
   order: $("#order"),
   orderStatus: $("#order-status"),
   orderId: $("#order-id"),
@@ -196,8 +198,15 @@ async function buy() {
   say("");
   const session = state.session;
 
+  // A sale that asks for a challenge: solve it first; the solution buys the path.
+  let solution;
+  if (state.sale?.challenge_work > 0) {
+    const solved = await solveChallenge(session);
+    if (!solved.ok) return grabFailed(solved);
+    solution = solved.payload;
+  }
   const pass = await withRetries(() =>
-    call(`/sales/${encodeURIComponent(saleId)}/token`, { method: "POST", token: session.token }),
+    call(`/sales/${encodeURIComponent(saleId)}/token`, { method: "POST", token: session.token, body: solution }),
   );
   if (!pass.ok) return grabFailed(pass);
 
@@ -230,6 +239,43 @@ async function buy() {
 }
 
 const SOLD_OUT = { ok: false, status: 409, data: { error: "sold_out" }, headers: new Headers() };
+
+/**
+ * Fetches this buyer's challenge and solves it in a Web Worker, showing how far the
+ * search is (the share of the most counters it can take: it ends anywhere before).
+ * Answers `{ ok, payload }` for the token request, or the failed call.
+ */
+async function solveChallenge(session) {
+  const issued = await withRetries(() =>
+    call(`/sales/${encodeURIComponent(saleId)}/challenge`, { token: session.token }),
+  );
+  if (!issued.ok) return issued;
+  const challenge = issued.data;
+  ui.challenge.hidden = false;
+  ui.challengeProgress.value = 0;
+  say("Verifying you are a person: your browser is solving a small puzzle that keeps bots out.", "wait");
+  const worker = new Worker("assets/challenge-worker.js");
+  try {
+    const answer = await new Promise((resolve) => {
+      worker.onmessage = ({ data }) => {
+        if (data.progress != null) ui.challengeProgress.value = data.progress;
+        if (data.solution || data.error) resolve(data);
+      };
+      worker.onerror = (event) => resolve({ error: event.message || "the puzzle could not run" });
+      worker.postMessage(challenge);
+    });
+    if (answer.error) {
+      return { ok: false, status: 0, data: { message: `The puzzle could not be solved: ${answer.error}` }, headers: new Headers() };
+    }
+    ui.challengeProgress.value = 1;
+    ui.challenge.dataset.derivations = String(answer.derivations);
+    say("");
+    return { ok: true, payload: { challenge, solution: answer.solution } };
+  } finally {
+    worker.terminate();
+    ui.challenge.hidden = true;
+  }
+}
 
 /**
  * A token or grab request, tried again while throttled or busy (and, a few times, while

@@ -1,5 +1,6 @@
 //! The AWS adapters of the flash-sale ports: DynamoDB for sales, stock and orders, SQS
-//! for the orders queue, EventBridge Scheduler for release timers.
+//! for the orders queue, EventBridge Scheduler for release timers; and ALTCHA's proof of
+//! work for the grab path's challenge.
 //!
 //! Every failure is a [`flashsale_domain::StoreError`] whose source is the SDK error
 //! (or one of this crate's typed errors wrapping it), classified in one place
@@ -11,6 +12,7 @@ mod classify;
 pub mod correlation;
 mod dynamo;
 mod pause;
+pub mod proof_of_work;
 mod retry;
 mod scheduler;
 mod sdk;

@@ -132,6 +132,14 @@ pub enum AppError {
     LimitReached,
     #[error("the grab token is invalid for this user and sale")]
     InvalidToken,
+    /// The sale asks for a solved challenge before a grab path, and none came.
+    #[error("this sale asks for a solved challenge before a grab path")]
+    ChallengeRequired,
+    #[error(transparent)]
+    ChallengeRefused(#[from] crate::challenge::ChallengeRefusal),
+    /// A challenge was asked for a sale that asks none.
+    #[error("this sale asks for no challenge")]
+    NoChallenge,
     #[error("order not found")]
     OrderNotFound,
     #[error("the order has expired")]

@@ -23,11 +23,14 @@ use std::sync::Arc;
 use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
 
+use crate::challenge::{CHALLENGE_LIFETIME, IssuedChallenge};
 use crate::error::{AppError, StoreError};
 use crate::gate::SoldOutGate;
 use crate::ids::{OrderId, SaleId, UserId};
 use crate::order::Reservation;
-use crate::ports::{Clock, OrderBook, OrderQueue, Pause, ReserveRefusal, SaleCatalog, StockLedger};
+use crate::ports::{
+    Clock, OrderBook, OrderQueue, Pause, ProofOfWork, ReserveRefusal, SaleCatalog, StockLedger,
+};
 use crate::sale::{Sale, SalePhase, TOKEN_LEAD};
 use crate::service::CachedBlocklist;
 use crate::token::GrabTokenSigner;
@@ -220,6 +223,8 @@ pub struct GrabService {
     /// Waits between walks over contended shards.
     pub pause: Arc<dyn Pause>,
     pub signer: GrabTokenSigner,
+    /// Issues and checks the challenge of a sale that asks for one, in memory.
+    pub challenges: Arc<dyn ProofOfWork>,
     pub gate: SoldOutGate,
     /// Checked first on both routes, from memory: a blocked user costs no store call.
     pub blocked_users: CachedBlocklist,
@@ -253,19 +258,62 @@ impl GrabService {
         Ok(())
     }
 
-    /// A grab path for this user, only once the sale is (about to be) active, and never
-    /// for a blocked user.
-    pub async fn issue_pass(&self, sale_id: &SaleId, user: &UserId) -> Result<GrabPass, AppError> {
+    /// The sale, if a grab path (or its challenge) may be handed out for it now: once it
+    /// is (about to be) active and until it ends, and never to a blocked user.
+    async fn sale_open_to(&self, sale_id: &SaleId, user: &UserId) -> Result<Sale, AppError> {
         let now = self.clock.now();
         self.refuse_blocked(user, now).await?;
         let sale = self.sale(sale_id).await?;
         match sale.phase(now + TOKEN_LEAD) {
-            SalePhase::Upcoming => return Err(AppError::NotStarted),
-            SalePhase::Ended if sale.phase(now) == SalePhase::Ended => return Err(AppError::Ended),
-            _ => {}
+            SalePhase::Upcoming => Err(AppError::NotStarted),
+            SalePhase::Ended if sale.phase(now) == SalePhase::Ended => Err(AppError::Ended),
+            _ => Ok(sale),
         }
+    }
+
+    /// The challenge `user` solves for a grab path of a sale that asks for one. Issued
+    /// only once the sale opens, as the path is: a challenge solved in advance would
+    /// bring every buyer back at the start instant, which is what it is there to stop.
+    pub async fn issue_challenge(
+        &self,
+        sale_id: &SaleId,
+        user: &UserId,
+    ) -> Result<IssuedChallenge, AppError> {
+        let sale = self.sale_open_to(sale_id, user).await?;
+        let work = sale.challenge_work.ok_or(AppError::NoChallenge)?;
+        let now = self.clock.now();
+        let expires_at = sale.ends_at.min(now + CHALLENGE_LIFETIME);
+        Ok(self.challenges.issue(sale_id, user, work, now, expires_at))
+    }
+
+    /// A grab path for this user, only once the sale is (about to be) active, and never
+    /// for a blocked user. A sale that asks for a challenge needs its `solution`, which
+    /// is checked first, in memory, so a wrong one costs no call at all; the path it
+    /// buys names the challenge's own order, so the same solution again gets a path to
+    /// that same order, never a second unit.
+    pub async fn issue_pass(
+        &self,
+        sale_id: &SaleId,
+        user: &UserId,
+        solution: Option<&serde_json::Value>,
+    ) -> Result<GrabPass, AppError> {
+        let solved = solution
+            .map(|solution| {
+                self.challenges
+                    .verify(solution, sale_id, user, self.clock.now())
+            })
+            .transpose()?;
+        let sale = self.sale_open_to(sale_id, user).await?;
+        let order = match (sale.challenge_work, solved) {
+            (Some(_), None) => return Err(AppError::ChallengeRequired),
+            (_, Some(solved)) => solved.order(),
+            (None, None) => ulid::Ulid::new(),
+        };
+        let now = self.clock.now();
         let expires_at = sale.ends_at.min(now + GRAB_PATH_LIFETIME);
-        let token = self.signer.issue(sale_id, user, expires_at);
+        let token = self
+            .signer
+            .issue_for_order(sale_id, user, order, expires_at);
         Ok(GrabPass {
             grab_path: format!("/sales/{sale_id}/grab/{token}"),
             expires_at,

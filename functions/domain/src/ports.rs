@@ -7,6 +7,7 @@
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
+use crate::challenge::{ChallengeRefusal, ChallengeWork, IssuedChallenge, SolvedChallenge};
 use crate::error::StoreError;
 use crate::ids::{OrderId, SaleId, UserId};
 use crate::order::{Order, OrderStatus, ReleaseReason, Reservation};
@@ -31,6 +32,35 @@ impl Clock for SystemClock {
 #[async_trait]
 pub trait Pause: Send + Sync {
     async fn pause(&self, how_long: std::time::Duration);
+}
+
+/// The proof-of-work challenge before the grab path (see [`crate::challenge`]). Both
+/// methods are CPU only: no I/O, nothing stored, so a refused solution costs no call to
+/// anything.
+pub trait ProofOfWork: Send + Sync {
+    /// A fresh challenge for `user` in `sale`, asking about `work` derivations, issued
+    /// `now` and valid until `expires_at`, signed so that only this service's
+    /// challenges verify.
+    fn issue(
+        &self,
+        sale: &SaleId,
+        user: &UserId,
+        work: ChallengeWork,
+        now: DateTime<Utc>,
+        expires_at: DateTime<Utc>,
+    ) -> IssuedChallenge;
+
+    /// Whether `solution` (the protocol's JSON: the challenge and its solution) solves a
+    /// challenge this service issued to `user` for `sale`, unexpired at `now`.
+    /// Deterministic: the same solution verifies the same way, naming the same
+    /// challenge, every time until it expires.
+    fn verify(
+        &self,
+        solution: &serde_json::Value,
+        sale: &SaleId,
+        user: &UserId,
+        now: DateTime<Utc>,
+    ) -> Result<SolvedChallenge, ChallengeRefusal>;
 }
 
 /// Sales and their definitions.

@@ -3,6 +3,7 @@
 use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 
+use crate::challenge::ChallengeWork;
 use crate::error::ValidationError;
 use crate::ids::{SaleId, UserId};
 
@@ -67,6 +68,9 @@ pub struct SaleDraft {
     pub payment_timeout_secs: Option<i64>,
     #[serde(default, deserialize_with = "draft_field::some_integer")]
     pub shards: Option<i64>,
+    /// The proof-of-work challenge before the grab path: 0 (the default) is none.
+    #[serde(default, deserialize_with = "draft_field::some_integer")]
+    pub challenge_work: Option<i64>,
 }
 
 /// Readers of the draft's JSON fields whose errors speak JSON, not Rust: serde's own
@@ -148,6 +152,32 @@ pub struct Sale {
     pub per_user_limit: u32,
     pub payment_timeout_secs: u32,
     pub shards: u16,
+    /// The work of the challenge a buyer solves before each grab path, if any; 0 in
+    /// JSON when there is none, as the administrator sets it.
+    #[serde(default, with = "challenge_setting")]
+    pub challenge_work: Option<ChallengeWork>,
+}
+
+/// A sale's challenge as its JSON says it: the work, or 0 for none.
+mod challenge_setting {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use crate::challenge::ChallengeWork;
+
+    pub fn serialize<S: Serializer>(
+        work: &Option<ChallengeWork>,
+        out: S,
+    ) -> Result<S::Ok, S::Error> {
+        work.map_or(0, ChallengeWork::derivations).serialize(out)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        input: D,
+    ) -> Result<Option<ChallengeWork>, D::Error> {
+        let setting = u32::deserialize(input)?;
+        ChallengeWork::of_setting("challenge_work", i64::from(setting))
+            .map_err(serde::de::Error::custom)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -253,6 +283,8 @@ impl Sale {
                 u16::try_from(shards).map_err(|_| ValidationError::new("shards", "is too large"))?
             }
         };
+        let challenge_work =
+            ChallengeWork::of_setting("challenge_work", draft.challenge_work.unwrap_or(0))?;
         Ok(Self {
             sale_id,
             name,
@@ -262,6 +294,7 @@ impl Sale {
             per_user_limit,
             payment_timeout_secs,
             shards,
+            challenge_work,
         })
     }
 
@@ -379,6 +412,9 @@ pub struct SaleView {
     /// that a page can say a buyer is at it instead of offering a grab that can only be
     /// refused with `limit_reached`.
     pub per_user_limit: u32,
+    /// The work of the challenge before each grab path (0: none), so that the page
+    /// knows to solve one and can say how long it may take.
+    pub challenge_work: u32,
 }
 
 impl SaleView {
@@ -399,6 +435,7 @@ impl SaleView {
             stock_total: sale.stock_total,
             stock_available,
             per_user_limit: sale.per_user_limit,
+            challenge_work: sale.challenge_work.map_or(0, ChallengeWork::derivations),
         }
     }
 }
@@ -469,6 +506,7 @@ mod tests {
             "per_user_limit",
             "payment_timeout_secs",
             "shards",
+            "challenge_work",
         ] {
             let err = read(json!({ field: null })).unwrap_err();
             assert!(err.contains("not null"), "{field}: {err}");
@@ -537,6 +575,33 @@ mod tests {
         }
         // Other formatting characters are ordinary text: a zero-width joiner in an emoji.
         assert!(create(json!({ "name": "Family \u{1F468}\u{200D}\u{1F469}" })).is_ok());
+    }
+
+    #[test]
+    fn a_sale_asks_for_no_challenge_unless_told_and_then_within_bounds() {
+        assert_eq!(create(json!({})).unwrap().challenge_work, None);
+        assert_eq!(
+            create(json!({ "challenge_work": 0 }))
+                .unwrap()
+                .challenge_work,
+            None
+        );
+        let sale = create(json!({ "challenge_work": 40_000 })).unwrap();
+        assert_eq!(
+            sale.challenge_work.map(ChallengeWork::derivations),
+            Some(40_000)
+        );
+        // In JSON, as the administrator set it; 0 for none.
+        assert_eq!(
+            serde_json::to_value(&sale).unwrap()["challenge_work"],
+            40_000
+        );
+        let plain = create(json!({})).unwrap();
+        assert_eq!(serde_json::to_value(&plain).unwrap()["challenge_work"], 0);
+        for wrong in [1, 999, 10_000_001] {
+            let error = create(json!({ "challenge_work": wrong })).unwrap_err();
+            assert_eq!(error.field, "challenge_work");
+        }
     }
 
     fn draft(stock: i64, shards: Option<i64>) -> SaleDraft {

@@ -8,12 +8,14 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use chrono::{DateTime, Duration, Utc};
 
+use crate::challenge::{ChallengeRefusal, ChallengeWork, IssuedChallenge, SolvedChallenge};
 use crate::error::StoreError;
 use crate::ids::{OrderId, SaleId, UserId};
 use crate::order::{Order, OrderStatus, ReleaseReason, Reservation};
 use crate::ports::{
-    Blocklist, Clock, OrderBook, OrderQueue, Pause, PayOutcome, ReleaseScheduler, ReserveRefusal,
-    SaleCatalog, Settlement, ShardState, ShardTakers, StockLedger, Take, TakeReturn,
+    Blocklist, Clock, OrderBook, OrderQueue, Pause, PayOutcome, ProofOfWork, ReleaseScheduler,
+    ReserveRefusal, SaleCatalog, Settlement, ShardState, ShardTakers, StockLedger, Take,
+    TakeReturn,
 };
 use crate::sale::{MAX_ABANDONED_HOLDS, Sale, SaleDraft, StockCounts};
 
@@ -34,6 +36,7 @@ pub fn sale(stock: i64, shards: i64) -> SaleBuilder {
             per_user_limit: None,
             payment_timeout_secs: Some(900),
             shards: Some(shards),
+            challenge_work: None,
         },
     }
 }
@@ -47,6 +50,12 @@ pub struct SaleBuilder {
 impl SaleBuilder {
     pub fn id(mut self, sale_id: &str) -> Self {
         self.draft.sale_id = Some(sale_id.to_owned());
+        self
+    }
+
+    /// A challenge of `work` before each grab path.
+    pub fn challenge_work(mut self, work: i64) -> Self {
+        self.draft.challenge_work = Some(work);
         self
     }
 
@@ -838,5 +847,85 @@ impl Blocklist for InMemoryBlocklist {
         self.reads.fetch_add(1, Ordering::SeqCst);
         self.refuse_if_failing("blocked")?;
         Ok(locked(&self.users).iter().cloned().collect())
+    }
+}
+
+/// A [`ProofOfWork`] whose challenges are plain JSON (`{"id", "sale", "user",
+/// "issued", "expires"}`) and whose solution is the challenge with `"solved": true`.
+/// It checks what the real one checks (issuer, buyer and sale, expiry, solved) with no
+/// work, and counts verifications.
+#[derive(Debug, Default)]
+pub struct PlainChallenges {
+    issued: AtomicUsize,
+    verified: AtomicUsize,
+}
+
+impl PlainChallenges {
+    /// The solution of `challenge`, as a buyer who did the work would send it.
+    pub fn solve(challenge: &IssuedChallenge) -> serde_json::Value {
+        let mut solution = challenge.0.clone();
+        solution["solved"] = serde_json::Value::Bool(true);
+        solution
+    }
+
+    pub fn verifications(&self) -> usize {
+        self.verified.load(Ordering::SeqCst)
+    }
+}
+
+impl ProofOfWork for PlainChallenges {
+    fn issue(
+        &self,
+        sale: &SaleId,
+        user: &UserId,
+        work: ChallengeWork,
+        now: DateTime<Utc>,
+        expires_at: DateTime<Utc>,
+    ) -> IssuedChallenge {
+        let id = self.issued.fetch_add(1, Ordering::SeqCst);
+        IssuedChallenge(serde_json::json!({
+            "issuer": "plain",
+            "id": id,
+            "sale": sale.as_str(),
+            "user": user.as_str(),
+            "work": work.derivations(),
+            "issued": now.timestamp(),
+            "expires": expires_at.timestamp(),
+        }))
+    }
+
+    fn verify(
+        &self,
+        solution: &serde_json::Value,
+        sale: &SaleId,
+        user: &UserId,
+        now: DateTime<Utc>,
+    ) -> Result<SolvedChallenge, ChallengeRefusal> {
+        self.verified.fetch_add(1, Ordering::SeqCst);
+        let text = |key: &str| solution.get(key).and_then(serde_json::Value::as_str);
+        let number = |key: &str| solution.get(key).and_then(serde_json::Value::as_i64);
+        let (Some(id), Some(issued), Some(expires)) =
+            (number("id"), number("issued"), number("expires"))
+        else {
+            return Err(ChallengeRefusal::Malformed);
+        };
+        if text("issuer") != Some("plain") {
+            return Err(ChallengeRefusal::Forged);
+        }
+        if now.timestamp() >= expires {
+            return Err(ChallengeRefusal::Expired);
+        }
+        if text("sale") != Some(sale.as_str()) || text("user") != Some(user.as_str()) {
+            return Err(ChallengeRefusal::NotYours);
+        }
+        if solution.get("solved") != Some(&serde_json::Value::Bool(true)) {
+            return Err(ChallengeRefusal::Unsolved);
+        }
+        let mut challenge_id = [0u8; 16];
+        challenge_id[..8].copy_from_slice(&id.to_be_bytes());
+        Ok(SolvedChallenge {
+            challenge_id,
+            issued_at: DateTime::from_timestamp(issued, 0).ok_or(ChallengeRefusal::Malformed)?,
+        })
     }
 }

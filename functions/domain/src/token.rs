@@ -64,13 +64,34 @@ impl GrabTokenSigner {
     /// A token for this user, sale and a fresh order, valid until `expires_at` (second
     /// precision): `{expiry}.{order ulid}.{tag}`.
     pub fn issue(&self, sale: &SaleId, user: &UserId, expires_at: DateTime<Utc>) -> String {
+        self.issue_for_order(sale, user, Ulid::new(), expires_at)
+    }
+
+    /// A token as [`Self::issue`]'s, naming `order`: a path that must always buy the
+    /// same order (one from a solved challenge) gets it from here.
+    pub fn issue_for_order(
+        &self,
+        sale: &SaleId,
+        user: &UserId,
+        order: Ulid,
+        expires_at: DateTime<Utc>,
+    ) -> String {
         let expires_unix = expires_at.timestamp();
-        let order = Ulid::new();
         let tag = self
             .mac(sale, user, order, expires_unix)
             .finalize()
             .into_bytes();
         format!("{expires_unix}.{order}.{}", URL_SAFE_NO_PAD.encode(tag))
+    }
+
+    /// A key for another use of this secret, named by `purpose` (HMAC of it under the
+    /// secret): the grab path and, say, the challenge then share one secret to rotate
+    /// without sharing a key.
+    pub fn subkey(&self, purpose: &str) -> [u8; 32] {
+        let mut mac = self.keyed.clone();
+        mac.update(b"flashsale subkey\0");
+        mac.update(purpose.as_bytes());
+        mac.finalize().into_bytes().into()
     }
 
     /// The order a token grabs, if `token` was issued by this signer to this user for
@@ -169,6 +190,27 @@ mod tests {
         assert_ne!(
             signer().verify(&first, &sale, &alice, now),
             signer().verify(&second, &sale, &alice, now)
+        );
+    }
+
+    #[test]
+    fn subkeys_differ_by_purpose_and_from_the_tokens_key() {
+        let (challenge, other) = (signer().subkey("challenge"), signer().subkey("other"));
+        assert_ne!(challenge, other);
+        assert_eq!(challenge, signer().subkey("challenge"));
+        assert_ne!(challenge, [7u8; 32]);
+    }
+
+    #[test]
+    fn a_token_for_a_given_order_names_that_order() {
+        let now = Utc::now();
+        let sale = SaleId::parse("s1").unwrap();
+        let alice = UserId::parse("alice").unwrap();
+        let order = Ulid::new();
+        let token = signer().issue_for_order(&sale, &alice, order, now + Duration::seconds(60));
+        assert_eq!(
+            signer().verify(&token, &sale, &alice, now),
+            Some(OrderId::from_parts(sale.clone(), order))
         );
     }
 

@@ -14,8 +14,8 @@ use flashsale_domain::service::{
 };
 use flashsale_domain::testing;
 use flashsale_domain::testing::{
-    InMemoryBlocklist, InMemoryStore, ManualClock, RecordedPauses, RecordingQueue, ReserveScript,
-    ScriptedLedger,
+    InMemoryBlocklist, InMemoryStore, ManualClock, PlainChallenges, RecordedPauses, RecordingQueue,
+    ReserveScript, ScriptedLedger,
 };
 use flashsale_domain::token::GrabTokenSigner;
 use flashsale_domain::{AppError, OrderId, OrderStatus, Sale, UserId};
@@ -59,6 +59,7 @@ impl World {
             clock,
             pause: pauses.clone(),
             signer: GrabTokenSigner::new(SECRET).unwrap(),
+            challenges: Arc::new(PlainChallenges::default()),
             gate: SoldOutGate::new(Duration::seconds(1)),
             blocked_users: CachedBlocklist::new(
                 Arc::new(InMemoryBlocklist::new()),
@@ -80,7 +81,7 @@ impl World {
         let user = UserId::parse(user).unwrap();
         let pass = self
             .grabs
-            .issue_pass(&self.sale.sale_id, &user)
+            .issue_pass(&self.sale.sale_id, &user, None)
             .await
             .unwrap();
         let token = pass.grab_path.rsplit('/').next().unwrap();
@@ -93,7 +94,7 @@ impl World {
     async fn path_of(&self, user: &UserId) -> (String, OrderId) {
         let pass = self
             .grabs
-            .issue_pass(&self.sale.sale_id, user)
+            .issue_pass(&self.sale.sale_id, user, None)
             .await
             .unwrap();
         let token = pass.grab_path.rsplit('/').next().unwrap().to_owned();
@@ -260,7 +261,7 @@ async fn a_retry_of_a_path_that_committed_is_resumed_not_sold_out() {
     let user = UserId::parse("alice").unwrap();
     let pass = world
         .grabs
-        .issue_pass(&world.sale.sale_id, &user)
+        .issue_pass(&world.sale.sale_id, &user, None)
         .await
         .unwrap();
     let token = pass.grab_path.rsplit('/').next().unwrap();

@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use chrono::{DateTime, Duration, TimeZone, Utc};
+use flashsale_domain::challenge::ChallengeRefusal;
 use flashsale_domain::gate::SoldOutGate;
 use flashsale_domain::ports::{Clock, Settlement};
 use flashsale_domain::sale::MAX_ABANDONED_HOLDS;
@@ -13,7 +14,7 @@ use flashsale_domain::service::{
 };
 use flashsale_domain::testing;
 use flashsale_domain::testing::{
-    InMemoryBlocklist, InMemoryStore, ManualClock, RecordedPauses, RecordingQueue,
+    InMemoryBlocklist, InMemoryStore, ManualClock, PlainChallenges, RecordedPauses, RecordingQueue,
     RecordingScheduler,
 };
 use flashsale_domain::token::GrabTokenSigner;
@@ -34,6 +35,7 @@ struct World {
     scheduler: Arc<RecordingScheduler>,
     blocklist: Arc<InMemoryBlocklist>,
     clock: Arc<ManualClock>,
+    challenges: Arc<PlainChallenges>,
     sales: SaleService,
     admin: BlocklistService,
     grabs: GrabService,
@@ -49,6 +51,7 @@ impl World {
         let blocklist = Arc::new(InMemoryBlocklist::new());
         let clock = Arc::new(ManualClock::new(start() - Duration::minutes(10)));
         let clock_port: Arc<dyn Clock> = clock.clone();
+        let challenges = Arc::new(PlainChallenges::default());
         Self {
             sales: SaleService {
                 catalog: store.clone(),
@@ -63,6 +66,7 @@ impl World {
                 queue: queue.clone(),
                 clock: clock_port.clone(),
                 signer: GrabTokenSigner::new(SECRET).unwrap(),
+                challenges: challenges.clone(),
                 gate: SoldOutGate::new(Duration::seconds(1)),
                 blocked_users: CachedBlocklist::new(blocklist.clone(), BLOCKLIST_REFRESH),
                 pause: Arc::new(RecordedPauses::default()),
@@ -86,6 +90,7 @@ impl World {
             scheduler,
             blocklist,
             clock,
+            challenges,
         }
     }
 
@@ -116,7 +121,7 @@ impl World {
     async fn token(&self, sale: &SaleId, user: &str) -> Result<String, AppError> {
         let pass = self
             .grabs
-            .issue_pass(sale, &UserId::parse(user).unwrap())
+            .issue_pass(sale, &UserId::parse(user).unwrap(), None)
             .await?;
         Ok(pass.grab_path.rsplit('/').next().unwrap().to_owned())
     }
@@ -166,12 +171,18 @@ async fn before_the_start_no_grab_path_is_handed_out() {
     let world = World::new();
     let sale = world.sale(10, 1, 1).await;
     assert!(matches!(
-        world.grabs.issue_pass(&sale, &user("u")).await,
+        world.grabs.issue_pass(&sale, &user("u"), None).await,
         Err(AppError::NotStarted)
     ));
     // One second of lead is allowed, for clients whose clocks run slightly behind.
     world.clock.set(start() - Duration::milliseconds(900));
-    assert!(world.grabs.issue_pass(&sale, &user("u")).await.is_ok());
+    assert!(
+        world
+            .grabs
+            .issue_pass(&sale, &user("u"), None)
+            .await
+            .is_ok()
+    );
 }
 
 #[tokio::test]
@@ -179,7 +190,11 @@ async fn a_grab_before_the_start_is_not_started_even_with_a_valid_token() {
     let world = World::new();
     let sale = world.sale(10, 1, 1).await;
     world.clock.set(start() - Duration::milliseconds(500));
-    let pass = world.grabs.issue_pass(&sale, &user("u")).await.unwrap();
+    let pass = world
+        .grabs
+        .issue_pass(&sale, &user("u"), None)
+        .await
+        .unwrap();
     let token = pass.grab_path.rsplit('/').next().unwrap();
     assert!(matches!(
         world
@@ -204,7 +219,11 @@ async fn another_users_token_is_invalid() {
     let world = World::new();
     let sale = world.sale(10, 1, 1).await;
     world.clock.set(start());
-    let pass = world.grabs.issue_pass(&sale, &user("alice")).await.unwrap();
+    let pass = world
+        .grabs
+        .issue_pass(&sale, &user("alice"), None)
+        .await
+        .unwrap();
     let token = pass.grab_path.rsplit('/').next().unwrap();
     assert!(matches!(
         world
@@ -747,7 +766,7 @@ async fn a_blocked_user_is_refused_even_for_a_sale_that_does_not_exist() {
     let unknown = SaleId::parse("no-such-sale").unwrap();
     // Refused before the sale is even looked up.
     assert!(matches!(
-        world.grabs.issue_pass(&unknown, &user("bot")).await,
+        world.grabs.issue_pass(&unknown, &user("bot"), None).await,
         Err(AppError::Blocked)
     ));
 }
@@ -899,4 +918,156 @@ async fn the_consumer_times_the_hold_it_finds_and_refuses_a_message_naming_anoth
     );
     let timers = world.scheduler.timers.lock().unwrap();
     assert_eq!(timers.get(&reservation.order_id), Some(&reservation));
+}
+
+/// The grab path's token for `user` with `solution`, or why not.
+async fn token_for(
+    world: &World,
+    sale: &SaleId,
+    user_name: &str,
+    solution: Option<&serde_json::Value>,
+) -> Result<String, AppError> {
+    let pass = world
+        .grabs
+        .issue_pass(sale, &user(user_name), solution)
+        .await?;
+    Ok(pass.grab_path.rsplit('/').next().unwrap().to_owned())
+}
+
+/// A sale of 3 units asking for a challenge, open now.
+async fn challenged_sale(world: &World) -> SaleId {
+    let sale = world
+        .sales
+        .create(
+            testing::sale(3, 1)
+                .generated_id()
+                .starting_at(start())
+                .per_user_limit(3)
+                .challenge_work(50_000)
+                .draft(),
+        )
+        .await
+        .unwrap();
+    world.clock.set(start());
+    sale.sale_id
+}
+
+#[tokio::test]
+async fn a_sale_with_a_challenge_hands_out_a_grab_path_only_for_a_solution() {
+    let world = World::new();
+    let sale = challenged_sale(&world).await;
+    assert!(matches!(
+        world.grabs.issue_pass(&sale, &user("u"), None).await,
+        Err(AppError::ChallengeRequired)
+    ));
+    let challenge = world
+        .grabs
+        .issue_challenge(&sale, &user("u"))
+        .await
+        .unwrap();
+    assert_eq!(challenge.0["work"], 50_000);
+    let unsolved = challenge.0.clone();
+    assert!(matches!(
+        token_for(&world, &sale, "u", Some(&unsolved)).await,
+        Err(AppError::ChallengeRefused(ChallengeRefusal::Unsolved))
+    ));
+    let solution = PlainChallenges::solve(&challenge);
+    assert!(matches!(
+        token_for(&world, &sale, "mallory", Some(&solution)).await,
+        Err(AppError::ChallengeRefused(ChallengeRefusal::NotYours))
+    ));
+    let token = token_for(&world, &sale, "u", Some(&solution))
+        .await
+        .unwrap();
+    world.grab_with(&sale, "u", &token).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_replayed_solution_buys_the_same_order_never_a_second_unit() {
+    let world = World::new();
+    let sale = challenged_sale(&world).await;
+    let challenge = world
+        .grabs
+        .issue_challenge(&sale, &user("u"))
+        .await
+        .unwrap();
+    let solution = PlainChallenges::solve(&challenge);
+    let mut orders = Vec::new();
+    for _ in 0..3 {
+        let token = token_for(&world, &sale, "u", Some(&solution))
+            .await
+            .unwrap();
+        // A replay's first attempt finds the order held: the same one, answered again.
+        let reservation = match world.grab_with(&sale, "u", &token).await {
+            Ok(reservation) => reservation,
+            Err(_) => world.retry_with(&sale, "u", &token).await.unwrap(),
+        };
+        orders.push(reservation.order_id);
+    }
+    assert!(
+        orders.windows(2).all(|pair| pair[0] == pair[1]),
+        "{orders:?}"
+    );
+    // Its limit is 3, but one solution bought one unit: two remain.
+    assert_eq!(world.store.shard_available(&sale, 0), 2);
+    // Another challenge buys another.
+    let second = PlainChallenges::solve(
+        &world
+            .grabs
+            .issue_challenge(&sale, &user("u"))
+            .await
+            .unwrap(),
+    );
+    let token = token_for(&world, &sale, "u", Some(&second)).await.unwrap();
+    let another = world.grab_with(&sale, "u", &token).await.unwrap();
+    assert_ne!(another.order_id, orders[0]);
+}
+
+#[tokio::test]
+async fn a_wrong_solution_is_refused_before_anything_is_read() {
+    let world = World::new();
+    let sale = challenged_sale(&world).await;
+    let forged =
+        serde_json::json!({"issuer": "someone else", "id": 1, "issued": 0, "expires": i64::MAX});
+    // Refused as forged, even for a sale that does not exist: the sale was never read.
+    let unknown = SaleId::parse("no-such-sale").unwrap();
+    assert!(matches!(
+        token_for(&world, &unknown, "u", Some(&forged)).await,
+        Err(AppError::ChallengeRefused(ChallengeRefusal::Forged))
+    ));
+    assert!(matches!(
+        token_for(&world, &sale, "u", Some(&serde_json::json!("junk"))).await,
+        Err(AppError::ChallengeRefused(ChallengeRefusal::Malformed))
+    ));
+    assert_eq!(world.challenges.verifications(), 2);
+    assert_eq!(world.store.reserve_calls.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn a_challenge_opens_with_the_sale_and_only_for_a_sale_that_asks_one() {
+    let world = World::new();
+    let sale = challenged_sale(&world).await;
+    world.clock.set(start() - Duration::minutes(5));
+    assert!(matches!(
+        world.grabs.issue_challenge(&sale, &user("u")).await,
+        Err(AppError::NotStarted)
+    ));
+    world.clock.set(start());
+    let expired = PlainChallenges::solve(
+        &world
+            .grabs
+            .issue_challenge(&sale, &user("u"))
+            .await
+            .unwrap(),
+    );
+    world.clock.set(start() + Duration::minutes(6));
+    assert!(matches!(
+        token_for(&world, &sale, "u", Some(&expired)).await,
+        Err(AppError::ChallengeRefused(ChallengeRefusal::Expired))
+    ));
+    let plain = world.sale(3, 1, 1).await;
+    assert!(matches!(
+        world.grabs.issue_challenge(&plain, &user("u")).await,
+        Err(AppError::NoChallenge)
+    ));
 }

@@ -10,6 +10,11 @@
 //! so its throughput reads as grabs per second on one core whatever else the machine
 //! runs; `grab_wall` is the same on the wall clock.
 //!
+//! The `challenge_cpu` group times the proof-of-work challenge's server side on the CPU
+//! clock: issuing one, verifying a solution as the token route does (two HMACs), and
+//! one key derivation at the challenge's cost, which is what a verifier that re-derived
+//! the key would pay and what a solver pays per counter.
+//!
 //! `cargo bench -p flashsale-grab --bench grab_handler`; compare with
 //! `bench/redis_seed.sh` (the seed's Redis Lua script) run alongside.
 
@@ -208,6 +213,48 @@ fn grab_paths<M: Measurement>(c: &mut Criterion<M>, group_name: &str) {
     group.finish();
 }
 
+fn challenge<M: Measurement>(c: &mut Criterion<M>) {
+    use flashsale_adapters::proof_of_work::{AltchaChallenges, DERIVATION_COST, solve};
+    use flashsale_domain::challenge::ChallengeWork;
+    use flashsale_domain::ports::ProofOfWork;
+
+    let signer = GrabTokenSigner::new(SECRET.as_bytes().to_vec()).expect("a long secret");
+    let challenges = AltchaChallenges::new(&signer);
+    let sale = SaleId::parse("bench").expect("valid");
+    let user = UserId::parse("bench-user").expect("valid");
+    let now = Utc::now();
+    let expires = now + Duration::minutes(5);
+    let work = ChallengeWork::of_setting("work", 1_000)
+        .expect("in range")
+        .expect("on");
+    let issued = challenges.issue(&sale, &user, work, now, expires);
+    let (solution, _) = solve(&issued).expect("solvable");
+    assert!(challenges.verify(&solution, &sale, &user, now).is_ok());
+
+    let mut group = c.benchmark_group("challenge_cpu");
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("issue", |b| {
+        b.iter(|| black_box(challenges.issue(&sale, &user, work, now, expires)));
+    });
+    group.bench_function("verify", |b| {
+        b.iter(|| black_box(challenges.verify(black_box(&solution), &sale, &user, now)));
+    });
+    // One PBKDF2-SHA-256 derivation at the challenge's cost, as the crate runs it.
+    let mut key = [0u8; 32];
+    group.bench_function(format!("one_derivation_cost_{DERIVATION_COST}"), |b| {
+        b.iter(|| {
+            pbkdf2::pbkdf2_hmac::<sha2::Sha256>(
+                black_box(b"0123456789abcdef\0\0\0\x2a"),
+                black_box(b"salt-of-sixteen!"),
+                DERIVATION_COST,
+                &mut key,
+            );
+            black_box(key)
+        });
+    });
+    group.finish();
+}
+
 fn settings<M: Measurement>(c: Criterion<M>) -> Criterion<M> {
     c.sample_size(30)
         .warm_up_time(StdDuration::from_secs(1))
@@ -218,6 +265,7 @@ fn settings<M: Measurement>(c: Criterion<M>) -> Criterion<M> {
 fn main() {
     let mut cpu = settings(Criterion::default().with_measurement(ThreadCpuTime { wall: WallTime }));
     grab_paths(&mut cpu, "grab_cpu");
+    challenge(&mut cpu);
     let mut wall = settings(Criterion::default());
     grab_paths(&mut wall, "grab_wall");
     Criterion::default().configure_from_args().final_summary();

@@ -1,6 +1,7 @@
 //! The grab function: the hot path of the sale. It serves
-//! `POST /sales/{sale_id}/token` (the dynamic grab path, only once the sale is active)
-//! and `POST /sales/{sale_id}/grab/{token}` (one reservation transaction, then the order
+//! `GET /sales/{sale_id}/challenge` (the proof-of-work challenge of a sale that asks
+//! for one), `POST /sales/{sale_id}/token` (the dynamic grab path, only once the sale
+//! is active, for a solved challenge if the sale asks for one) and `POST /sales/{sale_id}/grab/{token}` (one reservation transaction, then the order
 //! goes to the queue).
 //!
 //! Everything a request needs is built once per process in [`Deps`]: the sale cache and
@@ -15,6 +16,7 @@ use tracing::Instrument as _;
 
 use chrono::{DateTime, Duration, Utc};
 use flashsale_adapters::breaker::{BreakerPolicy, CircuitBreaker};
+use flashsale_adapters::proof_of_work::AltchaChallenges;
 use flashsale_adapters::{DynamoStore, SqsOrderQueue, TokioPause, dynamodb_behind, sqs_behind};
 use flashsale_domain::gate::SoldOutGate;
 use flashsale_domain::ports::{
@@ -29,8 +31,8 @@ use flashsale_domain::{OrderId, OrderStatus};
 use flashsale_lambda::config::{Env, process_env};
 use flashsale_lambda::metrics;
 use flashsale_lambda::{
-    ApiError, CachePolicy, CallBudget, ConfigError, ensure_within_limit, json, respond, route_key,
-    sale_id_param, user_of,
+    ApiError, CachePolicy, CallBudget, ConfigError, ensure_within_limit, json, json_body, respond,
+    route_key, sale_id_param, user_of,
 };
 pub use grab_key::{GRAB_KEY_BUDGET, GrabKeyError, SecretsManagerKey};
 use lambda_http::http::header::{HeaderValue, LOCATION};
@@ -39,6 +41,7 @@ use lambda_http::{Body, Request};
 use serde::Serialize;
 
 /// The routes this function serves, exactly as the API declares them.
+pub const CHALLENGE_ROUTE: &str = "GET /sales/{sale_id}/challenge";
 pub const TOKEN_ROUTE: &str = "POST /sales/{sale_id}/token";
 pub const GRAB_ROUTE: &str = "POST /sales/{sale_id}/grab/{token}";
 
@@ -190,6 +193,7 @@ impl Deps {
                 queue: ports.queue,
                 clock: ports.clock,
                 pause: ports.pause,
+                challenges: Arc::new(AltchaChallenges::new(&signer)),
                 signer,
                 gate: SoldOutGate::new(config.sold_out_recheck),
                 blocked_users: CachedBlocklist::new(ports.blocklist, config.blocklist_refresh),
@@ -300,6 +304,7 @@ async fn route(deps: &Deps, req: &Request) -> (Result<Response<Body>, ApiError>,
         return (Err(error), None);
     }
     match route_key(req).as_str() {
+        CHALLENGE_ROUTE => (issue_challenge(deps, req).await, None),
         TOKEN_ROUTE => (issue_token(deps, req).await, None),
         GRAB_ROUTE => match grab_report(deps, req).await {
             Ok(report) => {
@@ -317,10 +322,27 @@ async fn route(deps: &Deps, req: &Request) -> (Result<Response<Body>, ApiError>,
     }
 }
 
+async fn issue_challenge(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
+    let user = user_of(req)?;
+    let sale_id = sale_id_param(req)?;
+    let challenge = deps.grab.issue_challenge(&sale_id, &user).await?;
+    // The buyer's own: no cache may hand it to another.
+    json(StatusCode::OK, &challenge, CachePolicy::NoStore)
+}
+
 async fn issue_token(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
     let user = user_of(req)?;
     let sale_id = sale_id_param(req)?;
-    let pass = deps.grab.issue_pass(&sale_id, &user).await?;
+    // No body, or the solved challenge: ALTCHA's payload, `{"challenge", "solution"}`.
+    let solution: Option<serde_json::Value> = if req.body().iter().all(u8::is_ascii_whitespace) {
+        None
+    } else {
+        Some(json_body(req)?)
+    };
+    let pass = deps
+        .grab
+        .issue_pass(&sale_id, &user, solution.as_ref())
+        .await?;
     json(StatusCode::OK, &pass, CachePolicy::NoStore)
 }
 

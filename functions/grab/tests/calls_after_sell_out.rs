@@ -192,6 +192,7 @@ impl Stack {
             per_user_limit: 1,
             payment_timeout_secs: 900,
             shards,
+            challenge_work: None,
         };
         assert!(
             DynamoStore::new(dynamodb, &table)

@@ -981,7 +981,7 @@ fn every_route_except_the_public_sale_page_requires_the_jwt_authorizer() {
             assert_eq!(operation["security"], expected, "{route}");
         }
     }
-    assert_eq!(seen, 11, "the eleven routes of the HTTP API contract");
+    assert_eq!(seen, 12, "the twelve routes of the HTTP API contract");
     let jwt =
         &body["components"]["securitySchemes"]["JwtAuthorizer"]["x-amazon-apigateway-authorizer"];
     assert_eq!(jwt["type"], "jwt");
@@ -1215,6 +1215,7 @@ fn the_grab_routes_burst_no_further_than_the_grab_functions_reserved_concurrency
     // Every route the grab function serves has a burst of its own and shares the
     // function's concurrency, so their bursts together must fit in it.
     let burst_parameter = |route: &str| match route {
+        "Challenge" => "ChallengeThrottleBurstLimit",
         "Token" => "TokenThrottleBurstLimit",
         "Grab" => "GrabThrottleBurstLimit",
         other => panic!("the grab function serves a route {other} with no burst parameter"),
@@ -1234,8 +1235,8 @@ fn the_grab_routes_burst_no_further_than_the_grab_functions_reserved_concurrency
     }
     assert_eq!(
         parameters.len(),
-        2,
-        "the token and grab routes: {parameters:?}"
+        3,
+        "the challenge, token and grab routes: {parameters:?}"
     );
     let default = |name: &str| {
         stack

@@ -39,8 +39,9 @@ pub struct Harness {
     pub admin: String,
     pub dynamodb: aws_sdk_dynamodb::Client,
     pub scheduler: aws_sdk_scheduler::Client,
-    /// The proxy the stack's DynamoDB calls go through, when it plays transaction
-    /// conflicts ([`Harness::start_contended`]); held here so it lives as the stack does.
+    /// The proxy the stack's DynamoDB calls go through, when it counts them or plays
+    /// transaction conflicts ([`Harness::start_counted`], [`Harness::start_contended`]);
+    /// held here so it lives as the stack does.
     pub dynamodb_proxy: Option<Arc<Proxy>>,
 }
 
@@ -67,15 +68,33 @@ impl Harness {
         Self::start_on(
             name,
             parameters,
-            Some(ConflictMode::with_commit_time(commit_time)),
+            Some(ProxyOptions {
+                conflicts: Some(ConflictMode::with_commit_time(commit_time)),
+            }),
         )
         .await
+    }
+
+    /// A stack whose DynamoDB calls go through the counting pass-through, which
+    /// forwards them as they are: [`Harness::dynamodb_requests`] counts them.
+    pub async fn start_counted(name: &str, parameters: &[(&str, &str)]) -> Self {
+        Self::start_on(name, parameters, Some(ProxyOptions::default())).await
+    }
+
+    /// The stack's DynamoDB requests so far, as the pass-through saw them (needs
+    /// [`Harness::start_counted`] or [`Harness::start_contended`]).
+    pub fn dynamodb_requests(&self) -> u64 {
+        self.dynamodb_proxy
+            .as_ref()
+            .expect("a stack started with its DynamoDB calls counted")
+            .counts()
+            .total()
     }
 
     async fn start_on(
         name: &str,
         parameters: &[(&str, &str)],
-        conflicts: Option<ConflictMode>,
+        proxy_options: Option<ProxyOptions>,
     ) -> Self {
         let stack_name = format!("e2e-{name}-{}", flashsale_emulators::unique_suffix());
         let mut options = StackOptions::new(stack_name);
@@ -89,17 +108,11 @@ impl Harness {
             .parameter("OrdersVisibilityTimeout", "2");
         let mut dynamodb_proxy = None;
         let mut own_reads = None;
-        if let Some(mode) = conflicts {
+        if let Some(proxy_options) = proxy_options {
             let emulators = flashsale_emulators::shared().await;
-            let proxy = Proxy::start_with(
-                &emulators.dynamodb_endpoint,
-                0,
-                ProxyOptions {
-                    conflicts: Some(mode),
-                },
-            )
-            .await
-            .expect("the conflict proxy starts");
+            let proxy = Proxy::start_with(&emulators.dynamodb_endpoint, 0, proxy_options)
+                .await
+                .expect("the DynamoDB pass-through starts");
             options.emulators = EmulatorSource::Endpoints(LocalEndpoints {
                 dynamodb: proxy.url(),
                 ..emulators.endpoints()

@@ -9,6 +9,7 @@ use std::num::ParseIntError;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use chrono::{DateTime, Datelike, Duration, SecondsFormat, Utc};
+use flashsale_domain::challenge::ChallengeWork;
 use flashsale_domain::order::UnknownStatus;
 use flashsale_domain::ports::Take;
 use flashsale_domain::{
@@ -276,6 +277,12 @@ pub enum ItemError {
         #[source]
         source: ValidationError,
     },
+    #[error("attribute `{name}` is out of its range")]
+    Range {
+        name: String,
+        #[source]
+        source: ValidationError,
+    },
     #[error("attribute `{name}` is not of the form {expected}")]
     Form {
         name: String,
@@ -428,8 +435,14 @@ pub(crate) fn sale_item(sale: &Sale) -> Item {
         (GSI1_PK.to_owned(), sales_gsi_pk()),
         (GSI1_SK.to_owned(), s(sale_gsi_sk(sale))),
     ]);
+    // Absent when off, as on every sale written before challenges existed.
+    if let Some(work) = sale.challenge_work {
+        item.insert(CHALLENGE_WORK.to_owned(), n(work.derivations()));
+    }
     item
 }
+
+const CHALLENGE_WORK: &str = "challenge_work";
 
 pub(crate) fn parse_sale(item: &Item) -> Result<Sale, ItemError> {
     let fields = Fields::of(item);
@@ -442,6 +455,16 @@ pub(crate) fn parse_sale(item: &Item) -> Result<Sale, ItemError> {
         per_user_limit: fields.number("per_user_limit")?,
         payment_timeout_secs: fields.number("payment_timeout_secs")?,
         shards: fields.number("shards")?,
+        challenge_work: if fields.has(CHALLENGE_WORK) {
+            ChallengeWork::of_setting(CHALLENGE_WORK, fields.number(CHALLENGE_WORK)?).map_err(
+                |source| ItemError::Range {
+                    name: CHALLENGE_WORK.to_owned(),
+                    source,
+                },
+            )?
+        } else {
+            None
+        },
     })
 }
 
@@ -695,6 +718,7 @@ mod tests {
             per_user_limit: 2,
             payment_timeout_secs: 900,
             shards: 10,
+            challenge_work: None,
         }
     }
 
@@ -702,6 +726,18 @@ mod tests {
     fn a_sale_round_trips() {
         let sale = sale();
         assert_eq!(parse_sale(&sale_item(&sale)).expect("parses"), sale);
+        assert!(
+            !sale_item(&sale).contains_key(CHALLENGE_WORK),
+            "off: as before"
+        );
+        let challenged = Sale {
+            challenge_work: ChallengeWork::of_setting("w", 40_000).unwrap(),
+            ..sale
+        };
+        assert_eq!(
+            parse_sale(&sale_item(&challenged)).expect("parses"),
+            challenged
+        );
     }
 
     #[test]

@@ -196,6 +196,7 @@ pub fn sale(stock: u32, shards: u16, per_user_limit: u32) -> Sale {
         per_user_limit,
         payment_timeout_secs: 900,
         shards,
+        challenge_work: None,
     }
 }
 
