@@ -4,6 +4,7 @@ fixed sleep."""
 
 import base64
 import hashlib
+import json
 import re
 import time
 from urllib.parse import parse_qs, urlencode, urlparse
@@ -108,10 +109,11 @@ def test_a_buyer_buys_and_pays(open_page, stack):
 
 def test_a_sale_with_a_challenge_is_solved_in_a_worker_with_its_progress_shown_then_bought(open_page, stack):
     # Enough work to see the puzzle being solved (seconds in Chromium here), not minutes.
-    sale_id, _ = stack.create_sale(stock=2, prefix="pow", challenge_work=20_000)
-    page = buyer_page(open_page, stack, sale_id)
+    sale_id, _ = stack.create_sale(stock=2, prefix="pow", per_user_limit=2, challenge_work=20_000)
+    buyer = unique_user("solver")
+    page = buyer_page(open_page, stack, sale_id, user=buyer)
     tokens = []
-    page.on("request", lambda request: tokens.append(request) if request.url.endswith("/token") else None)
+    page.on("request", lambda request: tokens.append(request) if request.url.endswith(f"/sales/{sale_id}/token") else None)
     page.locator("#buy").click()
     puzzle = page.locator("#challenge")
     expect(page.locator("#message")).to_contain_text("Verifying you are a person")
@@ -124,9 +126,39 @@ def test_a_sale_with_a_challenge_is_solved_in_a_worker_with_its_progress_shown_t
     # The worker did the work (a counter per derivation) and the token carried it.
     derivations = int(puzzle.get_attribute("data-derivations"))
     assert 1 <= derivations <= 20_000, derivations
-    assert len(tokens) == 1 and tokens[0].post_data_json["solution"]["counter"] == derivations - 1
+    assert len(tokens) == 1
+    solved = tokens[0].post_data_json
+    assert solved["solution"]["counter"] == derivations - 1
+    order_id = page.locator("#order-id").text_content()
+
+    # The same solution, replayed by hand: a path to the same order, never a second unit
+    # (the buyer's limit is 2, so only the challenge stops it).
+    token = stack.token(buyer)
+    status_code, grant, _ = stack.call_until_answered("POST", f"/sales/{sale_id}/token", token=token, body=solved)
+    assert status_code == 200, grant
+    status_code, again, _ = stack.call_until_answered("POST", grant["grab_path"], token=token)
+    assert (status_code, again["order_id"]) == (202, order_id), again
     stats = stack.stats(sale_id)
     assert (stats["reserved"], stats["available"]) == (1, 1), stats
+
+
+def test_a_wrong_challenge_solution_is_refused_in_plain_words(open_page, stack):
+    sale_id, _ = stack.create_sale(stock=1, prefix="forged", challenge_work=1_000)
+    page = buyer_page(open_page, stack, sale_id)
+
+    def forge(route):
+        body = route.request.post_data_json
+        body["solution"]["derivedKey"] = "00" * 32
+        route.continue_(post_data=json.dumps(body))
+
+    page.route(f"**/sales/{sale_id}/token", forge)
+    page.locator("#buy").click()
+    expect(page.locator("#message")).to_contain_text("The puzzle's answer was not accepted")
+    expect(page.locator("#message")).to_have_attribute("data-kind", "error")
+    assert_accessible(page, "a refused challenge solution")
+    # Nothing was taken, and the button is back for another try.
+    expect(page.locator("#buy")).to_be_enabled()
+    assert stack.stats(sale_id)["available"] == 1
 
 
 def test_the_time_left_to_pay_never_reads_more_than_there_is(open_page, stack):
