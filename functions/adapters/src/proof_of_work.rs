@@ -22,6 +22,7 @@ use flashsale_domain::challenge::{
 use flashsale_domain::ports::ProofOfWork;
 use flashsale_domain::token::GrabTokenSigner;
 use flashsale_domain::{SaleId, UserId};
+use serde::Deserialize as _;
 use serde_json::{Value, json};
 
 /// The key derivation: PBKDF2 with HMAC-SHA-256, which every browser's WebCrypto runs
@@ -109,8 +110,8 @@ impl ProofOfWork for AltchaChallenges {
         user: &UserId,
         now: DateTime<Utc>,
     ) -> Result<SolvedChallenge, ChallengeRefusal> {
-        let payload: Payload =
-            serde_json::from_value(solution.clone()).map_err(|_| ChallengeRefusal::Malformed)?;
+        // Read in place: the token route's body is not copied to be read.
+        let payload = Payload::deserialize(solution).map_err(|_| ChallengeRefusal::Malformed)?;
         let expires = payload.challenge.parameters.expires_at.unwrap_or(0);
         if expires <= now.timestamp() {
             return Err(ChallengeRefusal::Expired);
