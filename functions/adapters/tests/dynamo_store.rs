@@ -147,11 +147,13 @@ async fn reserve_on_an_empty_shard_is_refused_as_shard_empty_and_writes_nothing(
 
     let bob = support::user("bob");
     let refused = support::reservation(&sale, &bob, 0);
-    assert_eq!(
-        store.reserve(&sale, 0, &refused).await.expect("reserve"),
-        Err(ReserveRefusal::ShardEmpty(support::takers_of(&[&alices]))),
-        "the refusal names who holds the shard's units"
-    );
+    match store.reserve(&sale, 0, &refused).await.expect("reserve") {
+        Err(ReserveRefusal::ShardEmpty(takers)) => assert!(
+            support::names_exactly(&takers, &[&alices]),
+            "the refusal names who holds the shard's units: {takers:?}"
+        ),
+        other => panic!("expected the shard empty, got {other:?}"),
+    }
     assert_eq!(
         store.availability(&sale).await.expect("availability"),
         vec![0, 1]
@@ -167,6 +169,40 @@ async fn reserve_on_an_empty_shard_is_refused_as_shard_empty_and_writes_nothing(
     reserved(&store, &sale, &bob, 1).await;
 }
 
+/// A grab may wait out contention for most of its budget before it takes. A grab that
+/// finds the shard empty waits for as long as the youngest take there may be undone, so
+/// the take must say when it was written: stamped with its order's `created_at`, a late
+/// take looked old already, and its undo came after every waiter had read the shard.
+#[tokio::test]
+async fn a_take_records_when_it_was_written_not_when_its_grab_began() {
+    let (store, _, _) = support::store().await;
+    let sale = support::sale(1, 1, 1);
+    created(&store, &sale).await;
+    let mut late = support::reservation(&sale, &support::user("alice"), 0);
+    late.created_at -= Duration::seconds(2);
+    // The shard records milliseconds.
+    let before = Utc::now() - Duration::milliseconds(1);
+    store
+        .reserve(&sale, 0, &late)
+        .await
+        .expect("reserve")
+        .expect("the unit");
+    let after = Utc::now();
+
+    let bobs = support::reservation(&sale, &support::user("bob"), 0);
+    let refused = store.reserve(&sale, 0, &bobs).await.expect("reserve");
+    let Err(ReserveRefusal::ShardEmpty(takers)) = refused else {
+        panic!("expected the shard empty, got {refused:?}");
+    };
+    let written = takers.latest_take().expect("the take's time");
+    assert!(
+        before <= written && written <= after,
+        "written at {written}, between {before} and {after}; the grab began at {}",
+        late.created_at
+    );
+    let states = store.shard_states(&sale).await.expect("shard states");
+    assert_eq!(states[0].takers.latest_take(), Some(written));
+}
 #[tokio::test]
 async fn reserve_over_the_per_user_limit_is_refused_as_limit_reached_and_writes_nothing() {
     let (store, _, _) = support::store().await;
@@ -291,20 +327,25 @@ async fn a_held_order_is_already_held_on_an_empty_shard_and_at_the_limit(store: 
         "empty shard and limit reached, but this order is held"
     );
     let another = support::reservation(&sale, &alice, 0);
-    let held_by_her = support::takers_of(&[&held]);
-    assert_eq!(
-        store.reserve(&sale, 0, &another).await.expect("reserve"),
-        Err(ReserveRefusal::ShardEmpty(held_by_her.clone())),
-        "a new order of hers finds the shard empty before her limit"
-    );
     let bob = support::user("bob");
-    assert_eq!(
-        store
-            .reserve(&sale, 0, &support::reservation(&sale, &bob, 0))
-            .await
-            .expect("reserve"),
-        Err(ReserveRefusal::ShardEmpty(held_by_her))
-    );
+    let bobs = support::reservation(&sale, &bob, 0);
+    for (refused, why) in [
+        (
+            &another,
+            "a new order of hers finds the shard empty before her limit",
+        ),
+        (&bobs, "so does anyone else's"),
+    ] {
+        match store.reserve(&sale, 0, refused).await.expect("reserve") {
+            Err(ReserveRefusal::ShardEmpty(takers)) => {
+                assert!(
+                    support::names_exactly(&takers, &[&held]),
+                    "{why}: {takers:?}"
+                );
+            }
+            other => panic!("{why}: expected the shard empty, got {other:?}"),
+        }
+    }
 
     // Two shards, limit one: her order took shard 0, shard 1 still has stock, and a
     // retry that tries shard 1 with the same order id finds the order held there too.

@@ -119,9 +119,10 @@ pub struct ContentionPolicy {
     /// No reserve starts once the grab has run this long, so that it always has time
     /// left to resolve an unknown outcome and answer within the function's deadline.
     pub budget: Duration,
-    /// How long after its grab began a take may still be undone: a take comes before
+    /// How long after it was written a take may still be undone: a take comes before
     /// its hold, and a hold refused for the buyer's limit gives the take back, one
-    /// write later. A grab that found every shard empty, one of them with a take this
+    /// write later. (Counted from the take, not from its grab's start: a grab may wait
+    /// for a slot or out of contention for most of its budget before it takes.) A grab that found every shard empty, one of them with a take this
     /// young, waits until that take is this old (within its budget) and reads the
     /// shards once before it answers "sold out", so that a unit about to come back is
     /// not answered as gone to every buyer in between.

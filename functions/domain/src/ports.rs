@@ -92,8 +92,7 @@ pub trait SaleCatalog: Send + Sync {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ShardTakers {
     fingerprints: Vec<u64>,
-    /// When the latest of these takes' grabs began (a take records its order's
-    /// `created_at`): see [`ShardTakers::latest_take`].
+    /// When the latest of these takes was written: see [`ShardTakers::latest_take`].
     latest_take: Option<DateTime<Utc>>,
 }
 
@@ -109,7 +108,7 @@ impl ShardTakers {
         }
     }
 
-    /// The takers, each with when its grab began.
+    /// The takers, each with when its take was written.
     pub fn of_takes<'a>(takes: impl IntoIterator<Item = (&'a OrderId, DateTime<Utc>)>) -> Self {
         let takes: Vec<_> = takes.into_iter().collect();
         Self {
@@ -118,7 +117,7 @@ impl ShardTakers {
         }
     }
 
-    /// When the youngest take's grab began. A take comes before its hold, and a hold
+    /// When the youngest take was written. A take comes before its hold, and a hold
     /// refused (the buyer at their limit) undoes its take: so a shard empty with a young
     /// take may have that unit back a moment later, and "sold out" is not yet final.
     pub fn latest_take(&self) -> Option<DateTime<Utc>> {
@@ -224,6 +223,10 @@ pub trait StockLedger: Send + Sync {
     /// (where a take that landed is found and finished) or another (where the shard's
     /// take is undone, or left to `return_take`). [`StoreError::Unavailable`] only when
     /// nothing was sent, the take included: a refusal after the take is `Transient`.
+    ///
+    /// The take records when it was written (see [`ShardTakers::latest_take`]), not
+    /// when the order was made: a grab may wait out contention for most of its budget
+    /// before it takes, and the hold and any undo follow the take, not the grab's start.
     async fn reserve(
         &self,
         sale: &Sale,

@@ -266,8 +266,8 @@ pub struct Reconciler {
     pub take_grace: Duration,
 }
 
-/// A grab path's life plus a minute: a take's `taken_at` is its grab's start, which is
-/// after the path was issued, so no request of the path can arrive after this, nor any
+/// A grab path's life plus a minute: a take's `taken_at` is when it was written, after
+/// the path was issued, so no request of the path can arrive after this, nor any
 /// reserve of one still be between its two writes.
 pub const DEFAULT_TAKE_GRACE: Duration =
     Duration::seconds(crate::grab::GRAB_PATH_LIFETIME.num_seconds() + 60);

@@ -160,7 +160,8 @@ struct State {
 
 impl State {
     /// The orders holding a unit of the shard: open or paid holds on it, and takes that
-    /// never got their hold.
+    /// never got their hold. The fake's reserve takes and holds at once, at no time of
+    /// its own, so a held take is dated by its order: it can never be undone anyway.
     fn takers_of(&self, sale_id: &SaleId, shard: u16) -> ShardTakers {
         let holding = self
             .holds

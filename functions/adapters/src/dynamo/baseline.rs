@@ -6,6 +6,7 @@
 //! system reads a sale bought this way like any other.
 
 use aws_sdk_dynamodb::types::{ReturnValuesOnConditionCheckFailure, Update};
+use chrono::Utc;
 use flashsale_domain::ports::{ReserveRefusal, ShardTakers};
 use flashsale_domain::{Reservation, Sale, StoreError};
 
@@ -45,7 +46,7 @@ impl DynamoStore {
                 .update_expression(ledger::TAKE_UPDATE)
                 .condition_expression(ledger::TAKE_CONDITION)
                 .set_expression_attribute_names(ledger::take_names(&taker))
-                .set_expression_attribute_values(ledger::take_values(reservation))
+                .set_expression_attribute_values(ledger::take_values(reservation, Utc::now()))
                 .build(),
         )?;
         let hold_attribute = item::hold_attribute(&reservation.order_id);

@@ -75,14 +75,18 @@ pub(super) fn take_names(taker: &str) -> Option<HashMap<String, String>> {
 }
 
 /// [`TAKE_UPDATE`]'s values for this reservation.
-pub(super) fn take_values(reservation: &Reservation) -> Option<HashMap<String, AttributeValue>> {
+/// [`TAKE_UPDATE`]'s values: the take records who took the unit and when it was
+/// written, by this process's clock. Not the order's `created_at`: a grab may walk and
+/// wait for up to its budget before this take, and a grab that finds the shard empty
+/// waits out how young the take is (see [`StockLedger::reserve`]).
+pub(super) fn take_values(
+    reservation: &Reservation,
+    taken_at: DateTime<Utc>,
+) -> Option<HashMap<String, AttributeValue>> {
     values([
         (":one", n(1)),
         (":zero", n(0)),
-        (
-            ":taker",
-            item::taker_value(&reservation.user_id, reservation.created_at),
-        ),
+        (":taker", item::taker_value(&reservation.user_id, taken_at)),
     ])
 }
 
@@ -203,7 +207,7 @@ impl DynamoStore {
             .update_expression(TAKE_UPDATE)
             .condition_expression(TAKE_CONDITION)
             .set_expression_attribute_names(take_names(&taker))
-            .set_expression_attribute_values(take_values(reservation))
+            .set_expression_attribute_values(take_values(reservation, Utc::now()))
             // The refusal tells "taken already" (a resent call) from "empty".
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
         let old = match self.write(RESERVE, take).await? {
