@@ -239,7 +239,7 @@ bench-tools: tools
 # the local stack, cargo unifies features and the bootstraps would link the SDK's default
 # aws-lc client beside their own ring one, so sizes and init would not be the deployed ones.
 bench: bench-tools
-	cargo build --release --locked -p flashsale-local -p flashsale-bench
+	cargo build --release --locked -p flashsale-local -p flashsale-bench -p flashsale-e2e
 	cargo build --release --locked $(addprefix -p ,$(LAMBDA_PACKAGES))
 	target/release/flashsale-bench run --command "make bench" --report docs/benchmarks.md \
 	  --local-bin target/release/flashsale-local --bin-dir target/release

@@ -11,6 +11,11 @@
    With the challenge off and on, ROUNDS rounds each: the p10-p90 spread of the token
    requests, and the fast half's share of the first 20 % of them, per round and pooled.
 
+3. What a bot pays: the load tool's `--challenge` (release build) surges a sale of the
+   same stack, solving every challenge in native Rust on its own threads, each timed on
+   its thread's CPU clock: derivations per solve and solves per core-second, beside the
+   page's rate from 1.
+
 Prints a Markdown report and writes it to docs/challenge.md (the raw arrivals beside it,
 in target/challenge-pulse.json).
 """
@@ -19,7 +24,9 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -124,6 +131,25 @@ def release_round(browser, stack, work, pages_count):
     }
 
 
+def bot_solves(load_bin, stack, work, buyers):
+    """A surge of `buyers` with the load tool solving each challenge in Rust."""
+    with tempfile.TemporaryDirectory() as scratch:
+        report_path = Path(scratch) / "report.json"
+        run = subprocess.run(
+            [
+                str(load_bin), "--api", stack.url,
+                "--sale-id", f"bot-{work}-{int(time.time() * 1000)}",
+                "--stock", "10", "--shards", "2",
+                "--buyers", str(buyers), "--attempts", str(buyers),
+                "--challenge", str(work), "--report", str(report_path),
+            ],
+            capture_output=True, text=True, timeout=900,
+        )
+        if run.returncode != 0:
+            raise RuntimeError(f"the load tool failed ({run.returncode}):\n{run.stdout}\n{run.stderr}")
+        return json.loads(report_path.read_text())["challenge"]
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--works", default="20000,50000,200000")
@@ -132,7 +158,13 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--pulse-work", type=int, default=20000)
     parser.add_argument("--report", default=str(ROOT / "docs" / "challenge.md"))
+    parser.add_argument("--bot-works", default="20000,50000")
+    parser.add_argument("--bot-buyers", type=int, default=200)
+    parser.add_argument("--load-bin", default=str(ROOT / "target" / "release" / "flashsale-load"))
     args = parser.parse_args()
+    bot_works = [int(w) for w in args.bot_works.split(",") if w]
+    if bot_works and not Path(args.load_bin).exists():
+        sys.exit(f"{args.load_bin} is missing: cargo build --release -p flashsale-e2e --bin flashsale-load")
 
     binary = ROOT / "target" / "debug" / "flashsale-local"
     stack = LocalStack(binary)
@@ -191,6 +223,27 @@ def main():
                 lines.append(f"| {label} | pooled | median {statistics.median(r['spread_p10_p90_s'] for r in rounds):.2f} s | {fast / firsts:.0%} of {firsts} |")
                 print(lines[-1], flush=True)
             browser.close()
+        page_rate = None
+        if works:
+            page_rate = rate
+        if bot_works:
+            lines += [
+                "", f"## What a bot pays: the load tool's `--challenge`, native Rust ({args.bot_buyers} solves each)", "",
+                "Each solve runs on a thread of its own, timed on that thread's CPU clock, while the tool's "
+                "other requests run beside it.", "",
+                "| work | derivations per solve, mean · p50 · p90 | CPU per solve, mean · p90 | solves per core-second "
+                "| derivations per core-second | × the page's rate |",
+                "|---:|---:|---:|---:|---:|---:|",
+            ]
+        for work in bot_works:
+            cost = bot_solves(args.load_bin, stack, work, args.bot_buyers)
+            versus = f"{cost['derivations_per_core_second'] / page_rate:.1f}×" if page_rate else "-"
+            lines.append(
+                f"| {work:,} | {cost['derivations_mean']:,.0f} · {cost['derivations_p50']:,.0f} · "
+                f"{cost['derivations_p90']:,.0f} | {cost['cpu_ms']['mean_ms']:.0f} ms · {cost['cpu_ms']['p90_ms']:.0f} ms "
+                f"| {cost['solves_per_core_second']:.2f} | {cost['derivations_per_core_second']:,.0f} | {versus} |"
+            )
+            print(lines[-1], flush=True)
     finally:
         stack.stop()
     report = "\n".join(lines) + "\n"

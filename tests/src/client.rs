@@ -43,6 +43,8 @@ pub enum ClientError {
         status: StatusCode,
         body: Value,
     },
+    #[error("the challenge route answered a challenge that does not solve: {challenge}")]
+    Unsolvable { challenge: Value },
 }
 
 /// The header that marks a retry of the same grab path (`N` on the N-th retry), so the

@@ -10,7 +10,10 @@ use futures::stream::{self, StreamExt};
 use reqwest::StatusCode;
 use tokio::sync::Barrier;
 
-use crate::client::{ApiClient, ClientError, expect_status};
+use flashsale_domain::challenge::IssuedChallenge;
+use nix::time::{ClockId, clock_gettime};
+
+use crate::client::{ApiClient, ApiResponse, ClientError, expect_status};
 
 /// Who grabs, and how often.
 #[derive(Debug, Clone)]
@@ -29,6 +32,17 @@ pub struct SurgePlan {
     pub retries_when_unavailable: u32,
     /// How many token and grab-path requests are in flight while preparing.
     pub preparation_concurrency: usize,
+    /// The sale asks for a solved challenge: each attempt fetches one and solves it in
+    /// Rust before its token request, paying the CPU a scripted buyer pays.
+    pub challenge: bool,
+}
+
+/// One challenge solved before a token request: the derivations the search made, and
+/// the CPU time it took on its thread (its share of a core, whatever else runs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Solve {
+    pub derivations: u32,
+    pub cpu: Duration,
 }
 
 /// What one grab attempt got.
@@ -59,6 +73,8 @@ pub struct SurgeReport {
     pub grab_answers: Vec<GrabAnswer>,
     /// Latency of each grab-path request (`POST /sales/{id}/token`), retries apart.
     pub token_latencies: Vec<Duration>,
+    /// The challenges solved, one per attempt, when the sale asks for them.
+    pub solves: Vec<Solve>,
 }
 
 /// One answer of the grab route: when it came (from the release of the grabs), how
@@ -191,7 +207,7 @@ pub async fn run_prepared(
     on_answer: impl Fn(&Outcome) + Send + Sync,
 ) -> Result<SurgeReport, ClientError> {
     let concurrency = plan.preparation_concurrency.max(1);
-    let prepared: Vec<(Attempt, Vec<Duration>)> = stream::iter(0..plan.attempts)
+    let prepared: Vec<Prepared> = stream::iter(0..plan.attempts)
         .map(|attempt| {
             let (buyer, token) = tokens[attempt % tokens.len().max(1)].clone();
             prepare_attempt(client, plan, buyer, token)
@@ -203,11 +219,13 @@ pub async fn run_prepared(
         .collect::<Result<_, _>>()?;
 
     let mut token_latencies = Vec::with_capacity(plan.attempts);
+    let mut solves = Vec::new();
     let prepared: Vec<Attempt> = prepared
         .into_iter()
-        .map(|(attempt, latencies)| {
-            token_latencies.extend(latencies);
-            attempt
+        .map(|prepared| {
+            token_latencies.extend(prepared.token_latencies);
+            solves.extend(prepared.solve);
+            prepared.attempt
         })
         .collect();
 
@@ -235,6 +253,7 @@ pub async fn run_prepared(
     let mut report = SurgeReport {
         attempts: plan.attempts,
         token_latencies,
+        solves,
         ..SurgeReport::default()
     };
     for attempt in attempts {
@@ -270,21 +289,78 @@ pub async fn run_prepared(
     Ok(report)
 }
 
-/// Fetches a grab path for one attempt; answers it with the latency of each request.
+/// An attempt made ready: its grab path, what the token requests took, and the
+/// challenge solved for it.
+struct Prepared {
+    attempt: Attempt,
+    token_latencies: Vec<Duration>,
+    solve: Option<Solve>,
+}
+
+/// Fetches a grab path for one attempt, solving the sale's challenge first if it asks
+/// for one.
 async fn prepare_attempt(
     client: &ApiClient,
     plan: &SurgePlan,
     buyer: String,
     token: String,
-) -> Result<(Attempt, Vec<Duration>), ClientError> {
+) -> Result<Prepared, ClientError> {
+    let (solution, solve) = if plan.challenge {
+        let path = format!("/sales/{}/challenge", plan.sale_id);
+        let (issued, _) = retrying_busy(plan, || {
+            client.send(reqwest::Method::GET, &path, Some(&token), None)
+        })
+        .await?;
+        expect_status(&issued, StatusCode::OK, "/sales/{sale_id}/challenge")?;
+        let (solution, solve) = solved(issued.body).await?;
+        (Some(solution), Some(solve))
+    } else {
+        (None, None)
+    };
+    let path = format!("/sales/{}/token", plan.sale_id);
+    let (pass, token_latencies) = retrying_busy(plan, || {
+        client.send(
+            reqwest::Method::POST,
+            &path,
+            Some(&token),
+            solution.as_ref(),
+        )
+    })
+    .await?;
+    expect_status(&pass, StatusCode::OK, "/sales/{sale_id}/token")?;
+    let grab_path = pass
+        .str_field("grab_path")
+        .expect("a 200 token answer carries a grab path")
+        .to_owned();
+    Ok(Prepared {
+        attempt: Attempt {
+            buyer,
+            token,
+            grab_path,
+        },
+        token_latencies,
+        solve,
+    })
+}
+
+/// Sends a preparation request until it is not throttled (429) or busy (503), or the
+/// plan's retries are spent, with the latency of each request sent.
+async fn retrying_busy<F, Fut>(
+    plan: &SurgePlan,
+    mut send: F,
+) -> Result<(ApiResponse, Vec<Duration>), ClientError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<ApiResponse, ClientError>>,
+{
     let mut retry = 0;
     let mut latencies = Vec::new();
-    let pass = loop {
+    loop {
         let started = Instant::now();
-        let sent = client.grab_pass(&token, &plan.sale_id).await;
+        let sent = send().await;
         latencies.push(started.elapsed());
-        let pass = match sent {
-            Ok(pass) => pass,
+        let answer = match sent {
+            Ok(answer) => answer,
             Err(ClientError::Http { .. }) if retry < plan.retries_when_unavailable => {
                 tokio::time::sleep(backoff(retry)).await;
                 retry += 1;
@@ -292,9 +368,9 @@ async fn prepare_attempt(
             }
             Err(error) => return Err(error),
         };
-        // The token route is throttled too (its own bucket); come back later.
+        // Each preparation route has its own throttle: come back later.
         let transient = matches!(
-            pass.status,
+            answer.status,
             StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
         );
         if transient && retry < plan.retries_when_unavailable {
@@ -302,21 +378,29 @@ async fn prepare_attempt(
             retry += 1;
             continue;
         }
-        break pass;
-    };
-    expect_status(&pass, StatusCode::OK, "/sales/{sale_id}/token")?;
-    let grab_path = pass
-        .str_field("grab_path")
-        .expect("a 200 token answer carries a grab path")
-        .to_owned();
-    Ok((
-        Attempt {
-            buyer,
-            token,
-            grab_path,
-        },
-        latencies,
-    ))
+        return Ok((answer, latencies));
+    }
+}
+
+/// Solves an issued challenge off the async threads, timing it on the solving thread's
+/// CPU clock: with more solves than cores, wall time would count the waits for a core.
+async fn solved(issued: serde_json::Value) -> Result<(serde_json::Value, Solve), ClientError> {
+    tokio::task::spawn_blocking(move || {
+        let started = thread_cpu();
+        let solved = flashsale_adapters::proof_of_work::solve(&IssuedChallenge(issued.clone()));
+        let cpu = thread_cpu().saturating_sub(started);
+        let (solution, derivations) =
+            solved.ok_or(ClientError::Unsolvable { challenge: issued })?;
+        Ok((solution, Solve { derivations, cpu }))
+    })
+    .await
+    .expect("a solve panicked")
+}
+
+/// This thread's CPU time so far.
+fn thread_cpu() -> Duration {
+    let now = clock_gettime(ClockId::CLOCK_THREAD_CPUTIME_ID).expect("a thread CPU clock");
+    Duration::from(now)
 }
 
 /// The final outcome of one attempt and the retried answers on the way.

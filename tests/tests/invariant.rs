@@ -64,6 +64,7 @@ async fn surge_on(
         user_prefix: format!("{sale_id}-buyer"),
         retries_when_unavailable: 400,
         preparation_concurrency: 64,
+        challenge: false,
     };
     let report = surge::run(&harness.api, &plan, |_| {})
         .await

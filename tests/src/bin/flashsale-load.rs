@@ -16,7 +16,7 @@ use chrono::Utc;
 use clap::{Args, Parser, Subcommand};
 use flashsale_e2e::ApiClient;
 use flashsale_e2e::load::model::{
-    self, Arrival, Calls, Contention, Prices, Quotas, Scenario, Work,
+    self, Arrival, Calls, Challenge, Contention, Prices, Quotas, Scenario, Work,
 };
 use flashsale_e2e::load::report::RunConfig;
 use flashsale_e2e::load::tokens::{TokenFile, TokenSource};
@@ -102,6 +102,11 @@ struct SurgeArgs {
     /// Requests in flight while minting tokens and fetching grab paths.
     #[arg(long, default_value_t = 64)]
     preparation_concurrency: usize,
+    /// The sale asks every buyer for a solved challenge of this work (derivations at
+    /// most, 1000 to 10000000). The tool solves each in Rust, as a scripted buyer
+    /// would, and reports the CPU that cost.
+    #[arg(long, value_name = "WORK")]
+    challenge: Option<u32>,
 }
 
 #[derive(Debug, Args)]
@@ -136,6 +141,8 @@ struct ModelArgs {
     work: Work,
     #[command(flatten)]
     contention: Contention,
+    #[command(flatten)]
+    challenge: Challenge,
 }
 
 #[tokio::main]
@@ -202,6 +209,7 @@ async fn run_surge(args: SurgeArgs) -> Result<bool, Box<dyn std::error::Error>> 
             pay_ratio: args.pay_ratio,
             await_expiry: args.await_expiry,
             token_source,
+            challenge_work: args.challenge,
         },
         tokens,
         admin_user: args.admin_user.clone(),
@@ -253,6 +261,20 @@ async fn run_surge(args: SurgeArgs) -> Result<bool, Box<dyn std::error::Error>> 
         report.throughput.reservations_per_sec,
         report.throughput.surge_secs
     );
+    if let Some(cost) = &report.challenge {
+        println!(
+            "challenge: {} solves, {:.0} derivations each (p50 {:.0}, p90 {:.0}), \
+             {:.1} ms CPU each (p90 {:.1}): {:.1} solves and {:.0} derivations per core-second",
+            cost.solves,
+            cost.derivations_mean,
+            cost.derivations_p50,
+            cost.derivations_p90,
+            cost.cpu_ms.mean_ms,
+            cost.cpu_ms.p90_ms,
+            cost.solves_per_core_second,
+            cost.derivations_per_core_second
+        );
+    }
     println!(
         "paid: {} (too late to pay: {})",
         report.paid, report.lapsed_before_payment
@@ -290,6 +312,7 @@ fn run_model(args: ModelArgs) -> Result<bool, Box<dyn std::error::Error>> {
         quotas: args.quotas,
         work: args.work,
         contention: args.contention,
+        challenge: args.challenge,
         prices: Prices::default(),
     };
     let outcome = model::run(&scenario);

@@ -90,6 +90,7 @@ pub async fn run(
         user_prefix: run.buyer_prefix.clone(),
         retries_when_unavailable: config.retries,
         preparation_concurrency: run.preparation_concurrency,
+        challenge: config.challenge_work.is_some(),
     };
     let surge = surge::run_prepared(client, &plan, &people.buyers, on_answer).await?;
     let surge_ended = Instant::now();
@@ -189,6 +190,7 @@ pub async fn run(
         stats_final,
         audit_passed: checks.iter().all(|check| check.passed),
         audit: checks,
+        challenge: report::ChallengeCost::of(&surge.solves),
         grab_latencies: grab_requests,
     })
 }
@@ -206,7 +208,7 @@ fn share(n: usize, ratio: f64) -> usize {
 
 async fn create_sale(client: &ApiClient, admin: &str, config: &RunConfig) -> Result<(), LoadError> {
     let now = Utc::now();
-    let sale = json!({
+    let mut sale = json!({
         "sale_id": config.sale_id,
         "name": format!("load test {}", config.sale_id),
         "stock": config.stock,
@@ -216,6 +218,9 @@ async fn create_sale(client: &ApiClient, admin: &str, config: &RunConfig) -> Res
         "starts_at": now - chrono::Duration::seconds(1),
         "ends_at": now + chrono::Duration::hours(1),
     });
+    if let Some(work) = config.challenge_work {
+        sale["challenge_work"] = json!(work);
+    }
     // A busy answer (503) may still have committed: after one, a 409 `sale_exists`
     // on the retry is that sale.
     let mut answered_busy = false;

@@ -149,6 +149,13 @@ pub struct Quotas {
     /// Template TokenThrottleBurstLimit.
     #[arg(long, default_value_t = 50.0)]
     pub token_route_burst: f64,
+    /// Route throttle of the challenge route (template ChallengeThrottleRateLimit), for
+    /// a sale that asks for a challenge.
+    #[arg(long, default_value_t = 300.0)]
+    pub challenge_route_rps: f64,
+    /// Template ChallengeThrottleBurstLimit.
+    #[arg(long, default_value_t = 20.0)]
+    pub challenge_route_burst: f64,
     /// Lambda concurrent executions of the account.
     #[arg(long, default_value_t = 1_000.0)]
     pub lambda_account_concurrency: f64,
@@ -207,6 +214,8 @@ impl Default for Quotas {
             grab_route_burst: 50.0,
             token_route_rps: 300.0,
             token_route_burst: 50.0,
+            challenge_route_rps: 300.0,
+            challenge_route_burst: 20.0,
             lambda_account_concurrency: 1_000.0,
             grab_reserved_concurrency: 100.0,
             lambda_scaling_per_10s: 1_000.0,
@@ -230,6 +239,9 @@ impl Default for Quotas {
 pub struct Work {
     #[arg(long, default_value_t = 5.0)]
     pub token_ms: f64,
+    /// Issuing a challenge: 30.5 us of CPU in criterion; the rest is the invocation's.
+    #[arg(long, default_value_t = 2.0)]
+    pub challenge_ms: f64,
     #[arg(long, default_value_t = 25.0)]
     pub grab_success_ms: f64,
     #[arg(long, default_value_t = 2.0)]
@@ -252,6 +264,7 @@ impl Default for Work {
     fn default() -> Self {
         Self {
             token_ms: 5.0,
+            challenge_ms: 2.0,
             grab_success_ms: 25.0,
             grab_rejection_ms: 2.0,
             consumer_batch_ms: 200.0,
@@ -686,6 +699,73 @@ impl Default for Prices {
     }
 }
 
+/// The sale's proof-of-work challenge (issue 16 §1). A buyer fetches a challenge from
+/// its own route when they click, solves it, and only then asks the token route for a
+/// grab path. The search stops at a secret number drawn uniformly up to the work, so a
+/// solve takes U(0, work / rate) seconds: the arrival curve of the token route is the
+/// clicks' curve spread by that.
+#[derive(Debug, Clone, PartialEq, Serialize, clap::Args)]
+pub struct Challenge {
+    /// The sale's challenge work, derivations at most (the admin's difficulty); 0: the
+    /// sale asks none.
+    #[arg(long = "challenge-work", default_value_t = 0.0)]
+    pub work: f64,
+    /// Derivations a second on a buyer's device. Default: Chromium on one core of the
+    /// bench machine, 8,456 to 8,814 (docs/challenge.md); phones are slower, which
+    /// spreads the pulse further.
+    #[arg(long, default_value_t = 8_800.0)]
+    pub solve_rate: f64,
+}
+
+impl Default for Challenge {
+    fn default() -> Self {
+        Self {
+            work: 0.0,
+            solve_rate: 8_800.0,
+        }
+    }
+}
+
+impl Challenge {
+    pub fn is_on(&self) -> bool {
+        self.work > 0.0
+    }
+
+    /// The longest solve, in seconds.
+    pub fn longest_solve_secs(&self) -> f64 {
+        if self.is_on() {
+            self.work / self.solve_rate.max(f64::MIN_POSITIVE)
+        } else {
+            0.0
+        }
+    }
+
+    /// The share of challenges handed out in one second whose token request comes `k`
+    /// seconds later (index k): a challenge handed out uniformly within its second,
+    /// plus a solve uniform in [0, longest solve].
+    pub fn token_spread(&self) -> Vec<f64> {
+        const STEPS: u32 = 400;
+        let longest = self.longest_solve_secs();
+        if longest <= 0.0 {
+            return vec![1.0];
+        }
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let seconds = (1.0 + longest).ceil() as usize;
+        let mut spread = vec![0.0; seconds];
+        let weight = 1.0 / f64::from(STEPS * STEPS);
+        for within in 0..STEPS {
+            let handed_out = (f64::from(within) + 0.5) / f64::from(STEPS);
+            for solve in 0..STEPS {
+                let solved = (f64::from(solve) + 0.5) / f64::from(STEPS) * longest;
+                #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+                let second = ((handed_out + solved).floor() as usize).min(seconds - 1);
+                spread[second] += weight;
+            }
+        }
+        spread
+    }
+}
+
 /// A sale to model.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Scenario {
@@ -702,6 +782,7 @@ pub struct Scenario {
     pub quotas: Quotas,
     pub work: Work,
     pub contention: Contention,
+    pub challenge: Challenge,
     pub prices: Prices,
 }
 
@@ -858,6 +939,9 @@ pub struct Outcome {
     /// to drain the sale's orders.
     pub consumer_orders_per_sec: f64,
     pub consumer_drain_secs: f64,
+    /// The token route alone (the route layer counts it with the grab route): what
+    /// the challenge spreads.
+    pub token_route: Layer,
 }
 
 /// Sustainable reservations/s per layer for a scenario's quotas and shard count: the
@@ -1013,6 +1097,14 @@ pub fn run(scenario: &Scenario) -> Outcome {
     let mut table = Layer::new("dynamodb_table", q.table_wru, "WRU/s");
     let mut sqs = Layer::new("sqs_fifo_send", q.sqs_send_tps, "SendMessage/s");
 
+    let mut challenge_route =
+        Layer::new("api_gateway_challenge", q.challenge_route_rps, "requests/s");
+    let mut token_route = Layer::new("api_gateway_token", q.token_route_rps, "requests/s");
+    let mut challenge_bucket = Bucket::new(q.challenge_route_rps, q.challenge_route_burst);
+    let token_spread = scenario.challenge.token_spread();
+    // Token requests still to come from challenges handed out, by second.
+    let mut solved: Vec<f64> = Vec::new();
+    let mut challenge_backlog = 0.0;
     let mut token_bucket = Bucket::new(q.token_route_rps, q.token_route_burst);
     let mut grab_bucket = Bucket::new(q.grab_route_rps, q.grab_route_burst);
     let mut account_bucket = Bucket::new(q.account_rps, q.account_burst);
@@ -1033,17 +1125,39 @@ pub fn run(scenario: &Scenario) -> Outcome {
     loop {
         #[allow(clippy::cast_precision_loss)]
         let now = second as f64;
-        let arrivals = scenario
+        let clicks = scenario
             .arrival
             .shares
             .get(second)
             .map_or(0.0, |share| share * scenario.buyers);
         let stopped = scenario.clients_stop_on_sold_out
             && sell_out_at.is_some_and(|at| now >= at + q.cdn_ttl_secs);
+        // With a challenge, a click asks the challenge route first (refused: again next
+        // second), and the token request follows the solve.
+        let mut challenges = 0.0;
+        let arrivals = if scenario.challenge.is_on() {
+            let demand = if stopped {
+                0.0
+            } else {
+                clicks + challenge_backlog
+            };
+            challenges = challenge_bucket.admit(demand);
+            challenge_route.observe(second, demand, demand - challenges);
+            challenge_backlog = demand - challenges;
+            if solved.len() < second + token_spread.len() {
+                solved.resize(second + token_spread.len(), 0.0);
+            }
+            for (later, share) in token_spread.iter().enumerate() {
+                solved[second + later] += challenges * share;
+            }
+            if stopped { 0.0 } else { solved[second] }
+        } else {
+            clicks
+        };
 
         // CDN: the page and its status come from the edge; each cache node asks the
         // origin once a TTL.
-        let page_reads = arrivals * (1.0 + q.status_polls_per_buyer);
+        let page_reads = clicks * (1.0 + q.status_polls_per_buyer);
         let origin = page_reads.min(q.cdn_cache_nodes / q.cdn_ttl_secs);
         cdn.observe(second, origin, 0.0);
         totals.cdn_requests += page_reads;
@@ -1057,7 +1171,8 @@ pub fn run(scenario: &Scenario) -> Outcome {
         let mut grabs = grab_bucket.admit(tokens);
         let route_refused = (token_demand - tokens) + (tokens - grabs);
         route.observe(second, token_demand + tokens, route_refused);
-        let gateway_demand = tokens + grabs + origin;
+        token_route.observe(second, token_demand, token_demand - tokens);
+        let gateway_demand = challenges + tokens + grabs + origin;
         let through = account_bucket.admit(gateway_demand);
         let scale = if gateway_demand > 0.0 {
             through / gateway_demand
@@ -1067,6 +1182,7 @@ pub fn run(scenario: &Scenario) -> Outcome {
         account.observe(second, gateway_demand, gateway_demand - through);
         tokens *= scale;
         grabs *= scale;
+        challenges *= scale;
         // API Gateway bills requests it passes on, not those it throttles.
         totals.gateway_requests += through;
 
@@ -1085,7 +1201,8 @@ pub fn run(scenario: &Scenario) -> Outcome {
             ShardWrite::Transaction => selling.cancelled,
             ShardWrite::Plain => selling.outlasted * stock.outlasted_round_trips(),
         };
-        let concurrency = (tokens * w.token_ms
+        let concurrency = (challenges * w.challenge_ms
+            + tokens * w.token_ms
             + selling.sold * w.grab_success_ms
             + failed_round_trips * stock.rtt_ms
             + selling.rejections * w.grab_rejection_ms)
@@ -1102,9 +1219,10 @@ pub fn run(scenario: &Scenario) -> Outcome {
         lambda.observe(second, concurrency, concurrency - concurrency.min(cap));
         tokens *= run_share;
         grabs *= run_share;
+        challenges *= run_share;
         let instances = concurrency.min(cap);
         peak_instances = peak_instances.max(instances);
-        totals.grab_invocations += tokens + grabs;
+        totals.grab_invocations += challenges + tokens + grabs;
         totals.grab_gb_seconds += instances * w.grab_memory_mb / 1024.0;
 
         // DynamoDB: the grabs that ran, on the shards (every attempt, committed, refused or
@@ -1200,7 +1318,8 @@ pub fn run(scenario: &Scenario) -> Outcome {
         backlog = (token_demand - rejections - sold_now).max(0.0);
 
         second += 1;
-        let arrivals_over = second >= scenario.arrival.shares.len();
+        let solves_pending = solved.iter().skip(second).sum::<f64>() + challenge_backlog;
+        let arrivals_over = second >= scenario.arrival.shares.len() && solves_pending < 0.5;
         let nobody_waiting = backlog < 0.5
             || (scenario.clients_stop_on_sold_out
                 && sell_out_at.is_some_and(|at| now + 1.0 >= at + q.cdn_ttl_secs));
@@ -1250,9 +1369,13 @@ pub fn run(scenario: &Scenario) -> Outcome {
         (fire_rate - q.schedule_invocations_tps).max(0.0),
     );
 
-    let layers = vec![
-        cdn, route, account, lambda, shard, reads, gsi, table, sqs, scheduler, timers,
-    ];
+    let mut layers = vec![cdn];
+    if scenario.challenge.is_on() {
+        layers.push(challenge_route);
+    }
+    layers.extend([
+        route, account, lambda, shard, reads, gsi, table, sqs, scheduler, timers,
+    ]);
     let first_bottleneck = layers
         .iter()
         .filter_map(|layer| layer.first_throttled_at.map(|at| (at, layer)))
@@ -1290,6 +1413,7 @@ pub fn run(scenario: &Scenario) -> Outcome {
         cost_per_sale,
         consumer_orders_per_sec,
         consumer_drain_secs,
+        token_route,
     }
 }
 
@@ -1417,6 +1541,22 @@ pub fn render(scenario: &Scenario, outcome: &Outcome) -> String {
     );
     let _ = writeln!(
         out,
+        "token route: peak {:.0} requests/s, {:.2}% throttled{}",
+        outcome.token_route.peak_demand,
+        outcome.token_route.throttled_share() * 100.0,
+        if scenario.challenge.is_on() {
+            format!(
+                " (challenge of {:.0} derivations: solves take up to {:.2} s at {:.0}/s)",
+                scenario.challenge.work,
+                scenario.challenge.longest_solve_secs(),
+                scenario.challenge.solve_rate
+            )
+        } else {
+            String::new()
+        }
+    );
+    let _ = writeln!(
+        out,
         "orders: the consumer makes {:.0}/s, so the sale's orders wait up to {:.1} s",
         outcome.consumer_orders_per_sec, outcome.consumer_drain_secs
     );
@@ -1510,6 +1650,7 @@ mod tests {
             quotas: Quotas::default(),
             work: Work::default(),
             contention: Contention::default(),
+            challenge: Challenge::default(),
             prices: Prices::default(),
         }
     }
@@ -1968,5 +2109,68 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("per unit sold"), "{text}");
+    }
+
+    #[test]
+    fn a_solve_uniform_up_to_two_seconds_spreads_a_seconds_challenges_over_three() {
+        // Handed out uniformly within second 0, solved within U(0, 2 s): the token
+        // request lands in second 0 with probability 1/4, in 1 with 1/2, in 2 with 1/4.
+        let challenge = Challenge {
+            work: 17_600.0,
+            solve_rate: 8_800.0,
+        };
+        let spread = challenge.token_spread();
+        assert_eq!(spread.len(), 3, "{spread:?}");
+        for (share, expected) in spread.iter().zip([0.25, 0.5, 0.25]) {
+            assert!((share - expected).abs() < 0.005, "{spread:?}");
+        }
+        assert!(close(spread.iter().sum(), 1.0));
+        assert_eq!(Challenge::default().token_spread(), vec![1.0], "off");
+    }
+
+    #[test]
+    fn a_challenge_spreads_the_token_routes_pulse_by_the_solve_time() {
+        // 10,000 clicks in one second, every route open: off, all of them ask for a grab
+        // path in that second; with solves of up to 5 s, no second sees a third of them.
+        let mut sale = scenario(100.0, 10.0, 10_000.0, Arrival::uniform(1));
+        raise_the_gateway_and_lambda(&mut sale);
+        sale.quotas.challenge_route_rps = 1_000_000.0;
+        let off = run(&sale);
+        assert!(close(off.token_route.peak_demand, 10_000.0), "{off:?}");
+        assert!(off.layers.iter().all(|l| l.name != "api_gateway_challenge"));
+
+        sale.challenge = Challenge {
+            work: 44_000.0,
+            solve_rate: 8_800.0,
+        };
+        let on = run(&sale);
+        let challenge = layer(&on, "api_gateway_challenge");
+        assert!(close(challenge.total, 10_000.0), "{challenge:?}");
+        assert!(close(challenge.throttled, 0.0));
+        assert!(
+            on.token_route.peak_demand < 10_000.0 / 3.0,
+            "peak {}",
+            on.token_route.peak_demand
+        );
+        assert_eq!(on.sold, 100.0);
+        // The page is read on the click, whatever the solve.
+        assert!(close(on.cost.cdn, off.cost.cdn));
+    }
+
+    #[test]
+    fn a_challenge_route_throttled_sends_its_refused_buyers_back_the_next_second() {
+        // 1,000 clicks against 300/s and a burst of 20: 320, 300, 300, then the 80 left.
+        let mut sale = scenario(1_000_000.0, 10.0, 1_000.0, Arrival::uniform(1));
+        raise_the_gateway_and_lambda(&mut sale);
+        sale.challenge = Challenge {
+            work: 1_000.0,
+            solve_rate: 1_000_000.0,
+        };
+        let outcome = run(&sale);
+        let challenge = layer(&outcome, "api_gateway_challenge");
+        assert!(close(challenge.peak_demand, 1_000.0), "{challenge:?}");
+        assert!(close(challenge.throttled, 680.0 + 380.0 + 80.0), "{challenge:?}");
+        assert_eq!(challenge.first_throttled_at, Some(0.0));
+        assert!(close(outcome.sold, 1_000.0), "every buyer got a path in the end");
     }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::surge::{GrabAnswer, Outcome, SurgeReport};
+use crate::surge::{GrabAnswer, Outcome, Solve, SurgeReport};
 
 use super::audit::Check;
 
@@ -25,6 +25,9 @@ pub struct RunConfig {
     pub pay_ratio: f64,
     pub await_expiry: bool,
     pub token_source: String,
+    /// The sale's challenge (derivations at most), solved by the tool before every
+    /// token request; `None`: the sale asks none.
+    pub challenge_work: Option<u32>,
 }
 
 /// Latency percentiles of one route, in milliseconds.
@@ -141,9 +144,53 @@ pub struct LoadReport {
     pub stats_final: serde_json::Value,
     pub audit: Vec<Check>,
     pub audit_passed: bool,
+    /// What solving the sale's challenges cost this tool, as they cost a scripted buyer.
+    pub challenge: Option<ChallengeCost>,
     /// Each grab request's latency, for the histogram (the JSON keeps percentiles).
     #[serde(skip)]
     pub grab_latencies: Vec<Duration>,
+}
+
+/// The challenges one run solved in Rust: what a buyer scripted in native code pays for
+/// a grab path, per solve and per core.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChallengeCost {
+    pub solves: usize,
+    /// Derivations (hashes) per solve: the search stops at the secret number, which is
+    /// uniform up to the work, so about half of it on average.
+    pub derivations_mean: f64,
+    pub derivations_p50: f64,
+    pub derivations_p90: f64,
+    /// CPU time per solve on the solving thread.
+    pub cpu_ms: Percentiles,
+    /// Solves per second of one core: solves over the CPU time they took.
+    pub solves_per_core_second: f64,
+    pub derivations_per_core_second: f64,
+}
+
+impl ChallengeCost {
+    /// `None` for a run that solved nothing.
+    pub fn of(solves: &[Solve]) -> Option<Self> {
+        if solves.is_empty() {
+            return None;
+        }
+        let mut derivations: Vec<f64> = solves.iter().map(|s| f64::from(s.derivations)).collect();
+        derivations.sort_by(f64::total_cmp);
+        let total_derivations: f64 = derivations.iter().sum();
+        let cpu: Vec<Duration> = solves.iter().map(|s| s.cpu).collect();
+        let cpu_secs: f64 = cpu.iter().map(Duration::as_secs_f64).sum::<f64>().max(1e-9);
+        #[allow(clippy::cast_precision_loss)]
+        let count = solves.len() as f64;
+        Some(Self {
+            solves: solves.len(),
+            derivations_mean: total_derivations / count,
+            derivations_p50: nearest_rank(&derivations, 50.0),
+            derivations_p90: nearest_rank(&derivations, 90.0),
+            cpu_ms: Percentiles::of(&cpu),
+            solves_per_core_second: count / cpu_secs,
+            derivations_per_core_second: total_derivations / cpu_secs,
+        })
+    }
 }
 
 /// The kind of each attempt's final outcome.
