@@ -223,9 +223,7 @@ def main():
                 lines.append(f"| {label} | pooled | median {statistics.median(r['spread_p10_p90_s'] for r in rounds):.2f} s | {fast / firsts:.0%} of {firsts} |")
                 print(lines[-1], flush=True)
             browser.close()
-        page_rate = None
-        if works:
-            page_rate = rate
+        page_rate = rate if works else None
         if bot_works:
             lines += [
                 "", f"## What a bot pays: the load tool's `--challenge`, native Rust ({args.bot_buyers} solves each)", "",

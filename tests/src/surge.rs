@@ -386,11 +386,13 @@ where
 /// CPU clock: with more solves than cores, wall time would count the waits for a core.
 async fn solved(issued: serde_json::Value) -> Result<(serde_json::Value, Solve), ClientError> {
     tokio::task::spawn_blocking(move || {
+        let issued = IssuedChallenge(issued);
         let started = thread_cpu();
-        let solved = flashsale_adapters::proof_of_work::solve(&IssuedChallenge(issued.clone()));
+        let solved = flashsale_adapters::proof_of_work::solve(&issued);
         let cpu = thread_cpu().saturating_sub(started);
-        let (solution, derivations) =
-            solved.ok_or(ClientError::Unsolvable { challenge: issued })?;
+        let (solution, derivations) = solved.ok_or(ClientError::Unsolvable {
+            challenge: issued.0,
+        })?;
         Ok((solution, Solve { derivations, cpu }))
     })
     .await

@@ -1677,6 +1677,11 @@ mod tests {
         sale.quotas.lambda_scaling_per_10s = 100_000.0;
     }
 
+    /// A sale's challenge of `work` derivations, solved at `rate` a second.
+    fn solving(work: f64, solve_rate: f64) -> Challenge {
+        Challenge { work, solve_rate }
+    }
+
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() < 1e-6 * b.abs().max(1.0)
     }
@@ -2115,10 +2120,7 @@ mod tests {
     fn a_solve_uniform_up_to_two_seconds_spreads_a_seconds_challenges_over_three() {
         // Handed out uniformly within second 0, solved within U(0, 2 s): the token
         // request lands in second 0 with probability 1/4, in 1 with 1/2, in 2 with 1/4.
-        let challenge = Challenge {
-            work: 17_600.0,
-            solve_rate: 8_800.0,
-        };
+        let challenge = solving(17_600.0, 8_800.0);
         let spread = challenge.token_spread();
         assert_eq!(spread.len(), 3, "{spread:?}");
         for (share, expected) in spread.iter().zip([0.25, 0.5, 0.25]) {
@@ -2139,10 +2141,7 @@ mod tests {
         assert!(close(off.token_route.peak_demand, 10_000.0), "{off:?}");
         assert!(off.layers.iter().all(|l| l.name != "api_gateway_challenge"));
 
-        sale.challenge = Challenge {
-            work: 44_000.0,
-            solve_rate: 8_800.0,
-        };
+        sale.challenge = solving(44_000.0, 8_800.0);
         let on = run(&sale);
         let challenge = layer(&on, "api_gateway_challenge");
         assert!(close(challenge.total, 10_000.0), "{challenge:?}");
@@ -2164,10 +2163,7 @@ mod tests {
         raise_the_gateway_and_lambda(&mut sale);
         sale.quotas.challenge_route_rps = 300.0;
         sale.quotas.challenge_route_burst = 20.0;
-        sale.challenge = Challenge {
-            work: 1_000.0,
-            solve_rate: 1_000_000.0,
-        };
+        sale.challenge = solving(1_000.0, 1_000_000.0);
         let outcome = run(&sale);
         let challenge = layer(&outcome, "api_gateway_challenge");
         assert!(close(challenge.peak_demand, 1_000.0), "{challenge:?}");
