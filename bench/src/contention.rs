@@ -39,6 +39,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::proxy::{ConflictMode, Counts, Proxy};
+use crate::quiet::{Quiet, Settled};
 use crate::scenarios::{RETRY_HEADER, ScenarioError, Session};
 use crate::stack::BenchStack;
 
@@ -67,6 +68,9 @@ pub struct ContentionSizes {
     pub commit_times_ms: &'static [u64],
     /// Gateway surges run, unreported, before the measured ones (one textbook run too).
     pub warm_up_surges: usize,
+    /// Pairs of runs per commit time, each in both orders: one pair sold out anywhere
+    /// from 0.5 to 1.1 times as fast as the next (measured), so the ratio is pooled.
+    pub rounds: usize,
     pub stock: u32,
     pub shards: u16,
     pub buyers: usize,
@@ -80,6 +84,8 @@ pub struct ContentionSizes {
     pub curve_reservations: usize,
     /// How long the order consumer gets to open every unit the surge sold.
     pub drain_timeout: Duration,
+    /// When a timed run may start; `None`: at once (the smoke's figures are no record).
+    pub quiet: Option<Quiet>,
 }
 
 /// The textbook answer to `Contended`: try the same shard again after a pause drawn
@@ -149,6 +155,9 @@ fn ratio(part: f64, whole: f64) -> Option<f64> {
 #[derive(Debug, Clone, Serialize)]
 pub struct ContentionReport {
     pub warm_up_surges: usize,
+    pub rounds: usize,
+    /// When a timed run may start.
+    pub quiet: Option<Quiet>,
     pub stock: u32,
     pub shards: u16,
     pub buyers: usize,
@@ -189,7 +198,7 @@ impl RunOrder {
 
 impl ContentionReport {
     /// At `commit_time_ms`, the mean gateway sell-out over the mean textbook one, over
-    /// both orders; `None` unless every run there sold out.
+    /// every round in both orders; `None` unless every run there sold out.
     pub fn pooled_sell_out_ratio(&self, commit_time_ms: u64) -> Option<f64> {
         let runs: Vec<&ContentionRun> = self
             .runs
@@ -213,12 +222,24 @@ impl ContentionReport {
 #[derive(Debug, Clone, Serialize)]
 pub struct ContentionRun {
     pub commit_time_ms: u64,
+    /// Which pair of this commit time (from 1).
+    pub round: usize,
     pub order: RunOrder,
     pub gateway: GatewaySurge,
     pub textbook: RawRun,
 }
 
 impl ContentionRun {
+    /// "15 ms, gateway first, 1": the commit time, the order and the round.
+    pub fn label(&self) -> String {
+        format!(
+            "{} ms, {}, {}",
+            self.commit_time_ms,
+            self.order.label(),
+            self.round
+        )
+    }
+
     /// Gateway sell-out over the textbook client's; `None` unless both sold out.
     pub fn sell_out_ratio(&self) -> Option<f64> {
         let gateway = self.gateway.sell_out?.as_secs_f64();
@@ -263,6 +284,8 @@ pub struct GatewaySurge {
     pub told_sold_out: usize,
     /// Each buyer's last answer.
     pub final_outcomes: BTreeMap<String, usize>,
+    /// How the machine was when the grabs were released (see [`crate::quiet`]).
+    pub settled: Settled,
     /// From the release of the grabs to the `stock`-th unit's 202.
     pub sell_out: Option<Duration>,
     /// From the release to the first, the quarter's, the half's, the three quarters'
@@ -328,6 +351,8 @@ pub struct RawRun {
     /// Buyers whose reserve failed otherwise.
     pub failed: usize,
     pub first_failure: Option<String>,
+    /// How the machine was when the buyers started (see [`crate::quiet`]).
+    pub settled: Settled,
     /// From the start to the `target`-th reservation.
     pub target_reached_after: Option<Duration>,
     /// As [`GatewaySurge::milestones`], from the start.
@@ -476,10 +501,12 @@ pub async fn contention(
         textbook_run(session, &raw, stack, sizes, "warmup").await?;
     }
     let mut runs = Vec::new();
+    let orders = [RunOrder::GatewayFirst, RunOrder::TextbookFirst];
     for &commit_time_ms in sizes.commit_times_ms {
-        for order in [RunOrder::GatewayFirst, RunOrder::TextbookFirst] {
+        for (round, order) in (0..sizes.rounds.max(1)).flat_map(|round| orders.map(|o| (round, o)))
+        {
             let conflicts = ConflictsOn::new(&stack.dynamodb, commit_time_ms);
-            let tag = format!("{commit_time_ms}{}", order.tag());
+            let tag = format!("{commit_time_ms}{}{round}", order.tag());
             let surge_name = format!("surge{tag}");
             eprintln!(
                 "bench: 7. contention at {commit_time_ms} ms, {}: the surge through the gateway ({} buyers, {} units on {} shards) and the textbook client",
@@ -503,6 +530,7 @@ pub async fn contention(
             drop(conflicts);
             runs.push(ContentionRun {
                 commit_time_ms,
+                round: round + 1,
                 order,
                 gateway,
                 textbook,
@@ -554,6 +582,8 @@ pub async fn contention(
     );
     Ok(ContentionReport {
         warm_up_surges: sizes.warm_up_surges,
+        rounds: sizes.rounds.max(1),
+        quiet: sizes.quiet,
         stock: sizes.stock,
         shards: sizes.shards,
         buyers: sizes.buyers,
@@ -595,6 +625,7 @@ async fn textbook_run(
             target: sizes.stock as usize,
             tag: format!("textbook{tag}-{}", session.run),
             reserve: RawReserve::OneTransaction,
+            quiet: sizes.quiet,
         },
     )
     .await)
@@ -729,6 +760,7 @@ async fn gateway_surge(
         .buyers_with_paths(&sale_id, name, sizes.buyers)
         .await?;
     let metrics_before = local_metrics(session).await;
+    let settled = Settled::after(sizes.quiet).await;
     let counts_before = stack.dynamodb.counts();
     let released = Instant::now();
     let base_url = session.api.base_url();
@@ -834,6 +866,7 @@ async fn gateway_surge(
             .filter(|a| is_sold_out(a))
             .count(),
         final_outcomes,
+        settled,
         sell_out,
         milestones,
         reserved_round_trip,
@@ -861,6 +894,7 @@ struct RawPlan {
     /// In every buyer's name.
     tag: String,
     reserve: RawReserve,
+    quiet: Option<Quiet>,
 }
 
 /// How a raw buyer reserves on a shard.
@@ -910,6 +944,7 @@ async fn shard_run(
             target: sizes.curve_reservations,
             tag: format!("{name}-{}", session.run),
             reserve,
+            quiet: sizes.quiet,
         },
     )
     .await;
@@ -1029,6 +1064,7 @@ async fn raw_run(raw: &RawTarget, proxy: &Proxy, sale: Sale, plan: RawPlan) -> R
     let shared = Arc::new(Shared::default());
     let sale = Arc::new(sale);
     let plan = Arc::new(plan);
+    let settled = Settled::after(plan.quiet).await;
     let counts_before = proxy.counts();
     let started = Instant::now();
     let workers: Vec<_> = (0..plan.workers.max(1))
@@ -1096,6 +1132,7 @@ async fn raw_run(raw: &RawTarget, proxy: &Proxy, sale: Sale, plan: RawPlan) -> R
         gave_up: shared.gave_up.load(Ordering::SeqCst),
         failed: shared.failed.load(Ordering::SeqCst),
         first_failure: shared.first_failure.get().cloned(),
+        settled,
         target_reached_after: shared.reached.get().copied(),
         milestones: {
             let mut reserved_at = std::mem::take(&mut *locked(&shared.reserved_at));

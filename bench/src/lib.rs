@@ -12,6 +12,7 @@ pub mod contention;
 pub mod external;
 pub mod init;
 pub use flashsale_emulators::proxy;
+pub mod quiet;
 pub mod report;
 pub mod scenarios;
 pub mod stack;

@@ -287,6 +287,7 @@ const RUN: Sizes = Sizes {
     contention: ContentionSizes {
         commit_times_ms: &[15, 30],
         warm_up_surges: 3,
+        rounds: 3,
         stock: 100,
         shards: 10,
         buyers: 1500,
@@ -298,6 +299,7 @@ const RUN: Sizes = Sizes {
         curve_reservers: 16,
         curve_reservations: 200,
         drain_timeout: Duration::from_secs(120),
+        quiet: Some(flashsale_bench::quiet::QUIET),
     },
 };
 
@@ -320,6 +322,7 @@ const SMOKE: Sizes = Sizes {
     contention: ContentionSizes {
         commit_times_ms: &[15],
         warm_up_surges: 1,
+        rounds: 1,
         stock: 6,
         shards: 2,
         buyers: 30,
@@ -330,6 +333,7 @@ const SMOKE: Sizes = Sizes {
         curve_reservers: 4,
         curve_reservations: 20,
         drain_timeout: Duration::from_secs(30),
+        quiet: None,
     },
 };
 

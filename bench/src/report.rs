@@ -430,11 +430,12 @@ impl BenchReport {
              items for its round trip plus the commit time, any other transaction touching a \
              held item is cancelled (`TransactionConflict` at that item) and a plain write of \
              one is refused. Both clients below run on the same proxy, mode and table, one \
-             after the other, in both orders at each commit time, after {warm} surges of the \
-             same size and one textbook run that are not reported: DynamoDB Local is a JVM, \
-             and in its first seconds of load plain writes time out before its hot paths are \
-             compiled, which AWS's service does not do. With one warm-up surge only, the \
-             first measured surge sold out in 850 to 890 ms and the next in 530 to 620 ms.\n\n\
+             after the other, {rounds} pair(s) in each order at each commit time, after {warm} \
+             surges of the same size and one textbook run that are not reported: DynamoDB \
+             Local is a JVM, and in its first seconds of load plain writes time out before its \
+             hot paths are compiled, which AWS's service does not do. With one warm-up surge \
+             only, the first measured surge sold out in 850 to 890 ms and the next in 530 to \
+             620 ms. {quiet}\n\n\
              - **The surge through the gateway**: a sale of {stock} units on {shards} shards; \
              {buyers} buyers each fetch a grab path, then all grab at concurrency {conc}, \
              retrying 429, 503 and no answer on the same path with `X-Retry-Attempt: n` after \
@@ -460,6 +461,22 @@ impl BenchReport {
             base = retry.base.as_millis(),
             tries = retry.attempts,
             warm = c.warm_up_surges,
+            rounds = c.rounds,
+            quiet = c.quiet.map_or_else(
+                || "Each run starts at once, without waiting for the machine to go quiet."
+                    .to_owned(),
+                |q| format!(
+                    "Each timed run starts once the whole machine is quiet (busy below {:.0} % \
+                     of its cores over {} ms, read from `/proc/stat`): every emulator shares \
+                     these cores, and a run leaves work behind it (the local stack fetching a \
+                     surge's new timers from moto, the JVM collecting). Without the wait, \
+                     whichever client ran second paid for the other's tail: a textbook run \
+                     right after a surge sold out in 760 to 1,130 ms, and in 500 to 730 ms \
+                     when it ran first.",
+                    q.max_busy * 100.0,
+                    q.window.as_millis()
+                ),
+            ),
         );
         if c.runs.is_empty() {
             out.push_str("No commit time was measured.\n\n");
@@ -472,10 +489,7 @@ impl BenchReport {
     fn contention_table(&self, out: &mut String) {
         let c = &self.contention;
         let runs = &c.runs;
-        let header: String = runs
-            .iter()
-            .map(|r| format!(" {} ms, {} |", r.commit_time_ms, r.order.label()))
-            .collect();
+        let header: String = runs.iter().map(|r| format!(" {} |", r.label())).collect();
         let _ = writeln!(
             out,
             "| measure |{header} goal |\n|---|{}---|",
@@ -645,7 +659,7 @@ impl BenchReport {
         );
         row(
             out,
-            "**both orders: mean gateway / mean textbook sell-out**",
+            "**every run of the commit time: mean gateway / mean textbook sell-out**",
             &|r| {
                 c.pooled_sell_out_ratio(r.commit_time_ms)
                     .map_or("-".to_owned(), |x| format!("{x:.2}×"))
@@ -677,6 +691,30 @@ impl BenchReport {
             out,
             "gateway: round trip of a 202, p50 · p90 (ms)",
             &|r| marks(&r.gateway.reserved_round_trip),
+            "",
+        );
+        let settled = |s: &crate::quiet::Settled| {
+            format!(
+                "{:.0} % after {:.1} s{}",
+                s.busy * 100.0,
+                s.waited.as_secs_f64(),
+                match (c.quiet, s.quiet) {
+                    (None, _) => " (not waited for)",
+                    (Some(_), false) => " (timed out)",
+                    (Some(_), true) => "",
+                }
+            )
+        };
+        row(
+            out,
+            "machine busy at the start, gateway · textbook",
+            &|r| {
+                format!(
+                    "{} · {}",
+                    settled(&r.gateway.settled),
+                    settled(&r.textbook.settled)
+                )
+            },
             "",
         );
         row(
@@ -722,9 +760,8 @@ impl BenchReport {
         for r in runs {
             let _ = writeln!(
                 out,
-                "At {} ms, {}, the buyers' last answers: {}.{}",
-                r.commit_time_ms,
-                r.order.label(),
+                "At {}, the buyers' last answers: {}.{}",
+                r.label(),
                 outcomes(&r.gateway.final_outcomes),
                 r.textbook
                     .first_failure
@@ -916,7 +953,7 @@ impl BenchReport {
             problems.push("the contention scenario measured no commit time".to_owned());
         }
         for r in &c.runs {
-            let at = format!("contention at {} ms, {}", r.commit_time_ms, r.order.label());
+            let at = format!("contention at {}", r.label());
             let g = &r.gateway;
             if g.sold > stock || g.buyers_with_two_orders > 0 {
                 problems.push(format!(
