@@ -1,0 +1,165 @@
+//! Orders after the grab: the consumer's timer, pay, cancel, and the timeout.
+
+use std::sync::Arc;
+
+use crate::error::AppError;
+use crate::ids::{OrderId, UserId};
+use crate::order::{Order, OrderStatus, ReleaseReason, Reservation};
+use crate::ports::{Clock, OrderBook, PayOutcome, ReleaseScheduler, Settlement, StockLedger};
+
+/// What the consumer's step left behind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimerSet {
+    /// The order is held and its release timer is set (now or before).
+    Set,
+    /// Paid, cancelled or expired before the consumer came; no timer is needed.
+    AlreadySettled(OrderStatus),
+}
+
+/// Orders after the grab: the consumer, the owner's pay and cancel, and the timeout.
+pub struct OrderService {
+    pub orders: Arc<dyn OrderBook>,
+    pub ledger: Arc<dyn StockLedger>,
+    pub scheduler: Arc<dyn ReleaseScheduler>,
+    pub clock: Arc<dyn Clock>,
+}
+
+impl OrderService {
+    async fn owned(
+        &self,
+        order_id: &OrderId,
+        user: &UserId,
+    ) -> Result<(Order, Reservation), AppError> {
+        self.orders
+            .find(order_id, user)
+            .await?
+            .ok_or(AppError::OrderNotFound)
+    }
+
+    pub async fn get(&self, order_id: &OrderId, user: &UserId) -> Result<Order, AppError> {
+        Ok(self.owned(order_id, user).await?.0)
+    }
+
+    /// The consumer's step: the held order's release timer is set. One read of the
+    /// hold and no write: the grab's hold already is the order, so the table is not
+    /// written for a unit between its grab and its settlement. The timer carries the
+    /// hold's own reservation, whatever else the message says. Safe to repeat for the
+    /// same reservation (the timer is idempotent by order id).
+    pub async fn set_release_timer(&self, reservation: &Reservation) -> Result<TimerSet, AppError> {
+        let held = self
+            .orders
+            .find(&reservation.order_id, &reservation.user_id)
+            .await?;
+        match held {
+            // Only the hold this reservation made: a message naming another shard is
+            // not what the grab committed.
+            Some((order, held)) if held.shard == reservation.shard => {
+                if !order.status.is_open() {
+                    return Ok(TimerSet::AlreadySettled(order.status));
+                }
+                self.scheduler.schedule_release(&held).await?;
+                Ok(TimerSet::Set)
+            }
+            _ => Err(AppError::OrderNotFound),
+        }
+    }
+
+    pub async fn pay(&self, order_id: &OrderId, user: &UserId) -> Result<Order, AppError> {
+        let (order, reservation) = self.owned(order_id, user).await?;
+        if let Some(answer) = answer_if_settled(&order, OrderStatus::Paid) {
+            return answer;
+        }
+        match self.orders.pay(&reservation, self.clock.now()).await? {
+            PayOutcome::Paid => {
+                self.forget_timer(order_id).await;
+                Ok(Order {
+                    status: OrderStatus::Paid,
+                    ..order
+                })
+            }
+            PayOutcome::WindowClosed => {
+                // The timer may lag; the buyer must not wait on it to learn the outcome,
+                // and the unit should be grabbable again now.
+                self.ledger
+                    .release(&reservation, ReleaseReason::Expired, self.clock.now())
+                    .await?;
+                Err(AppError::OrderExpired)
+            }
+            PayOutcome::Settled(status) => Err(settled_error(status)),
+            PayOutcome::Unknown => Err(AppError::OrderNotFound),
+        }
+    }
+
+    pub async fn cancel(&self, order_id: &OrderId, user: &UserId) -> Result<Order, AppError> {
+        let (order, reservation) = self.owned(order_id, user).await?;
+        if let Some(answer) = answer_if_settled(&order, OrderStatus::Cancelled) {
+            return answer;
+        }
+        let now = self.clock.now();
+        let reason = if now >= reservation.expires_at {
+            ReleaseReason::Expired
+        } else {
+            ReleaseReason::Cancelled
+        };
+        let final_status = match self.ledger.release(&reservation, reason, now).await? {
+            Settlement::Applied => reason.final_status(),
+            Settlement::AlreadySettled(status) => status,
+            Settlement::Unknown => return Err(AppError::OrderNotFound),
+        };
+        match final_status {
+            OrderStatus::Cancelled => {
+                self.forget_timer(order_id).await;
+                Ok(Order {
+                    status: OrderStatus::Cancelled,
+                    ..order
+                })
+            }
+            other => Err(settled_error(other)),
+        }
+    }
+
+    async fn forget_timer(&self, order_id: &OrderId) {
+        if let Err(error) = self.scheduler.cancel_release(order_id).await {
+            // Harmless: the timer will fire, find the order settled, and do nothing.
+            tracing::warn!(%order_id, error = &error as &dyn std::error::Error, "could not delete the release timer");
+        }
+    }
+}
+
+/// The release function's use case: the payment window closed, give the unit back.
+pub struct ExpiryService {
+    pub ledger: Arc<dyn StockLedger>,
+    pub clock: Arc<dyn Clock>,
+}
+
+impl ExpiryService {
+    /// The release function's step, fired by the order's timer. Safe to repeat.
+    pub async fn expire(&self, reservation: &Reservation) -> Result<Settlement, AppError> {
+        if self.clock.now() < reservation.expires_at {
+            return Err(AppError::NotYetDue);
+        }
+        Ok(self
+            .ledger
+            .release(reservation, ReleaseReason::Expired, self.clock.now())
+            .await?)
+    }
+}
+
+/// The answer to pay or cancel (`wanted`) of an order read consistently, if it is
+/// settled: a settled order never moves again, so no write can change the answer (a
+/// retried call, or one after the timer fired). `None` while the order is open.
+fn answer_if_settled(order: &Order, wanted: OrderStatus) -> Option<Result<Order, AppError>> {
+    match order.status {
+        status if status == wanted => Some(Ok(order.clone())),
+        status if !status.is_open() => Some(Err(settled_error(status))),
+        _ => None,
+    }
+}
+
+fn settled_error(status: OrderStatus) -> AppError {
+    match status {
+        OrderStatus::Paid => AppError::OrderPaid,
+        OrderStatus::Cancelled => AppError::OrderCancelled,
+        _ => AppError::OrderExpired,
+    }
+}

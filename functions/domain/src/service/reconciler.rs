@@ -1,0 +1,163 @@
+//! The reconciler: the safety net under the happy path.
+
+use std::sync::Arc;
+
+use chrono::{DateTime, Duration, Utc};
+use serde::Serialize;
+
+use crate::error::{AppError, StoreError};
+use crate::order::{ReleaseReason, Reservation};
+use crate::ports::{Clock, OrderBook, SaleCatalog, Settlement, StockLedger, TakeReturn};
+use crate::sale::{MAX_PAYMENT_TIMEOUT_SECS, Sale};
+
+/// What one reconciliation pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct ReconcileReport {
+    pub sales: usize,
+    pub open_holds: usize,
+    /// Holds past their deadline that no timer had released, released here.
+    pub expired: usize,
+    /// Holds an action failed on; the next pass tries them again.
+    pub failed: usize,
+    /// Sales whose open holds could not be read; the next pass tries them again.
+    pub failed_sales: usize,
+    /// Units a shard recorded as taken with no hold behind them (a reserve that died
+    /// between its writes, a release that died before its shard write), given back.
+    pub takes_returned: usize,
+}
+
+/// The safety net under the happy path (the seeds' reconciliation). A grab can commit
+/// and then lose its queue message (the function timed out or crashed in between, or
+/// the commit's answer was lost), so no timer is ever set, and a timer can be lost;
+/// either would strand a unit for good. The buyer of such a hold can still pay it (pay
+/// needs no timer), so each pass only releases the open holds past their deadline by
+/// `timer_grace`: the unit comes back that much late, and nothing is sent again. A unit
+/// a shard records as taken that no hold accounts for, taken longer than `take_grace`
+/// ago, goes back to its shard (a reserve takes, then holds: a grab that died in
+/// between leaves such a take). Every action is conditional on the hold's state, so a
+/// pass racing the normal path changes nothing twice.
+pub struct Reconciler {
+    pub catalog: Arc<dyn SaleCatalog>,
+    pub orders: Arc<dyn OrderBook>,
+    pub ledger: Arc<dyn StockLedger>,
+    pub clock: Arc<dyn Clock>,
+    /// How long past its deadline a hold may stay open before its timer counts as lost.
+    pub timer_grace: Duration,
+    /// How old a take no hold accounts for must be before it goes back: past the life
+    /// of the grab path that made it ([`DEFAULT_TAKE_GRACE`]). Until then a request of
+    /// that path may still come (a buyer retrying a 503 through a minute of 429s, say)
+    /// and finish it; returned earlier, the take's order is voided and that buyer,
+    /// who may well have been first, is told their path is used up.
+    pub take_grace: Duration,
+}
+
+/// A grab path's life plus a minute: a take's `taken_at` is when it was written, after
+/// the path was issued, so no request of the path can arrive after this, nor any
+/// reserve of one still be between its two writes.
+pub const DEFAULT_TAKE_GRACE: Duration =
+    Duration::seconds(crate::grab::GRAB_PATH_LIFETIME.num_seconds() + 60);
+
+impl Reconciler {
+    pub async fn run(&self) -> Result<ReconcileReport, AppError> {
+        let now = self.clock.now();
+        // A hold made at a sale's last instant lives at most the longest payment
+        // window past the end.
+        let longest_window = Duration::seconds(i64::from(MAX_PAYMENT_TIMEOUT_SECS));
+        let cutoff = now - longest_window - self.timer_grace;
+        let mut report = ReconcileReport::default();
+        for sale in self.catalog.sales_ending_after(cutoff).await? {
+            report.sales += 1;
+            // One sale whose holds cannot be read must not leave every other sale's
+            // stuck holds unrepaired; the next pass tries it again.
+            let holds = match self.orders.open_holds(&sale).await {
+                Ok(holds) => holds,
+                Err(error) => {
+                    report.failed_sales += 1;
+                    tracing::error!(
+                        sale_id = %sale.sale_id,
+                        error = &error as &dyn std::error::Error,
+                        "reading a sale's open holds failed"
+                    );
+                    continue;
+                }
+            };
+            self.return_unaccounted_takes(&sale, now, &mut report).await;
+            for reservation in holds {
+                report.open_holds += 1;
+                match self.release_if_stuck(&reservation, now).await {
+                    Ok(true) => report.expired += 1,
+                    Ok(false) => {}
+                    Err(error) => {
+                        report.failed += 1;
+                        tracing::error!(
+                            order_id = %reservation.order_id,
+                            error = &error as &dyn std::error::Error,
+                            "reconciliation of a stuck hold failed"
+                        );
+                    }
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    /// Gives back the sale's takes that no hold accounts for, once they are older than
+    /// any reserve still between its two writes.
+    async fn return_unaccounted_takes(
+        &self,
+        sale: &Sale,
+        now: DateTime<Utc>,
+        report: &mut ReconcileReport,
+    ) {
+        let takes = match self.ledger.unaccounted_takes(sale).await {
+            Ok(takes) => takes,
+            Err(error) => {
+                report.failed_sales += 1;
+                tracing::error!(
+                    sale_id = %sale.sale_id,
+                    error = &error as &dyn std::error::Error,
+                    "reading a sale's unaccounted takes failed"
+                );
+                return;
+            }
+        };
+        for take in takes {
+            if now - take.taken_at < self.take_grace {
+                continue;
+            }
+            match self.ledger.return_take(&take, now).await {
+                Ok(TakeReturn::Returned) => {
+                    report.takes_returned += 1;
+                    tracing::warn!(order_id = %take.order_id, shard = take.shard, "gave back a unit no hold accounted for");
+                }
+                Ok(TakeReturn::Accounted | TakeReturn::AlreadyReturned) => {}
+                Err(error) => {
+                    report.failed += 1;
+                    tracing::error!(
+                        order_id = %take.order_id,
+                        error = &error as &dyn std::error::Error,
+                        "returning an unaccounted take failed"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Releases a hold its timer should have released `timer_grace` ago; whether this
+    /// call released it.
+    async fn release_if_stuck(
+        &self,
+        reservation: &Reservation,
+        now: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        if now - reservation.expires_at < self.timer_grace {
+            return Ok(false);
+        }
+        let settled = self
+            .ledger
+            .release(reservation, ReleaseReason::Expired, now)
+            .await?;
+        tracing::warn!(order_id = %reservation.order_id, ?settled, "released a hold no timer released");
+        Ok(settled == Settlement::Applied)
+    }
+}
