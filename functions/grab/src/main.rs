@@ -1,7 +1,7 @@
 //! The grab Lambda: wiring only. The behaviour lives in the library.
 
 use flashsale_grab::{Config, Deps, handler};
-use flashsale_lambda::telemetry::startup_failure;
+use flashsale_lambda::failure::startup_failure;
 use lambda_http::{Error, service_fn};
 
 #[tokio::main]

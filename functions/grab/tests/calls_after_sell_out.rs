@@ -360,7 +360,7 @@ async fn a_weak_or_missing_secret_fails_the_cold_start_naming_it() {
         matches!(&error, GrabKeyError::Unreadable { arn, .. } if *arn == gone_arn),
         "{error:?}"
     );
-    let reason = flashsale_lambda::telemetry::error_chain(&error);
+    let reason = flashsale_lambda::failure::error_chain(&error);
     assert!(reason.contains(&gone_arn), "{reason}");
     assert!(reason.contains("ResourceNotFound"), "{reason}");
 }

@@ -11,6 +11,7 @@ pub mod caller;
 pub mod config;
 pub mod correlation;
 pub mod error;
+pub mod failure;
 pub mod metrics;
 pub mod response;
 pub mod route;

@@ -9,7 +9,7 @@ use lambda_http::Body;
 use serde::Serialize;
 
 use crate::error::ApiError;
-use crate::telemetry::error_chain;
+use crate::failure::error_chain;
 
 /// Seconds a client should wait before retrying after `unavailable`.
 pub const RETRY_AFTER_SECS: u32 = 1;

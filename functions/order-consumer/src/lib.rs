@@ -19,7 +19,7 @@ use flashsale_domain::ports::{Clock, OrderBook, ReleaseScheduler, StockLedger, S
 use flashsale_domain::service::{OrderService, TimerSet};
 use flashsale_domain::{AppError, OrderId, Reservation};
 use flashsale_lambda::config::{Env, process_env};
-use flashsale_lambda::telemetry::{diagnostic, error_chain};
+use flashsale_lambda::failure::{diagnostic, error_chain};
 use flashsale_lambda::{CallBudget, ConfigError};
 use futures::StreamExt as _;
 use lambda_runtime::Diagnostic;

@@ -17,7 +17,7 @@ use flashsale_domain::AppError;
 use flashsale_domain::ports::{Clock, OrderBook, SaleCatalog, StockLedger, SystemClock};
 use flashsale_domain::service::{ReconcileReport, Reconciler, SaleService};
 use flashsale_lambda::config::{Env, process_env};
-use flashsale_lambda::telemetry::{diagnostic, error_chain};
+use flashsale_lambda::failure::{diagnostic, error_chain};
 use flashsale_lambda::{CallBudget, ConfigError};
 use lambda_runtime::Diagnostic;
 use serde_json::Value;

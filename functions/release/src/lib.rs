@@ -29,7 +29,7 @@ use flashsale_domain::ports::{Clock, Settlement, StockLedger, SystemClock};
 use flashsale_domain::service::ExpiryService;
 use flashsale_domain::{AppError, OrderId, OrderStatus, Reservation};
 use flashsale_lambda::config::{Env, process_env};
-use flashsale_lambda::telemetry::{diagnostic, error_chain};
+use flashsale_lambda::failure::{diagnostic, error_chain};
 use flashsale_lambda::{CallBudget, ConfigError};
 use lambda_runtime::Diagnostic;
 use serde::Serialize;

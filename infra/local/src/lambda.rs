@@ -14,7 +14,7 @@ use tokio::sync::watch;
 use tracing::Instrument;
 
 /// An error and its sources on one line, for logs: the functions' own.
-pub use flashsale_lambda::telemetry::error_chain;
+pub use flashsale_lambda::failure::error_chain;
 
 use crate::model::{FunctionSpec, StackModel};
 
