@@ -263,6 +263,9 @@ struct Sizes {
     lapse_wait: Duration,
     init_runs: usize,
     pipeline_concurrency: &'static [usize],
+    /// `flashsale-pipeline --grabs`: `None` keeps the tool's own (600). At 600 the
+    /// smoke's debug build spent 60 s of `make test` here (measured).
+    pipeline_grabs: Option<usize>,
     tool_limit: Duration,
     contention: ContentionSizes,
 }
@@ -283,6 +286,7 @@ const RUN: Sizes = Sizes {
     lapse_wait: Duration::from_secs(150),
     init_runs: 20,
     pipeline_concurrency: &[8, 32],
+    pipeline_grabs: None,
     tool_limit: Duration::from_secs(1800),
     contention: ContentionSizes {
         commit_times_ms: &[15, 30],
@@ -318,6 +322,7 @@ const SMOKE: Sizes = Sizes {
     lapse_wait: Duration::from_secs(10),
     init_runs: 2,
     pipeline_concurrency: &[2],
+    pipeline_grabs: Some(40),
     tool_limit: Duration::from_secs(120),
     contention: ContentionSizes {
         commit_times_ms: &[15],
@@ -463,13 +468,17 @@ async fn run(args: &RunArgs) -> Result<(), BenchError> {
 
     eprintln!("bench: 2. pipeline ratio");
     let mut pipeline = Vec::new();
+    let mut pipeline_args = args.pipeline_args.clone();
+    if let Some(grabs) = sizes.pipeline_grabs {
+        pipeline_args.extend(["--grabs".to_owned(), grabs.to_string()]);
+    }
     for &concurrency in sizes.pipeline_concurrency {
         pipeline.push(
             external::pipeline(
                 &workspace,
                 !args.smoke,
                 concurrency,
-                &args.pipeline_args,
+                &pipeline_args,
                 &stack_env,
                 sizes.tool_limit,
             )
