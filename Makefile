@@ -185,7 +185,7 @@ lint:
 	cargo clippy --workspace --all-targets --locked -- -D warnings
 
 # `--tests`: every unit and integration test, not the doc tests. The workspace has none
-# (its doc comments' code blocks are `text`), and rustdoc still took 22 s to find that
+# (its doc comments' code blocks are `text` or `sh`), and rustdoc still took 22 s to find that
 # out in its 15 crates (measured, warm). Add `--doc` here with the first real one:
 # `lint` fails on it until then (tests/lint/no_doc_tests.py).
 unit:
@@ -243,7 +243,9 @@ bench-tools: tools
 # The functions in a build of their own, as build-lambdas builds them: built together with
 # the local stack, cargo unifies features and the bootstraps would link the SDK's default
 # aws-lc client beside their own ring one, so sizes and init would not be the deployed ones.
-bench: bench-tools
+# build-lambdas: §5's deployed sizes are the cargo-lambda bootstraps'; without them the
+# record says "not built in this tree" (as the one of e98c082 did, on a fresh machine).
+bench: bench-tools build-lambdas
 	cargo build --release --locked -p flashsale-local -p flashsale-bench -p flashsale-e2e
 	cargo build --release --locked $(addprefix -p ,$(LAMBDA_PACKAGES))
 	target/release/flashsale-bench run --command "make bench" --report docs/benchmarks.md \

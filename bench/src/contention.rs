@@ -68,8 +68,9 @@ pub struct ContentionSizes {
     pub commit_times_ms: &'static [u64],
     /// Gateway surges run, unreported, before the measured ones (one textbook run too).
     pub warm_up_surges: usize,
-    /// Pairs of runs per commit time, each in both orders: one pair sold out anywhere
-    /// from 0.5 to 1.1 times as fast as the next (measured), so the ratio is pooled.
+    /// Rounds per commit time, each a pair of runs (a surge and a textbook run) in
+    /// either order: one pair's ratio ranged from 0.5 to 1.1 from one to the next
+    /// (measured), so the ratio is pooled over every pair of the commit time.
     pub rounds: usize,
     pub stock: u32,
     pub shards: u16,
@@ -222,7 +223,7 @@ impl ContentionReport {
 #[derive(Debug, Clone, Serialize)]
 pub struct ContentionRun {
     pub commit_time_ms: u64,
-    /// Which pair of this commit time (from 1).
+    /// Which round of this commit time (from 1); each round runs both orders.
     pub round: usize,
     pub order: RunOrder,
     pub gateway: GatewaySurge,
@@ -509,8 +510,9 @@ pub async fn contention(
             let tag = format!("{commit_time_ms}{}{round}", order.tag());
             let surge_name = format!("surge{tag}");
             eprintln!(
-                "bench: 7. contention at {commit_time_ms} ms, {}: the surge through the gateway ({} buyers, {} units on {} shards) and the textbook client",
+                "bench: 7. contention at {commit_time_ms} ms, {}, round {}: the surge through the gateway ({} buyers, {} units on {} shards) and the textbook client",
                 order.label(),
+                round + 1,
                 sizes.buyers,
                 sizes.stock,
                 sizes.shards

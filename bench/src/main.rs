@@ -367,10 +367,9 @@ async fn contention_only(
     for run in &report.runs {
         let gateway = &run.gateway;
         eprintln!(
-            "commit {} ms, {}: sold {} left {:?} 503s {} of {} ({:.2} %), writes/unit {:.2}, \
+            "commit {}: sold {} left {:?} 503s {} of {} ({:.2} %), writes/unit {:.2}, \
              sell-out gateway {:?} textbook {:?} ratio {:.2}",
-            run.commit_time_ms,
-            run.order.label(),
+            run.label(),
             gateway.sold,
             gateway.left,
             gateway.unavailable,
@@ -396,7 +395,7 @@ async fn contention_only(
     }
     for &commit_time_ms in sizes.commit_times_ms {
         eprintln!(
-            "commit {commit_time_ms} ms, both orders: mean gateway / mean textbook sell-out {:.2}",
+            "commit {commit_time_ms} ms, every run: mean gateway / mean textbook sell-out {:.2}",
             report
                 .pooled_sell_out_ratio(commit_time_ms)
                 .unwrap_or(f64::NAN)
@@ -469,7 +468,10 @@ async fn run(args: &RunArgs) -> Result<(), BenchError> {
     eprintln!("bench: 2. pipeline ratio");
     let mut pipeline = Vec::new();
     let mut pipeline_args = args.pipeline_args.clone();
-    if let Some(grabs) = sizes.pipeline_grabs {
+    let grabs_given = pipeline_args
+        .iter()
+        .any(|arg| arg == "--grabs" || arg.starts_with("--grabs="));
+    if let Some(grabs) = sizes.pipeline_grabs.filter(|_| !grabs_given) {
         pipeline_args.extend(["--grabs".to_owned(), grabs.to_string()]);
     }
     for &concurrency in sizes.pipeline_concurrency {

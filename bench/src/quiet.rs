@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 /// When the machine counts as quiet, and how long to wait for it at most.
 #[derive(Debug, Clone, Copy, serde::Serialize)]
 pub struct Quiet {
-    /// The busy share of all cores, over one window, below which the machine is quiet.
+    /// The busy share of all cores (steal included: a neighbour's load slows the run
+    /// just the same), over one window, below which the machine is quiet.
     pub max_busy: f64,
     pub window: Duration,
     /// The wait gives up after this and the run starts anyway (the report says so).
@@ -26,14 +27,18 @@ pub const QUIET: Quiet = Quiet {
     timeout: Duration::from_secs(15),
 };
 
-/// What one wait found.
+/// How a timed run started.
 #[derive(Debug, Clone, Copy, serde::Serialize)]
-pub struct Settled {
-    pub waited: Duration,
-    /// The busy share of the last window.
-    pub busy: f64,
-    /// Whether the machine was quiet, or the wait timed out.
-    pub quiet: bool,
+#[serde(rename_all = "snake_case")]
+pub enum Settled {
+    /// At once: no wait was asked for.
+    NotWaited,
+    /// Once one window's busy share was below [`Quiet::max_busy`].
+    Quiet { waited: Duration, busy: f64 },
+    /// After [`Quiet::timeout`], the last window still this busy.
+    TimedOut { waited: Duration, busy: f64 },
+    /// At once: `/proc/stat` could not be read.
+    Unreadable,
 }
 
 impl Settled {
@@ -41,27 +46,42 @@ impl Settled {
     pub async fn after(quiet: Option<Quiet>) -> Self {
         match quiet {
             Some(quiet) => quiet.settle().await,
-            None => Self {
-                waited: Duration::ZERO,
-                busy: 0.0,
-                quiet: false,
-            },
+            None => Self::NotWaited,
+        }
+    }
+
+    /// For the report: "7 % after 0.3 s", and what else happened.
+    pub fn describe(&self) -> String {
+        match self {
+            Self::NotWaited => "not waited for".to_owned(),
+            Self::Quiet { waited, busy } => {
+                format!("{:.0} % after {:.1} s", busy * 100.0, waited.as_secs_f64())
+            }
+            Self::TimedOut { waited, busy } => format!(
+                "still {:.0} % after {:.1} s (timed out)",
+                busy * 100.0,
+                waited.as_secs_f64()
+            ),
+            Self::Unreadable => "/proc/stat unreadable".to_owned(),
         }
     }
 }
 
-/// Busy and total jiffies of all cores since boot, from `/proc/stat`'s `cpu` line
-/// (busy: everything but `idle` and `iowait`). `None` where there is no such file.
+/// Busy and total jiffies of all cores since boot, from `/proc/stat`'s `cpu` line: its
+/// first eight fields (user, nice, system, idle, iowait, irq, softirq, steal; guest
+/// time is already counted in user and nice), busy being all but idle and iowait.
+/// `None` where there is no such file.
 fn cpu_jiffies() -> Option<(u64, u64)> {
     let stat = std::fs::read_to_string("/proc/stat").ok()?;
     let line = stat.lines().find(|line| line.starts_with("cpu "))?;
     let fields: Vec<u64> = line
         .split_whitespace()
         .skip(1)
-        .filter_map(|field| field.parse().ok())
-        .collect();
+        .take(8)
+        .map(|field| field.parse().ok())
+        .collect::<Option<_>>()?;
     let total: u64 = fields.iter().sum();
-    let idle = fields.get(3).copied().unwrap_or(0) + fields.get(4).copied().unwrap_or(0);
+    let idle = fields.get(3).copied()? + fields.get(4).copied()?;
     Some((total.saturating_sub(idle), total))
 }
 
@@ -70,34 +90,30 @@ impl Quiet {
     pub async fn settle(&self) -> Settled {
         let started = Instant::now();
         let Some(mut last) = cpu_jiffies() else {
-            return Settled {
-                waited: Duration::ZERO,
-                busy: 0.0,
-                quiet: false,
-            };
+            return Settled::Unreadable;
         };
         loop {
             tokio::time::sleep(self.window).await;
             let Some(now) = cpu_jiffies() else {
-                break;
+                return Settled::Unreadable;
             };
             let busy = now.0.saturating_sub(last.0) as f64;
             let total = now.1.saturating_sub(last.1) as f64;
             let share = if total > 0.0 { busy / total } else { 0.0 };
             last = now;
-            let quiet = share < self.max_busy;
-            if quiet || started.elapsed() >= self.timeout {
-                return Settled {
-                    waited: started.elapsed(),
+            let waited = started.elapsed();
+            if share < self.max_busy {
+                return Settled::Quiet {
+                    waited,
                     busy: share,
-                    quiet,
                 };
             }
-        }
-        Settled {
-            waited: started.elapsed(),
-            busy: 0.0,
-            quiet: false,
+            if waited >= self.timeout {
+                return Settled::TimedOut {
+                    waited,
+                    busy: share,
+                };
+            }
         }
     }
 }
