@@ -1,11 +1,11 @@
 //! The use cases. Each service holds only the ports it needs, so each function builds
 //! only the clients it uses.
 //!
-//! - [`sales`]: sale administration and the public page;
-//! - [`blocklist`]: the admins' blocklist;
-//! - [`orders`]: the consumer's timer, the owner's pay and cancel, the timeout;
-//! - [`reconciler`]: the safety net under the happy path;
-//! - [`caches`]: the per-process caches the grab reads instead of the store.
+//! - `sales`: sale administration and the public page;
+//! - `blocklist`: the admins' blocklist;
+//! - `orders`: the consumer's timer, the owner's pay and cancel, the timeout;
+//! - `reconciler`: the safety net under the happy path;
+//! - `caches`: the per-process caches the grab reads instead of the store.
 //!
 //! The hot path, the grab, has a module of its own ([`crate::grab`]).
 

@@ -2,10 +2,10 @@
 //! authorizer in front, and each request turned into the payload-format-2.0 event API
 //! Gateway would send, answered from the function's payload-format-2.0 response.
 //!
-//! - [`routes`]: the routes and their throttles;
-//! - [`cors`]: preflights and CORS headers;
-//! - [`event`]: the request as the event, the function's result as the response;
-//! - [`token`]: the local-only token route.
+//! - `routes`: the routes and their throttles;
+//! - `cors`: preflights and CORS headers;
+//! - `event`: the request as the event, the function's result as the response;
+//! - `token`: the local-only token route.
 
 mod cors;
 mod event;
@@ -108,7 +108,7 @@ impl Gateway {
     }
 }
 
-pub(super) fn json_response(status: StatusCode, body: Value) -> Response {
+fn json_response(status: StatusCode, body: Value) -> Response {
     let mut response = Response::new(Body::from(body.to_string()));
     *response.status_mut() = status;
     response.headers_mut().insert(
@@ -119,7 +119,7 @@ pub(super) fn json_response(status: StatusCode, body: Value) -> Response {
 }
 
 /// An error of the local-only token route, in the functions' `{"error", "message"}`.
-pub(super) fn error_response(status: StatusCode, code: &str, message: &str) -> Response {
+fn error_response(status: StatusCode, code: &str, message: &str) -> Response {
     json_response(status, json!({"error": code, "message": message}))
 }
 
@@ -127,7 +127,7 @@ pub(super) fn error_response(status: StatusCode, code: &str, message: &str) -> R
 /// authorizer refusal) or its integration fails: an HTTP API's own responses are `{"message": ...}` only and
 /// cannot be customised, so clients must be ready for them; emulating anything nicer
 /// would hide that.
-pub(super) fn gateway_refusal(status: StatusCode) -> Response {
+fn gateway_refusal(status: StatusCode) -> Response {
     let message = match status {
         StatusCode::NOT_FOUND => "Not Found",
         StatusCode::TOO_MANY_REQUESTS => "Too Many Requests",
