@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Write units of the grab's take as a stock shard item fills, from DynamoDB's own count.
 
-The take (functions/adapters/src/dynamo/ledger.rs, `take`) names its order among the
+The take (functions/lib/adapters/src/dynamo/ledger.rs, `take`) names its order among the
 shard's takers, so the item grows by one entry per unit held and an UpdateItem is billed
 at the larger of its sizes before and after. This sends the adapter's own update and
 condition (`TAKE_UPDATE` and `TAKE_CONDITION`, read from ledger.rs, so they cannot drift)
@@ -27,7 +27,7 @@ import boto3
 ULID_ALPHABET = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 
 
-LEDGER = Path(__file__).resolve().parent.parent / "functions/adapters/src/dynamo/ledger.rs"
+LEDGER = Path(__file__).resolve().parent.parent / "functions/lib/adapters/src/dynamo/ledger.rs"
 
 
 def ledger_constant(name: str) -> str:

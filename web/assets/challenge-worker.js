@@ -1,5 +1,5 @@
 // Solves the proof-of-work challenge before a grab path, off the page's thread: ALTCHA's
-// PoW v2 in deterministic mode with PBKDF2/SHA-256, as functions/adapters issues it. The
+// PoW v2 in deterministic mode with PBKDF2/SHA-256, as functions/lib/adapters issues it. The
 // key for each counter, from 0 up, is PBKDF2(nonce || counter as 4 big-endian bytes,
 // salt, cost iterations); the solution is the first counter whose key starts with
 // `keyPrefix`.

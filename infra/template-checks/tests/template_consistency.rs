@@ -434,8 +434,8 @@ fn actions_of_calls(calls: &BTreeSet<(String, String)>) -> BTreeSet<String> {
 /// The port methods a function's use cases call, read from the domain's services.
 fn port_methods_of(f: &Function) -> BTreeSet<String> {
     let domain = code_of(&[
-        "functions/domain/src/service",
-        "functions/domain/src/grab.rs",
+        "functions/lib/domain/src/service",
+        "functions/lib/domain/src/grab.rs",
     ]);
     let mut ports = BTreeSet::new();
     let mut roots: Vec<String> = Vec::new();
@@ -474,7 +474,7 @@ fn port_methods_of(f: &Function) -> BTreeSet<String> {
 /// Every IAM action `f`'s code path reaches: its use cases' ports as the adapters
 /// implement them, plus any SDK call made directly in the function's own crate.
 fn actions_reached_by(f: &Function) -> BTreeSet<String> {
-    let adapters = code_of(&["functions/adapters/src"]);
+    let adapters = code_of(&["functions/lib/adapters/src"]);
     let mut actions = BTreeSet::new();
     for port_method in port_methods_of(f) {
         assert!(
@@ -538,7 +538,7 @@ fn item_action_spellings(action: &str) -> Option<&'static [&'static str]> {
 /// is reached only from the adapter module of that partition.
 #[test]
 fn actions_confined_to_a_partition_are_reached_only_from_its_adapter() {
-    let adapters = code_of(&["functions/adapters/src"]);
+    let adapters = code_of(&["functions/lib/adapters/src"]);
     let partition_module = |keys: &Value| -> String {
         match keys.as_array().map(Vec::as_slice) {
             Some([Value::String(key)]) if key == "BLOCKLIST" => "dynamo/blocklist.rs".to_owned(),
@@ -637,7 +637,7 @@ fn each_function_runs_the_use_cases_it_is_checked_for() {
 
 #[test]
 fn every_aws_operation_in_the_adapters_is_reached_by_some_function() {
-    let adapters = code_of(&["functions/adapters/src"]);
+    let adapters = code_of(&["functions/lib/adapters/src"]);
     let everything: BTreeSet<String> = adapters.functions.keys().cloned().collect();
     let in_source = actions_of_calls(&sdk_calls(&adapters, &everything))
         .union(&transaction_item_actions(&adapters, &everything))

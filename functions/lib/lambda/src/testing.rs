@@ -13,7 +13,7 @@ use serde_json::{Map, Value, json};
 
 /// The repository's `events/` folder.
 pub fn events_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../events")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../events")
 }
 
 /// A fixture from `events/`, as JSON.
