@@ -1,20 +1,21 @@
 //! The api function: every HTTP route but the grab's. The public sale page, sale
 //! administration, the blocklist, and the buyer's own orders (read, pay, cancel).
 
+use std::convert::Infallible;
 use std::sync::Arc;
 
-use flashsale_adapters::breaker::{BreakerPolicy, CircuitBreaker};
-use flashsale_adapters::{DynamoStore, EventBridgeScheduler, dynamodb_behind};
+use flashsale_adapters::breaker::BreakerPolicy;
+use flashsale_adapters::{DynamoStore, EventBridgeScheduler};
 use flashsale_domain::ports::{
     Blocklist, Clock, OrderBook, ReleaseScheduler, SaleCatalog, StockLedger, SystemClock,
 };
 use flashsale_domain::service::{BlocklistService, CachedCatalog, OrderService, SaleService};
 use flashsale_domain::{SaleDraft, UserId};
 use flashsale_lambda::caller::{DEFAULT_ADMIN_CLAIM, DEFAULT_ADMIN_GROUP};
-use flashsale_lambda::config::{Env, process_env};
 use flashsale_lambda::{
-    AdminRule, ApiError, CachePolicy, CallBudget, Caller, ConfigError, ensure_within_limit, json,
-    json_body, order_id_param, respond, route_key, sale_id_param, user_of,
+    AdminRule, ApiError, CachePolicy, CallBudget, Caller, Clients, Env, FromEnv, Function,
+    ensure_within_limit, json, json_body, order_id_param, respond, route_key, sale_id_param,
+    user_of,
 };
 use lambda_http::http::header::{HeaderValue, LOCATION};
 use lambda_http::http::{Response, StatusCode};
@@ -64,28 +65,12 @@ pub struct Config {
     pub breaker: BreakerPolicy,
 }
 
-impl Config {
-    /// Every environment variable this function reads (besides `RUST_LOG`, which the
-    /// log setup reads). `ADMIN_CLAIM` and `ADMIN_GROUP` are optional.
-    pub const ENV_VARS: &'static [&'static str] = &[
-        "TABLE_NAME",
-        "SCHEDULE_GROUP_NAME",
-        "ADMIN_CLAIM",
-        "ADMIN_GROUP",
-        "BREAKER_FAILURES",
-        "BREAKER_WINDOW_MS",
-        "BREAKER_COOL_OFF_MS",
-    ];
-
-    pub fn from_env() -> Result<Self, ConfigError> {
-        Self::from_lookup(process_env)
-    }
-
-    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
-        let env = Env::new(lookup);
-        Ok(Self {
-            table_name: env.required("TABLE_NAME")?,
-            schedule_group_name: env.required("SCHEDULE_GROUP_NAME")?,
+impl FromEnv for Config {
+    /// `ADMIN_CLAIM` and `ADMIN_GROUP` are optional.
+    fn read(env: &Env<'_>) -> Self {
+        Self {
+            table_name: env.required("TABLE_NAME"),
+            schedule_group_name: env.required("SCHEDULE_GROUP_NAME"),
             admin: AdminRule {
                 claim: env
                     .optional("ADMIN_CLAIM")
@@ -94,24 +79,7 @@ impl Config {
                     .optional("ADMIN_GROUP")
                     .unwrap_or_else(|| DEFAULT_ADMIN_GROUP.to_owned()),
             },
-            breaker: env.breaker_policy()?,
-        })
-    }
-}
-
-/// The SDK clients of the api, within [`SDK_BUDGET`]; DynamoDB behind a circuit
-/// breaker, so that pay and cancel fail fast on a failing table.
-struct Clients {
-    dynamodb: aws_sdk_dynamodb::Client,
-    scheduler: aws_sdk_scheduler::Client,
-}
-
-impl Clients {
-    fn new(sdk: &aws_config::SdkConfig, breaker: BreakerPolicy) -> Self {
-        let sdk = SDK_BUDGET.bound(sdk);
-        Self {
-            dynamodb: dynamodb_behind(&sdk, &CircuitBreaker::new("dynamodb", breaker)),
-            scheduler: aws_sdk_scheduler::Client::new(&sdk),
+            breaker: env.breaker_policy(),
         }
     }
 }
@@ -136,13 +104,11 @@ pub struct Deps {
 }
 
 impl Deps {
-    /// DynamoDB for sales, stock and orders; Scheduler only to delete release timers
+    /// DynamoDB for sales, stock and orders, behind a circuit breaker so that pay and
+    /// cancel fail fast on a failing table; Scheduler only to delete release timers
     /// (this function never creates one, so it has no release target).
-    pub fn new(config: &Config, sdk: &aws_config::SdkConfig) -> Self {
-        let Clients {
-            dynamodb,
-            scheduler,
-        } = Clients::new(sdk, config.breaker);
+    pub fn new(config: &Config, clients: &Clients) -> Self {
+        let dynamodb = clients.dynamodb_behind(config.breaker);
         let store = Arc::new(DynamoStore::new(dynamodb.clone(), &config.table_name));
         Self::from_ports(
             config,
@@ -154,7 +120,7 @@ impl Deps {
                 ledger: store.clone(),
                 orders: store.clone(),
                 scheduler: Arc::new(EventBridgeScheduler::new(
-                    scheduler,
+                    clients.scheduler(),
                     &config.schedule_group_name,
                     None,
                 )),
@@ -183,6 +149,23 @@ impl Deps {
             },
             admin: config.admin.clone(),
         }
+    }
+}
+
+impl Function for Deps {
+    type Config = Config;
+    type Event = Request;
+    type Output = Response<Body>;
+    type Error = lambda_http::Error;
+    type InitError = Infallible;
+    const SDK_BUDGET: CallBudget = SDK_BUDGET;
+
+    async fn init(config: &Config, clients: &Clients) -> Result<Self, Infallible> {
+        Ok(Self::new(config, clients))
+    }
+
+    async fn handle(&self, request: Request) -> Result<Response<Body>, lambda_http::Error> {
+        handler(self, request).await
     }
 }
 
@@ -338,23 +321,4 @@ async fn cancel_order(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiE
         &order.sale_id,
     );
     json(StatusCode::OK, &order, CachePolicy::NoStore)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_sdk_client_is_built_within_the_budget() {
-        let clients = Clients::new(
-            &aws_config::SdkConfig::builder().build(),
-            BreakerPolicy::DEFAULT,
-        );
-        for timeouts in [
-            clients.dynamodb.config().timeout_config(),
-            clients.scheduler.config().timeout_config(),
-        ] {
-            assert_eq!(timeouts.and_then(CallBudget::of), Some(SDK_BUDGET));
-        }
-    }
 }

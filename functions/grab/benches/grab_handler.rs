@@ -34,6 +34,7 @@ use flashsale_domain::testing::{InMemoryBlocklist, InMemoryStore, ManualClock, R
 use flashsale_domain::token::GrabTokenSigner;
 use flashsale_domain::{SaleId, UserId};
 use flashsale_grab::{Config, Deps, Ports, handler};
+use flashsale_lambda::FromEnv as _;
 use flashsale_lambda::testing::ApiEvent;
 use lambda_http::Request;
 use nix::time::{ClockId, clock_gettime};

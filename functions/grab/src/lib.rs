@@ -15,9 +15,9 @@ use std::sync::Arc;
 use tracing::Instrument as _;
 
 use chrono::{DateTime, Duration, Utc};
-use flashsale_adapters::breaker::{BreakerPolicy, CircuitBreaker};
+use flashsale_adapters::breaker::BreakerPolicy;
 use flashsale_adapters::proof_of_work::AltchaChallenges;
-use flashsale_adapters::{DynamoStore, SqsOrderQueue, TokioPause, dynamodb_behind, sqs_behind};
+use flashsale_adapters::{DynamoStore, SqsOrderQueue, TokioPause};
 use flashsale_domain::gate::SoldOutGate;
 use flashsale_domain::ports::{
     Blocklist, Clock, OrderBook, OrderQueue, Pause, SaleCatalog, StockLedger, SystemClock,
@@ -28,11 +28,10 @@ use flashsale_domain::service::{
 };
 use flashsale_domain::token::GrabTokenSigner;
 use flashsale_domain::{OrderId, OrderStatus};
-use flashsale_lambda::config::{Env, process_env};
 use flashsale_lambda::metrics;
 use flashsale_lambda::{
-    ApiError, CachePolicy, CallBudget, ConfigError, ensure_within_limit, json, json_body, respond,
-    route_key, sale_id_param, user_of,
+    ApiError, CachePolicy, CallBudget, Clients, Env, FromEnv, Function, ensure_within_limit, json,
+    json_body, respond, route_key, sale_id_param, user_of,
 };
 pub use grab_key::{GRAB_KEY_BUDGET, GrabKeyError, SecretsManagerKey};
 use lambda_http::http::header::{HeaderValue, LOCATION};
@@ -88,7 +87,7 @@ pub struct Config {
     pub table_name: String,
     pub orders_queue_url: String,
     /// The Secrets Manager secret holding the grab-token key, read once per cold start
-    /// by [`Deps::init`]; the key itself is never in the environment.
+    /// by the cold start ([`Function::init`]); the key itself is never in the environment.
     pub grab_token_secret_arn: String,
     pub sold_out_recheck: Duration,
     /// How often a process rereads the blocklist.
@@ -97,37 +96,18 @@ pub struct Config {
     pub breaker: BreakerPolicy,
 }
 
-impl Config {
-    /// Every environment variable this function reads (besides `RUST_LOG`, which the
-    /// log setup reads).
-    pub const ENV_VARS: &'static [&'static str] = &[
-        "TABLE_NAME",
-        "ORDERS_QUEUE_URL",
-        "GRAB_TOKEN_SECRET_ARN",
-        "SOLD_OUT_RECHECK_MS",
-        "BLOCKLIST_REFRESH_MS",
-        "BREAKER_FAILURES",
-        "BREAKER_WINDOW_MS",
-        "BREAKER_COOL_OFF_MS",
-    ];
-
-    pub fn from_env() -> Result<Self, ConfigError> {
-        Self::from_lookup(process_env)
-    }
-
-    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
-        let env = Env::new(lookup);
-        let recheck_ms: u32 = env.parsed_or("SOLD_OUT_RECHECK_MS", DEFAULT_SOLD_OUT_RECHECK_MS)?;
-        let blocklist_refresh_ms: u32 =
-            env.parsed_or("BLOCKLIST_REFRESH_MS", DEFAULT_BLOCKLIST_REFRESH_MS)?;
-        Ok(Self {
-            table_name: env.required("TABLE_NAME")?,
-            orders_queue_url: env.required("ORDERS_QUEUE_URL")?,
-            grab_token_secret_arn: env.required("GRAB_TOKEN_SECRET_ARN")?,
-            sold_out_recheck: Duration::milliseconds(i64::from(recheck_ms)),
-            blocklist_refresh: Duration::milliseconds(i64::from(blocklist_refresh_ms)),
-            breaker: env.breaker_policy()?,
-        })
+impl FromEnv for Config {
+    fn read(env: &Env<'_>) -> Self {
+        let millis =
+            |var, default: u32| Duration::milliseconds(i64::from(env.parsed_or(var, default)));
+        Self {
+            table_name: env.required("TABLE_NAME"),
+            orders_queue_url: env.required("ORDERS_QUEUE_URL"),
+            grab_token_secret_arn: env.required("GRAB_TOKEN_SECRET_ARN"),
+            sold_out_recheck: millis("SOLD_OUT_RECHECK_MS", DEFAULT_SOLD_OUT_RECHECK_MS),
+            blocklist_refresh: millis("BLOCKLIST_REFRESH_MS", DEFAULT_BLOCKLIST_REFRESH_MS),
+            breaker: env.breaker_policy(),
+        }
     }
 }
 
@@ -152,26 +132,20 @@ pub struct Deps {
 }
 
 impl Deps {
-    /// The cold start, as deployed: reads the grab-token key from Secrets Manager (the
-    /// one time this process does), then builds everything else.
-    pub async fn init(config: &Config, sdk: &aws_config::SdkConfig) -> Result<Self, GrabKeyError> {
-        let signer = SecretsManagerKey::new(sdk, &config.grab_token_secret_arn)
-            .signer()
-            .await?;
-        Ok(Self::new(config, signer, sdk))
-    }
-
     /// DynamoDB behind a per-process sale cache, the SQS orders queue, and the wall
-    /// clock; grab paths signed and checked with `signer`.
-    pub fn new(config: &Config, signer: GrabTokenSigner, sdk: &aws_config::SdkConfig) -> Self {
-        let Clients { dynamodb, sqs } = Clients::new(sdk, config.breaker);
+    /// clock, DynamoDB and SQS each behind its own circuit breaker (a failing one is
+    /// then refused in memory instead of called); grab paths signed and checked with
+    /// `signer`.
+    pub fn new(config: &Config, signer: GrabTokenSigner, clients: &Clients) -> Self {
+        let dynamodb = clients.dynamodb_behind(config.breaker);
+        let sqs = clients.sqs_behind(config.breaker);
         let store = Arc::new(DynamoStore::new(dynamodb.clone(), &config.table_name));
         Self::from_ports(
             config,
             signer,
             Ports {
                 catalog: Arc::new(CachedCatalog::new(
-                    DynamoStore::new(dynamodb.clone(), &config.table_name),
+                    DynamoStore::new(dynamodb, &config.table_name),
                     SALE_CACHE_CAPACITY,
                 )),
                 ledger: store.clone(),
@@ -203,20 +177,26 @@ impl Deps {
     }
 }
 
-/// The SDK clients of the grab, within [`SDK_BUDGET`], each behind its own circuit
-/// breaker: a failing DynamoDB or SQS is then refused in memory instead of called.
-struct Clients {
-    dynamodb: aws_sdk_dynamodb::Client,
-    sqs: aws_sdk_sqs::Client,
-}
+impl Function for Deps {
+    type Config = Config;
+    type Event = Request;
+    type Output = Response<Body>;
+    type Error = lambda_http::Error;
+    type InitError = GrabKeyError;
+    const SDK_BUDGET: CallBudget = SDK_BUDGET;
 
-impl Clients {
-    fn new(sdk: &aws_config::SdkConfig, breaker: BreakerPolicy) -> Self {
-        let sdk = SDK_BUDGET.bound(sdk);
-        Self {
-            dynamodb: dynamodb_behind(&sdk, &CircuitBreaker::new("dynamodb", breaker)),
-            sqs: sqs_behind(&sdk, &CircuitBreaker::new("sqs", breaker)),
-        }
+    /// The cold start, as deployed: reads the grab-token key from Secrets Manager (the
+    /// one time this process does; a missing, unreadable or weak one fails the start
+    /// with its reason logged), then builds everything else.
+    async fn init(config: &Config, clients: &Clients) -> Result<Self, GrabKeyError> {
+        let signer = SecretsManagerKey::new(clients.sdk_config(), &config.grab_token_secret_arn)
+            .signer()
+            .await?;
+        Ok(Self::new(config, signer, clients))
+    }
+
+    async fn handle(&self, request: Request) -> Result<Response<Body>, lambda_http::Error> {
+        handler(self, request).await
     }
 }
 
@@ -397,50 +377,5 @@ fn attempt_of(req: &Request) -> Attempt {
     {
         None | Some(b"0") => Attempt::First,
         Some(_) => Attempt::Retry,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_sdk_client_is_built_within_the_budget() {
-        let clients = Clients::new(
-            &aws_config::SdkConfig::builder().build(),
-            BreakerPolicy::DEFAULT,
-        );
-        for timeouts in [
-            clients.dynamodb.config().timeout_config(),
-            clients.sqs.config().timeout_config(),
-        ] {
-            assert_eq!(timeouts.and_then(CallBudget::of), Some(SDK_BUDGET));
-        }
-    }
-
-    #[test]
-    fn dynamodb_and_sqs_are_each_called_through_a_circuit_breaker() {
-        use aws_smithy_runtime_api::client::interceptors::Intercept;
-        let clients = Clients::new(
-            &aws_config::SdkConfig::builder().build(),
-            BreakerPolicy::DEFAULT,
-        );
-        let behind_breaker = |names: Vec<&'static str>| names.contains(&"CircuitBreaker");
-        assert!(behind_breaker(
-            clients
-                .dynamodb
-                .config()
-                .interceptors()
-                .map(|i| i.name())
-                .collect()
-        ));
-        assert!(behind_breaker(
-            clients
-                .sqs
-                .config()
-                .interceptors()
-                .map(|i| i.name())
-                .collect()
-        ));
     }
 }

@@ -1,6 +1,6 @@
 //! What the grab costs, counted where it is paid: the HTTP requests the SDK really
 //! sends to DynamoDB Local, the SQS emulator and moto's Secrets Manager, by
-//! `X-Amz-Target`, from the grab's own [`Deps::init`] (the production wiring) through
+//! `X-Amz-Target`, from the grab's own [`cold_start`] (the production wiring) through
 //! its handler.
 //!
 //! The grab-token key is read once, at init, and never by a request. After the sale
@@ -26,6 +26,7 @@ use flashsale_domain::ports::SaleCatalog;
 use flashsale_domain::{Sale, SaleId};
 use flashsale_grab::{Config, Deps, GrabKeyError, RETRY_ATTEMPT_HEADER, handler};
 use flashsale_lambda::testing::{ApiEvent, body_json, error_code};
+use flashsale_lambda::{FromEnv as _, cold_start};
 use lambda_http::Body;
 use lambda_http::http::{HeaderValue, Response};
 
@@ -205,7 +206,9 @@ impl Stack {
         let config = config(&table, &queue_url, &secret_arn);
         let counter = CountingClient::new();
         let counted = plain.into_builder().http_client(counter.clone()).build();
-        let deps = Deps::init(&config, &counted).await.expect("the cold start");
+        let deps = cold_start::<Deps>(&config, &counted)
+            .await
+            .expect("the cold start");
         Self {
             deps,
             sale_id: sale.sale_id,
@@ -344,7 +347,7 @@ async fn a_weak_or_missing_secret_fails_the_cold_start_naming_it() {
     let queue_url = "http://127.0.0.1:9/000000000000/unused.fifo";
 
     let weak_arn = create_secret(&secrets, "too-short").await;
-    let weak = Deps::init(&config("unused", queue_url, &weak_arn), &plain).await;
+    let weak = cold_start::<Deps>(&config("unused", queue_url, &weak_arn), &plain).await;
     assert!(
         matches!(&weak, Err(GrabKeyError::Weak { arn, .. }) if *arn == weak_arn),
         "{:?}",
@@ -352,7 +355,7 @@ async fn a_weak_or_missing_secret_fails_the_cold_start_naming_it() {
     );
 
     let gone_arn = format!("{weak_arn}-never-created");
-    let gone = Deps::init(&config("unused", queue_url, &gone_arn), &plain).await;
+    let gone = cold_start::<Deps>(&config("unused", queue_url, &gone_arn), &plain).await;
     let Err(error) = gone else {
         panic!("a secret that does not exist was read");
     };

@@ -35,6 +35,7 @@ use flashsale_grab::{
     Config, Deps, GRAB_KEY_BUDGET, GrabKeyError, Ports, REQUEST_DEADLINE, SDK_BUDGET, handler,
 };
 use flashsale_lambda::testing::{ApiEvent, body_json, error_code};
+use flashsale_lambda::{Clients, FromEnv as _, cold_start};
 use lambda_http::Body;
 use lambda_http::http::Response;
 use tokio::time::Instant;
@@ -120,7 +121,7 @@ fn assert_unavailable(response: &Response<Body>) {
 async fn when_secrets_manager_never_answers_the_cold_start_fails_within_the_init_budget() {
     let started = Instant::now();
 
-    let failed = Deps::init(&config(), &stalled_aws()).await;
+    let failed = cold_start::<Deps>(&config(), &stalled_aws()).await;
 
     assert!(
         matches!(&failed, Err(GrabKeyError::Unreadable { arn, .. }) if arn == SECRET_ARN),
@@ -136,7 +137,11 @@ async fn when_secrets_manager_never_answers_the_cold_start_fails_within_the_init
 
 #[tokio::test(start_paused = true)]
 async fn when_the_table_never_answers_the_buyer_gets_a_503_within_one_call_budget() {
-    let deps = Deps::new(&config(), signer(), &stalled_aws());
+    let deps = Deps::new(
+        &config(),
+        signer(),
+        &Clients::within(SDK_BUDGET, &stalled_aws()),
+    );
     let started = Instant::now();
 
     let response = call(&deps, token_request("user-alice")).await;
@@ -276,8 +281,8 @@ async fn when_the_queue_never_answers_after_the_reserve_the_buyer_still_gets_the
     let sale = sale(1, 1);
     assert!(store.create_sale(&sale).await.unwrap());
     // The queue is the production adapter over a client built within the grab's budget,
-    // as `Deps::new` builds it; the table is in memory and answers at once.
-    let sqs = aws_sdk_sqs::Client::new(&SDK_BUDGET.bound(&stalled_aws()));
+    // as the cold start builds it; the table is in memory and answers at once.
+    let sqs = Clients::within(SDK_BUDGET, &stalled_aws()).sqs();
     let deps = deps(
         &store,
         store.clone(),

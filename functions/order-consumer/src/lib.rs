@@ -18,9 +18,8 @@ use flashsale_adapters::{DynamoStore, EventBridgeScheduler, ReleaseTarget};
 use flashsale_domain::ports::{Clock, OrderBook, ReleaseScheduler, StockLedger, SystemClock};
 use flashsale_domain::service::{OrderService, TimerSet};
 use flashsale_domain::{AppError, OrderId, Reservation};
-use flashsale_lambda::config::{Env, process_env};
 use flashsale_lambda::failure::{diagnostic, error_chain};
-use flashsale_lambda::{CallBudget, ConfigError};
+use flashsale_lambda::{CallBudget, Clients, Env, FromEnv, Function};
 use futures::StreamExt as _;
 use lambda_runtime::Diagnostic;
 use tracing::Instrument as _;
@@ -54,51 +53,17 @@ pub struct Config {
     pub dlq_url: String,
 }
 
-impl Config {
-    /// Every environment variable this function reads (besides `RUST_LOG`, which the
-    /// log setup reads).
-    pub const ENV_VARS: &'static [&'static str] = &[
-        "TABLE_NAME",
-        "SCHEDULE_GROUP_NAME",
-        "RELEASE_FUNCTION_ARN",
-        "SCHEDULER_ROLE_ARN",
-        "ORDERS_DLQ_URL",
-        "RELEASE_SCHEDULE_DLQ_ARN",
-    ];
-
-    pub fn from_env() -> Result<Self, ConfigError> {
-        Self::from_lookup(process_env)
-    }
-
-    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
-        let env = Env::new(lookup);
-        Ok(Self {
-            table_name: env.required("TABLE_NAME")?,
-            schedule_group_name: env.required("SCHEDULE_GROUP_NAME")?,
-            release_target: ReleaseTarget {
-                function_arn: env.required("RELEASE_FUNCTION_ARN")?,
-                role_arn: env.required("SCHEDULER_ROLE_ARN")?,
-                dead_letter_arn: Some(env.required("RELEASE_SCHEDULE_DLQ_ARN")?),
-            },
-            dlq_url: env.required("ORDERS_DLQ_URL")?,
-        })
-    }
-}
-
-/// The SDK clients of the consumer, within [`SDK_BUDGET`].
-struct Clients {
-    dynamodb: aws_sdk_dynamodb::Client,
-    scheduler: aws_sdk_scheduler::Client,
-    sqs: aws_sdk_sqs::Client,
-}
-
-impl Clients {
-    fn new(sdk: &aws_config::SdkConfig) -> Self {
-        let sdk = SDK_BUDGET.bound(sdk);
+impl FromEnv for Config {
+    fn read(env: &Env<'_>) -> Self {
         Self {
-            dynamodb: aws_sdk_dynamodb::Client::new(&sdk),
-            scheduler: aws_sdk_scheduler::Client::new(&sdk),
-            sqs: aws_sdk_sqs::Client::new(&sdk),
+            table_name: env.required("TABLE_NAME"),
+            schedule_group_name: env.required("SCHEDULE_GROUP_NAME"),
+            release_target: ReleaseTarget {
+                function_arn: env.required("RELEASE_FUNCTION_ARN"),
+                role_arn: env.required("SCHEDULER_ROLE_ARN"),
+                dead_letter_arn: Some(env.required("RELEASE_SCHEDULE_DLQ_ARN")),
+            },
+            dlq_url: env.required("ORDERS_DLQ_URL"),
         }
     }
 }
@@ -122,22 +87,17 @@ pub struct Deps {
 impl Deps {
     /// DynamoDB for orders, Scheduler for release timers (targeting the release
     /// function), and the orders dead-letter queue.
-    pub fn new(config: &Config, sdk: &aws_config::SdkConfig) -> Self {
-        let Clients {
-            dynamodb,
-            scheduler,
-            sqs,
-        } = Clients::new(sdk);
-        let store = Arc::new(DynamoStore::new(dynamodb, &config.table_name));
+    pub fn new(config: &Config, clients: &Clients) -> Self {
+        let store = Arc::new(DynamoStore::new(clients.dynamodb(), &config.table_name));
         Self::from_ports(Ports {
             orders: store.clone(),
             ledger: store,
             scheduler: Arc::new(EventBridgeScheduler::new(
-                scheduler,
+                clients.scheduler(),
                 &config.schedule_group_name,
                 Some(config.release_target.clone()),
             )),
-            dead_letters: Arc::new(SqsDeadLetterQueue::new(sqs, &config.dlq_url)),
+            dead_letters: Arc::new(SqsDeadLetterQueue::new(clients.sqs(), &config.dlq_url)),
             clock: Arc::new(SystemClock),
         })
     }
@@ -152,6 +112,23 @@ impl Deps {
             },
             dead_letters: ports.dead_letters,
         }
+    }
+}
+
+impl Function for Deps {
+    type Config = Config;
+    type Event = SqsEvent;
+    type Output = SqsBatchResponse;
+    type Error = Infallible;
+    type InitError = Infallible;
+    const SDK_BUDGET: CallBudget = SDK_BUDGET;
+
+    async fn init(config: &Config, clients: &Clients) -> Result<Self, Infallible> {
+        Ok(Self::new(config, clients))
+    }
+
+    async fn handle(&self, event: SqsEvent) -> Result<SqsBatchResponse, Infallible> {
+        handler(self, event).await
     }
 }
 
@@ -391,18 +368,6 @@ mod tests {
             let diagnostic = Diagnostic::from(&error);
             assert_eq!(diagnostic.error_type, expected);
             assert_eq!(diagnostic.error_message, error_chain(&error));
-        }
-    }
-
-    #[test]
-    fn every_sdk_client_is_built_within_the_budget() {
-        let clients = Clients::new(&aws_config::SdkConfig::builder().build());
-        for timeouts in [
-            clients.dynamodb.config().timeout_config(),
-            clients.scheduler.config().timeout_config(),
-            clients.sqs.config().timeout_config(),
-        ] {
-            assert_eq!(timeouts.and_then(CallBudget::of), Some(SDK_BUDGET));
         }
     }
 }

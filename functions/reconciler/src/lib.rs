@@ -9,6 +9,7 @@
 //! finds them again: the invocation still succeeds, and says so at error level. Only a
 //! pass that could not run at all fails the invocation.
 
+use std::convert::Infallible;
 use std::sync::Arc;
 
 use chrono::Duration;
@@ -16,9 +17,8 @@ use flashsale_adapters::DynamoStore;
 use flashsale_domain::AppError;
 use flashsale_domain::ports::{Clock, OrderBook, SaleCatalog, StockLedger, SystemClock};
 use flashsale_domain::service::{ReconcileReport, Reconciler, SaleService};
-use flashsale_lambda::config::{Env, process_env};
 use flashsale_lambda::failure::{diagnostic, error_chain};
-use flashsale_lambda::{CallBudget, ConfigError};
+use flashsale_lambda::{CallBudget, Clients, Env, FromEnv, Function};
 use lambda_runtime::Diagnostic;
 use serde_json::Value;
 
@@ -61,42 +61,13 @@ pub struct Config {
     pub take_grace: Duration,
 }
 
-impl Config {
-    /// Every environment variable this function reads (besides `RUST_LOG`, which the
-    /// log setup reads). The two graces are optional.
-    pub const ENV_VARS: &'static [&'static str] = &[
-        "TABLE_NAME",
-        "RECONCILE_TIMER_GRACE_SECS",
-        "RECONCILE_TAKE_GRACE_SECS",
-    ];
-
-    pub fn from_env() -> Result<Self, ConfigError> {
-        Self::from_lookup(process_env)
-    }
-
-    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
-        let env = Env::new(lookup);
-        let timer_secs: u32 =
-            env.parsed_or("RECONCILE_TIMER_GRACE_SECS", DEFAULT_TIMER_GRACE_SECS)?;
-        let take_secs: u32 = env.parsed_or("RECONCILE_TAKE_GRACE_SECS", DEFAULT_TAKE_GRACE_SECS)?;
-        Ok(Self {
-            table_name: env.required("TABLE_NAME")?,
-            timer_grace: Duration::seconds(i64::from(timer_secs)),
-            take_grace: Duration::seconds(i64::from(take_secs)),
-        })
-    }
-}
-
-/// The SDK clients of the reconciler, within [`SDK_BUDGET`].
-struct Clients {
-    dynamodb: aws_sdk_dynamodb::Client,
-}
-
-impl Clients {
-    fn new(sdk: &aws_config::SdkConfig) -> Self {
-        let sdk = SDK_BUDGET.bound(sdk);
+impl FromEnv for Config {
+    fn read(env: &Env<'_>) -> Self {
+        let seconds = |var, default: u32| Duration::seconds(i64::from(env.parsed_or(var, default)));
         Self {
-            dynamodb: aws_sdk_dynamodb::Client::new(&sdk),
+            table_name: env.required("TABLE_NAME"),
+            timer_grace: seconds("RECONCILE_TIMER_GRACE_SECS", DEFAULT_TIMER_GRACE_SECS),
+            take_grace: seconds("RECONCILE_TAKE_GRACE_SECS", DEFAULT_TAKE_GRACE_SECS),
         }
     }
 }
@@ -120,9 +91,8 @@ pub struct Deps {
 impl Deps {
     /// DynamoDB for sales and holds, and the wall clock. The catalog is not cached:
     /// the pass lists sales once per run.
-    pub fn new(config: &Config, sdk: &aws_config::SdkConfig) -> Self {
-        let Clients { dynamodb } = Clients::new(sdk);
-        let store = Arc::new(DynamoStore::new(dynamodb, &config.table_name));
+    pub fn new(config: &Config, clients: &Clients) -> Self {
+        let store = Arc::new(DynamoStore::new(clients.dynamodb(), &config.table_name));
         Self::from_ports(
             config,
             Ports {
@@ -189,6 +159,23 @@ impl From<ReconcileError> for Diagnostic {
 }
 
 /// The Lambda handler. `event` is ignored: whatever the schedule sends, the pass is
+impl Function for Deps {
+    type Config = Config;
+    type Event = Value;
+    type Output = Value;
+    type Error = ReconcileError;
+    type InitError = Infallible;
+    const SDK_BUDGET: CallBudget = SDK_BUDGET;
+
+    async fn init(config: &Config, clients: &Clients) -> Result<Self, Infallible> {
+        Ok(Self::new(config, clients))
+    }
+
+    async fn handle(&self, event: Value) -> Result<Value, ReconcileError> {
+        handler(self, event).await
+    }
+}
+
 /// the same.
 pub async fn handler(deps: &Deps, _event: Value) -> Result<Value, ReconcileError> {
     let report = reconcile(deps).await?;
@@ -301,12 +288,5 @@ mod tests {
             assert_eq!(diagnostic.error_type, expected);
             assert_eq!(diagnostic.error_message, message);
         }
-    }
-
-    #[test]
-    fn every_sdk_client_is_built_within_the_budget() {
-        let clients = Clients::new(&aws_config::SdkConfig::builder().build());
-        let timeouts = clients.dynamodb.config().timeout_config();
-        assert_eq!(timeouts.and_then(CallBudget::of), Some(SDK_BUDGET));
     }
 }

@@ -11,8 +11,8 @@ use flashsale_domain::service::ReconcileReport;
 use flashsale_domain::testing;
 use flashsale_domain::testing::{InMemoryStore, ManualClock};
 use flashsale_domain::{AppError, OrderId, OrderStatus, Reservation, Sale, SaleId, UserId};
-use flashsale_lambda::ConfigError;
 use flashsale_lambda::testing::fixture;
+use flashsale_lambda::{ConfigError, FromEnv};
 use flashsale_reconciler::{Config, Deps, Ports, ReconcileError, handler};
 use lambda_runtime::Diagnostic;
 use serde_json::{Value, json};
@@ -256,7 +256,7 @@ async fn when_the_sales_cannot_be_listed_the_invocation_fails_whatever_the_kind(
 #[test]
 fn config_reads_the_table_and_defaults_the_graces() {
     assert_eq!(
-        Config::ENV_VARS,
+        Config::env_vars(),
         [
             "TABLE_NAME",
             "RECONCILE_TIMER_GRACE_SECS",

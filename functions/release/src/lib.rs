@@ -21,6 +21,7 @@
 //! is returned only when a retry can help. An event that can never succeed is
 //! answered with a `rejected` outcome and logged at error level.
 
+use std::convert::Infallible;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
@@ -28,9 +29,8 @@ use flashsale_adapters::DynamoStore;
 use flashsale_domain::ports::{Clock, Settlement, StockLedger, SystemClock};
 use flashsale_domain::service::ExpiryService;
 use flashsale_domain::{AppError, OrderId, OrderStatus, Reservation};
-use flashsale_lambda::config::{Env, process_env};
 use flashsale_lambda::failure::{diagnostic, error_chain};
-use flashsale_lambda::{CallBudget, ConfigError};
+use flashsale_lambda::{CallBudget, Clients, Env, FromEnv, Function};
 use lambda_runtime::Diagnostic;
 use serde::Serialize;
 use serde_json::Value;
@@ -58,33 +58,10 @@ pub struct Config {
     pub table_name: String,
 }
 
-impl Config {
-    /// Every environment variable this function reads (besides `RUST_LOG`, which the
-    /// log setup reads).
-    pub const ENV_VARS: &'static [&'static str] = &["TABLE_NAME"];
-
-    pub fn from_env() -> Result<Self, ConfigError> {
-        Self::from_lookup(process_env)
-    }
-
-    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
-        let env = Env::new(lookup);
-        Ok(Self {
-            table_name: env.required("TABLE_NAME")?,
-        })
-    }
-}
-
-/// The SDK client of the release, within [`SDK_BUDGET`].
-struct Clients {
-    dynamodb: aws_sdk_dynamodb::Client,
-}
-
-impl Clients {
-    fn new(sdk: &aws_config::SdkConfig) -> Self {
-        let sdk = SDK_BUDGET.bound(sdk);
+impl FromEnv for Config {
+    fn read(env: &Env<'_>) -> Self {
         Self {
-            dynamodb: aws_sdk_dynamodb::Client::new(&sdk),
+            table_name: env.required("TABLE_NAME"),
         }
     }
 }
@@ -96,17 +73,16 @@ pub struct Ports {
     pub clock: Arc<dyn Clock>,
 }
 
-/// What the handler needs, built once per process.
+/// What the handler needs, built once per process: the release function itself.
 pub struct Deps {
     expiry: ExpiryService,
     clock: Arc<dyn Clock>,
 }
 
 impl Deps {
-    pub fn new(config: &Config, sdk: &aws_config::SdkConfig) -> Self {
-        let Clients { dynamodb } = Clients::new(sdk);
+    pub fn new(config: &Config, clients: &Clients) -> Self {
         Self::from_ports(Ports {
-            ledger: Arc::new(DynamoStore::new(dynamodb, &config.table_name)),
+            ledger: Arc::new(DynamoStore::new(clients.dynamodb(), &config.table_name)),
             clock: Arc::new(SystemClock),
         })
     }
@@ -119,6 +95,23 @@ impl Deps {
             },
             clock: ports.clock,
         }
+    }
+}
+
+impl Function for Deps {
+    type Config = Config;
+    type Event = Value;
+    type Output = Value;
+    type Error = ReleaseError;
+    type InitError = Infallible;
+    const SDK_BUDGET: CallBudget = SDK_BUDGET;
+
+    async fn init(config: &Config, clients: &Clients) -> Result<Self, Infallible> {
+        Ok(Self::new(config, clients))
+    }
+
+    async fn handle(&self, event: Value) -> Result<Value, ReleaseError> {
+        handler(self, event).await
     }
 }
 
@@ -315,18 +308,5 @@ mod tests {
             assert_eq!(diagnostic.error_type, expected);
             assert_eq!(diagnostic.error_message, message);
         }
-    }
-
-    #[test]
-    fn the_sdk_client_is_built_within_the_budget() {
-        let clients = Clients::new(&aws_config::SdkConfig::builder().build());
-        assert_eq!(
-            clients
-                .dynamodb
-                .config()
-                .timeout_config()
-                .and_then(CallBudget::of),
-            Some(SDK_BUDGET)
-        );
     }
 }

@@ -9,8 +9,8 @@ use flashsale_domain::ports::{Clock, OrderBook, PayOutcome, SaleCatalog, StockLe
 use flashsale_domain::testing;
 use flashsale_domain::testing::{FailingLedger, InMemoryStore, ManualClock};
 use flashsale_domain::{AppError, OrderStatus, ReleaseReason, Reservation, Sale};
-use flashsale_lambda::ConfigError;
 use flashsale_lambda::testing::fixture;
+use flashsale_lambda::{ConfigError, FromEnv};
 use flashsale_release::{Config, Deps, MAX_WAIT, Ports, ReleaseError, handler};
 use lambda_runtime::Diagnostic;
 use serde_json::{Value, json};
@@ -450,7 +450,7 @@ async fn an_input_passed_as_a_json_string_is_understood() {
 
 #[test]
 fn config_needs_only_the_table() {
-    assert_eq!(Config::ENV_VARS, ["TABLE_NAME"]);
+    assert_eq!(Config::env_vars(), ["TABLE_NAME"]);
     let config = Config::from_lookup(|var| (var == "TABLE_NAME").then(|| "t".to_owned())).unwrap();
     assert_eq!(config.table_name, "t");
     assert!(matches!(

@@ -1,16 +1,22 @@
-//! The real functions, run in-process: a template function's `CodeUri` names its crate,
-//! its `Config` is read from the template-resolved environment (so a variable missing
-//! from the template fails the local stack as it would fail the deployed function),
-//! and its handler is called with the event decoded the way its Lambda runtime
-//! adapter (lambda_http / lambda_runtime) would decode it.
+//! The real functions, run in-process: a template function's `CodeUri` names its crate
+//! in [`FUNCTIONS`], its `Config` is read from the template-resolved environment (so a
+//! variable missing from the template fails the local stack as it would fail the
+//! deployed function), it starts as the deployed one does, and it is called with the
+//! event decoded the way its Lambda runtime adapter (lambda_http / lambda_runtime)
+//! would decode it.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
+use flashsale_lambda::{FromEnv, Function, cold_start};
 use lambda_http::RequestExt;
 use lambda_http::aws_lambda_events::apigw::{ApiGatewayV2httpRequest, ApiGatewayV2httpResponse};
 use lambda_http::request::LambdaRequest;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::lambda::{FunctionError, InvokeContext, LambdaFunction};
@@ -28,6 +34,35 @@ pub enum DispatchError {
     },
 }
 
+/// How the local stack starts one kind of function: its cold start on the template's
+/// environment, wrapped for the event translation its runtime adapter does.
+type Start = for<'a> fn(
+    &'a FunctionSpec,
+    &'a aws_config::SdkConfig,
+) -> Pin<
+    Box<dyn Future<Output = Result<Arc<dyn LambdaFunction>, FunctionError>> + Send + 'a>,
+>;
+
+/// Every function crate of the workspace, by the `CodeUri` that names it, and the
+/// runtime adapter it is called through.
+const FUNCTIONS: [(&str, Start); 5] = [
+    ("functions/grab", |spec, sdk| {
+        Box::pin(start(spec, sdk, http::<flashsale_grab::Deps>))
+    }),
+    ("functions/api", |spec, sdk| {
+        Box::pin(start(spec, sdk, http::<flashsale_api::Deps>))
+    }),
+    ("functions/order-consumer", |spec, sdk| {
+        Box::pin(start(spec, sdk, events::<flashsale_order_consumer::Deps>))
+    }),
+    ("functions/reconciler", |spec, sdk| {
+        Box::pin(start(spec, sdk, events::<flashsale_reconciler::Deps>))
+    }),
+    ("functions/release", |spec, sdk| {
+        Box::pin(start(spec, sdk, events::<flashsale_release::Deps>))
+    }),
+];
+
 /// The in-process implementation of `spec`, with its dependencies built once, as a
 /// Lambda execution environment builds them at cold start (the grab reads its key from
 /// Secrets Manager here).
@@ -35,53 +70,77 @@ pub async fn builtin(
     spec: &FunctionSpec,
     sdk: &aws_config::SdkConfig,
 ) -> Result<Arc<dyn LambdaFunction>, DispatchError> {
-    let env = spec.environment.clone();
-    let lookup = move |name: &str| env.get(name).cloned();
-    let config_error = |source: FunctionError| DispatchError::Config {
-        function: spec.logical_id.clone(),
-        source,
-    };
     let code = spec.code_uri.trim_end_matches('/');
-    Ok(match code {
-        "functions/grab" => {
-            let config = flashsale_grab::Config::from_lookup(lookup)
-                .map_err(|e| config_error(Box::new(e)))?;
-            let deps = flashsale_grab::Deps::init(&config, sdk)
-                .await
-                .map_err(|e| config_error(Box::new(e)))?;
-            Arc::new(GrabFunction(deps))
-        }
-        "functions/api" => {
-            let config = flashsale_api::Config::from_lookup(lookup)
-                .map_err(|e| config_error(Box::new(e)))?;
-            Arc::new(ApiFunction(flashsale_api::Deps::new(&config, sdk)))
-        }
-        "functions/order-consumer" => {
-            let config = flashsale_order_consumer::Config::from_lookup(lookup)
-                .map_err(|e| config_error(Box::new(e)))?;
-            Arc::new(OrderConsumerFunction(flashsale_order_consumer::Deps::new(
-                &config, sdk,
-            )))
-        }
-        "functions/reconciler" => {
-            let config = flashsale_reconciler::Config::from_lookup(lookup)
-                .map_err(|e| config_error(Box::new(e)))?;
-            Arc::new(ReconcilerFunction(flashsale_reconciler::Deps::new(
-                &config, sdk,
-            )))
-        }
-        "functions/release" => {
-            let config = flashsale_release::Config::from_lookup(lookup)
-                .map_err(|e| config_error(Box::new(e)))?;
-            Arc::new(ReleaseFunction(flashsale_release::Deps::new(&config, sdk)))
-        }
-        _ => {
-            return Err(DispatchError::UnknownCode {
-                function: spec.logical_id.clone(),
-                code_uri: spec.code_uri.clone(),
-            });
-        }
-    })
+    let Some((_, start)) = FUNCTIONS.iter().find(|(code_uri, _)| *code_uri == code) else {
+        return Err(DispatchError::UnknownCode {
+            function: spec.logical_id.clone(),
+            code_uri: spec.code_uri.clone(),
+        });
+    };
+    start(spec, sdk)
+        .await
+        .map_err(|source| DispatchError::Config {
+            function: spec.logical_id.clone(),
+            source,
+        })
+}
+
+/// `F` read from the template-resolved environment, started as the deployed one starts
+/// ([`flashsale_lambda::cold_start`]), and wrapped for its runtime adapter.
+async fn start<F: Function>(
+    spec: &FunctionSpec,
+    sdk: &aws_config::SdkConfig,
+    wrap: fn(F) -> Arc<dyn LambdaFunction>,
+) -> Result<Arc<dyn LambdaFunction>, FunctionError> {
+    let config = F::Config::from_lookup(|name| spec.environment.get(name).cloned())?;
+    Ok(wrap(cold_start::<F>(&config, sdk).await?))
+}
+
+/// A function behind API Gateway, called as lambda_http's adapter calls it.
+struct HttpFunction<F>(F);
+
+fn http<F: Function>(function: F) -> Arc<dyn LambdaFunction>
+where
+    HttpFunction<F>: LambdaFunction,
+{
+    Arc::new(HttpFunction(function))
+}
+
+#[async_trait]
+impl<F> LambdaFunction for HttpFunction<F>
+where
+    F: Function<Event = lambda_http::Request, Output = lambda_http::Response<lambda_http::Body>>,
+    F::Error: Into<FunctionError>,
+{
+    async fn invoke(&self, event: Value, context: InvokeContext) -> Result<Value, FunctionError> {
+        let request = http_request(event, &context)?;
+        http_response(self.0.handle(request).await.map_err(Into::into)?)
+    }
+}
+
+/// A function of JSON events, called as lambda_runtime calls it.
+struct EventFunction<F>(F);
+
+fn events<F: Function>(function: F) -> Arc<dyn LambdaFunction>
+where
+    EventFunction<F>: LambdaFunction,
+{
+    Arc::new(EventFunction(function))
+}
+
+#[async_trait]
+impl<F> LambdaFunction for EventFunction<F>
+where
+    F: Function,
+    F::Event: DeserializeOwned,
+    F::Output: Serialize,
+    F::Error: Into<FunctionError>,
+{
+    async fn invoke(&self, event: Value, _context: InvokeContext) -> Result<Value, FunctionError> {
+        let event = serde_json::from_value(event)?;
+        let output = self.0.handle(event).await.map_err(Into::into)?;
+        Ok(serde_json::to_value(output)?)
+    }
 }
 
 /// The request lambda_http's runtime adapter hands an HTTP handler.
@@ -138,49 +197,4 @@ fn lambda_context(context: &InvokeContext) -> lambda_runtime::Context {
                 .unwrap_or(0)
         });
     lambda
-}
-
-struct GrabFunction(flashsale_grab::Deps);
-struct ApiFunction(flashsale_api::Deps);
-struct OrderConsumerFunction(flashsale_order_consumer::Deps);
-struct ReleaseFunction(flashsale_release::Deps);
-struct ReconcilerFunction(flashsale_reconciler::Deps);
-
-#[async_trait]
-impl LambdaFunction for ReconcilerFunction {
-    async fn invoke(&self, event: Value, _context: InvokeContext) -> Result<Value, FunctionError> {
-        Ok(flashsale_reconciler::handler(&self.0, event).await?)
-    }
-}
-
-#[async_trait]
-impl LambdaFunction for GrabFunction {
-    async fn invoke(&self, event: Value, context: InvokeContext) -> Result<Value, FunctionError> {
-        let request = http_request(event, &context)?;
-        http_response(flashsale_grab::handler(&self.0, request).await?)
-    }
-}
-
-#[async_trait]
-impl LambdaFunction for ApiFunction {
-    async fn invoke(&self, event: Value, context: InvokeContext) -> Result<Value, FunctionError> {
-        let request = http_request(event, &context)?;
-        http_response(flashsale_api::handler(&self.0, request).await?)
-    }
-}
-
-#[async_trait]
-impl LambdaFunction for OrderConsumerFunction {
-    async fn invoke(&self, event: Value, _context: InvokeContext) -> Result<Value, FunctionError> {
-        let event = serde_json::from_value(event)?;
-        let response = flashsale_order_consumer::handler(&self.0, event).await?;
-        Ok(serde_json::to_value(response)?)
-    }
-}
-
-#[async_trait]
-impl LambdaFunction for ReleaseFunction {
-    async fn invoke(&self, event: Value, _context: InvokeContext) -> Result<Value, FunctionError> {
-        Ok(flashsale_release::handler(&self.0, event).await?)
-    }
 }

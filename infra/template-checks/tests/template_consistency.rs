@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
+use flashsale_lambda::FromEnv as _;
 use flashsale_template_checks::iam::{self, Effect, Statement};
 use flashsale_template_checks::rust_source::{self, Code};
 use flashsale_template_checks::stack::{self, Stack};
@@ -22,7 +23,7 @@ use serde_json::{Value, json};
 struct Function {
     logical_id: &'static str,
     package: &'static str,
-    env_vars: &'static [&'static str],
+    env_vars: Vec<&'static str>,
     use_cases: &'static [(&'static str, &'static str)],
 }
 
@@ -31,13 +32,13 @@ fn functions() -> [Function; 5] {
         Function {
             logical_id: "GrabFunction",
             package: "flashsale-grab",
-            env_vars: flashsale_grab::Config::ENV_VARS,
+            env_vars: flashsale_grab::Config::env_vars(),
             use_cases: &[("GrabService", "issue_pass"), ("GrabService", "grab")],
         },
         Function {
             logical_id: "ApiFunction",
             package: "flashsale-api",
-            env_vars: flashsale_api::Config::ENV_VARS,
+            env_vars: flashsale_api::Config::env_vars(),
             use_cases: &[
                 ("SaleService", "create"),
                 ("SaleService", "view"),
@@ -53,19 +54,19 @@ fn functions() -> [Function; 5] {
         Function {
             logical_id: "OrderConsumerFunction",
             package: "flashsale-order-consumer",
-            env_vars: flashsale_order_consumer::Config::ENV_VARS,
+            env_vars: flashsale_order_consumer::Config::env_vars(),
             use_cases: &[("OrderService", "set_release_timer")],
         },
         Function {
             logical_id: "ReleaseFunction",
             package: "flashsale-release",
-            env_vars: flashsale_release::Config::ENV_VARS,
+            env_vars: flashsale_release::Config::env_vars(),
             use_cases: &[("ExpiryService", "expire")],
         },
         Function {
             logical_id: "ReconcilerFunction",
             package: "flashsale-reconciler",
-            env_vars: flashsale_reconciler::Config::ENV_VARS,
+            env_vars: flashsale_reconciler::Config::env_vars(),
             // stats: the stock gauges after each pass.
             use_cases: &[("Reconciler", "run"), ("SaleService", "stats")],
         },
@@ -209,7 +210,7 @@ fn every_function_crate_with_a_binary_is_deployed_by_the_template() {
 fn every_env_var_a_function_reads_is_set_for_it_in_the_template() {
     for f in functions() {
         let env = env_of(f.logical_id);
-        for var in f.env_vars {
+        for var in &f.env_vars {
             assert!(
                 env.contains_key(*var),
                 "{} reads {var} but the template (Globals + function) does not set it; it sets {:?}",

@@ -8,14 +8,18 @@
 //! classify as `StoreError::Transient` (503 with `Retry-After` over HTTP), and the code
 //! after it (the compensation, the partial batch answer, the error log) still runs.
 //!
-//! Each function states its own [`CallBudget`] next to its `Deps`, sized from its
-//! Lambda timeout in `template.yaml` and the longest chain of calls one invocation
-//! makes, and applies it with [`CallBudget::bound`] before building its clients.
+//! Each function states its own [`CallBudget`] as [`Function::SDK_BUDGET`], sized from
+//! its Lambda timeout in `template.yaml` and the longest chain of calls one invocation
+//! makes. Its clients come from one [`Clients`] built within that budget, here and
+//! nowhere else.
+//!
+//! [`Function::SDK_BUDGET`]: crate::Function::SDK_BUDGET
 
 use std::time::Duration;
 
 use aws_types::SdkConfig;
 use aws_types::sdk_config::TimeoutConfig;
+use flashsale_adapters::breaker::{BreakerPolicy, CircuitBreaker};
 
 /// How long one SDK call may take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,6 +59,52 @@ impl CallBudget {
     }
 }
 
+/// The SDK clients of one function, every one within the same [`CallBudget`]: the one
+/// place a function's clients are built.
+#[derive(Debug, Clone)]
+pub struct Clients {
+    sdk: SdkConfig,
+}
+
+impl Clients {
+    /// Clients on `sdk` (region, credentials, endpoints, HTTP client), each call within
+    /// `budget`.
+    pub fn within(budget: CallBudget, sdk: &SdkConfig) -> Self {
+        Self {
+            sdk: budget.bound(sdk),
+        }
+    }
+
+    /// The bounded configuration, for a client with a budget of its own (which
+    /// [`CallBudget::bound`] replaces).
+    pub fn sdk_config(&self) -> &SdkConfig {
+        &self.sdk
+    }
+
+    pub fn dynamodb(&self) -> aws_sdk_dynamodb::Client {
+        aws_sdk_dynamodb::Client::new(&self.sdk)
+    }
+
+    /// DynamoDB behind a circuit breaker of its own, so a failing table is refused in
+    /// memory instead of called.
+    pub fn dynamodb_behind(&self, policy: BreakerPolicy) -> aws_sdk_dynamodb::Client {
+        flashsale_adapters::dynamodb_behind(&self.sdk, &CircuitBreaker::new("dynamodb", policy))
+    }
+
+    pub fn sqs(&self) -> aws_sdk_sqs::Client {
+        aws_sdk_sqs::Client::new(&self.sdk)
+    }
+
+    /// SQS behind a circuit breaker of its own.
+    pub fn sqs_behind(&self, policy: BreakerPolicy) -> aws_sdk_sqs::Client {
+        flashsale_adapters::sqs_behind(&self.sdk, &CircuitBreaker::new("sqs", policy))
+    }
+
+    pub fn scheduler(&self) -> aws_sdk_scheduler::Client {
+        aws_sdk_scheduler::Client::new(&self.sdk)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -76,21 +126,68 @@ mod tests {
     }
 
     #[test]
-    fn every_client_built_from_the_bounded_config_carries_the_budget() {
-        let sdk = BUDGET.bound(&base());
-
-        let dynamodb = aws_sdk_dynamodb::Client::new(&sdk);
-        let sqs = aws_sdk_sqs::Client::new(&sdk);
-        let scheduler = aws_sdk_scheduler::Client::new(&sdk);
+    fn every_client_carries_the_budget() {
+        let clients = Clients::within(BUDGET, &base());
+        let policy = BreakerPolicy::DEFAULT;
 
         for timeouts in [
-            dynamodb.config().timeout_config(),
-            sqs.config().timeout_config(),
-            scheduler.config().timeout_config(),
+            clients.dynamodb().config().timeout_config().cloned(),
+            clients
+                .dynamodb_behind(policy)
+                .config()
+                .timeout_config()
+                .cloned(),
+            clients.sqs().config().timeout_config().cloned(),
+            clients
+                .sqs_behind(policy)
+                .config()
+                .timeout_config()
+                .cloned(),
+            clients.scheduler().config().timeout_config().cloned(),
         ] {
             let timeouts = timeouts.expect("the client has a timeout configuration");
-            assert_eq!(CallBudget::of(timeouts), Some(BUDGET));
+            assert_eq!(CallBudget::of(&timeouts), Some(BUDGET));
         }
+    }
+
+    #[test]
+    fn the_breaker_clients_call_through_a_circuit_breaker_and_the_plain_ones_do_not() {
+        use aws_smithy_runtime_api::client::interceptors::Intercept;
+        let clients = Clients::within(BUDGET, &base());
+        let policy = BreakerPolicy::DEFAULT;
+        let behind_breaker = |names: Vec<&'static str>| names.contains(&"CircuitBreaker");
+        assert!(behind_breaker(
+            clients
+                .dynamodb_behind(policy)
+                .config()
+                .interceptors()
+                .map(|i| i.name())
+                .collect()
+        ));
+        assert!(behind_breaker(
+            clients
+                .sqs_behind(policy)
+                .config()
+                .interceptors()
+                .map(|i| i.name())
+                .collect()
+        ));
+        assert!(!behind_breaker(
+            clients
+                .dynamodb()
+                .config()
+                .interceptors()
+                .map(|i| i.name())
+                .collect()
+        ));
+        assert!(!behind_breaker(
+            clients
+                .sqs()
+                .config()
+                .interceptors()
+                .map(|i| i.name())
+                .collect()
+        ));
     }
 
     #[test]
