@@ -222,7 +222,7 @@ LOAD_ARGS ?= --stock 100 --shards 8 --buyers 1500 --attempts 2000 --pay-ratio 0.
 
 .PHONY: load
 load:
-	cargo run --release -p flashsale-e2e --bin flashsale-load -- \
+	cargo run --release -p flashsale-load --bin flashsale-load -- \
 	  --api $(API) --report $(LOAD_REPORT) $(LOAD_ARGS)
 
 ## --- bench (issue 7) ---------------------------------------------------------------
@@ -246,7 +246,7 @@ bench-tools: tools
 # build-lambdas: §5's deployed sizes are the cargo-lambda bootstraps'; without them the
 # record says "not built in this tree" (as the one of e98c082 did, on a fresh machine).
 bench: bench-tools build-lambdas
-	cargo build --release --locked -p flashsale-local -p flashsale-bench -p flashsale-e2e
+	cargo build --release --locked -p flashsale-local -p flashsale-bench -p flashsale-load
 	cargo build --release --locked $(addprefix -p ,$(LAMBDA_PACKAGES))
 	target/release/flashsale-bench run --command "make bench" --report docs/benchmarks.md \
 	  --local-bin target/release/flashsale-local --bin-dir target/release

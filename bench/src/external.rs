@@ -84,8 +84,9 @@ fn last_json_object(stdout: &str) -> Option<BTreeMap<String, Value>> {
         .find_map(|line| serde_json::from_str::<BTreeMap<String, Value>>(line.trim()).ok())
 }
 
-/// `cargo run -p flashsale-e2e [--release] --bin flashsale-pipeline -- --concurrency N
-/// <extra>`, when the tree has that bin.
+/// `cargo run -p flashsale-load [--release] --bin flashsale-pipeline -- --concurrency N
+/// <extra>`, when the tree has that bin (before `flashsale-load` was its own crate, the
+/// bin was flashsale-e2e's).
 pub async fn pipeline(
     workspace: &Path,
     release: bool,
@@ -94,12 +95,21 @@ pub async fn pipeline(
     env: &[(String, String)],
     limit: Duration,
 ) -> Measured<PipelineRun> {
-    let source = workspace.join("tests/src/bin/flashsale-pipeline.rs");
-    if !source.is_file() {
-        return Measured::NotAvailable(format!("{} is not in this tree", source.display()));
-    }
+    let homes = [
+        ("infra/load/src/bin/flashsale-pipeline.rs", "flashsale-load"),
+        ("tests/src/bin/flashsale-pipeline.rs", "flashsale-e2e"),
+    ];
+    let Some((_, package)) = homes
+        .iter()
+        .find(|(source, _)| workspace.join(source).is_file())
+    else {
+        return Measured::NotAvailable(format!(
+            "{} is not in this tree",
+            workspace.join(homes[0].0).display()
+        ));
+    };
     let profile: &[&str] = if release { &["--release"] } else { &[] };
-    let mut args: Vec<String> = ["run", "-q", "-p", "flashsale-e2e"]
+    let mut args: Vec<String> = ["run", "-q", "-p", package]
         .iter()
         .chain(profile)
         .chain(&["--bin", "flashsale-pipeline", "--", "--concurrency"])

@@ -244,7 +244,7 @@ impl BenchReport {
     fn pipeline_section(&self, out: &mut String) {
         out.push_str("## 2. Pipeline: grab successes/s against raw `TransactWriteItems`/s\n\n");
         out.push_str(
-            "From `flashsale-pipeline` (flashsale-e2e), as it printed it. Goal: `ratio` ≥ 0.9 \
+            "From `flashsale-pipeline` (flashsale-load), as it printed it. Goal: `ratio` ≥ 0.9 \
              with zero 503s at concurrency 8 and 32. `raw_reserve_open_per_s` runs, per unit, \
              the grab's reserve and then the consumer's read of the hold (`OrderBook::find`) \
              straight to DynamoDB Local: the database work every unit sold through the \
@@ -441,7 +441,7 @@ impl BenchReport {
              - **The surge through the gateway**: a sale of {stock} units on {shards} shards; \
              {buyers} buyers each fetch a grab path, then all grab at concurrency {conc}, \
              retrying 429, 503 and no answer on the same path with `X-Retry-Attempt: n` after \
-             `Retry-After` plus full jitter (flashsale-e2e's `retry_delay`), up to {attempts} \
+             `Retry-After` plus full jitter (flashsale-load's `retry_delay`), up to {attempts} \
              requests a buyer, as the sale page does. DynamoDB requests are counted from the \
              release of the grabs until the order consumer had set the release timer of \
              every unit taken (it reads the hold and writes nothing to the table), so every \

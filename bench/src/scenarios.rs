@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, SecondsFormat, Utc};
-use flashsale_e2e::client::{ApiClient, ClientError, expect_status};
+use flashsale_load::client::{ApiClient, ClientError, expect_status};
 use futures::stream::{self, StreamExt};
 use reqwest::{Method, StatusCode};
 use serde::Serialize;
@@ -128,7 +128,7 @@ impl Session {
                     return Ok(sale_id);
                 }
                 StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS if retry < 10 => {
-                    tokio::time::sleep(flashsale_e2e::surge::backoff(retry)).await;
+                    tokio::time::sleep(flashsale_load::surge::backoff(retry)).await;
                     retry += 1;
                 }
                 _ => {
@@ -163,7 +163,7 @@ impl Session {
                     if !busy || retry == 10 {
                         break pass;
                     }
-                    tokio::time::sleep(flashsale_e2e::surge::backoff(retry)).await;
+                    tokio::time::sleep(flashsale_load::surge::backoff(retry)).await;
                     retry += 1;
                 };
                 expect_status(&pass, StatusCode::OK, "grab path")?;

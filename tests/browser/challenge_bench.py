@@ -164,7 +164,7 @@ def main():
     args = parser.parse_args()
     bot_works = [int(w) for w in args.bot_works.split(",") if w]
     if bot_works and not Path(args.load_bin).exists():
-        sys.exit(f"{args.load_bin} is missing: cargo build --release -p flashsale-e2e --bin flashsale-load")
+        sys.exit(f"{args.load_bin} is missing: cargo build --release -p flashsale-load --bin flashsale-load")
 
     binary = ROOT / "target" / "debug" / "flashsale-local"
     stack = LocalStack(binary)

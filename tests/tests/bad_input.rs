@@ -2,10 +2,8 @@
 //! Requests API Gateway refuses itself (no valid token) never reach a function; they
 //! get the gateway's own `{"message"}`.
 
-mod common;
-
-use common::{Harness, RefusedBy, assert_refused};
-use flashsale_e2e::client::ApiResponse;
+use flashsale_e2e::{Harness, RefusedBy, assert_refused};
+use flashsale_load::client::ApiResponse;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 

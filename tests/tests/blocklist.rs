@@ -2,12 +2,10 @@
 //! and grabs (even through a path handed out before the block) are refused with 403
 //! `blocked` and write nothing; once unblocked they buy like anyone else.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{Harness, assert_error, eventually};
-use flashsale_e2e::ApiResponse;
+use flashsale_e2e::{Harness, assert_error, eventually};
+use flashsale_load::ApiResponse;
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 

@@ -3,11 +3,9 @@
 //! wrong solution costs DynamoDB nothing (counted at the HTTP level), and a replayed
 //! solution buys the same order, never a second unit.
 
-mod common;
-
 use chrono::Utc;
-use common::{Harness, assert_error};
 use flashsale_domain::challenge::IssuedChallenge;
+use flashsale_e2e::{Harness, assert_error};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
@@ -67,7 +65,7 @@ async fn token(
     user: &str,
     sale_id: &str,
     body: Option<&Value>,
-) -> flashsale_e2e::ApiResponse {
+) -> flashsale_load::ApiResponse {
     harness
         .api
         .send(
@@ -80,7 +78,7 @@ async fn token(
         .expect("the token route answers")
 }
 
-async fn grab(harness: &Harness, user: &str, path: &str) -> flashsale_e2e::ApiResponse {
+async fn grab(harness: &Harness, user: &str, path: &str) -> flashsale_load::ApiResponse {
     harness
         .api
         .send(Method::POST, path, Some(user), None)

@@ -14,17 +14,15 @@
 //! drill: a lapsed order's timer fires within a minute of being set, and the
 //! reconciler's first pass comes a minute after its stack started.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{CONSUMER_LAG, Harness};
-use flashsale_e2e::ApiResponse;
+use flashsale_e2e::{CONSUMER_LAG, Harness};
 use flashsale_emulators::LocalEndpoints;
 use flashsale_emulators::proxy::{ConflictMode, Counts, Fault, FaultRule, Proxy, ProxyOptions};
+use flashsale_load::ApiResponse;
 use flashsale_local::lambda::CrashTrigger;
 use flashsale_local::{EmulatorSource, StackOptions};
 use reqwest::{Method, StatusCode};
@@ -67,7 +65,7 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, E>>,
 {
-    common::eventually_every(within, POLL_EVERY, probe).await
+    flashsale_e2e::eventually_every(within, POLL_EVERY, probe).await
 }
 
 /// What each DynamoDB transaction adds to its round trip on the conflict proxy, in
@@ -345,7 +343,7 @@ impl Rig {
         // The test's own reads bypass the proxies: they are neither faulted nor counted.
         let raw = emulators.sdk_config().await;
         let harness = Harness {
-            api: flashsale_e2e::ApiClient::new(&stack.api_url),
+            api: flashsale_load::ApiClient::new(&stack.api_url),
             admin: stack.token("drill-admin", true).expect("an admin token"),
             dynamodb: aws_sdk_dynamodb::Client::new(&raw),
             scheduler: aws_sdk_scheduler::Client::new(&raw),
@@ -745,7 +743,7 @@ async fn run(drill: Drill) -> Row {
         .iter()
         .find(|(s, _)| *s == Service::DynamoDb)
         .expect("all three");
-    let conflicts = common::conflicts_by_operation(dynamodb_counts);
+    let conflicts = flashsale_e2e::conflicts_by_operation(dynamodb_counts);
     let conflicts_answered: u64 = conflicts.values().sum();
     if drill.expect_conflicts {
         assert!(

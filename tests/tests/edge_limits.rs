@@ -6,12 +6,10 @@
 //! One test in a binary of its own: the function invocations it counts are the test
 //! process's, which another stack's grabs would add to.
 
-mod common;
-
 use std::net::IpAddr;
 
-use common::{Harness, assert_error};
-use flashsale_e2e::{ApiClient, ApiResponse};
+use flashsale_e2e::{Harness, assert_error};
+use flashsale_load::{ApiClient, ApiResponse};
 use reqwest::{Method, StatusCode};
 
 const PER_USER: u32 = 10;

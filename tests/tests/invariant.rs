@@ -6,15 +6,13 @@
 //! as on AWS. The grab's takes are plain writes, so they meet it only where a
 //! transaction (the order consumer's, a release's) holds the same item.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use common::Harness;
 use flashsale_domain::ports::OrderBook;
-use flashsale_e2e::surge::{self, SurgePlan};
-use flashsale_e2e::{ApiClient, ApiResponse};
+use flashsale_e2e::Harness;
+use flashsale_load::surge::{self, SurgePlan};
+use flashsale_load::{ApiClient, ApiResponse};
 use futures::stream::{self, StreamExt};
 use reqwest::{Method, StatusCode};
 
@@ -54,7 +52,7 @@ async fn surge_on(
     shards: u16,
     buyers: usize,
     attempts: usize,
-) -> flashsale_e2e::SurgeReport {
+) -> flashsale_load::SurgeReport {
     let _turn = ONE_SURGE_AT_A_TIME.lock().await;
     harness.active_sale(sale_id, STOCK, shards, 900).await;
     let plan = SurgePlan {
@@ -80,7 +78,7 @@ async fn assert_sold_exactly_the_stock(
     harness: &Harness,
     sale_id: &str,
     shards: u16,
-    report: &flashsale_e2e::SurgeReport,
+    report: &flashsale_load::SurgeReport,
 ) {
     let stray = harness.stray_takes(sale_id).await;
     assert!(

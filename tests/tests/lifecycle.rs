@@ -3,9 +3,7 @@
 //! timer and writes nothing; then pay, cancel or the timer (fired by the Scheduler
 //! emulation) ends it.
 
-mod common;
-
-use common::{CONSUMER_LAG, Harness, assert_error};
+use flashsale_e2e::{CONSUMER_LAG, Harness, assert_error};
 use reqwest::StatusCode;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -80,7 +78,7 @@ async fn an_unpaid_order_expires_on_time_and_its_unit_can_be_grabbed_again() {
             &alice,
             &order_id,
             "expired",
-            common::expiry_lag(WINDOW_SECS),
+            flashsale_e2e::expiry_lag(WINDOW_SECS),
         )
         .await;
     let (deadline, expired_at) = harness.expiry_times(&alice, &order_id).await;
@@ -95,7 +93,7 @@ async fn an_unpaid_order_expires_on_time_and_its_unit_can_be_grabbed_again() {
         (expired_at - expires_at).num_milliseconds()
     );
     // Delivered timers delete themselves (ActionAfterCompletion: DELETE).
-    common::eventually(CONSUMER_LAG, || async {
+    flashsale_e2e::eventually(CONSUMER_LAG, || async {
         match harness.release_timer_input(&order_id).await {
             None => Ok(()),
             Some(_) => Err("the fired timer is still there"),
@@ -115,7 +113,7 @@ async fn an_unpaid_order_expires_on_time_and_its_unit_can_be_grabbed_again() {
 
     // The unit is on sale again: the same buyer may grab it (the limit counts only
     // held and bought units), once the grab's sold-out gate rechecks.
-    common::eventually(CONSUMER_LAG, || async {
+    flashsale_e2e::eventually(CONSUMER_LAG, || async {
         let again = harness.api.grab(&alice, "expire").await.unwrap();
         (again.status == StatusCode::ACCEPTED)
             .then_some(())
@@ -154,7 +152,7 @@ async fn cancelling_returns_the_unit_at_once() {
         .lambda()
         .invoke(
             "OrderConsumerFunction",
-            common::orders_queue_event(&order_id, &reservation, &["late"]),
+            flashsale_e2e::orders_queue_event(&order_id, &reservation, &["late"]),
         )
         .await
         .expect("the consumer answers");

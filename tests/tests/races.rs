@@ -1,11 +1,9 @@
 //! Races the design must settle with DynamoDB conditions alone: pay against the timeout,
 //! a release delivered twice, a queue message delivered twice.
 
-mod common;
-
 use std::time::Duration;
 
-use common::Harness;
+use flashsale_e2e::Harness;
 use futures::future::join_all;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -209,7 +207,7 @@ async fn the_consumer_handed_the_same_record_twice_sets_one_timer_and_writes_not
     harness.wait_for_release_timer(order_id).await;
     let items_before = harness.item_count().await;
 
-    let event = common::orders_queue_event(order_id, reservation, &["m-1", "m-2"]);
+    let event = flashsale_e2e::orders_queue_event(order_id, reservation, &["m-1", "m-2"]);
     let answer = harness
         .stack
         .lambda()

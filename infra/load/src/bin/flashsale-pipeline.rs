@@ -6,9 +6,9 @@
 //!
 //! ```sh
 //! # starts a stack of its own, gateway throttles lifted:
-//! cargo run --release -p flashsale-e2e --bin flashsale-pipeline -- --concurrency 8,32 --grabs 600
+//! cargo run --release -p flashsale-load --bin flashsale-pipeline -- --concurrency 8,32 --grabs 600
 //! # or against `make run` (its throttles apply; lift them with LOCAL_PARAMETERS):
-//! cargo run --release -p flashsale-e2e --bin flashsale-pipeline -- --api http://127.0.0.1:3000 \
+//! cargo run --release -p flashsale-load --bin flashsale-pipeline -- --api http://127.0.0.1:3000 \
 //!   --dynamodb-endpoint http://127.0.0.1:8000 --table flashsale-local-table
 //! ```
 //!
@@ -23,9 +23,9 @@ use clap::Parser;
 use flashsale_adapters::DynamoStore;
 use flashsale_domain::ports::{OrderBook, ReserveRefusal, SaleCatalog, StockLedger};
 use flashsale_domain::{OrderId, Reservation, Sale, SaleId, UserId};
-use flashsale_e2e::ApiClient;
-use flashsale_e2e::client::expect_status;
 use flashsale_emulators::EmulatorOptions;
+use flashsale_load::ApiClient;
+use flashsale_load::client::expect_status;
 use flashsale_local::{EmulatorSource, LocalStack, StackOptions};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};

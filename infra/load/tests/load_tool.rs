@@ -2,12 +2,10 @@
 //! (tokens from a file, no `/local/token`), writes its report and plots and passes its
 //! audit.
 
-mod common;
-
 use std::fmt::Write as _;
 use std::process::Stdio;
 
-use common::Harness;
+use flashsale_e2e::Harness;
 use serde_json::Value;
 
 const STOCK: u64 = 5;

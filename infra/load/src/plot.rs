@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use plotters::prelude::*;
 
-use super::report::Second;
+use crate::report::Second;
 
 #[derive(Debug, thiserror::Error)]
 #[error("drawing {path} failed: {detail}")]

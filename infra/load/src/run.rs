@@ -2,12 +2,6 @@
 //! paying for some orders and, if asked, waiting until every unpaid unit has lapsed
 //! back; then a JSON report, PNG plots and an audit of every invariant.
 
-pub mod audit;
-pub mod model;
-pub mod plot;
-pub mod report;
-pub mod tokens;
-
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -16,11 +10,12 @@ use chrono::Utc;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
+use crate::audit::{AfterExpiry, AuditInput};
 use crate::client::{ApiClient, ClientError};
+use crate::report::{LoadReport, Percentiles, RunConfig};
 use crate::surge::{self, Outcome, SurgePlan};
-use audit::{AfterExpiry, AuditInput};
-use report::{LoadReport, Percentiles, RunConfig};
-use tokens::{TokenError, TokenSource};
+use crate::tokens::{TokenError, TokenSource};
+use crate::{audit, plot, report};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {

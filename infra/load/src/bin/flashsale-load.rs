@@ -3,9 +3,9 @@
 //! model of a sale on AWS (no network).
 //!
 //! ```sh
-//! cargo run -p flashsale-e2e --bin flashsale-load -- --stock 100 --buyers 1500 --attempts 2000 --report target/load/report.json
-//! cargo run -p flashsale-e2e --bin flashsale-load -- --api https://api.example.com --tokens-file tokens.tsv --admin-user ops
-//! cargo run -p flashsale-e2e --bin flashsale-load -- model --stock 100 --buyers 1000000 --arrival uniform:10
+//! cargo run -p flashsale-load --bin flashsale-load -- --stock 100 --buyers 1500 --attempts 2000 --report target/load/report.json
+//! cargo run -p flashsale-load --bin flashsale-load -- --api https://api.example.com --tokens-file tokens.tsv --admin-user ops
+//! cargo run -p flashsale-load --bin flashsale-load -- model --stock 100 --buyers 1000000 --arrival uniform:10
 //! ```
 
 use std::path::PathBuf;
@@ -14,13 +14,13 @@ use std::time::Duration;
 
 use chrono::Utc;
 use clap::{Args, Parser, Subcommand};
-use flashsale_e2e::ApiClient;
-use flashsale_e2e::load::model::{
+use flashsale_load::ApiClient;
+use flashsale_load::model::{
     self, Arrival, Calls, Challenge, Contention, Prices, Quotas, Scenario, Work,
 };
-use flashsale_e2e::load::report::RunConfig;
-use flashsale_e2e::load::tokens::{TokenFile, TokenSource};
-use flashsale_e2e::load::{self, LoadRun, Outputs, audit};
+use flashsale_load::report::RunConfig;
+use flashsale_load::tokens::{TokenFile, TokenSource};
+use flashsale_load::{LoadRun, Outputs, audit};
 use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(Debug, Parser)]
@@ -224,7 +224,7 @@ async fn run_surge(args: SurgeArgs) -> Result<bool, Box<dyn std::error::Error>> 
         "{spinner} {pos}/{len} answered {per_sec} [{elapsed}] {msg}",
     )?);
     bar.enable_steady_tick(Duration::from_millis(200));
-    let report = load::run(
+    let report = flashsale_load::run(
         &client,
         &run,
         |_| bar.inc(1),

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::surge::{GrabAnswer, Outcome, Solve, SurgeReport};
 
-use super::audit::Check;
+use crate::audit::Check;
 
 /// What a run was asked to do (echoed in the report, so a report stands alone).
 #[derive(Debug, Clone, Serialize)]
