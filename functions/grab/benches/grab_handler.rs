@@ -16,7 +16,7 @@
 //! the key would pay and what a solver pays per counter.
 //!
 //! `cargo bench -p flashsale-grab --bench grab_handler`; compare with
-//! `bench/redis_seed.sh` (the seed's Redis Lua script) run alongside.
+//! `infra/bench/redis_seed.sh` (the seed's Redis Lua script) run alongside.
 
 use std::collections::HashMap;
 use std::hint::black_box;

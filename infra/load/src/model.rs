@@ -303,7 +303,7 @@ pub struct Contention {
     /// Bytes a shard item grows by per order holding one of its units (plain takes). The
     /// default is fitted to DynamoDB Local's `ConsumedCapacity` for the item as the
     /// adapter writes it, with 26-character order ULIDs and 36-character user ids
-    /// (bench/shard_item_wcu.py): all 19 steps from 1 to 20 write units over 250 takes.
+    /// (infra/bench/shard_item_wcu.py): all 19 steps from 1 to 20 write units over 250 takes.
     #[arg(long, default_value_t = 78.1)]
     pub taker_bytes: f64,
     /// Bytes of a shard item that names no taker: its keys, stock and empty takers map.
@@ -1756,7 +1756,7 @@ mod tests {
     }
 
     /// DynamoDB Local's `ConsumedCapacity` for the take on a shard item as the adapter
-    /// writes it (26-character order ULIDs, 36-character user ids; bench/shard_item_wcu.py):
+    /// writes it (26-character order ULIDs, 36-character user ids; infra/bench/shard_item_wcu.py):
     /// 1 write unit for the first 12 takes, one more at each of these takes, 20 at the
     /// 250th; 10.13 to 10.14 on average over three runs (a timestamp's digits move an
     /// entry by a byte). The defaults reproduce every step of this run.

@@ -60,7 +60,7 @@ enum Taken {
 
 /// The take on a shard: one unit out of `available`, the order into `takers`, unless the
 /// shard is empty or this order's take is there already. The reserve's, and the bench's
-/// one-transaction baseline's; `bench/shard_item_wcu.py` writes the same to measure it.
+/// one-transaction baseline's; `infra/bench/shard_item_wcu.py` writes the same to measure it.
 pub(super) const TAKE_UPDATE: &str = "SET #available = #available - :one, #takers.#order = :taker";
 pub(super) const TAKE_CONDITION: &str =
     "#available > :zero AND attribute_not_exists(#takers.#order)";

@@ -11,7 +11,7 @@ millisecond timestamp), on DynamoDB Local with ReturnConsumedCapacity=TOTAL, onc
 unit, and prints where the write units step up. `flashsale-load model`'s
 `--taker-bytes` and `--shard-item-bytes` are fitted to these steps.
 
-    python3 bench/shard_item_wcu.py http://127.0.0.1:8000 [units]
+    python3 infra/bench/shard_item_wcu.py http://127.0.0.1:8000 [units]
 """
 
 import random
@@ -27,7 +27,7 @@ import boto3
 ULID_ALPHABET = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 
 
-LEDGER = Path(__file__).resolve().parent.parent / "functions/lib/adapters/src/dynamo/ledger.rs"
+LEDGER = Path(__file__).resolve().parents[2] / "functions/lib/adapters/src/dynamo/ledger.rs"
 
 
 def ledger_constant(name: str) -> str:

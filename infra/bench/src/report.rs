@@ -299,7 +299,7 @@ impl BenchReport {
             Measured::Done(ops) => {
                 let _ = writeln!(
                     out,
-                    "Redis Lua deduction (`bench/redis_seed.sh`, redis-benchmark): **{ops:.0}/s**.\n"
+                    "Redis Lua deduction (`infra/bench/redis_seed.sh`, redis-benchmark): **{ops:.0}/s**.\n"
                 );
                 if let Some(results) = self.handler.done() {
                     // The seed's Lua script does the grab's job; the challenge's

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The seed design's hot path, measured: its Redis Lua deduction script
-# (bench/seckill_deduct.lua, copied from shared/seeds/flash-sale-system-design.md §4:
+# (infra/bench/seckill_deduct.lua, copied from shared/seeds/flash-sale-system-design.md §4:
 # SISMEMBER, GET, DECR, SADD) under redis-benchmark, on Debian's redis-server on a free
 # loopback port. One client connection, EVALSHA, a fixed number of requests; the
 # "pipelined" line lets the client send 16 at a time, as the best case for Redis.

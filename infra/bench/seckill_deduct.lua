@@ -1,5 +1,5 @@
 -- The seed design's Redis deduction, verbatim from shared/seeds/flash-sale-system-design.md §4,
--- for bench/redis_seed.sh to measure.
+-- for infra/bench/redis_seed.sh to measure.
 -- Lua 脚本：seckill_deduct.lua
 -- KEYS[1]: 存储商品库存的 Key (如 seckill:stock:1001)
 -- KEYS[2]: 记录已抢购成功的用户 Set (如 seckill:users:1001)

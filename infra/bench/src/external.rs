@@ -213,13 +213,13 @@ pub async fn grab_handler_bench(
     }
 }
 
-/// `bench/redis_seed.sh`: the seed's Redis Lua deduction under redis-benchmark.
+/// `infra/bench/redis_seed.sh`: the seed's Redis Lua deduction under redis-benchmark.
 pub async fn redis_seed(
     workspace: &Path,
     env: &[(String, String)],
     limit: Duration,
 ) -> Measured<f64> {
-    let script: PathBuf = workspace.join("bench/redis_seed.sh");
+    let script: PathBuf = workspace.join("infra/bench/redis_seed.sh");
     if !script.is_file() {
         return Measured::NotAvailable(format!("{} is not in this tree", script.display()));
     }
