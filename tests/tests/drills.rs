@@ -222,12 +222,14 @@ fn drills() -> Vec<Drill> {
             "retries that find their own work done: the grab's condition names the buyer's hold (resume), FIFO deduplication by order id, CreateSchedule's ConflictException, pay/cancel re-reading a settled order",
             on_all(Fault::CommitThenDrop, 4),
         ),
+        // Buyers retry a 503 here too, as the page does: a failed hand-over is answered
+        // 202, so no retry can send it again, and buyers that gave up on a 503 from a
+        // slow first wave would leave no grab that reaches SendMessage at all.
         Drill {
             parameters: vec![TIMER_GRACE],
-            buyers_retry: false,
             ..Drill::new(
                 "send-after-commit",
-                "SendMessage fails after the reservation committed, so the consumer never sets a timer; buyers are answered 202 and do not retry",
+                "SendMessage fails after the reservation committed, so the consumer never sets a timer; the grab answers 202 all the same, so nothing is retried",
                 "the first 15 SendMessage calls",
                 "nothing is sent again: the buyer pays or cancels the hold as usual (neither needs its timer), and the reconciler releases one left unpaid once past its deadline by the timer grace (5 s here)",
                 vec![(
