@@ -17,7 +17,10 @@
 //!
 //! [`proxy`] is a counting, fault-injecting pass-through to put in front of any of them;
 //! in front of DynamoDB Local it can also play DynamoDB's transaction conflicts.
+//! [`one_endpoint`] serves all of them on one port, for a caller (a `sam local`
+//! container) that can be given one endpoint only.
 
+pub mod one_endpoint;
 pub mod proxy;
 
 use std::fs::File;
