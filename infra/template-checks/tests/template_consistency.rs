@@ -88,8 +88,9 @@ const PORT_FIELDS: [&str; 7] = [
 /// port: calls on them are followed into the cache's own methods in the domain.
 const CACHE_FIELDS: [&str; 1] = ["blocked_users"];
 
-/// Env vars every function gets for the platform, not for its `Config`.
-const PLATFORM_ENV_VARS: [&str; 1] = ["RUST_LOG"];
+/// Env vars every function gets for the platform, not for its `Config`: the log filter,
+/// and the endpoint the SDK itself reads, set only under `sam local`.
+const PLATFORM_ENV_VARS: [&str; 2] = ["RUST_LOG", "AWS_ENDPOINT_URL"];
 
 fn stack() -> &'static Stack {
     stack::workspace_stack()
@@ -262,6 +263,11 @@ fn env_vars_carry_the_resources_and_parameters_their_names_promise() {
         ("BREAKER_FAILURES", json!({"Ref": "BreakerFailures"})),
         ("BREAKER_WINDOW_MS", json!({"Ref": "BreakerWindowMs"})),
         ("BREAKER_COOL_OFF_MS", json!({"Ref": "BreakerCoolOffMs"})),
+        // Deployed with the parameter's empty default, no function has an endpoint.
+        (
+            "AWS_ENDPOINT_URL",
+            json!({"Fn::If": ["UsesLocalAwsEndpoint", {"Ref": "LocalAwsEndpoint"}, {"Ref": "AWS::NoValue"}]}),
+        ),
     ]
     .into();
     for f in functions() {
