@@ -139,7 +139,7 @@ run: tools
 # cargo locks each profile's directory apart, so it never blocks the debug builds.
 # check-infra runs check-template, then waits for it and shows its log; its own
 # build-lambdas finds everything built.
-TEST_STEPS := disk-space tools lint lint-contract unit fuzz-api check-infra browser-test bench-smoke
+TEST_STEPS := disk-space tools lint lint-contract unit fuzz-api check-infra sam-local browser-test bench-smoke
 BACKGROUND_LAMBDA_LOG := target/build-lambdas.log
 test:
 	@total=$$(date +%s); background=""; \

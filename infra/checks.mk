@@ -4,7 +4,11 @@
 #                         the target's std can be installed, else the host architecture)
 #   make smoke-lambdas    runs those very bootstraps under AWS's Runtime Interface Emulator
 #                         against DynamoDB Local + moto and checks each response
-#   make check-infra      all three
+#   make sam-local        those bootstraps under the real SAM CLI on Docker: sam local
+#                         invoke of every function with its events/ fixtures, then
+#                         sam local start-api (installs docker.io, qemu-user-static);
+#                         a step of make test of its own
+#   make check-infra      the first three
 #   make sam-build        `sam build` as a deployer runs it (not part of make test)
 # The template <-> code consistency tests are an ordinary workspace crate
 # (infra/template-checks), so `cargo test --workspace` runs them.
@@ -33,7 +37,7 @@ ARM64_SYSROOT := /usr/aarch64-linux-gnu
 # sam and the SDKs need a region even offline; telemetry would try the network.
 CHECK_ENV := AWS_DEFAULT_REGION=$${AWS_DEFAULT_REGION:-us-east-1} SAM_CLI_TELEMETRY=0
 
-.PHONY: check-infra check-template build-lambdas smoke-lambdas lambda-tools template-tools sam-build
+.PHONY: check-infra check-template build-lambdas smoke-lambdas sam-local sam-local-tools lambda-tools template-tools sam-build
 
 check-infra: check-template build-lambdas smoke-lambdas
 
@@ -128,6 +132,24 @@ smoke-lambdas: build-lambdas debug-build template-tools
 	$(CHECK_ENV) $(DEBUG_BIN)/flashsale-smoke --rie "$$rie" \
 	  --lambda-dir $(LAMBDA_DIR) --events events --template template.yaml \
 	  $${runner:+--runner "$$runner"}
+
+## --- sam-local ----------------------------------------------------------------------
+
+# Docker's engine, and qemu-user-static for arm64 containers on another host (its binfmt
+# handler is what lets the kernel run them; qemu-user, which smoke-lambdas uses, has none).
+sam-local-tools:
+	@missing=""; command -v dockerd >/dev/null 2>&1 || missing="docker.io"; \
+	arch=$$(cat $(LAMBDA_DIR)/ARCH 2>/dev/null || echo arm64); \
+	if [ "$$arch" = arm64 ] && [ "$$(uname -m)" != aarch64 ] && [ ! -x /usr/bin/qemu-aarch64-static ]; then \
+	  missing="$$missing qemu-user-static"; \
+	fi; \
+	if [ -n "$$missing" ]; then \
+	  echo "sam-local: installing$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+sam-local: build-lambdas debug-build template-tools sam-local-tools
+	$(CHECK_ENV) infra/sam-local/run.sh $(VENV)/bin/sam $(DEBUG_BIN)/flashsale-smoke $(LAMBDA_DIR)
 
 ## --- sam-build (not part of make test) ---------------------------------------------
 

@@ -9,6 +9,9 @@
 //! handler) exactly as Lambda's runtime protocol drives it. The RIE initialises the
 //! function on its first invocation, as on-demand Lambda does, and logs
 //! `INIT REPORT(durationMs: ...)`, which [`Lambda::init_duration`] reads.
+//!
+//! [`sam`] runs the same bootstraps under the SAM CLI instead: `sam local invoke` and
+//! `sam local start-api`, in Lambda containers on Docker.
 
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
@@ -21,6 +24,7 @@ use tokio::process::{Child, Command};
 use tokio::task::JoinHandle;
 
 mod ports;
+pub mod sam;
 use ports::PortLease;
 
 /// Where the aws-sam-cli wheel keeps the RIE, under a virtualenv's `site-packages`.
@@ -74,7 +78,7 @@ impl Outcome {
     /// The RIE answers a function error with status 200 and the error as the body, as
     /// `sam local invoke` shows it: an object of exactly `errorType` and
     /// `errorMessage` (and perhaps `stackTrace`) is one.
-    fn of_body(body: Vec<u8>) -> Self {
+    pub(crate) fn of_body(body: Vec<u8>) -> Self {
         let parsed: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
         let is_error = parsed.as_object().is_some_and(|object| {
             object.contains_key("errorType")

@@ -1,8 +1,16 @@
-//! `make smoke-lambdas`: runs the release `bootstrap` binaries that `make
-//! build-lambdas` produced under AWS's Runtime Interface Emulator (`aws-lambda-rie`, as
-//! the aws-sam-cli wheel bundles it), against DynamoDB Local, the
-//! SQS emulator and moto provisioned from template.yaml (by flashsale-local, as `make run` does), and
-//! walks one sale through them with the `events/` fixtures:
+//! `make smoke-lambdas` and `make sam-local`: runs the release `bootstrap` binaries that
+//! `make build-lambdas` produced against DynamoDB Local, the SQS emulator and moto
+//! provisioned from template.yaml (by flashsale-local, as `make run` does), and walks one
+//! sale through them with the `events/` fixtures. Each function runs either
+//! - under AWS's Runtime Interface Emulator on this host (`--rie`: `aws-lambda-rie`, as
+//!   the aws-sam-cli wheel bundles it), which also reports each init time; or
+//! - under the SAM CLI (`--sam`): every event through `sam local invoke`, one Lambda
+//!   container each, which reaches the emulators through one endpoint on the Docker
+//!   bridge's gateway; then `sam local start-api` serves the template's HTTP API, and
+//!   the public sale page answers through it while the protected routes answer 401
+//!   (SAM does not play the JWT authorizer, so they get no claims).
+//!
+//! The walk:
 //!
 //! 1. api: GET an unknown sale -> 404 `sale_not_found`;
 //! 2. api: POST /admin/sales as admin -> 201; GET it -> 200, all stock available;
@@ -13,6 +21,8 @@
 //! 5. release: the fixture (an order nobody holds) answers; the real reservation, once
 //!    due, gives its unit back (GET shows the stock again) and a repeat changes nothing;
 //!    GET order -> `expired`;
+//!    paying or cancelling the lapsed order answers 409 `order_expired`, and the
+//!    admin's stats count it expired;
 //! 6. reconciler: a pass triggered by its scheduled-event fixture sees the sale and
 //!    nothing stuck.
 //!
@@ -20,17 +30,20 @@
 //! from the environment (`AWS_ENDPOINT_URL_*`), and the handler wiring.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use chrono::{SecondsFormat, Utc};
 use clap::Parser;
+use flashsale_emulators::one_endpoint::OneEndpoint;
 use flashsale_local::model::{FunctionSpec, StackModel};
 use flashsale_local::provision::{Clients, provision};
 use flashsale_local::resolve::StackContext;
 use flashsale_local::template::Template;
-use flashsale_rie::{InvokeError, Lambda, LambdaSpec, StartError};
+use flashsale_rie::sam::{SamError, SamFunction, SamLocal};
+use flashsale_rie::{InvokeError, Lambda, LambdaSpec, Outcome, StartError};
 use serde_json::{Value, json};
 
 #[derive(Debug, Parser)]
@@ -49,9 +62,25 @@ struct Args {
     /// Run each bootstrap under this command (e.g. "qemu-aarch64 -L /usr/aarch64-linux-gnu").
     #[arg(long)]
     runner: Option<String>,
-    /// `aws-lambda-rie` for this host (the aws-sam-cli wheel bundles it).
+    /// `aws-lambda-rie` for this host (the aws-sam-cli wheel bundles it): run each
+    /// bootstrap under it, on this host.
+    #[arg(long, required_unless_present = "sam", conflicts_with = "sam")]
+    rie: Option<PathBuf>,
+    /// The `sam` executable: run each bootstrap in a Lambda container instead, with
+    /// `sam local invoke`, then serve the API with `sam local start-api`.
     #[arg(long)]
-    rie: PathBuf,
+    sam: Option<PathBuf>,
+    /// The built template SAM runs (its CodeUris name the bootstraps' folders).
+    #[arg(long, default_value = ".aws-sam/build/template.yaml", requires = "sam")]
+    sam_template: PathBuf,
+    /// The base image SAM runs the functions on (`--invoke-image`); unset, SAM uses
+    /// AWS's image for the runtime (pulled, unless already here).
+    #[arg(long, requires = "sam")]
+    invoke_image: Option<String>,
+    /// The address at which containers reach this machine (the Docker bridge's gateway):
+    /// the emulators' one endpoint listens there.
+    #[arg(long, default_value = "172.17.0.1", requires = "sam")]
+    docker_host_ip: IpAddr,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -96,6 +125,22 @@ enum SmokeError {
     },
     #[error("{step}: {detail}")]
     Check { step: &'static str, detail: String },
+    #[error("sam local")]
+    Sam(#[from] SamError),
+    #[error("the emulators' one endpoint")]
+    OneEndpoint(#[from] flashsale_emulators::one_endpoint::OneEndpointError),
+    #[error("writing {}", path.display())]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{step}: the HTTP request")]
+    Http {
+        step: &'static str,
+        #[source]
+        source: reqwest::Error,
+    },
     #[error("{step}: SQS")]
     Sqs {
         step: &'static str,
@@ -214,8 +259,33 @@ fn http_answer(step: &'static str, response: &Value) -> Result<(u64, Value), Smo
     Ok((status, body))
 }
 
+/// One function, however it is run.
+enum Runner {
+    /// Under the RIE on this host, one process for every invocation (boxed: it holds the
+    /// process and its log buffers, the SAM variant only a path and names).
+    Rie(Box<Lambda>),
+    /// Under `sam local invoke`, a container per invocation.
+    Sam(SamFunction),
+}
+
+impl Runner {
+    async fn invoke(&mut self, event: &Value) -> Result<Outcome, InvokeError> {
+        match self {
+            Self::Rie(lambda) => lambda.invoke(event).await,
+            Self::Sam(function) => function.invoke(event).await,
+        }
+    }
+
+    fn logs(&self) -> String {
+        match self {
+            Self::Rie(lambda) => lambda.logs(),
+            Self::Sam(function) => function.logs(),
+        }
+    }
+}
+
 async fn invoke(
-    lambda: &mut Lambda,
+    lambda: &mut Runner,
     step: &'static str,
     event: &Value,
 ) -> Result<Value, SmokeError> {
@@ -223,13 +293,14 @@ async fn invoke(
         .invoke(event)
         .await
         .map_err(|source| SmokeError::Invoke { step, source })?;
-    outcome
-        .json()
-        .map_err(|source| SmokeError::Invoke { step, source })
+    outcome.json().map_err(|source| SmokeError::Check {
+        step,
+        detail: format!("{source}\n--- logs ---\n{}", lambda.logs()),
+    })
 }
 
 async fn invoke_http(
-    lambda: &mut Lambda,
+    lambda: &mut Runner,
     step: &'static str,
     event: &Value,
     expected_status: u64,
@@ -270,43 +341,129 @@ fn bootstrap_of(lambda_dir: &Path, function: &FunctionSpec) -> Result<PathBuf, S
     }
 }
 
-async fn start(
+/// How the functions are run, and what the emulators are reached through.
+enum Mode {
+    Rie {
+        rie: PathBuf,
+        client_env: Vec<(&'static str, String)>,
+    },
+    Sam {
+        sam: SamLocal,
+        /// Held for as long as any container may call it.
+        _endpoint: OneEndpoint,
+    },
+}
+
+impl Mode {
+    async fn start(&self, args: &Args, function: &FunctionSpec) -> Result<Runner, SmokeError> {
+        match self {
+            Self::Rie { rie, client_env } => {
+                let mut env: Vec<(String, String)> = function
+                    .environment
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                env.extend(client_env.iter().map(|(k, v)| ((*k).to_owned(), v.clone())));
+                let runner: Vec<String> = args
+                    .runner
+                    .as_deref()
+                    .map(|r| r.split_whitespace().map(str::to_owned).collect())
+                    .unwrap_or_default();
+                let spec = LambdaSpec {
+                    rie: rie.clone(),
+                    name: function.name.clone(),
+                    bootstrap: bootstrap_of(&args.lambda_dir, function)?,
+                    runner,
+                    env,
+                    memory_mb: 256,
+                    // Emulated arm64 starts slower than Lambda; the budget is for a first
+                    // cold start.
+                    timeout: function.timeout.max(Duration::from_secs(60)),
+                };
+                println!(
+                    "  start {} ({})",
+                    function.logical_id,
+                    spec.bootstrap.display()
+                );
+                let lambda = Lambda::start(&spec)
+                    .await
+                    .map_err(|source| SmokeError::Start {
+                        name: function.logical_id.clone(),
+                        source,
+                    })?;
+                Ok(Runner::Rie(Box::new(lambda)))
+            }
+            Self::Sam { sam, .. } => {
+                println!("  sam local invoke {}", function.logical_id);
+                Ok(Runner::Sam(sam.function(&function.logical_id)))
+            }
+        }
+    }
+}
+
+/// The SAM run: the emulators' one endpoint where containers reach this machine, and
+/// each function's variables as the provisioned stack resolved them (SAM itself cannot
+/// resolve a `Ref` to a resource it did not create).
+async fn sam_mode(
     args: &Args,
-    function: &FunctionSpec,
-    client_env: &[(&'static str, String)],
-) -> Result<Lambda, SmokeError> {
-    let mut env: Vec<(String, String)> = function
-        .environment
+    sam: &Path,
+    emulators: &'static flashsale_emulators::Emulators,
+    model: &StackModel,
+) -> Result<Mode, SmokeError> {
+    let endpoint = OneEndpoint::start(args.docker_host_ip, emulators).await?;
+    let env_vars: BTreeMap<String, BTreeMap<String, String>> = model
+        .functions
         .iter()
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    env.extend(client_env.iter().map(|(k, v)| ((*k).to_owned(), v.clone())));
-    let runner: Vec<String> = args
-        .runner
-        .as_deref()
-        .map(|r| r.split_whitespace().map(str::to_owned).collect())
-        .unwrap_or_default();
-    let spec = LambdaSpec {
-        rie: args.rie.clone(),
-        name: function.name.clone(),
-        bootstrap: bootstrap_of(&args.lambda_dir, function)?,
-        runner,
-        env,
-        memory_mb: 256,
-        // Emulated arm64 starts slower than Lambda; the budget is for a first cold start.
-        timeout: function.timeout.max(Duration::from_secs(60)),
-    };
-    println!(
-        "  start {} ({})",
-        function.logical_id,
-        spec.bootstrap.display()
-    );
-    Lambda::start(&spec)
-        .await
-        .map_err(|source| SmokeError::Start {
-            name: function.logical_id.clone(),
-            source,
+        .map(|function| {
+            (
+                function.logical_id.clone(),
+                function
+                    .environment
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+            )
         })
+        .collect();
+    let env_vars_path =
+        std::env::temp_dir().join(format!("flashsale-sam-env-{}.json", std::process::id()));
+    // The template declares AWS_ENDPOINT_URL (unset when deployed) for this: SAM passes
+    // a container no other variable.
+    let every_function = BTreeMap::from([("AWS_ENDPOINT_URL".to_owned(), endpoint.url())]);
+    SamLocal::write_env_vars(&env_vars_path, &every_function, &env_vars).map_err(|source| {
+        SmokeError::Write {
+            path: env_vars_path.clone(),
+            source,
+        }
+    })?;
+    println!(
+        "smoke-lambdas: under sam local, on {}; the containers reach the emulators at {}",
+        args.invoke_image
+            .as_deref()
+            .unwrap_or("AWS's image for the runtime"),
+        endpoint.url()
+    );
+    let region = flashsale_emulators::REGION.to_owned();
+    let sam = SamLocal {
+        sam: sam.to_path_buf(),
+        template: args.sam_template.clone(),
+        env_vars: env_vars_path,
+        invoke_image: args.invoke_image.clone(),
+        env: vec![
+            ("AWS_DEFAULT_REGION".to_owned(), region.clone()),
+            ("AWS_REGION".to_owned(), region),
+            // What SAM hands the container as its credentials.
+            ("AWS_ACCESS_KEY_ID".to_owned(), "test".to_owned()),
+            ("AWS_SECRET_ACCESS_KEY".to_owned(), "test".to_owned()),
+            ("SAM_CLI_TELEMETRY".to_owned(), "0".to_owned()),
+        ],
+        // A first invocation also builds SAM's image of the RIE on the base image.
+        timeout: Duration::from_secs(180),
+    };
+    Ok(Mode::Sam {
+        sam,
+        _endpoint: endpoint,
+    })
 }
 
 async fn run(args: &Args) -> Result<(), SmokeError> {
@@ -331,16 +488,27 @@ async fn run(args: &Args) -> Result<(), SmokeError> {
         emulators.sqs_endpoint,
         emulators.moto_endpoint
     );
-    let client_env = emulators.client_env();
+    let mode = match (&args.rie, &args.sam) {
+        (_, Some(sam)) => sam_mode(args, sam, emulators, &model).await?,
+        (Some(rie), None) => Mode::Rie {
+            rie: rie.clone(),
+            client_env: emulators.client_env(),
+        },
+        (None, None) => unreachable!("clap requires --rie or --sam"),
+    };
     let fixtures = Fixtures {
         dir: args.events.clone(),
     };
-    let mut api = start(args, function(&model, "ApiFunction")?, &client_env).await?;
-    let mut grab = start(args, function(&model, "GrabFunction")?, &client_env).await?;
+    let mut api = mode.start(args, function(&model, "ApiFunction")?).await?;
+    let mut grab = mode.start(args, function(&model, "GrabFunction")?).await?;
     let consumer_spec = function(&model, "OrderConsumerFunction")?;
-    let mut consumer = start(args, consumer_spec, &client_env).await?;
-    let mut release = start(args, function(&model, "ReleaseFunction")?, &client_env).await?;
-    let mut reconciler = start(args, function(&model, "ReconcilerFunction")?, &client_env).await?;
+    let mut consumer = mode.start(args, consumer_spec).await?;
+    let mut release = mode
+        .start(args, function(&model, "ReleaseFunction")?)
+        .await?;
+    let mut reconciler = mode
+        .start(args, function(&model, "ReconcilerFunction")?)
+        .await?;
 
     // 1. The public sale page of a sale that does not exist.
     let missing = format!("smoke-missing-{suffix}");
@@ -599,6 +767,33 @@ async fn run(args: &Args) -> Result<(), SmokeError> {
         order["status"] == "expired",
         || order.to_string(),
     )?;
+    for (step, fixture) in [
+        ("api POST pay the lapsed order", "api-pay-order.json"),
+        ("api POST cancel the lapsed order", "api-cancel-order.json"),
+    ] {
+        let refused = invoke_http(
+            &mut api,
+            step,
+            &fixtures.http(fixture, &[("order_id", &order_id)], Some(&buyer), None)?,
+            409,
+        )
+        .await?;
+        check(step, refused["error"] == "order_expired", || {
+            refused.to_string()
+        })?;
+    }
+    let stats = invoke_http(
+        &mut api,
+        "api GET sale stats",
+        &fixtures.http("api-sale-stats.json", &[("sale_id", &sale_id)], None, None)?,
+        200,
+    )
+    .await?;
+    check(
+        "api GET sale stats",
+        stats["expired"] == 1 && stats["available"] == 3 && stats["consistent"] == true,
+        || stats.to_string(),
+    )?;
 
     // 6. A reconciliation pass over the stack, triggered by its scheduled-event fixture:
     //    it finds the smoke sale (still running) and nothing stuck in it.
@@ -617,14 +812,28 @@ async fn run(args: &Args) -> Result<(), SmokeError> {
     )?;
     println!("  ok  reconciler with its fixture: {report}");
 
-    // Every function has been invoked, so each RIE has reported its init.
-    for (name, lambda) in [
-        ("api", &mut api),
-        ("grab", &mut grab),
-        ("order-consumer", &mut consumer),
-        ("release", &mut release),
-        ("reconciler", &mut reconciler),
-    ] {
+    match &mode {
+        Mode::Rie { .. } => {
+            report_inits([
+                ("api", &mut api),
+                ("grab", &mut grab),
+                ("order-consumer", &mut consumer),
+                ("release", &mut release),
+                ("reconciler", &mut reconciler),
+            ])
+            .await?
+        }
+        Mode::Sam { sam, .. } => through_start_api(sam, &sale_id, &order_id).await?,
+    }
+    Ok(())
+}
+
+/// Every function has been invoked, so each RIE has reported its init.
+async fn report_inits(runners: [(&str, &mut Runner); 5]) -> Result<(), SmokeError> {
+    for (name, runner) in runners {
+        let Runner::Rie(lambda) = runner else {
+            continue;
+        };
         let init = lambda
             .init_duration(&json!({}))
             .await
@@ -636,6 +845,91 @@ async fn run(args: &Args) -> Result<(), SmokeError> {
             "  init {name}: {:.1} ms (the RIE's INIT REPORT)",
             init.as_secs_f64() * 1e3
         );
+    }
+    Ok(())
+}
+
+/// The template's HTTP API under `sam local start-api`, which plays payload 2.0 but not
+/// the JWT authorizer: the public sale page answers through it, and a protected route,
+/// reached with no claims, is refused by the function itself.
+async fn through_start_api(
+    sam: &SamLocal,
+    sale_id: &str,
+    order_id: &str,
+) -> Result<(), SmokeError> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|address| address.port())
+        .map_err(|source| SmokeError::Write {
+            path: PathBuf::from("127.0.0.1:0"),
+            source,
+        })?;
+    println!("  sam local start-api on port {port}");
+    let api = sam.start_api("127.0.0.1", port).await?;
+    let outcome = start_api_checks(api.url(), sale_id, order_id).await;
+    if outcome.is_err() {
+        eprintln!("--- sam local start-api ---\n{}", api.logs());
+    }
+    api.stop(Duration::from_secs(30)).await;
+    outcome
+}
+
+async fn start_api_checks(url: &str, sale_id: &str, order_id: &str) -> Result<(), SmokeError> {
+    let http = reqwest::Client::new();
+    let call = |step: &'static str, method: reqwest::Method, path: String| {
+        let request = http.request(method, format!("{url}{path}"));
+        async move {
+            let response = request
+                .send()
+                .await
+                .map_err(|source| SmokeError::Http { step, source })?;
+            let status = response.status().as_u16();
+            let body: Value = response
+                .json()
+                .await
+                .map_err(|source| SmokeError::Http { step, source })?;
+            println!("  ok  {step}: {status} {body}");
+            Ok::<_, SmokeError>((status, body))
+        }
+    };
+    let step = "start-api GET sale";
+    let (status, view) = call(step, reqwest::Method::GET, format!("/sales/{sale_id}")).await?;
+    check(
+        step,
+        status == 200 && view["sale_id"] == sale_id && view["stock_available"] == 3,
+        || format!("{status} {view}"),
+    )?;
+    let step = "start-api GET unknown sale";
+    let (status, missing) =
+        call(step, reqwest::Method::GET, "/sales/no-such-sale".to_owned()).await?;
+    check(
+        step,
+        status == 404 && missing["error"] == "sale_not_found",
+        || format!("{status} {missing}"),
+    )?;
+    for (step, method, path) in [
+        (
+            "start-api POST token without claims",
+            reqwest::Method::POST,
+            format!("/sales/{sale_id}/token"),
+        ),
+        (
+            "start-api GET order without claims",
+            reqwest::Method::GET,
+            format!("/orders/{order_id}"),
+        ),
+        (
+            "start-api POST /admin/sales without claims",
+            reqwest::Method::POST,
+            "/admin/sales".to_owned(),
+        ),
+    ] {
+        let (status, body) = call(step, method, path).await?;
+        check(
+            step,
+            status == 401 && body["error"] == "unauthorized",
+            || format!("{status} {body}"),
+        )?;
     }
     Ok(())
 }
