@@ -1,5 +1,8 @@
 //! In-memory fakes of every port, faithful to the contracts in [`crate::ports`], for
-//! domain tests and for handler tests that do not need the real services.
+//! domain tests and for handler tests that do not need the real services. [`contract`]
+//! holds the scenarios that show them faithful, played on `DynamoStore` too.
+
+pub mod contract;
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -313,8 +316,15 @@ impl StockLedger for InMemoryStore {
             .loose_takes
             .get(&reservation.order_id)
             .is_some_and(|take| take.shard == shard);
+        let at_a_limit = state.active.get(&user_key).copied().unwrap_or(0) >= sale.per_user_limit
+            || state.abandoned.get(&user_key).copied().unwrap_or(0) >= MAX_ABANDONED_HOLDS;
         if finishing {
             state.loose_takes.remove(&reservation.order_id);
+            if at_a_limit {
+                // The hold is refused, so its take is undone, as the store's is.
+                *state.shards.entry(shard_key).or_default() += 1;
+                return Ok(Err(ReserveRefusal::LimitReached));
+            }
             *state.active.entry(user_key).or_default() += 1;
             state.holds.insert(
                 reservation.order_id.clone(),
@@ -327,9 +337,7 @@ impl StockLedger for InMemoryStore {
                 state.takers_of(&sale.sale_id, shard),
             )));
         }
-        if state.active.get(&user_key).copied().unwrap_or(0) >= sale.per_user_limit
-            || state.abandoned.get(&user_key).copied().unwrap_or(0) >= MAX_ABANDONED_HOLDS
-        {
+        if at_a_limit {
             return Ok(Err(ReserveRefusal::LimitReached));
         }
         *state.shards.entry(shard_key).or_default() -= 1;
@@ -435,23 +443,44 @@ impl StockLedger for InMemoryStore {
 
     async fn return_take(&self, take: &Take, now: DateTime<Utc>) -> Result<TakeReturn, StoreError> {
         let mut state = locked(&self.state);
-        if state.loose_takes.remove(&take.order_id).is_none() {
+        match state.holds.get(&take.order_id) {
+            Some((held, status))
+                if held.shard == take.shard
+                    && (status.is_open() || *status == OrderStatus::Paid) =>
+            {
+                return Ok(TakeReturn::Accounted);
+            }
+            Some(_) => {}
+            // No hold at all: voided first, whether or not the unit is still out, so a
+            // reserve on its way finds a settled hold (`AlreadyHeld`). An expired order
+            // like any other: found, counted, and settled for pay and release.
+            None => {
+                let voided = Reservation {
+                    order_id: take.order_id.clone(),
+                    sale_id: take.order_id.sale_id().clone(),
+                    user_id: take.user_id.clone(),
+                    shard: take.shard,
+                    created_at: take.taken_at,
+                    expires_at: take.taken_at,
+                };
+                state.holds.insert(
+                    take.order_id.clone(),
+                    (voided.clone(), OrderStatus::Expired),
+                );
+                state
+                    .orders
+                    .insert(take.order_id.clone(), (voided, OrderStatus::Expired));
+                state.expired_at.insert(take.order_id.clone(), now);
+            }
+        }
+        let loose = state
+            .loose_takes
+            .get(&take.order_id)
+            .is_some_and(|loose| loose.shard == take.shard);
+        if !loose {
             return Ok(TakeReturn::AlreadyReturned);
         }
-        // As the store does: a settled hold, so a reserve on its way finds it.
-        let voided = Reservation {
-            order_id: take.order_id.clone(),
-            sale_id: take.order_id.sale_id().clone(),
-            user_id: take.user_id.clone(),
-            shard: take.shard,
-            created_at: take.taken_at,
-            expires_at: take.taken_at,
-        };
-        state
-            .holds
-            .entry(take.order_id.clone())
-            .or_insert((voided, OrderStatus::Expired));
-        state.expired_at.insert(take.order_id.clone(), now);
+        state.loose_takes.remove(&take.order_id);
         *state
             .shards
             .entry((take.order_id.sale_id().clone(), take.shard))

@@ -1,0 +1,988 @@
+//! One contract suite for every store: scenarios generic over the port traits, each
+//! asserting what the docs in [`crate::ports`] promise. The domain's tests play them on
+//! the in-memory fakes and the adapters' on `DynamoStore` against DynamoDB Local, so the
+//! fakes the domain tests rely on are shown to behave like DynamoDB.
+//!
+//! [`contract_tests!`](crate::contract_tests) makes each scenario its own test.
+
+use async_trait::async_trait;
+use chrono::{DateTime, Duration, Utc};
+use futures::future::{join, join_all};
+
+use crate::ids::{OrderId, UserId};
+use crate::order::{Order, OrderStatus, ReleaseReason, Reservation};
+use crate::ports::{
+    Blocklist, OrderBook, PayOutcome, ReserveRefusal, SaleCatalog, Settlement, ShardTakers,
+    StockLedger, Take, TakeReturn,
+};
+use crate::sale::{MAX_ABANDONED_HOLDS, Sale, StockCounts};
+use crate::testing::{InMemoryStore, sale};
+
+/// Leaves a take no hold accounts for, as a reserve that died between its take and its
+/// hold leaves it. No port can do that on purpose, so each store under test brings its
+/// own way (the fake's [`InMemoryStore::leave_take`], a writer that dies on DynamoDB).
+#[async_trait]
+pub trait StrandsTakes<S>: Send + Sync {
+    async fn strand_take(&self, store: &S, sale: &Sale, reservation: &Reservation);
+}
+
+/// The fake's way: [`InMemoryStore::leave_take`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LeftTakes;
+
+#[async_trait]
+impl StrandsTakes<InMemoryStore> for LeftTakes {
+    async fn strand_take(&self, store: &InMemoryStore, sale: &Sale, reservation: &Reservation) {
+        store.leave_take(sale, take_of(reservation));
+    }
+}
+
+/// One `#[tokio::test]` per scenario of [`crate::testing::contract`]. `subject` is an
+/// expression (evaluated afresh in each test, so each has a store of its own) giving the
+/// store and its [`StrandsTakes`]; `blocklist`, one giving a fresh [`Blocklist`].
+#[macro_export]
+macro_rules! contract_tests {
+    (subject: $subject:expr, blocklist: $blocklist:expr $(,)?) => {
+        $crate::contract_tests!(@store $subject;
+            creating_an_existing_sale_answers_false_and_changes_nothing,
+            sales_ending_after_returns_the_sales_ending_at_or_after_the_cutoff,
+            reserve_takes_one_unit_and_records_a_reserved_hold,
+            reserve_never_oversells_and_refuses_an_empty_shard_naming_its_takers,
+            reserve_over_the_per_user_limit_is_refused_as_limit_reached_and_takes_nothing,
+            a_buyer_who_abandoned_the_most_holds_is_refused_as_limit_reached,
+            a_retried_reserve_of_a_held_order_answers_already_held_and_takes_nothing,
+            release_gives_the_unit_back_exactly_once,
+            releasing_an_unknown_reservation_is_unknown_and_takes_nothing,
+            pay_and_release_of_one_order_have_exactly_one_winner,
+            pay_is_idempotent_inside_the_window_and_window_closed_at_its_end,
+            another_users_order_is_not_found_at_any_stage,
+            counts_and_open_holds_agree_with_what_was_done,
+            every_take_of_a_held_order_is_accounted_for,
+            returning_a_take_given_back_already_still_voids_its_order,
+        );
+        $crate::contract_tests!(@stranding $subject;
+            a_stranded_take_is_returned_once_and_voids_its_order,
+            a_stranded_take_is_finished_once_by_its_retry_on_the_same_shard,
+            a_retry_finishing_a_stranded_take_still_keeps_the_limit,
+            a_take_superseded_by_a_hold_on_another_shard_is_dropped_once,
+        );
+        $crate::contract_tests!(@blocklist $blocklist;
+            blocking_and_unblocking_are_idempotent_and_the_list_names_each_user_once,
+        );
+    };
+    (@store $subject:expr; $($scenario:ident),* $(,)?) => {$(
+        #[tokio::test]
+        async fn $scenario() {
+            let (store, _strands) = $subject;
+            $crate::testing::contract::$scenario(&store).await;
+        }
+    )*};
+    (@stranding $subject:expr; $($scenario:ident),* $(,)?) => {$(
+        #[tokio::test]
+        async fn $scenario() {
+            let (store, strands) = $subject;
+            $crate::testing::contract::$scenario(&store, &strands).await;
+        }
+    )*};
+    (@blocklist $blocklist:expr; $($scenario:ident),* $(,)?) => {$(
+        #[tokio::test]
+        async fn $scenario() {
+            let blocklist = $blocklist;
+            $crate::testing::contract::$scenario(&blocklist).await;
+        }
+    )*};
+}
+
+/// Every port of the sales, stock and orders: what most scenarios need.
+pub trait Store: SaleCatalog + StockLedger + OrderBook {}
+impl<S: SaleCatalog + StockLedger + OrderBook> Store for S {}
+
+fn user(name: &str) -> UserId {
+    UserId::parse(name).expect("a valid user id")
+}
+
+/// A minute into the sale: when the scenarios grab, pay and release.
+fn during(sale: &Sale) -> DateTime<Utc> {
+    sale.starts_at + Duration::minutes(1)
+}
+
+/// A reservation as the grab makes it, a minute into the sale.
+fn reservation(sale: &Sale, user_name: &str, shard: u16) -> Reservation {
+    let now = during(sale);
+    Reservation {
+        order_id: OrderId::new(sale.sale_id.clone()),
+        sale_id: sale.sale_id.clone(),
+        user_id: user(user_name),
+        shard,
+        created_at: now,
+        expires_at: sale.payment_deadline(now),
+    }
+}
+
+async fn created(store: &impl SaleCatalog, sale: &Sale) {
+    assert!(store.create_sale(sale).await.expect("create the sale"));
+}
+
+/// A sale of `stock` on `shards`, each buyer limited to `limit`, created in `store`.
+async fn new_sale(store: &impl SaleCatalog, stock: i64, shards: i64, limit: i64) -> Sale {
+    let sale = sale(stock, shards).per_user_limit(limit).build();
+    created(store, &sale).await;
+    sale
+}
+
+/// Reserves, waiting out `Contended`: it wrote nothing, so the same call again is safe.
+async fn reserve(
+    store: &impl StockLedger,
+    sale: &Sale,
+    reservation: &Reservation,
+) -> Result<(), ReserveRefusal> {
+    loop {
+        match store
+            .reserve(sale, reservation.shard, reservation)
+            .await
+            .expect("reserve")
+        {
+            Err(ReserveRefusal::Contended) => {}
+            answer => return answer,
+        }
+    }
+}
+
+async fn reserved(
+    store: &impl StockLedger,
+    sale: &Sale,
+    user_name: &str,
+    shard: u16,
+) -> Reservation {
+    let held = reservation(sale, user_name, shard);
+    reserve(store, sale, &held)
+        .await
+        .expect("stock and limit allow it");
+    held
+}
+
+async fn stock(store: &impl StockLedger, sale: &Sale) -> Vec<u64> {
+    store.availability(sale).await.expect("availability")
+}
+
+async fn counts(store: &impl OrderBook, sale: &Sale) -> StockCounts {
+    store.count(sale).await.expect("count")
+}
+
+async fn status_of(store: &impl OrderBook, reservation: &Reservation) -> Option<OrderStatus> {
+    store
+        .find(&reservation.order_id, &reservation.user_id)
+        .await
+        .expect("find")
+        .map(|(order, _)| order.status)
+}
+
+async fn release(
+    store: &impl StockLedger,
+    reservation: &Reservation,
+    reason: ReleaseReason,
+) -> Settlement {
+    store
+        .release(reservation, reason, reservation.created_at)
+        .await
+        .expect("release")
+}
+
+/// The order and its reservation, as their owner finds them.
+async fn found_by_owner(store: &impl OrderBook, held: &Reservation) -> (Order, Reservation) {
+    store
+        .find(&held.order_id, &held.user_id)
+        .await
+        .expect("find")
+        .expect("the owner finds the order")
+}
+
+/// When the order's release that expired it committed, as its owner reads it.
+async fn expired_at_of(store: &impl OrderBook, held: &Reservation) -> Option<DateTime<Utc>> {
+    found_by_owner(store, held).await.0.expired_at
+}
+
+/// The take `reservation` makes, dated when it was made.
+fn take_of(reservation: &Reservation) -> Take {
+    Take {
+        shard: reservation.shard,
+        order_id: reservation.order_id.clone(),
+        user_id: reservation.user_id.clone(),
+        taken_at: reservation.created_at,
+    }
+}
+
+/// A new sale of `stock` on `shards`, limit `limit`, with a take stranded on shard 0
+/// for a new order of alice's: the sale and the order.
+async fn sale_with_a_stranded_take<S: Store>(
+    store: &S,
+    strands: &impl StrandsTakes<S>,
+    (stock, shards, limit): (i64, i64, i64),
+) -> (Sale, Reservation) {
+    let sale = new_sale(store, stock, shards, limit).await;
+    let dead = reservation(&sale, "alice", 0);
+    strands.strand_take(store, &sale, &dead).await;
+    (sale, dead)
+}
+
+/// That `voided`, alice's order on a sale of two units on one shard, limit one, was
+/// voided by `return_take` at `voided_at`: an expired order like any other, that no
+/// reserve can hold any more, and that does not count against her limit.
+async fn assert_voided(
+    store: &impl Store,
+    sale: &Sale,
+    voided: &Reservation,
+    voided_at: DateTime<Utc>,
+) {
+    assert_eq!(
+        reserve(store, sale, voided).await,
+        Err(ReserveRefusal::AlreadyHeld),
+        "the voided order cannot be held any more"
+    );
+    assert_eq!(stock(store, sale).await, vec![2]);
+    let (order, _) = found_by_owner(store, voided).await;
+    assert_eq!(
+        (order.status, order.expired_at),
+        (OrderStatus::Expired, Some(voided_at))
+    );
+    assert_eq!(
+        store.pay(voided, during(sale)).await.expect("pay"),
+        PayOutcome::Settled(OrderStatus::Expired)
+    );
+    reserved(store, sale, "alice", 0).await;
+    assert_eq!(
+        counts(store, sale).await,
+        StockCounts {
+            available: 1,
+            reserved: 1,
+            expired: 1,
+            ..StockCounts::default()
+        },
+        "the voided order counts as expired"
+    );
+}
+
+async fn unaccounted(store: &impl StockLedger, sale: &Sale) -> Vec<Take> {
+    store
+        .unaccounted_takes(sale)
+        .await
+        .expect("unaccounted takes")
+}
+
+fn assert_reconciles(sale: &Sale, counts: &StockCounts) {
+    assert_eq!(
+        counts.available + counts.reserved + counts.paid,
+        u64::from(sale.stock_total),
+        "every unit is available, held or sold: {counts:?}"
+    );
+}
+
+/// Whether `takers` are exactly these reservations' orders. Times are not compared: a
+/// take records when it was written, which a scenario knows only to within its calls.
+fn names_exactly(takers: &ShardTakers, reservations: &[&Reservation]) -> bool {
+    takers.len() == reservations.len()
+        && reservations
+            .iter()
+            .all(|held| takers.include(&held.order_id))
+}
+
+fn assert_shard_empty(answer: Result<(), ReserveRefusal>, holders: &[&Reservation], why: &str) {
+    match answer {
+        Err(ReserveRefusal::ShardEmpty(takers)) => assert!(
+            names_exactly(&takers, holders),
+            "{why}: the refusal names who holds the shard's units: {takers:?}"
+        ),
+        other => panic!("{why}: expected the shard empty, got {other:?}"),
+    }
+}
+
+/// `SaleCatalog::create_sale`: a second create of an id answers `false` and writes no
+/// shard; each shard holds its share; an unknown id is not found.
+pub async fn creating_an_existing_sale_answers_false_and_changes_nothing<S: Store>(store: &S) {
+    let sale = sale(10, 4).build();
+    assert!(store.create_sale(&sale).await.expect("first create"));
+    let again = Sale {
+        name: "Another name".to_owned(),
+        stock_total: 40,
+        ..sale.clone()
+    };
+    assert!(!store.create_sale(&again).await.expect("second create"));
+    assert_eq!(
+        store.find_sale(&sale.sale_id).await.expect("find"),
+        Some(sale.clone()),
+        "the second create changed nothing"
+    );
+    assert_eq!(stock(store, &sale).await, vec![3, 3, 2, 2]);
+    let unknown = crate::testing::sale(1, 1).id("no-such-sale").build();
+    assert_eq!(store.find_sale(&unknown.sale_id).await.expect("find"), None);
+}
+
+/// `SaleCatalog::sales_ending_after`: every sale ending at or after the cutoff, to the
+/// nanosecond, and no other.
+pub async fn sales_ending_after_returns_the_sales_ending_at_or_after_the_cutoff<S: Store>(
+    store: &S,
+) {
+    let cutoff = during(&sale(1, 1).build()) + Duration::days(1);
+    let offsets = [
+        ("ended-a-day-before", -Duration::days(1)),
+        ("ended-just-before", -Duration::nanoseconds(1)),
+        ("ends-at-the-cutoff", Duration::zero()),
+        ("ends-just-after", Duration::nanoseconds(1)),
+        ("ends-a-month-after", Duration::days(30)),
+    ];
+    let mut sales = Vec::new();
+    for (id, offset) in offsets {
+        let sale = sale(3, 1)
+            .id(id)
+            .starting_at(cutoff - Duration::days(2))
+            .with(|draft| draft.ends_at = cutoff + offset)
+            .build();
+        created(store, &sale).await;
+        sales.push(sale);
+    }
+    let mut found = store.sales_ending_after(cutoff).await.expect("sales");
+    found.sort_by(|a, b| a.sale_id.cmp(&b.sale_id));
+    let mut expected: Vec<Sale> = sales[2..].to_vec();
+    expected.sort_by(|a, b| a.sale_id.cmp(&b.sale_id));
+    assert_eq!(found, expected);
+    assert_eq!(
+        store
+            .sales_ending_after(cutoff + Duration::days(31))
+            .await
+            .expect("sales"),
+        Vec::<Sale>::new(),
+        "no sale ends after the last one"
+    );
+}
+
+/// `StockLedger::reserve` takes one unit of its shard and records a `reserved` hold,
+/// which the order book finds, counts and lists as open.
+pub async fn reserve_takes_one_unit_and_records_a_reserved_hold<S: Store>(store: &S) {
+    let sale = new_sale(store, 5, 2, 1).await;
+    let held = reserved(store, &sale, "alice", 1).await;
+
+    assert_eq!(stock(store, &sale).await, vec![3, 1]);
+    let (order, found) = found_by_owner(store, &held).await;
+    assert_eq!(found, held);
+    assert_eq!(order.status, OrderStatus::Reserved);
+    assert_eq!(order.expires_at, held.expires_at);
+    assert_eq!(order.expired_at, None);
+    assert_eq!(
+        store.open_holds(&sale).await.expect("open holds"),
+        vec![held.clone()]
+    );
+    let states = store.shard_states(&sale).await.expect("shard states");
+    assert_eq!(states.len(), 2);
+    assert_eq!((states[0].available, states[1].available), (3, 1));
+    assert!(states[0].takers.is_empty());
+    assert!(names_exactly(&states[1].takers, &[&held]));
+    let counts = counts(store, &sale).await;
+    assert_eq!(counts.reserved, 1);
+    assert_reconciles(&sale, &counts);
+    assert!(
+        unaccounted(store, &sale).await.is_empty(),
+        "the take has its hold"
+    );
+}
+
+/// Buyers at once on one shard: exactly its stock is held, then the shard answers
+/// `ShardEmpty` naming its takers, and a refusal leaves no trace on the buyer.
+pub async fn reserve_never_oversells_and_refuses_an_empty_shard_naming_its_takers<S: Store>(
+    store: &S,
+) {
+    let sale = new_sale(store, 5, 2, 1).await;
+    let bids: Vec<Reservation> = (0..8)
+        .map(|buyer| reservation(&sale, &format!("buyer-{buyer}"), 0))
+        .collect();
+    let answers = join_all(bids.iter().map(|bid| reserve(store, &sale, bid))).await;
+
+    let winners: Vec<&Reservation> = bids
+        .iter()
+        .zip(&answers)
+        .filter(|(_, answer)| answer.is_ok())
+        .map(|(bid, _)| bid)
+        .collect();
+    assert_eq!(winners.len(), 3, "exactly the shard's stock: {answers:?}");
+    for (bid, answer) in bids.iter().zip(&answers) {
+        if answer.is_err() {
+            assert!(
+                matches!(answer, Err(ReserveRefusal::ShardEmpty(_))),
+                "{answer:?}"
+            );
+            assert_eq!(status_of(store, bid).await, None, "a refusal holds nothing");
+        }
+    }
+    assert_eq!(stock(store, &sale).await, vec![0, 2], "none negative");
+    let late = reservation(&sale, "late", 0);
+    assert_shard_empty(reserve(store, &sale, &late).await, &winners, "a late buyer");
+    let states = store.shard_states(&sale).await.expect("shard states");
+    assert_eq!(states[0].available, 0);
+    assert!(names_exactly(&states[0].takers, &winners));
+    let counts = counts(store, &sale).await;
+    assert_eq!(counts.reserved, 3);
+    assert_reconciles(&sale, &counts);
+    assert!(unaccounted(store, &sale).await.is_empty());
+    // The refusal left no trace on the late buyer: a grab elsewhere succeeds.
+    reserved(store, &sale, "late", 1).await;
+}
+
+/// `LimitReached` at `per_user_limit` open or paid units, leaving the stock as it was;
+/// on an empty shard the shard answers first.
+pub async fn reserve_over_the_per_user_limit_is_refused_as_limit_reached_and_takes_nothing<
+    S: Store,
+>(
+    store: &S,
+) {
+    let sale = new_sale(store, 4, 2, 2).await;
+    let first = reserved(store, &sale, "alice", 0).await;
+    let second = reserved(store, &sale, "alice", 0).await;
+    assert_eq!(
+        store.pay(&second, during(&sale)).await.expect("pay"),
+        PayOutcome::Paid,
+        "a paid unit counts against the limit too"
+    );
+
+    let third = reservation(&sale, "alice", 1);
+    assert_eq!(
+        reserve(store, &sale, &third).await,
+        Err(ReserveRefusal::LimitReached)
+    );
+    assert_eq!(stock(store, &sale).await, vec![0, 2]);
+    assert_eq!(status_of(store, &third).await, None);
+    assert!(unaccounted(store, &sale).await.is_empty(), "nothing taken");
+
+    let on_the_empty_shard = reservation(&sale, "alice", 0);
+    assert_shard_empty(
+        reserve(store, &sale, &on_the_empty_shard).await,
+        &[&first, &second],
+        "empty shard and limit reached",
+    );
+    // The limit is alice's alone.
+    reserved(store, &sale, "bob", 1).await;
+    assert_eq!(stock(store, &sale).await, vec![0, 1]);
+}
+
+/// `LimitReached` once a buyer cancelled or let lapse `MAX_ABANDONED_HOLDS` holds.
+pub async fn a_buyer_who_abandoned_the_most_holds_is_refused_as_limit_reached<S: Store>(store: &S) {
+    let sale = new_sale(store, 3, 1, 1).await;
+    for n in 0..MAX_ABANDONED_HOLDS {
+        let held = reserved(store, &sale, "alice", 0).await;
+        let reason = if n % 2 == 0 {
+            ReleaseReason::Cancelled
+        } else {
+            ReleaseReason::Expired
+        };
+        assert_eq!(release(store, &held, reason).await, Settlement::Applied);
+    }
+
+    let one_more = reservation(&sale, "alice", 0);
+    assert_eq!(
+        reserve(store, &sale, &one_more).await,
+        Err(ReserveRefusal::LimitReached)
+    );
+    assert_eq!(stock(store, &sale).await, vec![3]);
+    assert_eq!(status_of(store, &one_more).await, None);
+    reserved(store, &sale, "bob", 0).await;
+}
+
+/// Idempotent per order id: once the order has a hold, in any status, a reserve of it
+/// answers `AlreadyHeld` and takes nothing, before the limit and its own shard's stock.
+pub async fn a_retried_reserve_of_a_held_order_answers_already_held_and_takes_nothing<S: Store>(
+    store: &S,
+) {
+    // One unit, limit one: after alice's order, both her shard and her limit refuse.
+    let sale = new_sale(store, 1, 1, 1).await;
+    let held = reserved(store, &sale, "alice", 0).await;
+    assert_eq!(
+        reserve(store, &sale, &held).await,
+        Err(ReserveRefusal::AlreadyHeld),
+        "empty shard and limit reached, but this order is held"
+    );
+    assert_shard_empty(
+        reserve(store, &sale, &reservation(&sale, "alice", 0)).await,
+        &[&held],
+        "a new order of hers",
+    );
+
+    // Two shards, limit two: a retry of her order on the shard with stock takes nothing.
+    let sale = crate::testing::sale(4, 2)
+        .id("second-sale")
+        .per_user_limit(2)
+        .build();
+    created(store, &sale).await;
+    let held = reserved(store, &sale, "alice", 0).await;
+    let elsewhere = Reservation {
+        shard: 1,
+        ..held.clone()
+    };
+    assert_eq!(
+        reserve(store, &sale, &elsewhere).await,
+        Err(ReserveRefusal::AlreadyHeld)
+    );
+    assert_eq!(stock(store, &sale).await, vec![1, 2], "nothing taken");
+
+    // Paid or released, the order is held for good.
+    assert_eq!(
+        store.pay(&held, during(&sale)).await.expect("pay"),
+        PayOutcome::Paid
+    );
+    let cancelled = reserved(store, &sale, "alice", 1).await;
+    assert_eq!(
+        release(store, &cancelled, ReleaseReason::Cancelled).await,
+        Settlement::Applied
+    );
+    for (again, what) in [(&held, "paid"), (&cancelled, "cancelled")] {
+        assert_eq!(
+            reserve(store, &sale, again).await,
+            Err(ReserveRefusal::AlreadyHeld),
+            "{what}"
+        );
+    }
+    assert_eq!(stock(store, &sale).await, vec![1, 2], "nothing taken");
+    assert_eq!(status_of(store, &held).await, Some(OrderStatus::Paid));
+    assert_eq!(
+        status_of(store, &cancelled).await,
+        Some(OrderStatus::Cancelled)
+    );
+    let counts = counts(store, &sale).await;
+    assert_eq!((counts.paid, counts.reserved, counts.cancelled), (1, 0, 1));
+    assert_reconciles(&sale, &counts);
+}
+
+/// `StockLedger::release`: the unit comes back once; a repeated or concurrent call
+/// answers `AlreadySettled` with the first outcome; the hold no longer counts against
+/// the limit, and an expiry records when it committed.
+pub async fn release_gives_the_unit_back_exactly_once<S: Store>(store: &S) {
+    let sale = new_sale(store, 2, 1, 1).await;
+    let cancelled = reserved(store, &sale, "alice", 0).await;
+    assert_eq!(
+        release(store, &cancelled, ReleaseReason::Cancelled).await,
+        Settlement::Applied
+    );
+    assert_eq!(
+        release(store, &cancelled, ReleaseReason::Expired).await,
+        Settlement::AlreadySettled(OrderStatus::Cancelled),
+        "the first outcome stands"
+    );
+    assert_eq!(stock(store, &sale).await, vec![2]);
+    assert_eq!(
+        status_of(store, &cancelled).await,
+        Some(OrderStatus::Cancelled)
+    );
+
+    // Her limit of one is free again; ten releases at once apply once.
+    let expired = reserved(store, &sale, "alice", 0).await;
+    let expired_at = expired.created_at + Duration::seconds(5);
+    let answers =
+        join_all((0..10).map(|_| store.release(&expired, ReleaseReason::Expired, expired_at)))
+            .await;
+    let applied = answers
+        .iter()
+        .filter(|answer| matches!(answer, Ok(Settlement::Applied)))
+        .count();
+    assert_eq!(applied, 1, "ten releases, one applied: {answers:?}");
+    assert!(
+        answers.iter().all(|answer| matches!(
+            answer,
+            Ok(Settlement::Applied | Settlement::AlreadySettled(OrderStatus::Expired))
+        )),
+        "{answers:?}"
+    );
+    assert_eq!(stock(store, &sale).await, vec![2]);
+
+    assert_eq!(expired_at_of(store, &expired).await, Some(expired_at));
+    assert_eq!(
+        expired_at_of(store, &cancelled).await,
+        None,
+        "a cancel is no expiry"
+    );
+    assert_eq!(store.open_holds(&sale).await.expect("open holds"), vec![]);
+    let counts = counts(store, &sale).await;
+    assert_eq!(
+        counts,
+        StockCounts {
+            available: 2,
+            cancelled: 1,
+            expired: 1,
+            ..StockCounts::default()
+        },
+        "each released unit is counted once"
+    );
+    assert_reconciles(&sale, &counts);
+}
+
+/// Releasing a reservation that was never reserved answers `Unknown`.
+pub async fn releasing_an_unknown_reservation_is_unknown_and_takes_nothing<S: Store>(store: &S) {
+    let sale = new_sale(store, 2, 1, 1).await;
+    let never = reservation(&sale, "alice", 0);
+    assert_eq!(
+        release(store, &never, ReleaseReason::Cancelled).await,
+        Settlement::Unknown
+    );
+    assert_eq!(stock(store, &sale).await, vec![2]);
+    assert_eq!(status_of(store, &never).await, None);
+}
+
+/// Pay and release of one open order, sent at once: exactly one wins, and the other
+/// answers the winner's status.
+pub async fn pay_and_release_of_one_order_have_exactly_one_winner<S: Store>(store: &S) {
+    const ROUNDS: u32 = 30;
+    let sale = sale(i64::from(ROUNDS), 2).per_user_limit(1).build();
+    created(store, &sale).await;
+    let (mut paid, mut expired) = (0, 0);
+    for round in 0..ROUNDS {
+        let name = format!("racer-{round}");
+        let held = reserved(store, &sale, &name, sale.bucket_of(&user(&name))).await;
+        let now = during(&sale);
+        let (paid_outcome, released) = join(
+            store.pay(&held, now),
+            store.release(&held, ReleaseReason::Expired, now),
+        )
+        .await;
+        match (paid_outcome.expect("pay"), released.expect("release")) {
+            (PayOutcome::Paid, Settlement::AlreadySettled(OrderStatus::Paid)) => paid += 1,
+            (PayOutcome::Settled(OrderStatus::Expired), Settlement::Applied) => expired += 1,
+            other => panic!("round {round}: not exactly one winner: {other:?}"),
+        }
+        let status = status_of(store, &held).await;
+        assert!(
+            matches!(status, Some(OrderStatus::Paid | OrderStatus::Expired)),
+            "{status:?}"
+        );
+    }
+    let counts = counts(store, &sale).await;
+    assert_eq!((counts.paid, counts.expired), (paid, expired));
+    assert_eq!(counts.reserved, 0);
+    assert_eq!(counts.available, expired);
+    assert_reconciles(&sale, &counts);
+}
+
+/// `OrderBook::pay`: the window is `[created, expires)`; paying twice answers `Paid`
+/// twice; a paid order cannot be released; an unknown one is `Unknown`.
+pub async fn pay_is_idempotent_inside_the_window_and_window_closed_at_its_end<S: Store>(store: &S) {
+    let sale = new_sale(store, 3, 1, 1).await;
+    let late = reserved(store, &sale, "alice", 0).await;
+    assert_eq!(
+        store.pay(&late, late.expires_at).await.expect("pay"),
+        PayOutcome::WindowClosed,
+        "at expires_at the window is closed"
+    );
+    assert_eq!(
+        status_of(store, &late).await,
+        Some(OrderStatus::Reserved),
+        "nothing written"
+    );
+    assert_eq!(
+        store
+            .release(&late, ReleaseReason::Expired, late.expires_at)
+            .await
+            .expect("release"),
+        Settlement::Applied
+    );
+    assert_eq!(
+        store.pay(&late, late.expires_at).await.expect("pay"),
+        PayOutcome::Settled(OrderStatus::Expired)
+    );
+
+    let just_in_time = reserved(store, &sale, "bob", 0).await;
+    let last_moment = just_in_time.expires_at - Duration::milliseconds(1);
+    for attempt in ["pay", "pay again"] {
+        assert_eq!(
+            store.pay(&just_in_time, last_moment).await.expect("pay"),
+            PayOutcome::Paid,
+            "{attempt}"
+        );
+    }
+    assert_eq!(
+        status_of(store, &just_in_time).await,
+        Some(OrderStatus::Paid)
+    );
+    assert_eq!(
+        release(store, &just_in_time, ReleaseReason::Cancelled).await,
+        Settlement::AlreadySettled(OrderStatus::Paid)
+    );
+    assert_eq!(
+        stock(store, &sale).await,
+        vec![2],
+        "the paid unit stays sold"
+    );
+
+    let never = reservation(&sale, "carol", 0);
+    assert_eq!(
+        store.pay(&never, during(&sale)).await.expect("pay"),
+        PayOutcome::Unknown
+    );
+    let counts = counts(store, &sale).await;
+    assert_eq!((counts.paid, counts.expired), (1, 1));
+    assert_reconciles(&sale, &counts);
+}
+
+/// `OrderBook::find`: another user's order is `None`, held or settled.
+pub async fn another_users_order_is_not_found_at_any_stage<S: Store>(store: &S) {
+    let sale = new_sale(store, 3, 1, 1).await;
+    let held = reserved(store, &sale, "alice", 0).await;
+    let mallory = user("mallory");
+    let found_by_mallory = || store.find(&held.order_id, &mallory);
+    assert!(found_by_mallory().await.expect("find").is_none(), "held");
+    release(store, &held, ReleaseReason::Cancelled).await;
+    assert!(found_by_mallory().await.expect("find").is_none(), "settled");
+    let (order, found) = found_by_owner(store, &held).await;
+    assert_eq!(found, held);
+    assert_eq!(order.status, OrderStatus::Cancelled);
+}
+
+/// `count` and `open_holds` after a mix of reserves, payments and releases: every unit
+/// where it is, and the open holds exactly those not settled.
+pub async fn counts_and_open_holds_agree_with_what_was_done<S: Store>(store: &S) {
+    let sale = new_sale(store, 10, 3, 2).await;
+    let mut orders = Vec::new();
+    for buyer in 0..7u16 {
+        orders.push(reserved(store, &sale, &format!("mixer-{}", buyer % 4), buyer % 3).await);
+    }
+    let now = during(&sale);
+    for paid in [0, 3] {
+        assert_eq!(
+            store.pay(&orders[paid], now).await.expect("pay"),
+            PayOutcome::Paid
+        );
+    }
+    assert_eq!(
+        release(store, &orders[1], ReleaseReason::Cancelled).await,
+        Settlement::Applied
+    );
+    assert_eq!(
+        release(store, &orders[4], ReleaseReason::Expired).await,
+        Settlement::Applied
+    );
+
+    let counts = counts(store, &sale).await;
+    assert_eq!(
+        counts,
+        StockCounts {
+            available: 5,
+            reserved: 3,
+            paid: 2,
+            cancelled: 1,
+            expired: 1,
+        }
+    );
+    assert_reconciles(&sale, &counts);
+    assert_eq!(stock(store, &sale).await.iter().sum::<u64>(), 5);
+    let mut open: Vec<Reservation> = [2, 5, 6].map(|index| orders[index].clone()).to_vec();
+    open.sort_by(|a, b| a.order_id.cmp(&b.order_id));
+    let mut listed = store.open_holds(&sale).await.expect("open holds");
+    listed.sort_by(|a, b| a.order_id.cmp(&b.order_id));
+    assert_eq!(listed, open);
+    assert!(unaccounted(store, &sale).await.is_empty());
+}
+
+/// `return_take` leaves a take an open or paid hold on its shard accounts for
+/// (`Accounted`), and one a release gave back is `AlreadyReturned`.
+pub async fn every_take_of_a_held_order_is_accounted_for<S: Store>(store: &S) {
+    let sale = new_sale(store, 4, 1, 3).await;
+    let open = reserved(store, &sale, "alice", 0).await;
+    let paid = reserved(store, &sale, "alice", 0).await;
+    let cancelled = reserved(store, &sale, "alice", 0).await;
+    assert_eq!(
+        store.pay(&paid, during(&sale)).await.expect("pay"),
+        PayOutcome::Paid
+    );
+    assert_eq!(
+        release(store, &cancelled, ReleaseReason::Cancelled).await,
+        Settlement::Applied
+    );
+    assert!(unaccounted(store, &sale).await.is_empty());
+
+    let now = during(&sale) + Duration::minutes(1);
+    for (held, expected, what) in [
+        (&open, TakeReturn::Accounted, "open"),
+        (&paid, TakeReturn::Accounted, "paid"),
+        (&cancelled, TakeReturn::AlreadyReturned, "cancelled"),
+    ] {
+        assert_eq!(
+            store
+                .return_take(&take_of(held), now)
+                .await
+                .expect("return"),
+            expected,
+            "{what}"
+        );
+    }
+    assert_eq!(stock(store, &sale).await, vec![2], "nothing given back");
+    assert_eq!(status_of(store, &open).await, Some(OrderStatus::Reserved));
+    let counts = counts(store, &sale).await;
+    assert_eq!((counts.reserved, counts.paid, counts.cancelled), (1, 1, 1));
+    assert_reconciles(&sale, &counts);
+}
+
+/// `return_take` of a take whose unit is back already (a reserve's undo, say) still
+/// records the order's hold as `expired`, so the reserve on its way cannot hold it.
+pub async fn returning_a_take_given_back_already_still_voids_its_order<S: Store>(store: &S) {
+    let sale = new_sale(store, 2, 1, 1).await;
+    let on_its_way = reservation(&sale, "alice", 0);
+    let now = during(&sale) + Duration::minutes(1);
+    assert_eq!(
+        store
+            .return_take(&take_of(&on_its_way), now)
+            .await
+            .expect("return"),
+        TakeReturn::AlreadyReturned
+    );
+    assert_voided(store, &sale, &on_its_way, now).await;
+}
+
+/// A take a dead reserve left: `unaccounted_takes` finds it, `return_take` gives its
+/// unit back once and voids the order as `expired`, so a late retry is `AlreadyHeld`.
+pub async fn a_stranded_take_is_returned_once_and_voids_its_order<S: Store>(
+    store: &S,
+    strands: &impl StrandsTakes<S>,
+) {
+    let (sale, dead) = sale_with_a_stranded_take(store, strands, (2, 1, 1)).await;
+    assert_eq!(stock(store, &sale).await, vec![1]);
+    let counts_before = counts(store, &sale).await;
+    assert_eq!(
+        counts_before.available + counts_before.reserved + counts_before.paid,
+        1,
+        "the stranded unit is nowhere until returned: {counts_before:?}"
+    );
+    let states = store.shard_states(&sale).await.expect("shard states");
+    assert!(
+        names_exactly(&states[0].takers, &[&dead]),
+        "the take is the shard's"
+    );
+
+    let takes = unaccounted(store, &sale).await;
+    assert_eq!(takes.len(), 1, "{takes:?}");
+    let take = &takes[0];
+    assert_eq!(
+        (take.shard, &take.order_id, &take.user_id),
+        (0, &dead.order_id, &dead.user_id)
+    );
+    let now = during(&sale) + Duration::minutes(1);
+    assert_eq!(
+        store.return_take(take, now).await.expect("return"),
+        TakeReturn::Returned
+    );
+    assert_eq!(
+        store.return_take(take, now).await.expect("return again"),
+        TakeReturn::AlreadyReturned
+    );
+    assert_eq!(stock(store, &sale).await, vec![2]);
+    assert!(unaccounted(store, &sale).await.is_empty());
+
+    assert_voided(store, &sale, &dead, now).await;
+}
+
+/// A retry of a dead reserve on the same shard finds its take and holds it: one unit.
+pub async fn a_stranded_take_is_finished_once_by_its_retry_on_the_same_shard<S: Store>(
+    store: &S,
+    strands: &impl StrandsTakes<S>,
+) {
+    let (sale, dead) = sale_with_a_stranded_take(store, strands, (2, 1, 1)).await;
+
+    reserve(store, &sale, &dead).await.expect("finished");
+    assert_eq!(stock(store, &sale).await, vec![1], "taken once");
+    assert!(unaccounted(store, &sale).await.is_empty());
+    assert_eq!(status_of(store, &dead).await, Some(OrderStatus::Reserved));
+    assert_eq!(
+        reserve(store, &sale, &dead).await,
+        Err(ReserveRefusal::AlreadyHeld)
+    );
+    let counts = counts(store, &sale).await;
+    assert_eq!(counts.reserved, 1);
+    assert_reconciles(&sale, &counts);
+    assert_eq!(
+        reserve(store, &sale, &reservation(&sale, "alice", 0)).await,
+        Err(ReserveRefusal::LimitReached),
+        "her limit of one holds"
+    );
+    assert_eq!(stock(store, &sale).await, vec![1]);
+}
+
+/// A retry that finds its take still answers to the limit: over it, `LimitReached`, and
+/// the take goes back, as any refused hold's does.
+pub async fn a_retry_finishing_a_stranded_take_still_keeps_the_limit<S: Store>(
+    store: &S,
+    strands: &impl StrandsTakes<S>,
+) {
+    let (sale, dead) = sale_with_a_stranded_take(store, strands, (3, 1, 1)).await;
+    let other = reserved(store, &sale, "alice", 0).await;
+
+    assert_eq!(
+        reserve(store, &sale, &dead).await,
+        Err(ReserveRefusal::LimitReached)
+    );
+    assert_eq!(stock(store, &sale).await, vec![2], "the take went back");
+    assert!(unaccounted(store, &sale).await.is_empty());
+    assert_eq!(status_of(store, &dead).await, None);
+    let counts = counts(store, &sale).await;
+    assert_eq!(counts.reserved, 1);
+    assert_reconciles(&sale, &counts);
+    assert_eq!(status_of(store, &other).await, Some(OrderStatus::Reserved));
+}
+
+/// A dead reserve's take on one shard, then the order held on another: the first take
+/// is unaccounted, and `drop_superseded_take` gives it back once.
+pub async fn a_take_superseded_by_a_hold_on_another_shard_is_dropped_once<S: Store>(
+    store: &S,
+    strands: &impl StrandsTakes<S>,
+) {
+    let (sale, dead) = sale_with_a_stranded_take(store, strands, (4, 2, 1)).await;
+    let moved = Reservation {
+        shard: 1,
+        ..dead.clone()
+    };
+    reserve(store, &sale, &moved)
+        .await
+        .expect("held on shard 1");
+    assert_eq!(stock(store, &sale).await, vec![1, 1]);
+    let takes = unaccounted(store, &sale).await;
+    assert_eq!(takes.len(), 1, "{takes:?}");
+    assert_eq!((takes[0].shard, &takes[0].order_id), (0, &dead.order_id));
+
+    assert!(store.drop_superseded_take(&moved, 0).await.expect("drop"));
+    assert!(
+        !store
+            .drop_superseded_take(&moved, 0)
+            .await
+            .expect("drop again"),
+        "given back once"
+    );
+    assert_eq!(stock(store, &sale).await, vec![2, 1]);
+    assert!(unaccounted(store, &sale).await.is_empty());
+    assert_eq!(status_of(store, &moved).await, Some(OrderStatus::Reserved));
+    let counts = counts(store, &sale).await;
+    assert_eq!(counts.reserved, 1);
+    assert_reconciles(&sale, &counts);
+}
+
+async fn sorted_blocked(blocklist: &impl Blocklist) -> Vec<UserId> {
+    let mut users = blocklist.blocked().await.expect("read the blocklist");
+    users.sort();
+    users
+}
+
+/// `Blocklist`: block and unblock are idempotent, and `blocked` names each blocked
+/// user once, whatever characters the id holds.
+pub async fn blocking_and_unblocking_are_idempotent_and_the_list_names_each_user_once<
+    B: Blocklist,
+>(
+    blocklist: &B,
+) {
+    assert!(sorted_blocked(blocklist).await.is_empty(), "empty at first");
+    let (alice, bob) = (user("alice"), user("bob"));
+    let odd = user("auth0|user#42 Ünïcode");
+    for blocked in [&alice, &bob, &alice, &odd] {
+        blocklist.block(blocked).await.expect("block");
+    }
+    let mut expected = vec![alice.clone(), bob.clone(), odd.clone()];
+    expected.sort();
+    assert_eq!(sorted_blocked(blocklist).await, expected);
+
+    for unblocked in [&alice, &alice, &user("never-blocked"), &odd] {
+        blocklist.unblock(unblocked).await.expect("unblock");
+    }
+    assert_eq!(sorted_blocked(blocklist).await, vec![bob.clone()]);
+    blocklist.unblock(&bob).await.expect("unblock");
+    assert!(sorted_blocked(blocklist).await.is_empty());
+}
