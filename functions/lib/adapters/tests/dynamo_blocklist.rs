@@ -1,6 +1,6 @@
 //! `DynamoStore` as the [`Blocklist`] against DynamoDB Local: one item per blocked user
 //! in the `BLOCKLIST` partition, idempotent writes, and a whole-list read that follows
-//! every page.
+//! every page. The port's promises themselves are the contract suite's (tests/contract.rs).
 
 mod support;
 
@@ -69,22 +69,6 @@ async fn unblocking_removes_the_user_and_unblocking_someone_not_blocked_succeeds
 
     assert_eq!(sorted_blocked(&store).await, vec![bob]);
     assert_eq!(blocklist_keys(&client, &table).await, ["USER#bob"]);
-}
-
-#[tokio::test]
-async fn an_empty_blocklist_reads_as_no_users() {
-    let (store, _, _) = support::store().await;
-    assert!(store.blocked().await.expect("read").is_empty());
-}
-
-#[tokio::test]
-async fn user_ids_with_separators_and_unicode_round_trip() {
-    let (store, _, _) = support::store().await;
-    let odd = support::user("auth0|user#42 Ünïcode");
-    store.block(&odd).await.expect("block");
-    assert_eq!(sorted_blocked(&store).await, vec![odd.clone()]);
-    store.unblock(&odd).await.expect("unblock");
-    assert!(store.blocked().await.expect("read").is_empty());
 }
 
 #[tokio::test]
