@@ -265,12 +265,16 @@ async fn provisioning_twice_changes_nothing_and_keeps_existing_schedules() {
         "no duplicate queues: {queues:?}"
     );
     let dynamodb = aws_sdk_dynamodb::Client::new(&first.sdk_config);
-    let tables = dynamodb.list_tables().send().await.expect("ListTables");
-    let ours = tables
-        .table_names()
-        .iter()
-        .filter(|t| t.starts_with(&stack_name))
-        .count();
+    // Every page: the emulators may be shared with other tests' tables.
+    let tables: Vec<String> = dynamodb
+        .list_tables()
+        .into_paginator()
+        .items()
+        .send()
+        .collect::<Result<_, _>>()
+        .await
+        .expect("ListTables");
+    let ours = tables.iter().filter(|t| t.starts_with(&stack_name)).count();
     assert_eq!(ours, 1);
     scheduler
         .get_schedule()
