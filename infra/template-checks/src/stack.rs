@@ -25,28 +25,9 @@ pub struct Stack {
 impl Stack {
     /// Expands `template` with the venv's aws-sam-translator. Offline.
     pub fn load(template: &Path) -> Result<Self, CheckError> {
-        let python = workspace::venv_python();
-        let script = workspace::root().join("infra/template-checks/sam_expand.py");
-        let program = python.display().to_string();
-        let output = Command::new(&python)
-            .arg(&script)
-            .arg(template)
-            .env("AWS_DEFAULT_REGION", "us-east-1")
-            .env("SAM_CLI_TELEMETRY", "0")
-            .output()
-            .map_err(|source| CheckError::Spawn {
-                program: program.clone(),
-                source,
-            })?;
-        if !output.status.success() {
-            return Err(CheckError::ToolFailed {
-                program: format!("{program} {}", script.display()),
-                status: output.status,
-                stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-            });
-        }
+        let expansion = expansion(template)?;
         let mut both: Value =
-            serde_json::from_slice(&output.stdout).map_err(|source| CheckError::Json {
+            serde_json::from_slice(&expansion).map_err(|source| CheckError::Json {
                 what: "sam_expand.py output".to_owned(),
                 source,
             })?;
@@ -184,6 +165,78 @@ fn sub_variables(text: &str, locals: &BTreeSet<String>, found: &mut BTreeSet<Str
         }
         rest = &after[end + 1..];
     }
+}
+
+/// sam_expand.py's output for `template`, kept under the temp dir by a digest of what
+/// decides it: the template, the script and the translator's version. cargo-nextest
+/// runs each test in a process of its own, and each one would otherwise spend a Python
+/// start and a SAM transform on the same template.
+fn expansion(template: &Path) -> Result<Vec<u8>, CheckError> {
+    use sha2::{Digest, Sha256};
+
+    let python = workspace::venv_python();
+    let script = workspace::root().join("infra/template-checks/sam_expand.py");
+    // Without the translator there is nothing to key on; the run below says what is missing.
+    let cache = translator_version_file(&python)
+        .map(|translator| -> Result<_, CheckError> {
+            let mut key = Sha256::new();
+            for input in [template, &script, &translator] {
+                let bytes = std::fs::read(input).map_err(|source| CheckError::Read {
+                    path: input.to_path_buf(),
+                    source,
+                })?;
+                key.update((bytes.len() as u64).to_le_bytes());
+                key.update(bytes);
+            }
+            Ok(std::env::temp_dir()
+                .join("flashsale-sam-expansions")
+                .join(format!("{:x}.json", key.finalize())))
+        })
+        .transpose()?;
+    if let Some(cached) = cache.as_ref().and_then(|cache| std::fs::read(cache).ok()) {
+        return Ok(cached);
+    }
+    let program = python.display().to_string();
+    let output = Command::new(&python)
+        .arg(&script)
+        .arg(template)
+        .env("AWS_DEFAULT_REGION", "us-east-1")
+        .env("SAM_CLI_TELEMETRY", "0")
+        .output()
+        .map_err(|source| CheckError::Spawn {
+            program: program.clone(),
+            source,
+        })?;
+    if !output.status.success() {
+        return Err(CheckError::ToolFailed {
+            program: format!("{program} {}", script.display()),
+            status: output.status,
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        });
+    }
+    // Best effort: a cache that cannot be written only costs the next process a transform.
+    // Written under a name of this process's, then renamed, so no reader sees half of it.
+    if let Some(cache) = cache
+        && let Some(dir) = cache.parent()
+        && std::fs::create_dir_all(dir).is_ok()
+    {
+        let partial = cache.with_extension(format!("{}.partial", std::process::id()));
+        if std::fs::write(&partial, &output.stdout).is_ok() {
+            let _ = std::fs::rename(&partial, &cache);
+        }
+    }
+    Ok(output.stdout)
+}
+
+/// The translator's `__init__.py`, which holds its `__version__`, in the venv `python`
+/// belongs to (`<venv>/bin/python` → `<venv>/lib/python3.*/site-packages`).
+fn translator_version_file(python: &Path) -> Option<std::path::PathBuf> {
+    let lib = python.parent()?.parent()?.join("lib");
+    std::fs::read_dir(lib)
+        .ok()?
+        .flatten()
+        .map(|entry| entry.path().join("site-packages/samtranslator/__init__.py"))
+        .find(|candidate| candidate.exists())
 }
 
 #[cfg(test)]
