@@ -188,8 +188,27 @@ lint:
 # (its doc comments' code blocks are `text` or `sh`), and rustdoc still took 22 s to find that
 # out in its 15 crates (measured, warm). Add `--doc` here with the first real one:
 # `lint` fails on it until then (tests/lint/no_doc_tests.py).
+#
+# cargo-nextest runs the test binaries side by side (cargo test runs them one after
+# another), each test in a process of its own; flashsale-emulators serves all of them one
+# DynamoDB Local, moto and SQS emulator, instead of one set per process. Without
+# cargo-nextest on the machine, cargo test runs them as before.
+UNIT_EMULATORS_ENV := $${CARGO_TARGET_DIR:-target}/unit-emulators.env
 unit:
-	cargo test --workspace --locked --no-fail-fast --tests
+	@if ! cargo nextest --version >/dev/null 2>&1; then \
+	  echo "unit: no cargo-nextest here; cargo test runs the binaries one at a time"; \
+	  exec cargo test --workspace --locked --no-fail-fast --tests; \
+	fi; \
+	cargo nextest run --workspace --locked --no-run --cargo-quiet || exit $$?; \
+	env_file=$(UNIT_EMULATORS_ENV); rm -f "$$env_file"; \
+	$(DEBUG_BIN)/flashsale-emulators "$$env_file" & emulators=$$!; \
+	trap 'kill $$emulators 2>/dev/null; wait $$emulators' EXIT; \
+	for _ in $$(seq 1 300); do \
+	  if [ -f "$$env_file" ] || ! kill -0 $$emulators 2>/dev/null; then break; fi; sleep 0.2; \
+	done; \
+	[ -f "$$env_file" ] || { echo "unit: flashsale-emulators did not start"; exit 1; }; \
+	set -a; . "$$env_file"; set +a; \
+	cargo nextest run --workspace --locked --no-fail-fast --cargo-quiet
 
 # Every debug binary the later steps run (the local stack, the bench, the smoke runner),
 # from one build of the whole workspace with every target. Its features are those
