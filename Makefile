@@ -139,21 +139,29 @@ run: tools
 # cargo locks each profile's directory apart, so it never blocks the debug builds.
 # check-infra runs check-template, then waits for it and shows its log; its own
 # build-lambdas finds everything built.
+#
+# The Debian packages the later steps need (system-packages) install in the background
+# from the end of `tools` too: about 90 s of downloads and unpacking on a fresh machine
+# that no step before check-infra needs. check-infra waits for them as well.
 TEST_STEPS := disk-space tools lint lint-contract unit fuzz-api check-infra sam-local browser-test bench-smoke
 BACKGROUND_LAMBDA_LOG := target/build-lambdas.log
+BACKGROUND_PACKAGES_LOG := target/system-packages.log
 test:
-	@total=$$(date +%s); background=""; \
-	stop_background() { [ -z "$$background" ] || kill -- -$$background 2>/dev/null || true; }; \
+	@total=$$(date +%s); background=""; packages=""; \
+	stop_background() { for job in $$background $$packages; do kill -- -$$job 2>/dev/null || true; done; }; \
 	trap stop_background EXIT; \
 	trap 'stop_background; exit 130' INT TERM HUP; \
 	for step in $(TEST_STEPS); do \
 	  started=$$(date +%s); targets=$$step; \
 	  if [ "$$step" = check-infra ] && [ -n "$$background" ]; then \
 	    $(MAKE) --no-print-directory check-template || exit $$?; \
-	    waiting=$$(date +%s); status=0; wait $$background || status=$$?; background=""; \
+	    waiting=$$(date +%s); status=0; wait $$packages || status=$$?; packages=""; \
+	    cat $(BACKGROUND_PACKAGES_LOG); \
+	    [ $$status -eq 0 ] || { echo "make test: system-packages failed ($$status)"; exit $$status; }; \
+	    status=0; wait $$background || status=$$?; background=""; \
 	    cat $(BACKGROUND_LAMBDA_LOG); \
 	    [ $$status -eq 0 ] || { echo "make test: build-lambdas failed ($$status)"; exit $$status; }; \
-	    echo "make test: waited $$(( $$(date +%s) - waiting )) s for the background build-lambdas"; \
+	    echo "make test: waited $$(( $$(date +%s) - waiting )) s for the background build-lambdas and system-packages"; \
 	    targets="build-lambdas smoke-lambdas"; \
 	  fi; \
 	  $(MAKE) --no-print-directory $$targets || exit $$?; \
@@ -163,10 +171,18 @@ test:
 	    set -m; \
 	    nice -n 19 $(MAKE) --no-print-directory build-lambdas > $(BACKGROUND_LAMBDA_LOG) 2>&1 & \
 	    background=$$!; \
+	    $(MAKE) --no-print-directory system-packages > $(BACKGROUND_PACKAGES_LOG) 2>&1 & \
+	    packages=$$!; \
 	    set +m; \
 	  fi; \
 	done; \
 	echo "make test: all steps took $$(( $$(date +%s) - total )) s"
+
+# Every Debian package a later step installs when missing, one step after another (one
+# apt at a time): qemu-user for the arm64 bootstraps, Docker and qemu-user-static for sam
+# local, chromium for the browser tests.
+.PHONY: system-packages
+system-packages: qemu-user-tools sam-local-tools chromium
 
 # A full disk shows up as a linker killed by SIGBUS half-way through the build, which
 # reads like a toolchain bug. Say what it is up front. A cold `make test` (CI, fresh

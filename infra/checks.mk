@@ -37,7 +37,7 @@ ARM64_SYSROOT := /usr/aarch64-linux-gnu
 # sam and the SDKs need a region even offline; telemetry would try the network.
 CHECK_ENV := AWS_DEFAULT_REGION=$${AWS_DEFAULT_REGION:-us-east-1} SAM_CLI_TELEMETRY=0
 
-.PHONY: check-infra check-template build-lambdas smoke-lambdas sam-local sam-local-tools lambda-tools template-tools sam-build
+.PHONY: check-infra check-template build-lambdas smoke-lambdas qemu-user-tools sam-local sam-local-tools lambda-tools template-tools sam-build
 
 check-infra: check-template build-lambdas smoke-lambdas
 
@@ -117,13 +117,19 @@ build-lambdas: lambda-tools
 # Runs the bootstraps that build-lambdas produced, as they are. An arm64 build on an
 # x86_64 host runs under qemu-user (apt, installed when missing), with Debian's aarch64
 # libc as the loader's root.
-smoke-lambdas: build-lambdas debug-build template-tools
+# (Before build-lambdas has written ARCH, as when make test installs it in the
+# background, the template's arm64 is assumed.)
+qemu-user-tools:
+	@arch=$$(cat $(LAMBDA_DIR)/ARCH 2>/dev/null || echo arm64); \
+	if [ "$$arch" = arm64 ] && [ "$$(uname -m)" != aarch64 ] \
+	   && { ! command -v qemu-aarch64 >/dev/null 2>&1 || [ ! -d '$(ARM64_SYSROOT)/lib' ]; }; then \
+	  echo "smoke-lambdas: installing qemu-user and libc6-arm64-cross to run the arm64 bootstraps"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq qemu-user libc6-arm64-cross >/dev/null; \
+	fi
+
+smoke-lambdas: build-lambdas debug-build template-tools qemu-user-tools
 	@arch=$$(cat $(LAMBDA_DIR)/ARCH); host=$$(uname -m); runner=""; \
 	if [ "$$arch" = arm64 ] && [ "$$host" != aarch64 ]; then \
-	  if ! command -v qemu-aarch64 >/dev/null 2>&1 || [ ! -d '$(ARM64_SYSROOT)/lib' ]; then \
-	    echo "smoke-lambdas: installing qemu-user and libc6-arm64-cross to run the arm64 bootstraps"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq qemu-user libc6-arm64-cross >/dev/null; \
-	  fi; \
 	  runner="qemu-aarch64 -L $(ARM64_SYSROOT)"; \
 	fi; \
 	echo "smoke-lambdas: running the $$arch bootstraps$${runner:+ under $$runner}"; \
@@ -138,7 +144,7 @@ smoke-lambdas: build-lambdas debug-build template-tools
 # Docker's engine, and qemu-user-static for arm64 containers on another host (its binfmt
 # handler is what lets the kernel run them; qemu-user, which smoke-lambdas uses, has none).
 sam-local-tools:
-	@missing=""; command -v dockerd >/dev/null 2>&1 || missing="docker.io"; \
+	@missing=""; command -v dockerd >/dev/null 2>&1 || missing=" docker.io"; \
 	arch=$$(cat $(LAMBDA_DIR)/ARCH 2>/dev/null || echo arm64); \
 	if [ "$$arch" = arm64 ] && [ "$$(uname -m)" != aarch64 ] && [ ! -x /usr/bin/qemu-aarch64-static ]; then \
 	  missing="$$missing qemu-user-static"; \
