@@ -24,7 +24,7 @@ use super::item::{
 };
 use super::requests::{Consistency, ShardPart, Written, built, corrupt, names, values};
 use super::transact::{self, in_request_order};
-use super::{DynamoStore, InvalidRequest};
+use super::{DynamoStore, Inconsistency, InvalidRequest};
 
 const RESERVE: &str = "dynamodb.reserve";
 const AVAILABILITY: &str = "dynamodb.availability";
@@ -344,12 +344,39 @@ impl DynamoStore {
             expires_at: take.taken_at,
             expired_at: Some(now),
         };
+        // The user item's index keys, which a buyer who never held anything lacks: without
+        // them `count` (which reads the holds through gsi1) would miss the voided order.
+        // The bucket follows from the sale's shards; a rare path, so the sale is read.
+        let sale_id = take.order_id.sale_id();
+        let sale = self
+            .read_item(RETURN_TAKE, item::sale_key(sale_id), item::parse_sale)
+            .await?
+            .ok_or_else(|| {
+                StoreError::permanent(
+                    RETURN_TAKE,
+                    Inconsistency::MissingSale {
+                        sale_id: sale_id.clone(),
+                    },
+                )
+            })?;
+        let bucket = item::bucket_pk(sale_id, sale.bucket_of(&take.user_id));
         let void = self
-            .update_item(item::user_key(take.order_id.sale_id(), &take.user_id))
-            .update_expression("SET #hold = :voided")
+            .update_item(item::user_key(sale_id, &take.user_id))
+            .update_expression(
+                "SET #hold = :voided, #gsi1pk = if_not_exists(#gsi1pk, :gsi1pk), \
+                 #gsi1sk = if_not_exists(#gsi1sk, :gsi1sk)",
+            )
             .condition_expression("attribute_not_exists(#hold)")
-            .set_expression_attribute_names(names(&[("#hold", &hold_attribute)]))
-            .set_expression_attribute_values(values([(":voided", voided.to_value())]));
+            .set_expression_attribute_names(names(&[
+                ("#hold", &hold_attribute),
+                ("#gsi1pk", GSI1_PK),
+                ("#gsi1sk", GSI1_SK),
+            ]))
+            .set_expression_attribute_values(values([
+                (":voided", voided.to_value()),
+                (":gsi1pk", s(bucket)),
+                (":gsi1sk", s(item::user_gsi_sk(&take.user_id))),
+            ]));
         match self.write(RETURN_TAKE, void).await? {
             Written::Done => Ok(true),
             Written::Refused(_) => Ok(false),

@@ -46,6 +46,9 @@ pub enum InvalidRequest {
 pub enum Inconsistency {
     #[error("shard {shard} of sale {sale_id} does not exist")]
     MissingShard { sale_id: SaleId, shard: u16 },
+    /// A shard records a take for a sale whose meta item is gone.
+    #[error("sale {sale_id} does not exist, yet one of its shards records a take")]
+    MissingSale { sale_id: SaleId },
 }
 
 /// DynamoDB kept leaving keys unprocessed (it does so under throttling).

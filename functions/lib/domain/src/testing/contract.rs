@@ -250,6 +250,15 @@ async fn assert_voided(
         store.pay(voided, during(sale)).await.expect("pay"),
         PayOutcome::Settled(OrderStatus::Expired)
     );
+    assert_eq!(
+        counts(store, sale).await,
+        StockCounts {
+            available: 2,
+            expired: 1,
+            ..StockCounts::default()
+        },
+        "the voided order counts as expired, though its buyer holds nothing else"
+    );
     reserved(store, sale, "alice", 0).await;
     assert_eq!(
         counts(store, sale).await,
