@@ -114,12 +114,23 @@ def test_a_sale_with_a_challenge_is_solved_in_a_worker_with_its_progress_shown_t
     page = buyer_page(open_page, stack, sale_id, user=buyer)
     tokens = []
     page.on("request", lambda request: tokens.append(request) if request.url.endswith(f"/sales/{sale_id}/token") else None)
+    # The worker's script is held until the solving state has been checked: the counter is
+    # random, so an unheld solve can end within milliseconds, before the page is looked at.
+    held_workers = []
+    page.route("**/assets/challenge-worker.js", lambda route: held_workers.append(route))
     page.locator("#buy").click()
     puzzle = page.locator("#challenge")
     expect(page.locator("#message")).to_contain_text("Verifying you are a person")
     expect(puzzle).to_be_visible()
     expect(puzzle.get_by_label("Verifying you are a person")).to_be_attached()
     assert_accessible(page, "solving the challenge")
+    for _ in range(200):  # the route's handler runs while Playwright waits
+        if held_workers:
+            break
+        page.wait_for_timeout(50)
+    assert len(held_workers) == 1, "the page starts one worker"
+    held_workers[0].continue_()
+    page.unroute("**/assets/challenge-worker.js")
     status = page.locator("#order-status")
     expect(status).to_have_attribute("data-status", "reserved", timeout=60_000)
     expect(puzzle).to_be_hidden()
