@@ -11,7 +11,12 @@ Offline by construction: local CodeUris are replaced by a placeholder S3 URI (as
 `sam validate` does), and the managed-policy loader answers from nothing, which is
 enough because the template names no managed policy.
 
-Usage: python sam_expand.py template.yaml   (AWS_DEFAULT_REGION must be set)
+Parameter overrides (`Name=Value`, as `sam deploy --parameter-overrides` takes them) go
+to the translator as `sam local` hands them over: SAM resolves some parameters itself
+(a CorsConfiguration's origins, for one), so an override must reach it, not only the
+stack that evaluates the rest.
+
+Usage: python sam_expand.py template.yaml [Name=Value ...]   (AWS_DEFAULT_REGION must be set)
 """
 
 import copy
@@ -30,7 +35,7 @@ class NoManagedPolicies:
         return {}
 
 
-def main(path):
+def main(path, overrides):
     with open(path, encoding="utf-8") as handle:
         raw = yaml_parse(handle.read())
     deployable = copy.deepcopy(raw)
@@ -39,12 +44,22 @@ def main(path):
             code_uri = resource.get("Properties", {}).get("CodeUri")
             if isinstance(code_uri, str) and not code_uri.startswith("s3://"):
                 resource["Properties"]["CodeUri"] = "s3://placeholder-bucket/placeholder-key"
-    expanded = transform(deployable, {}, NoManagedPolicies())
+    expanded = transform(deployable, overrides, NoManagedPolicies())
     json.dump({"raw": raw, "expanded": expanded}, sys.stdout, indent=1, sort_keys=True)
     sys.stdout.write("\n")
 
 
+def parameter_overrides(arguments):
+    overrides = {}
+    for argument in arguments:
+        name, equals, value = argument.partition("=")
+        if not equals or not name:
+            sys.exit(f"sam_expand.py: parameter override {argument!r} is not Name=Value")
+        overrides[name] = value
+    return overrides
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: sam_expand.py TEMPLATE")
-    main(sys.argv[1])
+    if len(sys.argv) < 2:
+        sys.exit("usage: sam_expand.py TEMPLATE [Name=Value ...]")
+    main(sys.argv[1], parameter_overrides(sys.argv[2:]))

@@ -4,7 +4,7 @@
 //! `sam_expand.py`: re-implementing SAM's policy templates, event-source permissions
 //! and Globals merging here would test our reading of SAM, not SAM.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::Command;
 
@@ -23,9 +23,19 @@ pub struct Stack {
 }
 
 impl Stack {
-    /// Expands `template` with the venv's aws-sam-translator. Offline.
+    /// Expands `template` with the venv's aws-sam-translator, parameters at their
+    /// defaults. Offline.
     pub fn load(template: &Path) -> Result<Self, CheckError> {
-        let expansion = expansion(template)?;
+        Self::load_with(template, &BTreeMap::new())
+    }
+
+    /// Expands `template` with `overrides` given to the translator, as `sam local
+    /// --parameter-overrides` gives them. Offline.
+    pub fn load_with(
+        template: &Path,
+        overrides: &BTreeMap<String, String>,
+    ) -> Result<Self, CheckError> {
+        let expansion = expansion(template, overrides)?;
         let mut both: Value =
             serde_json::from_slice(&expansion).map_err(|source| CheckError::Json {
                 what: "sam_expand.py output".to_owned(),
@@ -168,14 +178,19 @@ fn sub_variables(text: &str, locals: &BTreeSet<String>, found: &mut BTreeSet<Str
 }
 
 /// sam_expand.py's output for `template`, kept under the temp dir by a digest of what
-/// decides it: the template, the script and the translator's version. cargo-nextest
-/// runs each test in a process of its own, and each one would otherwise spend a Python
-/// start and a SAM transform on the same template.
-fn expansion(template: &Path) -> Result<Vec<u8>, CheckError> {
+/// decides it: the template, the overrides, the script and the translator's version.
+/// cargo-nextest runs each test in a process of its own, and each one (and each start
+/// of the local stack) would otherwise spend a Python start and a SAM transform on the
+/// same template.
+fn expansion(template: &Path, overrides: &BTreeMap<String, String>) -> Result<Vec<u8>, CheckError> {
     use sha2::{Digest, Sha256};
 
     let python = workspace::venv_python();
     let script = workspace::root().join("infra/template-checks/sam_expand.py");
+    let arguments: Vec<String> = overrides
+        .iter()
+        .map(|(name, value)| format!("{name}={value}"))
+        .collect();
     // Without the translator there is nothing to key on; the run below says what is missing.
     let cache = translator_version_file(&python)
         .map(|translator| -> Result<_, CheckError> {
@@ -187,6 +202,10 @@ fn expansion(template: &Path) -> Result<Vec<u8>, CheckError> {
                 })?;
                 key.update((bytes.len() as u64).to_le_bytes());
                 key.update(bytes);
+            }
+            for argument in &arguments {
+                key.update((argument.len() as u64).to_le_bytes());
+                key.update(argument.as_bytes());
             }
             Ok(std::env::temp_dir()
                 .join("flashsale-sam-expansions")
@@ -200,6 +219,7 @@ fn expansion(template: &Path) -> Result<Vec<u8>, CheckError> {
     let output = Command::new(&python)
         .arg(&script)
         .arg(template)
+        .args(&arguments)
         .env("AWS_DEFAULT_REGION", "us-east-1")
         .env("SAM_CLI_TELEMETRY", "0")
         .output()
