@@ -53,18 +53,9 @@ pub struct FunctionInit {
     pub init: Option<Percentiles>,
 }
 
-/// The bin each function's CodeUri builds (the crate folder's name, as the template
-/// consistency tests check).
-fn bin_of(code_uri: &str) -> String {
-    Path::new(code_uri)
-        .file_name()
-        .map(|name| name.to_string_lossy().into_owned())
-        .unwrap_or_default()
-}
-
 /// The template's functions with their environment, resolved as a deploy would.
 pub fn functions(template: &Path) -> Result<StackModel, InitError> {
-    let template = Template::from_path(template)?;
+    let template = Template::expand(template, &BTreeMap::new())?;
     let context = StackContext {
         stack_name: "bench-init".to_owned(),
         region: flashsale_emulators::REGION.to_owned(),
@@ -172,9 +163,9 @@ fn spec_for(
     binaries: &Path,
     secrets: &InitSecrets,
 ) -> Result<LambdaSpec, InitError> {
-    let bin = bin_of(&function.code_uri);
-    let path = binary_path(binaries, &bin).ok_or_else(|| InitError::NoBinary {
-        path: binaries.join(&bin),
+    let bin = &function.binary;
+    let path = binary_path(binaries, bin).ok_or_else(|| InitError::NoBinary {
+        path: binaries.join(bin),
     })?;
     let mut env: Vec<(String, String)> = function
         .environment
@@ -239,7 +230,7 @@ pub async fn measure(
         }
         results.push(FunctionInit {
             function: function.logical_id.clone(),
-            bin: bin_of(&function.code_uri),
+            bin: function.binary.clone(),
             bytes,
             init: Percentiles::of(&samples),
         })

@@ -1,5 +1,5 @@
-//! The real functions, run in-process: a template function's `CodeUri` names its crate
-//! in [`FUNCTIONS`], its `Config` is read from the template-resolved environment (so a
+//! The real functions, run in-process: the bin a template function's build makes
+//! (`BuildProperties.Binary`) names its crate in [`FUNCTIONS`], its `Config` is read from the template-resolved environment (so a
 //! variable missing from the template fails the local stack as it would fail the
 //! deployed function), it starts as the deployed one does, and it is called with the
 //! event decoded the way its Lambda runtime adapter (lambda_http / lambda_runtime)
@@ -24,8 +24,8 @@ use crate::model::FunctionSpec;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DispatchError {
-    #[error("function {function}: CodeUri {code_uri} names no function crate of this workspace")]
-    UnknownCode { function: String, code_uri: String },
+    #[error("function {function}: bin {binary} is no function crate's of this workspace")]
+    UnknownCode { function: String, binary: String },
     #[error("function {function}: its configuration is invalid or unreadable")]
     Config {
         function: String,
@@ -43,22 +43,22 @@ type Start = for<'a> fn(
     Box<dyn Future<Output = Result<Arc<dyn LambdaFunction>, FunctionError>> + Send + 'a>,
 >;
 
-/// Every function crate of the workspace, by the `CodeUri` that names it, and the
-/// runtime adapter it is called through.
+/// Every function crate of the workspace, by the bin its bootstrap is built from, and
+/// the runtime adapter it is called through.
 const FUNCTIONS: [(&str, Start); 5] = [
-    ("functions/grab", |spec, sdk| {
+    ("grab", |spec, sdk| {
         Box::pin(start(spec, sdk, http::<flashsale_grab::Deps>))
     }),
-    ("functions/api", |spec, sdk| {
+    ("api", |spec, sdk| {
         Box::pin(start(spec, sdk, http::<flashsale_api::Deps>))
     }),
-    ("functions/order-consumer", |spec, sdk| {
+    ("order-consumer", |spec, sdk| {
         Box::pin(start(spec, sdk, events::<flashsale_order_consumer::Deps>))
     }),
-    ("functions/reconciler", |spec, sdk| {
+    ("reconciler", |spec, sdk| {
         Box::pin(start(spec, sdk, events::<flashsale_reconciler::Deps>))
     }),
-    ("functions/release", |spec, sdk| {
+    ("release", |spec, sdk| {
         Box::pin(start(spec, sdk, events::<flashsale_release::Deps>))
     }),
 ];
@@ -70,11 +70,10 @@ pub async fn builtin(
     spec: &FunctionSpec,
     sdk: &aws_config::SdkConfig,
 ) -> Result<Arc<dyn LambdaFunction>, DispatchError> {
-    let code = spec.code_uri.trim_end_matches('/');
-    let Some((_, start)) = FUNCTIONS.iter().find(|(code_uri, _)| *code_uri == code) else {
+    let Some((_, start)) = FUNCTIONS.iter().find(|(binary, _)| *binary == spec.binary) else {
         return Err(DispatchError::UnknownCode {
             function: spec.logical_id.clone(),
-            code_uri: spec.code_uri.clone(),
+            binary: spec.binary.clone(),
         });
     };
     start(spec, sdk)

@@ -1,4 +1,6 @@
-//! The local stack behind `make run`: `template.yaml` provisioned on real emulators
+//! The local stack behind `make run`: `template.yaml`, as AWS's SAM translator expands it
+//! ([`template`]) and evaluated as CloudFormation would ([`resolve`], [`model`]),
+//! provisioned on real emulators
 //! (DynamoDB Local, moto, the SQS emulator) and the functions run in-process behind emulations of the
 //! managed triggers AWS would put in front of them:
 //!
@@ -7,7 +9,7 @@
 //! - [`esm`]: the SQS event source mapping, with `ReportBatchItemFailures`;
 //! - [`scheduler`]: EventBridge Scheduler delivery of one-time schedules, invoking
 //!   Lambda asynchronously ([`lambda`]) with Lambda's retries;
-//! - [`rules`]: EventBridge `rate(...)` rules from `Schedule` events;
+//! - [`rules`]: EventBridge `rate(...)` rules;
 //! - [`metrics`]: the functions' metrics, served at `GET /local/metrics`.
 //!
 //! [`LocalStack::start`] runs all of it in-process for tests; the `flashsale-local`

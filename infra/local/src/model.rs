@@ -28,8 +28,8 @@ pub enum ModelError {
     },
     #[error("{at}: {what}")]
     Invalid { at: String, what: String },
-    #[error("{at}: event type {kind} is not emulated by the local stack")]
-    UnsupportedEvent { at: String, kind: String },
+    #[error("{at}: {target} is no function of this template")]
+    UnknownFunction { at: String, target: String },
     #[error("{at}: event source {arn} is not a queue of this template")]
     UnknownEventSource { at: String, arn: String },
     #[error("{at}: authorizer {name} is not declared on API {api}")]
@@ -90,12 +90,7 @@ impl StackModel {
     /// The function an invocation ARN names: plain, `:$LATEST` or an alias/version
     /// qualifier all reach the one local version.
     pub fn function_by_arn(&self, arn: &str) -> Option<&FunctionSpec> {
-        self.functions.iter().find(|f| {
-            arn == f.arn
-                || arn
-                    .strip_prefix(f.arn.as_str())
-                    .is_some_and(|rest| rest.starts_with(':') && !rest[1..].contains(':'))
-        })
+        self.functions.iter().find(|f| f.is_invoked_by(arn))
     }
 
     pub fn queue(&self, logical_id: &str) -> Option<&QueueSpec> {
@@ -142,6 +137,10 @@ impl StackModel {
         let mut not_provisioned = Vec::new();
         let mut function_decls = Vec::new();
         let mut api_decls = Vec::new();
+        let mut stage_decls = Vec::new();
+        let mut mapping_decls = Vec::new();
+        let mut invoke_config_decls = Vec::new();
+        let mut rule_decls = Vec::new();
         let mut distribution_decls = Vec::new();
         let mut edge_rules = Vec::new();
         for decl in template.resources.values() {
@@ -157,9 +156,17 @@ impl StackModel {
                     schedule_groups.push(schedule_group_spec(&mut resolver, decl)?)
                 }
                 "AWS::SecretsManager::Secret" => secrets.push(secret_spec(&mut resolver, decl)?),
-                "AWS::Serverless::Function" => function_decls.push(decl),
-                "AWS::Serverless::HttpApi" => {
+                "AWS::Lambda::Function" => function_decls.push(decl),
+                "AWS::Lambda::EventSourceMapping" => mapping_decls.push(decl),
+                "AWS::Lambda::EventInvokeConfig" => invoke_config_decls.push(decl),
+                "AWS::Events::Rule" => rule_decls.push(decl),
+                // Served in-process by the local gateway.
+                "AWS::ApiGatewayV2::Api" => {
                     api_decls.push(decl);
+                    not_provisioned.push((decl.logical_id.clone(), decl.kind.clone()));
+                }
+                "AWS::ApiGatewayV2::Stage" => {
+                    stage_decls.push(decl);
                     not_provisioned.push((decl.logical_id.clone(), decl.kind.clone()));
                 }
                 "AWS::WAFv2::WebACL" => {
@@ -181,22 +188,36 @@ impl StackModel {
         }
         let queues = order_queues(queues);
 
-        let mut apis = Vec::new();
-        for decl in api_decls {
-            let properties = merge_globals(template.globals.get("HttpApi"), &decl.properties);
-            apis.push(http_api_spec(&mut resolver, &decl.logical_id, &properties)?);
-        }
         let mut functions = Vec::new();
         for decl in function_decls {
-            let properties = merge_globals(template.globals.get("Function"), &decl.properties);
-            functions.push(function_spec(
-                &mut resolver,
-                template,
-                decl,
-                &properties,
-                &queues,
-                &mut apis,
-            )?);
+            functions.push(function_spec(&mut resolver, decl)?);
+        }
+        for decl in invoke_config_decls {
+            let at = format!("Resources.{}.Properties.FunctionName", decl.logical_id);
+            let (target, config) = async_invoke_config(&mut resolver, decl)?;
+            invoked(&mut functions, &target, &at)?.async_invoke = config;
+        }
+        for decl in mapping_decls {
+            let at = format!("Resources.{}.Properties.FunctionName", decl.logical_id);
+            let (target, source) = sqs_source_spec(&mut resolver, decl, &queues)?;
+            invoked(&mut functions, &target, &at)?
+                .sqs_sources
+                .push(source);
+        }
+        for decl in rule_decls {
+            let at = format!("Resources.{}.Properties.Targets", decl.logical_id);
+            for (target, rule) in rule_specs(&mut resolver, decl)? {
+                invoked(&mut functions, &target, &at)?.schedules.push(rule);
+            }
+        }
+        let mut apis = Vec::new();
+        for decl in api_decls {
+            let (api, routes) = http_api_spec(&mut resolver, decl, &stage_decls)?;
+            let at = format!("Resources.{}.Properties.Body", decl.logical_id);
+            for (target, route) in routes {
+                invoked(&mut functions, &target, &at)?.routes.push(route);
+            }
+            apis.push(api);
         }
         let mut seen: BTreeMap<String, String> = BTreeMap::new();
         for function in &functions {
@@ -890,24 +911,26 @@ fn generated_secret(
 
 // ---------------------------------------------------------------- HTTP API
 
-/// An `AWS::Serverless::HttpApi` (or SAM's implicit one).
+/// An `AWS::ApiGatewayV2::Api` defined by an OpenAPI body (as SAM writes an `HttpApi`),
+/// with its stage.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HttpApiSpec {
     pub logical_id: String,
     pub api_id: String,
     pub stage: String,
     pub stage_variables: BTreeMap<String, String>,
+    /// The body's JWT authorizers, by security scheme name.
     pub authorizers: BTreeMap<String, JwtAuthorizerSpec>,
-    pub default_authorizer: Option<String>,
-    /// `CorsConfiguration`: API Gateway answers preflights and adds the CORS headers.
+    /// `x-amazon-apigateway-cors`: API Gateway answers preflights and adds the CORS
+    /// headers.
     pub cors: Option<CorsSpec>,
-    /// `DefaultRouteSettings` throttling.
+    /// The stage's `DefaultRouteSettings` throttling.
     pub default_throttle: Option<Throttle>,
 }
 
-/// An HTTP API's CORS configuration.
+/// An HTTP API's CORS configuration, as the OpenAPI extension spells it.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(rename_all = "PascalCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CorsSpec {
     #[serde(default)]
     pub allow_origins: Vec<String>,
@@ -965,10 +988,9 @@ pub enum RouteAuth {
     },
 }
 
-/// One `HttpApi` event of a function.
+/// One route of an HTTP API, integrated with a function.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RouteSpec {
-    pub event_name: String,
     pub api_id: String,
     pub stage: String,
     pub stage_variables: BTreeMap<String, String>,
@@ -977,7 +999,7 @@ pub struct RouteSpec {
     /// `/sales/{sale_id}/grab/{token}`; `{name+}` is a greedy parameter.
     pub path: String,
     pub auth: RouteAuth,
-    /// The event's `RouteSettings` throttle, else the API's default.
+    /// The stage's `RouteSettings` throttle for this route, else its default.
     pub throttle: Option<Throttle>,
 }
 
@@ -988,120 +1010,296 @@ impl RouteSpec {
     }
 }
 
+/// The parts of an OpenAPI body API Gateway acts on; the rest (`info`, `responses`,
+/// `parameters`) documents the API and has no local effect.
+#[derive(Deserialize)]
+struct OpenApiBody {
+    paths: BTreeMap<String, BTreeMap<String, Value>>,
+    #[serde(default)]
+    components: Option<OpenApiComponents>,
+    /// The operations' default security requirement.
+    #[serde(default)]
+    security: Option<Vec<BTreeMap<String, Vec<String>>>>,
+    #[serde(default, rename = "x-amazon-apigateway-cors")]
+    cors: Option<CorsSpec>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct OpenApiComponents {
+    #[serde(default)]
+    security_schemes: BTreeMap<String, SecurityScheme>,
+}
+
+#[derive(Deserialize)]
+struct SecurityScheme {
+    #[serde(rename = "x-amazon-apigateway-authorizer")]
+    authorizer: Option<ApiAuthorizer>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ApiAuthorizer {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    identity_source: Option<Value>,
+    #[serde(default)]
+    jwt_configuration: Option<JwtConfiguration>,
+}
+
+#[derive(Deserialize)]
+struct JwtConfiguration {
+    issuer: String,
+    #[serde(default)]
+    audience: Vec<String>,
+}
+
+#[derive(Deserialize)]
+struct Operation {
+    #[serde(default)]
+    security: Option<Vec<BTreeMap<String, Vec<String>>>>,
+    #[serde(rename = "x-amazon-apigateway-integration")]
+    integration: Integration,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Integration {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    payload_format_version: Option<String>,
+    uri: String,
+}
+
+/// An `AWS::ApiGatewayV2::Stage`'s settings that shape requests.
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct StageSettings {
+    stage_name: String,
+    #[serde(default)]
+    stage_variables: BTreeMap<String, Value>,
+    #[serde(default)]
+    default_route_settings: Option<Value>,
+    #[serde(default)]
+    route_settings: BTreeMap<String, Value>,
+}
+
+const OPENAPI_METHODS: [&str; 8] = [
+    "get",
+    "put",
+    "post",
+    "delete",
+    "options",
+    "head",
+    "patch",
+    "x-amazon-apigateway-any-method",
+];
+
+/// The API `decl` with its stage among `stages`, and its routes, each with the ARN the
+/// integration invokes.
 fn http_api_spec(
     resolver: &mut Resolver<'_>,
-    logical_id: &str,
-    properties: &Node,
-) -> Result<HttpApiSpec, ModelError> {
-    let at = format!("Resources.{logical_id}.Properties");
-    let api_id = resolver
-        .identity(logical_id, &at)
-        .map(|i| i.reference)
-        .unwrap_or_else(|_| {
-            // SAM's implicit API is not in the template's resources.
-            format!("{logical_id}-local")
-        });
-    let stage = match properties.get("StageName") {
-        Some(node) => string_value(resolver.eval(node, &format!("{at}.StageName"))?, &at)?,
-        None => "$default".to_owned(),
-    };
-    let stage_variables = match properties.get("StageVariables") {
-        Some(node) => string_map(resolver.eval(node, &format!("{at}.StageVariables"))?, &at)?,
-        None => BTreeMap::new(),
-    };
-    let mut authorizers = BTreeMap::new();
-    let mut default_authorizer = None;
-    if let Some(auth) = properties.get("Auth") {
-        let auth_at = format!("{at}.Auth");
-        if let Some(node) = auth.get("DefaultAuthorizer") {
-            default_authorizer = Some(string_value(resolver.eval(node, &auth_at)?, &auth_at)?);
+    decl: &ResourceDecl,
+    stages: &[&ResourceDecl],
+) -> Result<(HttpApiSpec, Vec<(String, RouteSpec)>), ModelError> {
+    let at = format!("Resources.{}.Properties", decl.logical_id);
+    let api_id = resolver.identity(&decl.logical_id, &at)?.reference;
+    let body_node = decl
+        .properties
+        .get("Body")
+        .ok_or_else(|| ModelError::Invalid {
+            at: at.clone(),
+            what: "only an API defined by an OpenAPI Body (as SAM writes an HttpApi) is emulated"
+                .to_owned(),
+        })?;
+    let body_at = format!("{at}.Body");
+    let body: OpenApiBody = from_value(resolver.eval(body_node, &body_at)?, &body_at)?;
+
+    let mut stage = None;
+    for candidate in stages {
+        let stage_at = format!("Resources.{}.Properties", candidate.logical_id);
+        let Some(api) = candidate.properties.get("ApiId") else {
+            continue;
+        };
+        if value_string(&resolver.eval(api, &stage_at)?).as_deref() != Some(api_id.as_str()) {
+            continue;
         }
-        if let Some(Node::Map(declared)) = auth.get("Authorizers") {
-            for (name, decl) in declared {
-                let decl_at = format!("{auth_at}.Authorizers.{name}");
-                let Some(jwt) = decl.get("JwtConfiguration") else {
-                    return Err(ModelError::UnsupportedAuthorizer { at: decl_at });
-                };
-                let jwt = resolver.eval(jwt, &decl_at)?;
-                let issuer = jwt.get("issuer").and_then(value_string).ok_or_else(|| {
-                    ModelError::Invalid {
-                        at: decl_at.clone(),
-                        what: "JwtConfiguration needs an issuer".to_owned(),
-                    }
-                })?;
-                let audience = match jwt.get("audience") {
-                    Some(Value::Array(items)) => items.iter().filter_map(value_string).collect(),
-                    Some(other) => value_string(other).into_iter().collect(),
-                    None => Vec::new(),
-                };
-                let source = match decl.get("IdentitySource") {
-                    Some(node) => string_value(resolver.eval(node, &decl_at)?, &decl_at)?,
-                    None => "$request.header.Authorization".to_owned(),
-                };
-                let header = source
-                    .strip_prefix("$request.header.")
-                    .ok_or_else(|| ModelError::Invalid {
-                        at: decl_at.clone(),
-                        what: format!("IdentitySource {source} is not a request header"),
-                    })?
-                    .to_owned();
-                authorizers.insert(
-                    name.clone(),
-                    JwtAuthorizerSpec {
-                        name: name.clone(),
-                        issuer,
-                        audience,
-                        header,
-                    },
+        // Only what shapes a request: the access log's destination has no local value.
+        let mut settings = serde_json::Map::new();
+        for key in [
+            "StageName",
+            "StageVariables",
+            "DefaultRouteSettings",
+            "RouteSettings",
+        ] {
+            if let Some(node) = candidate.properties.get(key) {
+                settings.insert(
+                    key.to_owned(),
+                    resolver.eval(node, &format!("{stage_at}.{key}"))?,
                 );
             }
         }
-        if let Some(name) = &default_authorizer
-            && !authorizers.contains_key(name)
-        {
-            return Err(ModelError::UnknownAuthorizer {
-                at: auth_at,
-                name: name.clone(),
-                api: logical_id.to_owned(),
-            });
+        let settings: StageSettings = from_value(Value::Object(settings), &stage_at)?;
+        stage = Some((settings, stage_at));
+    }
+    let (stage_name, stage_variables, default_throttle, route_throttles) = match stage {
+        None => (
+            "$default".to_owned(),
+            BTreeMap::new(),
+            None,
+            BTreeMap::new(),
+        ),
+        Some((settings, stage_at)) => {
+            let default_throttle = match settings.default_route_settings {
+                Some(value) => throttle(value, &stage_at)?,
+                None => None,
+            };
+            let mut route_throttles = BTreeMap::new();
+            for (route_key, value) in settings.route_settings {
+                if let Some(limit) = throttle(value, &format!("{stage_at}.RouteSettings"))? {
+                    route_throttles.insert(route_key, limit);
+                }
+            }
+            let variables = string_map(
+                Value::Object(settings.stage_variables.into_iter().collect()),
+                &stage_at,
+            )?;
+            (
+                settings.stage_name,
+                variables,
+                default_throttle,
+                route_throttles,
+            )
+        }
+    };
+
+    let mut authorizers = BTreeMap::new();
+    let schemes = body
+        .components
+        .map(|c| c.security_schemes)
+        .unwrap_or_default();
+    for (name, scheme) in schemes {
+        let scheme_at = format!("{body_at}.components.securitySchemes.{name}");
+        let authorizer = scheme
+            .authorizer
+            .filter(|a| a.kind == "jwt")
+            .ok_or_else(|| ModelError::UnsupportedAuthorizer {
+                at: scheme_at.clone(),
+            })?;
+        let jwt = authorizer
+            .jwt_configuration
+            .ok_or_else(|| ModelError::Invalid {
+                at: scheme_at.clone(),
+                what: "a JWT authorizer needs a jwtConfiguration".to_owned(),
+            })?;
+        // API Gateway takes the identity source as a string or a list of one.
+        let source = match authorizer.identity_source {
+            None => "$request.header.Authorization".to_owned(),
+            Some(Value::Array(items)) => items.first().and_then(value_string).unwrap_or_default(),
+            Some(other) => value_string(&other).unwrap_or_default(),
+        };
+        let header = source
+            .strip_prefix("$request.header.")
+            .ok_or_else(|| ModelError::Invalid {
+                at: scheme_at.clone(),
+                what: format!("identitySource {source} is not a request header"),
+            })?
+            .to_owned();
+        authorizers.insert(
+            name.clone(),
+            JwtAuthorizerSpec {
+                name,
+                issuer: jwt.issuer,
+                audience: jwt.audience,
+                header,
+            },
+        );
+    }
+
+    let mut routes = Vec::new();
+    for (path, operations) in body.paths {
+        for (method, operation) in operations {
+            if !OPENAPI_METHODS.contains(&method.as_str()) {
+                continue;
+            }
+            let op_at = format!("{body_at}.paths.{path}.{method}");
+            let operation: Operation = from_value(operation, &op_at)?;
+            let integration = operation.integration;
+            if integration.kind != "aws_proxy"
+                || integration.payload_format_version.as_deref() != Some("2.0")
+            {
+                return Err(ModelError::Invalid {
+                    at: op_at,
+                    what: "only Lambda proxy integrations of payload format 2.0 are emulated"
+                        .to_owned(),
+                });
+            }
+            let function_arn = integration
+                .uri
+                .split_once("/functions/")
+                .and_then(|(_, rest)| rest.strip_suffix("/invocations"))
+                .ok_or_else(|| ModelError::Invalid {
+                    at: op_at.clone(),
+                    what: format!("integration uri {} invokes no function", integration.uri),
+                })?
+                .to_owned();
+            let auth = match operation.security.or_else(|| body.security.clone()) {
+                None => RouteAuth::Public,
+                Some(requirements) => match requirements.into_iter().next() {
+                    None => RouteAuth::Public,
+                    Some(requirement) => match requirement.into_iter().next() {
+                        None => RouteAuth::Public,
+                        // SAM marks an `Authorizer: NONE` route so.
+                        Some((name, _)) if name == "NONE" => RouteAuth::Public,
+                        Some((name, scopes)) => RouteAuth::Jwt {
+                            authorizer: authorizers.get(&name).cloned().ok_or_else(|| {
+                                ModelError::UnknownAuthorizer {
+                                    at: op_at.clone(),
+                                    name: name.clone(),
+                                    api: decl.logical_id.clone(),
+                                }
+                            })?,
+                            scopes,
+                        },
+                    },
+                },
+            };
+            let method = match method.as_str() {
+                "x-amazon-apigateway-any-method" => "ANY".to_owned(),
+                other => other.to_ascii_uppercase(),
+            };
+            let route_key = format!("{method} {path}");
+            routes.push((
+                function_arn,
+                RouteSpec {
+                    api_id: api_id.clone(),
+                    stage: stage_name.clone(),
+                    stage_variables: stage_variables.clone(),
+                    throttle: route_throttles
+                        .get(&route_key)
+                        .copied()
+                        .or(default_throttle),
+                    method,
+                    path: path.clone(),
+                    auth,
+                },
+            ));
         }
     }
-    let cors = match properties.get("CorsConfiguration") {
-        None => None,
-        Some(node) => {
-            let cors_at = format!("{at}.CorsConfiguration");
-            match resolver.eval(node, &cors_at)? {
-                // `CorsConfiguration: true` allows every origin, method and header.
-                Value::Bool(true) => Some(CorsSpec {
-                    allow_origins: vec!["*".to_owned()],
-                    allow_methods: vec!["*".to_owned()],
-                    allow_headers: vec!["*".to_owned()],
-                    expose_headers: Vec::new(),
-                    max_age: None,
-                    allow_credentials: None,
-                }),
-                Value::Bool(false) => None,
-                value => Some(from_value(value, &cors_at)?),
-            }
-        }
-    };
-    let default_throttle = match properties.get("DefaultRouteSettings") {
-        Some(node) => throttle(
-            resolver.eval(node, &format!("{at}.DefaultRouteSettings"))?,
-            &at,
-        )?,
-        None => None,
-    };
-    Ok(HttpApiSpec {
-        logical_id: logical_id.to_owned(),
-        api_id,
-        stage,
-        stage_variables,
-        authorizers,
-        default_authorizer,
-        cors,
-        default_throttle,
-    })
+    Ok((
+        HttpApiSpec {
+            logical_id: decl.logical_id.clone(),
+            api_id,
+            stage: stage_name,
+            stage_variables,
+            authorizers,
+            cors: body.cors,
+            default_throttle,
+        },
+        routes,
+    ))
 }
 
 /// The throttle of a `RouteSettings`/`DefaultRouteSettings` value, if it sets one.
@@ -1134,35 +1332,51 @@ fn throttle(value: Value, at: &str) -> Result<Option<Throttle>, ModelError> {
 
 // ---------------------------------------------------------------- functions
 
-/// One function: where its code is, its resolved environment and its triggers.
+/// One function: which bootstrap it runs, its resolved environment and its triggers.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FunctionSpec {
     pub logical_id: String,
     pub name: String,
     pub arn: String,
-    /// `functions/grab`: picks the in-process implementation.
-    pub code_uri: String,
+    /// The cargo bin SAM's rust-cargolambda build makes its bootstrap of
+    /// (`Metadata.BuildProperties.Binary`): picks the in-process implementation.
+    pub binary: String,
     pub timeout: Duration,
-    /// Globals merged with the function's own variables, every intrinsic resolved.
+    /// Its environment variables, every intrinsic resolved.
     pub environment: BTreeMap<String, String>,
     pub routes: Vec<RouteSpec>,
     pub sqs_sources: Vec<SqsSourceSpec>,
-    /// `Schedule` events: EventBridge rules that invoke the function on a rate.
+    /// EventBridge rules that invoke the function on a rate.
     pub schedules: Vec<RuleSpec>,
     pub async_invoke: AsyncInvokeConfig,
     /// `ReservedConcurrentExecutions`: how many invocations may run at once.
     pub reserved_concurrency: Option<u32>,
 }
 
-/// A `Schedule` event: an EventBridge rule with a `rate(...)` expression.
+impl FunctionSpec {
+    /// Whether `target` (its name or ARN, either one qualified by a version or an alias,
+    /// as Lambda takes them) invokes this function: locally one build of each runs.
+    pub fn is_invoked_by(&self, target: &str) -> bool {
+        [self.arn.as_str(), self.name.as_str()]
+            .iter()
+            .any(|unqualified| {
+                target.strip_prefix(unqualified).is_some_and(|rest| {
+                    rest.is_empty() || (rest.starts_with(':') && !rest[1..].contains(':'))
+                })
+            })
+    }
+}
+
+/// An `AWS::Events::Rule` target: a `rate(...)` schedule that invokes a function.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RuleSpec {
-    pub event_name: String,
+    /// The rule's logical id.
+    pub logical_id: String,
     pub rule_name: String,
     pub rule_arn: String,
     pub expression: String,
     pub period: Duration,
-    /// The rule's `Input`: sent instead of the Scheduled Event when set.
+    /// The target's `Input`: sent instead of the Scheduled Event when set.
     pub input: Option<Value>,
     pub enabled: bool,
 }
@@ -1181,10 +1395,11 @@ pub fn rate_period(expression: &str) -> Option<Duration> {
     Some(Duration::from_secs(count * unit_secs))
 }
 
-/// An `SQS` event: an event source mapping.
+/// An `AWS::Lambda::EventSourceMapping` from an SQS queue.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SqsSourceSpec {
-    pub event_name: String,
+    /// The mapping's logical id.
+    pub logical_id: String,
     pub queue_arn: String,
     pub queue_url: String,
     pub batch_size: i32,
@@ -1194,7 +1409,7 @@ pub struct SqsSourceSpec {
 }
 
 /// How Lambda retries an asynchronous invocation (EventBridge Scheduler invokes
-/// asynchronously): `EventInvokeConfig`, with Lambda's defaults.
+/// asynchronously): `AWS::Lambda::EventInvokeConfig`, with Lambda's defaults.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AsyncInvokeConfig {
     pub maximum_retry_attempts: u32,
@@ -1215,24 +1430,24 @@ impl Default for AsyncInvokeConfig {
 
 fn function_spec(
     resolver: &mut Resolver<'_>,
-    template: &Template,
     decl: &ResourceDecl,
-    properties: &Node,
-    queues: &[QueueSpec],
-    apis: &mut Vec<HttpApiSpec>,
 ) -> Result<FunctionSpec, ModelError> {
     let id = &decl.logical_id;
     let at = format!("Resources.{id}.Properties");
     let identity = resolver.identity(id, &at)?;
-    let code_uri = match properties.get("CodeUri") {
-        Some(node) => string_value(resolver.eval(node, &format!("{at}.CodeUri"))?, &at)?,
-        None => {
-            return Err(ModelError::Invalid {
-                at,
-                what: "CodeUri is required".to_owned(),
-            });
-        }
-    };
+    let properties = &decl.properties;
+    let binary = decl
+        .metadata
+        .get("BuildProperties")
+        .and_then(|p| p.get("Binary"))
+        .and_then(Node::as_str)
+        .ok_or_else(|| ModelError::Invalid {
+            at: format!("Resources.{id}.Metadata"),
+            what:
+                "BuildProperties.Binary must name the function's bin (SAM's rust-cargolambda build)"
+                    .to_owned(),
+        })?
+        .to_owned();
     let timeout = match properties.get("Timeout") {
         Some(node) => {
             let value = resolver.eval(node, &format!("{at}.Timeout"))?;
@@ -1251,14 +1466,6 @@ fn function_spec(
         )?,
         None => BTreeMap::new(),
     };
-    let async_invoke = match properties.get("EventInvokeConfig") {
-        None => AsyncInvokeConfig::default(),
-        Some(node) => async_invoke_config(
-            resolver.eval(node, &format!("{at}.EventInvokeConfig"))?,
-            &at,
-        )?,
-    };
-
     let reserved_concurrency = match properties.get("ReservedConcurrentExecutions") {
         Some(node) => match resolver.eval(node, &format!("{at}.ReservedConcurrentExecutions"))? {
             Value::Null => None,
@@ -1266,117 +1473,114 @@ fn function_spec(
         },
         None => None,
     };
-
-    let mut routes = Vec::new();
-    let mut sqs_sources = Vec::new();
-    let mut schedules = Vec::new();
-    if let Some(Node::Map(events)) = properties.get("Events") {
-        for (event_name, event) in events {
-            let event_at = format!("{at}.Events.{event_name}");
-            let kind = event.get("Type").and_then(Node::as_str).unwrap_or_default();
-            let empty = Node::Map(BTreeMap::new());
-            let props = event.get("Properties").unwrap_or(&empty);
-            match kind {
-                "HttpApi" => routes.push(route_spec(
-                    resolver, template, event_name, props, &event_at, apis,
-                )?),
-                "Schedule" => {
-                    schedules.push(rule_spec(resolver, id, event_name, props, &event_at)?)
-                }
-                "SQS" => sqs_sources.push(sqs_source_spec(
-                    resolver, event_name, props, &event_at, queues,
-                )?),
-                other => {
-                    return Err(ModelError::UnsupportedEvent {
-                        at: event_at,
-                        kind: other.to_owned(),
-                    });
-                }
-            }
-        }
-    }
     Ok(FunctionSpec {
         logical_id: id.clone(),
         name: identity.name,
         arn: identity.attributes.get("Arn").cloned().unwrap_or_default(),
-        code_uri,
+        binary,
         timeout,
         environment,
-        routes,
-        sqs_sources,
-        schedules,
-        async_invoke,
+        routes: Vec::new(),
+        sqs_sources: Vec::new(),
+        schedules: Vec::new(),
+        async_invoke: AsyncInvokeConfig::default(),
         reserved_concurrency,
     })
 }
 
-fn rule_spec(
-    resolver: &mut Resolver<'_>,
-    function_id: &str,
-    event_name: &str,
-    props: &Node,
+/// The function among `functions` that `target` invokes.
+fn invoked<'f>(
+    functions: &'f mut [FunctionSpec],
+    target: &str,
     at: &str,
-) -> Result<RuleSpec, ModelError> {
-    #[derive(Deserialize)]
-    #[serde(rename_all = "PascalCase", deny_unknown_fields)]
-    struct Raw {
-        schedule: String,
-        #[serde(default)]
-        input: Option<String>,
-        #[serde(default, deserialize_with = "lenient_opt_bool")]
-        enabled: Option<bool>,
-        #[serde(default)]
-        state: Option<String>,
-        #[serde(default)]
-        name: Option<String>,
-        #[serde(default, rename = "Description")]
-        _description: Option<String>,
-    }
-    let raw: Raw = from_value(resolver.eval(props, at)?, at)?;
-    let period = rate_period(&raw.schedule).ok_or_else(|| ModelError::Invalid {
-        at: at.to_owned(),
-        what: format!(
-            "schedule {:?}: only rate(...) rules are emulated locally",
-            raw.schedule
-        ),
-    })?;
-    let input = raw
-        .input
-        .map(|text| {
-            serde_json::from_str(&text).map_err(|e| ModelError::Invalid {
-                at: at.to_owned(),
-                what: format!("Input is not JSON: {e}"),
-            })
+) -> Result<&'f mut FunctionSpec, ModelError> {
+    functions
+        .iter_mut()
+        .find(|f| f.is_invoked_by(target))
+        .ok_or_else(|| ModelError::UnknownFunction {
+            at: at.to_owned(),
+            target: target.to_owned(),
         })
-        .transpose()?;
-    let context = resolver.context();
-    let rule_name = raw
-        .name
-        .unwrap_or_else(|| format!("{}-{function_id}{event_name}", context.stack_name));
-    let rule_arn = format!(
-        "arn:aws:events:{}:{}:rule/{rule_name}",
-        context.region, context.account_id
-    );
-    let enabled = match (raw.enabled, raw.state.as_deref()) {
-        (Some(enabled), _) => enabled,
-        (None, Some(state)) => state == "ENABLED",
-        (None, None) => true,
-    };
-    Ok(RuleSpec {
-        event_name: event_name.to_owned(),
-        rule_name,
-        rule_arn,
-        expression: raw.schedule,
-        period,
-        input,
-        enabled,
-    })
 }
 
-fn async_invoke_config(value: Value, at: &str) -> Result<AsyncInvokeConfig, ModelError> {
+/// An `AWS::Events::Rule`'s schedule, once per target: (the target's ARN, the rule).
+fn rule_specs(
+    resolver: &mut Resolver<'_>,
+    decl: &ResourceDecl,
+) -> Result<Vec<(String, RuleSpec)>, ModelError> {
     #[derive(Deserialize)]
     #[serde(rename_all = "PascalCase", deny_unknown_fields)]
     struct Raw {
+        #[serde(default)]
+        schedule_expression: Option<String>,
+        #[serde(default)]
+        state: Option<String>,
+        #[serde(default, rename = "Name")]
+        _name: Option<String>,
+        #[serde(default, rename = "Description")]
+        _description: Option<String>,
+        #[serde(default)]
+        targets: Vec<Target>,
+    }
+    #[derive(Deserialize)]
+    #[serde(rename_all = "PascalCase", deny_unknown_fields)]
+    struct Target {
+        arn: String,
+        #[serde(rename = "Id")]
+        _id: String,
+        #[serde(default)]
+        input: Option<String>,
+    }
+    let at = format!("Resources.{}.Properties", decl.logical_id);
+    let raw: Raw = typed_properties(resolver, decl)?;
+    let expression = raw.schedule_expression.ok_or_else(|| ModelError::Invalid {
+        at: at.clone(),
+        what: "only scheduled rules are emulated locally, not event patterns".to_owned(),
+    })?;
+    let period = rate_period(&expression).ok_or_else(|| ModelError::Invalid {
+        at: at.clone(),
+        what: format!("schedule {expression:?}: only rate(...) rules are emulated locally"),
+    })?;
+    let identity = resolver.identity(&decl.logical_id, &at)?;
+    let enabled = raw.state.as_deref().is_none_or(|state| state == "ENABLED");
+    raw.targets
+        .into_iter()
+        .map(|target| {
+            let input = target
+                .input
+                .map(|text| {
+                    serde_json::from_str(&text).map_err(|e| ModelError::Invalid {
+                        at: at.clone(),
+                        what: format!("Input is not JSON: {e}"),
+                    })
+                })
+                .transpose()?;
+            Ok((
+                target.arn,
+                RuleSpec {
+                    logical_id: decl.logical_id.clone(),
+                    rule_name: identity.name.clone(),
+                    rule_arn: identity.reference.clone(),
+                    expression: expression.clone(),
+                    period,
+                    input,
+                    enabled,
+                },
+            ))
+        })
+        .collect()
+}
+
+/// An `AWS::Lambda::EventInvokeConfig`: (the function it configures, the config).
+fn async_invoke_config(
+    resolver: &mut Resolver<'_>,
+    decl: &ResourceDecl,
+) -> Result<(String, AsyncInvokeConfig), ModelError> {
+    #[derive(Deserialize)]
+    #[serde(rename_all = "PascalCase", deny_unknown_fields)]
+    struct Raw {
+        function_name: String,
+        qualifier: String,
         #[serde(default, deserialize_with = "lenient_opt_u64")]
         maximum_retry_attempts: Option<u64>,
         #[serde(default, deserialize_with = "lenient_opt_u64")]
@@ -1395,31 +1599,25 @@ fn async_invoke_config(value: Value, at: &str) -> Result<AsyncInvokeConfig, Mode
     #[derive(Deserialize)]
     #[serde(rename_all = "PascalCase", deny_unknown_fields)]
     struct Destination {
-        #[serde(rename = "Type")]
-        kind: Option<String>,
         destination: String,
     }
-    let raw: Raw = from_value(value, at)?;
+    let at = format!("Resources.{}.Properties", decl.logical_id);
+    let raw: Raw = typed_properties(resolver, decl)?;
     if let Some(n) = raw.maximum_retry_attempts
         && n > 2
     {
         return Err(ModelError::Invalid {
-            at: at.to_owned(),
+            at,
             what: format!("MaximumRetryAttempts {n}: Lambda allows 0..=2"),
         });
     }
     let defaults = AsyncInvokeConfig::default();
     let on_failure_queue_arn = match raw.destination_config.and_then(|d| d.on_failure) {
         None => None,
-        Some(d)
-            if d.kind.as_deref().is_none_or(|k| k == "SQS")
-                && d.destination.starts_with("arn:aws:sqs:") =>
-        {
-            Some(d.destination)
-        }
+        Some(d) if d.destination.starts_with("arn:aws:sqs:") => Some(d.destination),
         Some(d) => {
             return Err(ModelError::Invalid {
-                at: at.to_owned(),
+                at,
                 what: format!(
                     "only SQS OnFailure destinations are emulated, not {}",
                     d.destination
@@ -1427,126 +1625,34 @@ fn async_invoke_config(value: Value, at: &str) -> Result<AsyncInvokeConfig, Mode
             });
         }
     };
-    Ok(AsyncInvokeConfig {
-        maximum_retry_attempts: raw
-            .maximum_retry_attempts
-            .map(|n| n as u32)
-            .unwrap_or(defaults.maximum_retry_attempts),
-        maximum_event_age: raw
-            .maximum_event_age_in_seconds
-            .map(Duration::from_secs)
-            .unwrap_or(defaults.maximum_event_age),
-        on_failure_queue_arn,
-    })
+    Ok((
+        format!("{}:{}", raw.function_name, raw.qualifier),
+        AsyncInvokeConfig {
+            maximum_retry_attempts: raw
+                .maximum_retry_attempts
+                .map(|n| n as u32)
+                .unwrap_or(defaults.maximum_retry_attempts),
+            maximum_event_age: raw
+                .maximum_event_age_in_seconds
+                .map(Duration::from_secs)
+                .unwrap_or(defaults.maximum_event_age),
+            on_failure_queue_arn,
+        },
+    ))
 }
 
-/// The logical id a `!Ref X` node names, without evaluating it.
-fn referenced_logical_id(node: &Node) -> Option<&str> {
-    match node {
-        Node::Intrinsic { name, arg } if name == "Ref" => arg.as_str(),
-        _ => None,
-    }
-}
-
-fn route_spec(
-    resolver: &mut Resolver<'_>,
-    template: &Template,
-    event_name: &str,
-    props: &Node,
-    at: &str,
-    apis: &mut Vec<HttpApiSpec>,
-) -> Result<RouteSpec, ModelError> {
-    // Without ApiId, SAM attaches the route to its implicit API, configured by Globals.
-    let api_logical_id = match props.get("ApiId") {
-        Some(node) => referenced_logical_id(node)
-            .ok_or_else(|| ModelError::Invalid {
-                at: at.to_owned(),
-                what: "ApiId must be !Ref of an HttpApi of this template".to_owned(),
-            })?
-            .to_owned(),
-        None => "ServerlessHttpApi".to_owned(),
-    };
-    if !apis.iter().any(|a| a.logical_id == api_logical_id) {
-        if template.resource(&api_logical_id).is_some() {
-            return Err(ModelError::Invalid {
-                at: at.to_owned(),
-                what: format!("ApiId {api_logical_id} is not an AWS::Serverless::HttpApi"),
-            });
-        }
-        let empty = Node::Map(BTreeMap::new());
-        let properties = merge_globals(template.globals.get("HttpApi"), &empty);
-        apis.push(http_api_spec(resolver, &api_logical_id, &properties)?);
-    }
-    let api = apis
-        .iter()
-        .find(|a| a.logical_id == api_logical_id)
-        .expect("inserted above");
-
-    let path = match props.get("Path") {
-        Some(node) => string_value(resolver.eval(node, at)?, at)?,
-        None => "$default".to_owned(),
-    };
-    let method = match props.get("Method") {
-        Some(node) => string_value(resolver.eval(node, at)?, at)?.to_ascii_uppercase(),
-        None => "ANY".to_owned(),
-    };
-    let auth_node = props.get("Auth");
-    let named = match auth_node.and_then(|a| a.get("Authorizer")) {
-        Some(node) => Some(string_value(resolver.eval(node, at)?, at)?),
-        None => api.default_authorizer.clone(),
-    };
-    let auth = match named.as_deref() {
-        None | Some("NONE") => RouteAuth::Public,
-        Some(name) => {
-            let authorizer = api.authorizers.get(name).cloned().ok_or_else(|| {
-                ModelError::UnknownAuthorizer {
-                    at: at.to_owned(),
-                    name: name.to_owned(),
-                    api: api.logical_id.clone(),
-                }
-            })?;
-            let scopes = match auth_node.and_then(|a| a.get("AuthorizationScopes")) {
-                Some(node) => match resolver.eval(node, at)? {
-                    Value::Array(items) => items.iter().filter_map(value_string).collect(),
-                    _ => {
-                        return Err(ModelError::Invalid {
-                            at: at.to_owned(),
-                            what: "AuthorizationScopes must be a list".to_owned(),
-                        });
-                    }
-                },
-                None => Vec::new(),
-            };
-            RouteAuth::Jwt { authorizer, scopes }
-        }
-    };
-    let route_throttle = match props.get("RouteSettings") {
-        Some(node) => throttle(resolver.eval(node, at)?, at)?,
-        None => None,
-    };
-    Ok(RouteSpec {
-        event_name: event_name.to_owned(),
-        api_id: api.api_id.clone(),
-        stage: api.stage.clone(),
-        stage_variables: api.stage_variables.clone(),
-        method,
-        path,
-        auth,
-        throttle: route_throttle.or(api.default_throttle),
-    })
-}
-
+/// An `AWS::Lambda::EventSourceMapping` from one of `queues`: (the function it
+/// invokes, the mapping).
 fn sqs_source_spec(
     resolver: &mut Resolver<'_>,
-    event_name: &str,
-    props: &Node,
-    at: &str,
+    decl: &ResourceDecl,
     queues: &[QueueSpec],
-) -> Result<SqsSourceSpec, ModelError> {
+) -> Result<(String, SqsSourceSpec), ModelError> {
     #[derive(Deserialize)]
     #[serde(rename_all = "PascalCase", deny_unknown_fields)]
     struct Raw {
-        queue: String,
+        event_source_arn: String,
+        function_name: String,
         #[serde(default, deserialize_with = "lenient_opt_u64")]
         batch_size: Option<u64>,
         #[serde(default)]
@@ -1559,59 +1665,44 @@ fn sqs_source_spec(
         #[serde(default, rename = "ScalingConfig")]
         _scaling: Option<Value>,
     }
-    let raw: Raw = from_value(resolver.eval(props, at)?, at)?;
-    let queue = queues.iter().find(|q| q.arn == raw.queue).ok_or_else(|| {
-        ModelError::UnknownEventSource {
-            at: at.to_owned(),
-            arn: raw.queue.clone(),
-        }
-    })?;
+    let at = format!("Resources.{}.Properties", decl.logical_id);
+    let raw: Raw = typed_properties(resolver, decl)?;
+    let queue = queues
+        .iter()
+        .find(|q| q.arn == raw.event_source_arn)
+        .ok_or_else(|| ModelError::UnknownEventSource {
+            at: at.clone(),
+            arn: raw.event_source_arn.clone(),
+        })?;
     let batch_size = raw.batch_size.unwrap_or(10);
     // ReceiveMessage takes at most 10; larger batches need a batching window, which the
     // local poller does not assemble across receives.
     if !(1..=10).contains(&batch_size) {
         return Err(ModelError::Invalid {
-            at: at.to_owned(),
+            at,
             what: format!("BatchSize {batch_size}: the local event source mapping supports 1..=10"),
         });
     }
-    Ok(SqsSourceSpec {
-        event_name: event_name.to_owned(),
-        queue_arn: queue.arn.clone(),
-        queue_url: queue.url.clone(),
-        batch_size: batch_size as i32,
-        report_batch_item_failures: raw
-            .function_response_types
-            .iter()
-            .any(|t| t == "ReportBatchItemFailures"),
-        enabled: raw.enabled.unwrap_or(true),
-        maximum_batching_window: Duration::from_secs(
-            raw.maximum_batching_window_in_seconds.unwrap_or(0),
-        ),
-    })
+    Ok((
+        raw.function_name,
+        SqsSourceSpec {
+            logical_id: decl.logical_id.clone(),
+            queue_arn: queue.arn.clone(),
+            queue_url: queue.url.clone(),
+            batch_size: batch_size as i32,
+            report_batch_item_failures: raw
+                .function_response_types
+                .iter()
+                .any(|t| t == "ReportBatchItemFailures"),
+            enabled: raw.enabled.unwrap_or(true),
+            maximum_batching_window: Duration::from_secs(
+                raw.maximum_batching_window_in_seconds.unwrap_or(0),
+            ),
+        },
+    ))
 }
 
 // ---------------------------------------------------------------- helpers
-
-/// SAM's Globals merge: maps merge key by key, lists are the global entries followed by
-/// the resource's, and any other value of the resource wins.
-pub fn merge_globals(globals: Option<&Node>, own: &Node) -> Node {
-    match (globals, own) {
-        (None, own) => own.clone(),
-        (Some(Node::Map(global)), Node::Map(local)) => {
-            let mut merged = global.clone();
-            for (key, value) in local {
-                let combined = merge_globals(global.get(key), value);
-                merged.insert(key.clone(), combined);
-            }
-            Node::Map(merged)
-        }
-        (Some(Node::List(global)), Node::List(local)) => {
-            Node::List(global.iter().chain(local).cloned().collect())
-        }
-        (Some(_), own) => own.clone(),
-    }
-}
 
 fn typed_properties<T: DeserializeOwned>(
     resolver: &mut Resolver<'_>,
@@ -1629,13 +1720,6 @@ fn from_value<T: DeserializeOwned>(value: Value, at: &str) -> Result<T, ModelErr
     serde_path_to_error::deserialize(&mut de).map_err(|source| ModelError::Properties {
         at: at.to_owned(),
         source,
-    })
-}
-
-fn string_value(value: Value, at: &str) -> Result<String, ModelError> {
-    value_string(&value).ok_or_else(|| ModelError::Invalid {
-        at: at.to_owned(),
-        what: format!("expected a string, found {value}"),
     })
 }
 
@@ -1708,10 +1792,12 @@ fn lenient_opt_bool<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<boo
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
-    fn project_template() -> Template {
+    fn project_template(overrides: &BTreeMap<String, String>) -> Template {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../template.yaml");
-        Template::from_path(&path).expect("template.yaml parses")
+        Template::expand(&path, overrides)
+            .expect("template.yaml expands with aws-sam-translator (make template-tools)")
     }
 
     fn context() -> StackContext {
@@ -1725,8 +1811,15 @@ mod tests {
 
     #[test]
     fn the_project_template_evaluates_to_its_resources_routes_and_environments() {
-        let overrides = BTreeMap::from([("OrdersVisibilityTimeout".to_owned(), "2".to_owned())]);
-        let model = StackModel::build(&project_template(), context(), &overrides).expect("model");
+        let overrides = BTreeMap::from([
+            ("OrdersVisibilityTimeout".to_owned(), "2".to_owned()),
+            (
+                "SalePageOrigin".to_owned(),
+                "https://shop.example".to_owned(),
+            ),
+        ]);
+        let model =
+            StackModel::build(&project_template(&overrides), context(), &overrides).expect("model");
 
         let table = model.table("Table").expect("table");
         assert_eq!(table.name, "st-table");
@@ -1755,11 +1848,11 @@ mod tests {
         assert_eq!(redrive.max_receive_count, 5);
 
         let consumer = model.function("OrderConsumerFunction").expect("consumer");
-        assert_eq!(consumer.code_uri, "functions/order-consumer");
+        assert_eq!(consumer.binary, "order-consumer");
         assert_eq!(consumer.timeout, Duration::from_secs(30));
         assert_eq!(
             consumer.environment["TABLE_NAME"], "st-table",
-            "Globals are merged"
+            "SAM merged the Globals"
         );
         assert_eq!(
             consumer.environment["RELEASE_FUNCTION_ARN"],
@@ -1839,7 +1932,27 @@ mod tests {
         let cors = model.apis[0].cors.as_ref().expect("the API has CORS");
         assert_eq!(
             cors.allowed_origin("https://shop.example"),
-            Some("*".to_owned())
+            Some("https://shop.example".to_owned()),
+            "the override reached SAM, which resolves the CORS origins itself"
+        );
+        assert_eq!(cors.allowed_origin("https://elsewhere.example"), None);
+        assert_eq!(cors.max_age, Some(600));
+
+        let release = model.function("ReleaseFunction").expect("release");
+        assert_eq!(release.async_invoke.maximum_retry_attempts, 2);
+        assert_eq!(
+            release.async_invoke.on_failure_queue_arn.as_deref(),
+            Some("arn:aws:sqs:us-east-1:123456789012:st-release-failures")
+        );
+        let reconciler = model.function("ReconcilerFunction").expect("reconciler");
+        assert_eq!(reconciler.schedules.len(), 1);
+        assert_eq!(reconciler.schedules[0].period, Duration::from_secs(60));
+        assert_eq!(reconciler.async_invoke.maximum_retry_attempts, 0);
+        assert_eq!(
+            model
+                .function("GrabFunction")
+                .and_then(|f| f.reserved_concurrency),
+            Some(120)
         );
         assert_eq!(
             model
@@ -1853,10 +1966,15 @@ mod tests {
 
     #[test]
     fn an_unknown_table_property_is_an_error_naming_it() {
-        let template = Template::parse(
-            "Resources:\n  T:\n    Type: AWS::DynamoDB::Table\n    Properties:\n      KeySchema: []\n      AttributeDefinitions: []\n      KinesisStreamSpecification: {}\n",
-        )
-        .expect("parses");
+        let template = Template::from_json(json!({"Resources": {"T": {
+            "Type": "AWS::DynamoDB::Table",
+            "Properties": {
+                "KeySchema": [],
+                "AttributeDefinitions": [],
+                "KinesisStreamSpecification": {},
+            },
+        }}}))
+        .expect("reads");
         let err = StackModel::build(&template, context(), &BTreeMap::new()).expect_err("rejected");
         assert!(
             err.to_string().contains("KinesisStreamSpecification"),
@@ -1864,15 +1982,16 @@ mod tests {
         );
     }
 
-    fn secret_model(generate: &str) -> Result<StackModel, ModelError> {
-        let template = Template::parse(&format!(
-            "Resources:\n  S:\n    Type: AWS::SecretsManager::Secret\n    Properties:\n      GenerateSecretString: {generate}\n"
-        ))
-        .expect("parses");
+    fn secret_model(generate: Value) -> Result<StackModel, ModelError> {
+        let template = Template::from_json(json!({"Resources": {"S": {
+            "Type": "AWS::SecretsManager::Secret",
+            "Properties": {"GenerateSecretString": generate},
+        }}}))
+        .expect("reads");
         StackModel::build(&template, context(), &BTreeMap::new())
     }
 
-    fn generated(generate: &str) -> GeneratedSecret {
+    fn generated(generate: Value) -> GeneratedSecret {
         match secret_model(generate).expect("model").secrets[0]
             .value
             .clone()
@@ -1884,9 +2003,13 @@ mod tests {
 
     #[test]
     fn a_generated_secret_honours_length_exclusions_and_required_types() {
-        let only_digits = generated(
-            "{ PasswordLength: 40, ExcludeLowercase: true, ExcludeUppercase: true, ExcludePunctuation: true, ExcludeCharacters: \"01\" }",
-        );
+        let only_digits = generated(json!({
+            "PasswordLength": 40,
+            "ExcludeLowercase": true,
+            "ExcludeUppercase": true,
+            "ExcludePunctuation": true,
+            "ExcludeCharacters": "01",
+        }));
         for _ in 0..50 {
             let value = only_digits.generate();
             assert_eq!(value.chars().count(), 40);
@@ -1895,7 +2018,7 @@ mod tests {
 
         // Secrets Manager's defaults: 32 characters of every class but the space, at
         // least one of each.
-        let defaults = generated("{}");
+        let defaults = generated(json!({}));
         for _ in 0..50 {
             let value = defaults.generate();
             assert_eq!(value.chars().count(), 32);
@@ -1910,9 +2033,11 @@ mod tests {
             }
         }
 
-        let templated = generated(
-            "{ SecretStringTemplate: '{\"user\":\"ops\"}', GenerateStringKey: password, PasswordLength: 33 }",
-        );
+        let templated = generated(json!({
+            "SecretStringTemplate": "{\"user\":\"ops\"}",
+            "GenerateStringKey": "password",
+            "PasswordLength": 33,
+        }));
         let value: Value = serde_json::from_str(&templated.generate()).expect("JSON");
         assert_eq!(value["user"], "ops");
         assert_eq!(value["password"].as_str().map(str::len), Some(33));
@@ -1921,13 +2046,21 @@ mod tests {
     #[test]
     fn an_impossible_generated_secret_is_an_error() {
         for generate in [
-            "{ PasswordLength: 0 }",
-            "{ ExcludeLowercase: true, ExcludeUppercase: true, ExcludeNumbers: true, ExcludePunctuation: true }",
-            "{ PasswordLength: 2 }",
-            "{ GenerateStringKey: password }",
-            "{ Length: 64 }",
+            json!({"PasswordLength": 0}),
+            json!({
+                "ExcludeLowercase": true,
+                "ExcludeUppercase": true,
+                "ExcludeNumbers": true,
+                "ExcludePunctuation": true,
+            }),
+            json!({"PasswordLength": 2}),
+            json!({"GenerateStringKey": "password"}),
+            json!({"Length": 64}),
         ] {
-            assert!(secret_model(generate).is_err(), "{generate} was accepted");
+            assert!(
+                secret_model(generate.clone()).is_err(),
+                "{generate} was accepted"
+            );
         }
     }
 
@@ -1950,32 +2083,138 @@ mod tests {
         assert_eq!(rate_period("cron(0 * * * ? *)"), None);
     }
 
+    /// A function as SAM expands one, with its live alias.
+    fn function(binary: &str) -> Value {
+        json!({
+            "Type": "AWS::Lambda::Function",
+            "Metadata": {"BuildProperties": {"Binary": binary}},
+            "Properties": {"Handler": "bootstrap", "Runtime": "provided.al2023"},
+        })
+    }
+
     #[test]
-    fn an_unemulated_event_type_is_an_error() {
-        let template = Template::parse(
-            "Resources:\n  F:\n    Type: AWS::Serverless::Function\n    Properties:\n      CodeUri: x\n      Events:\n        E:\n          Type: Kinesis\n          Properties: {}\n",
-        )
-        .expect("parses");
+    fn an_event_pattern_rule_is_an_error_and_a_rate_rule_reaches_its_target() {
+        let rule = |properties: Value| {
+            let template = Template::from_json(json!({"Resources": {
+                "F": function("f"),
+                "FAliaslive": {"Type": "AWS::Lambda::Alias", "Properties": {
+                    "FunctionName": {"Ref": "F"}, "FunctionVersion": "1", "Name": "live",
+                }},
+                "R": {"Type": "AWS::Events::Rule", "Properties": properties},
+            }}))
+            .expect("reads");
+            StackModel::build(&template, context(), &BTreeMap::new())
+        };
+        let target = json!([{"Arn": {"Ref": "FAliaslive"}, "Id": "T", "Input": "{\"x\":1}"}]);
+        let model = rule(json!({"ScheduleExpression": "rate(5 minutes)", "Targets": target}))
+            .expect("model");
+        let schedule = &model.function("F").expect("function").schedules[0];
+        assert_eq!(schedule.period, Duration::from_secs(300));
+        assert_eq!(schedule.rule_name, "st-R");
+        assert_eq!(schedule.input, Some(json!({"x": 1})));
         assert!(matches!(
-            StackModel::build(&template, context(), &BTreeMap::new()),
-            Err(ModelError::UnsupportedEvent { .. })
+            rule(json!({"EventPattern": {"source": ["aws.s3"]}, "Targets": target})),
+            Err(ModelError::Properties { .. })
+        ));
+        assert!(matches!(
+            rule(json!({"Targets": target})),
+            Err(ModelError::Invalid { .. })
+        ));
+        assert!(matches!(
+            rule(json!({"ScheduleExpression": "rate(1 minute)",
+                        "Targets": [{"Arn": "arn:aws:lambda:us-east-1:123456789012:function:other", "Id": "T"}]})),
+            Err(ModelError::UnknownFunction { .. })
         ));
     }
 
     #[test]
-    fn globals_merge_maps_and_let_the_function_win() {
-        let template = Template::parse(
-            "Globals:\n  Function:\n    Timeout: 10\n    Environment:\n      Variables: { A: g, B: g }\nResources:\n  F:\n    Type: AWS::Serverless::Function\n    Properties:\n      CodeUri: x\n      Timeout: 20\n      Environment:\n        Variables: { B: f, C: f }\n",
-        )
-        .expect("parses");
+    fn a_route_reaches_the_function_its_integration_invokes_with_the_stages_throttle() {
+        let integration = |alias: &str| {
+            json!({
+                "type": "aws_proxy",
+                "payloadFormatVersion": "2.0",
+                "httpMethod": "POST",
+                "uri": {"Fn::Sub": format!("arn:${{AWS::Partition}}:apigateway:${{AWS::Region}}:lambda:path/2015-03-31/functions/${{{alias}}}/invocations")},
+            })
+        };
+        let template = Template::from_json(json!({"Resources": {
+            "A": function("a"),
+            "AAliaslive": {"Type": "AWS::Lambda::Alias", "Properties": {
+                "FunctionName": {"Ref": "A"}, "FunctionVersion": "1", "Name": "live",
+            }},
+            "B": function("b"),
+            "Api": {"Type": "AWS::ApiGatewayV2::Api", "Properties": {"Body": {
+                "openapi": "3.0.1",
+                "paths": {
+                    "/a/{id}": {
+                        "get": {
+                            "security": [{"NONE": []}],
+                            "x-amazon-apigateway-integration": integration("AAliaslive"),
+                        },
+                        "post": {
+                            "security": [{"Jwt": ["orders/write"]}],
+                            "x-amazon-apigateway-integration": integration("B.Arn"),
+                        },
+                    },
+                    "$default": {
+                        "x-amazon-apigateway-any-method": {
+                            "x-amazon-apigateway-integration": integration("B.Arn"),
+                        },
+                    },
+                },
+                "components": {"securitySchemes": {"Jwt": {
+                    "type": "oauth2",
+                    "x-amazon-apigateway-authorizer": {
+                        "type": "jwt",
+                        "identitySource": "$request.header.X-Token",
+                        "jwtConfiguration": {"issuer": "https://issuer.example", "audience": ["aud"]},
+                    },
+                }}},
+            }}},
+            "Stage": {"Type": "AWS::ApiGatewayV2::Stage", "Properties": {
+                "ApiId": {"Ref": "Api"},
+                "StageName": "v1",
+                "AccessLogSettings": {"DestinationArn": {"Fn::GetAtt": ["Logs", "Arn"]}},
+                "DefaultRouteSettings": {"ThrottlingRateLimit": 10, "ThrottlingBurstLimit": 5},
+                "RouteSettings": {"POST /a/{id}": {"ThrottlingRateLimit": 1}},
+            }},
+            "Logs": {"Type": "AWS::Logs::LogGroup"},
+        }}))
+        .expect("reads");
         let model = StackModel::build(&template, context(), &BTreeMap::new()).expect("model");
-        let f = model.function("F").expect("function");
-        assert_eq!(f.timeout, Duration::from_secs(20));
-        let env: Vec<_> = f
-            .environment
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect();
-        assert_eq!(env, ["A=g", "B=f", "C=f"]);
+        let route = |key: &str| {
+            model
+                .routes()
+                .find(|(_, r)| r.route_key() == key)
+                .map(|(f, r)| (f.logical_id.clone(), r.clone()))
+                .unwrap_or_else(|| panic!("no route {key}"))
+        };
+        let (owner, get) = route("GET /a/{id}");
+        assert_eq!(owner, "A");
+        assert_eq!(get.auth, RouteAuth::Public);
+        assert_eq!(get.stage, "v1");
+        assert_eq!(
+            get.throttle,
+            Some(Throttle {
+                rate_limit: 10.0,
+                burst_limit: 5
+            })
+        );
+        let (owner, post) = route("POST /a/{id}");
+        assert_eq!(owner, "B");
+        let RouteAuth::Jwt { authorizer, scopes } = post.auth else {
+            panic!("the POST route is guarded")
+        };
+        assert_eq!(authorizer.header, "X-Token");
+        assert_eq!(scopes, ["orders/write"]);
+        assert_eq!(
+            post.throttle,
+            Some(Throttle {
+                rate_limit: 1.0,
+                burst_limit: u64::MAX
+            }),
+            "an unset half of a route's settings is unlimited"
+        );
+        assert_eq!(route("ANY $default").0, "B");
     }
 }

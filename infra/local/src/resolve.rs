@@ -370,6 +370,13 @@ impl<'t> Resolver<'t> {
 
     /// A condition expression: `Fn::Equals`, `Fn::Not`, `Fn::And`, `Fn::Or`, `Condition`.
     fn truth(&mut self, node: &Node, at: &str) -> Result<bool, ResolveError> {
+        // `{"Condition": name}` inside a condition names another condition.
+        if let Some(map) = node.as_map()
+            && map.len() == 1
+            && let Some(Node::String(name)) = map.get("Condition")
+        {
+            return self.condition(name, at);
+        }
         let Node::Intrinsic { name, arg } = node else {
             return match self.eval(node, at)? {
                 Value::Bool(b) => Ok(b),
@@ -500,36 +507,7 @@ impl<'t> Resolver<'t> {
         if let Some(param) = self.parameters.get(target) {
             return Ok(param.to_json());
         }
-        if let Some(function) = target.strip_suffix(".Alias") {
-            return self.function_alias(function, at).map(Value::String);
-        }
         Ok(Value::String(self.identity(target, at)?.reference))
-    }
-
-    /// What SAM's `Ref Function.Alias` returns for a function with `AutoPublishAlias`
-    /// (its own or the Globals'): the alias's ARN, the function's qualified by the alias
-    /// name. Locally one build of each function runs, whatever alias is invoked.
-    fn function_alias(&mut self, function: &str, at: &str) -> Result<String, ResolveError> {
-        let template = self.template;
-        let alias = template
-            .resource(function)
-            .filter(|decl| decl.kind == "AWS::Serverless::Function")
-            .and_then(|decl| {
-                decl.properties
-                    .get("AutoPublishAlias")
-                    .or_else(|| {
-                        template
-                            .globals
-                            .get("Function")
-                            .and_then(|globals| globals.get("AutoPublishAlias"))
-                    })
-                    .and_then(scalar_string)
-            })
-            .ok_or_else(|| ResolveError::UnknownReference {
-                target: format!("{function}.Alias"),
-                at: at.to_owned(),
-            })?;
-        Ok(format!("{}:{alias}", self.get_att(function, "Arn", at)?))
     }
 
     /// What `Fn::GetAtt target.attribute` returns.
@@ -602,6 +580,30 @@ impl<'t> Resolver<'t> {
         }
     }
 
+    /// The unqualified ARN of the function a version's or an alias's `FunctionName`
+    /// names (by name, as `Ref` gives it, or by ARN).
+    fn function_arn(
+        &mut self,
+        properties: &Node,
+        logical_id: &str,
+        at: &str,
+    ) -> Result<String, ResolveError> {
+        let node = properties
+            .get("FunctionName")
+            .ok_or_else(|| ResolveError::BadArgument {
+                name: "FunctionName".to_owned(),
+                at: format!("Resources.{logical_id}.Properties"),
+                what: "is required".to_owned(),
+            })?;
+        let name = value_string(&self.eval(node, at)?).unwrap_or_default();
+        Ok(if name.starts_with("arn:") {
+            name
+        } else {
+            let (region, account) = (&self.context.region, &self.context.account_id);
+            format!("arn:{PARTITION}:lambda:{region}:{account}:function:{name}")
+        })
+    }
+
     fn compute_identity(
         &mut self,
         logical_id: &str,
@@ -672,12 +674,30 @@ impl<'t> Resolver<'t> {
                 let arn = format!("arn:{PARTITION}:iam::{account}:role{path}{name}");
                 identity(name.clone(), name, vec![("Arn", arn)])
             }
-            "AWS::Serverless::Function" | "AWS::Lambda::Function" => {
+            "AWS::Lambda::Function" => {
                 let name = self.named(properties, "FunctionName", logical_id, at)?;
                 let arn = format!("arn:{PARTITION}:lambda:{region}:{account}:function:{name}");
                 identity(name.clone(), name, vec![("Arn", arn)])
             }
-            "AWS::Serverless::HttpApi" => {
+            // Locally one build of each function runs, whatever version or alias is
+            // invoked: a version is `1`, and both ARNs qualify the function's.
+            "AWS::Lambda::Version" => {
+                let function = self.function_arn(properties, logical_id, at)?;
+                let arn = format!("{function}:1");
+                identity(arn.clone(), arn, vec![("Version", "1".to_owned())])
+            }
+            "AWS::Lambda::Alias" => {
+                let function = self.function_arn(properties, logical_id, at)?;
+                let name = self.named(properties, "Name", logical_id, at)?;
+                let arn = format!("{function}:{name}");
+                identity(name, arn.clone(), vec![("AliasArn", arn)])
+            }
+            "AWS::Events::Rule" => {
+                let name = self.named(properties, "Name", logical_id, at)?;
+                let arn = format!("arn:{PARTITION}:events:{region}:{account}:rule/{name}");
+                identity(name, arn.clone(), vec![("Arn", arn)])
+            }
+            "AWS::ApiGatewayV2::Api" => {
                 let id = local_api_id(&self.context.stack_name, logical_id);
                 identity(
                     id.clone(),
@@ -830,6 +850,7 @@ fn random_secret(len: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn context() -> StackContext {
         StackContext {
@@ -840,36 +861,53 @@ mod tests {
         }
     }
 
-    const TEMPLATE: &str = r#"
-Parameters:
-  Timeout: { Type: Number, Default: 180, MinValue: 1 }
-  Aud: { Type: CommaDelimitedList, Default: "a,b" }
-  Secret: { Type: String, NoEcho: true, MinLength: 40 }
-Resources:
-  Q:
-    Type: AWS::SQS::Queue
-    Properties:
-      QueueName: !Sub "${AWS::StackName}-q.fifo"
-      FifoQueue: true
-  Dlq:
-    Type: AWS::SQS::Queue
-    Properties: { FifoQueue: true }
-  Fn:
-    Type: AWS::Serverless::Function
-    Properties:
-      Environment:
-        Variables:
-          URL: !Ref Q
-          ARN: !GetAtt [Fn2, Arn]
-          NAME: { "Fn::GetAtt": Q.QueueName }
-          JOINED: !Join ["-", [!Select [1, !Ref Aud], !Ref Timeout]]
-          SUB: !Sub ["${X}/${Q.Arn}/${!Literal}", { X: !Ref "AWS::Region" }]
-          GONE: !Ref AWS::NoValue
-          IMPORTED: !ImportValue shared-thing
-  Fn2: { Type: AWS::Serverless::Function }
-  Loop1: { Type: AWS::SQS::Queue, Properties: { QueueName: !GetAtt Loop2.QueueName } }
-  Loop2: { Type: AWS::SQS::Queue, Properties: { QueueName: !GetAtt Loop1.QueueName } }
-"#;
+    fn template() -> Template {
+        Template::from_json(json!({
+            "Parameters": {
+                "Timeout": {"Type": "Number", "Default": 180, "MinValue": 1},
+                "Aud": {"Type": "CommaDelimitedList", "Default": "a,b"},
+                "Secret": {"Type": "String", "NoEcho": true, "MinLength": 40},
+            },
+            "Resources": {
+                "Q": {"Type": "AWS::SQS::Queue", "Properties": {
+                    "QueueName": {"Fn::Sub": "${AWS::StackName}-q.fifo"},
+                    "FifoQueue": true,
+                }},
+                "Dlq": {"Type": "AWS::SQS::Queue", "Properties": {"FifoQueue": true}},
+                "Fn": {"Type": "AWS::Lambda::Function", "Properties": {
+                    "Environment": {"Variables": {
+                        "URL": {"Ref": "Q"},
+                        "ARN": {"Fn::GetAtt": ["Fn2", "Arn"]},
+                        "NAME": {"Fn::GetAtt": "Q.QueueName"},
+                        "JOINED": {"Fn::Join": ["-", [
+                            {"Fn::Select": [1, {"Ref": "Aud"}]}, {"Ref": "Timeout"},
+                        ]]},
+                        "SUB": {"Fn::Sub": [
+                            "${X}/${Q.Arn}/${!Literal}", {"X": {"Ref": "AWS::Region"}},
+                        ]},
+                        "GONE": {"Ref": "AWS::NoValue"},
+                        "IMPORTED": {"Fn::ImportValue": "shared-thing"},
+                    }},
+                }},
+                "Fn2": {"Type": "AWS::Lambda::Function"},
+                "Fn2Aliaslive": {"Type": "AWS::Lambda::Alias", "Properties": {
+                    "FunctionName": {"Ref": "Fn2"},
+                    "FunctionVersion": {"Fn::GetAtt": ["Fn2Version", "Version"]},
+                    "Name": "live",
+                }},
+                "Fn2Version": {"Type": "AWS::Lambda::Version", "Properties": {
+                    "FunctionName": {"Ref": "Fn2"},
+                }},
+                "Loop1": {"Type": "AWS::SQS::Queue", "Properties": {
+                    "QueueName": {"Fn::GetAtt": ["Loop2", "QueueName"]},
+                }},
+                "Loop2": {"Type": "AWS::SQS::Queue", "Properties": {
+                    "QueueName": {"Fn::GetAtt": ["Loop1", "QueueName"]},
+                }},
+            },
+        }))
+        .expect("reads")
+    }
 
     fn env_var(
         resolver: &mut Resolver<'_>,
@@ -887,7 +925,7 @@ Resources:
 
     #[test]
     fn intrinsics_resolve_to_local_names_urls_and_arns() {
-        let template = Template::parse(TEMPLATE).expect("parses");
+        let template = template();
         let mut r = Resolver::new(&template, context(), &BTreeMap::new()).expect("binds");
         let s = |v: &str| Value::String(v.to_owned());
         assert_eq!(
@@ -918,27 +956,28 @@ Resources:
     }
 
     #[test]
-    fn a_functions_alias_is_its_arn_qualified_by_the_alias_name() {
-        let template = Template::parse(
-            "Globals:\n  Function:\n    AutoPublishAlias: live\nResources:\n  Fn:\n    Type: AWS::Serverless::Function\n    Properties:\n      CodeUri: x\n      Environment:\n        Variables:\n          TARGET: !Ref Fn.Alias\n  Plain:\n    Type: AWS::SQS::Queue\n",
-        )
-        .unwrap();
+    fn an_alias_and_a_version_qualify_their_functions_arn() {
+        let template = template();
         let mut resolver = Resolver::new(&template, context(), &BTreeMap::new()).unwrap();
-        let target = resolver.reference("Fn.Alias", "test").unwrap();
-        let arn = resolver.get_att("Fn", "Arn", "test").unwrap();
-        assert_eq!(target, Value::String(format!("{arn}:live")));
-        assert!(matches!(
-            resolver.reference("Plain.Alias", "test"),
-            Err(ResolveError::UnknownReference { .. })
-        ));
+        let arn = resolver.get_att("Fn2", "Arn", "test").unwrap();
+        assert_eq!(
+            resolver.reference("Fn2Aliaslive", "test").unwrap(),
+            Value::String(format!("{arn}:live"))
+        );
+        assert_eq!(
+            resolver.get_att("Fn2Version", "Version", "test").unwrap(),
+            "1"
+        );
     }
 
     #[test]
     fn no_value_removes_the_entry() {
-        let template = Template::parse(
-            "Resources:\n  F:\n    Type: X\n    Properties:\n      A: 1\n      B: !Ref AWS::NoValue\n      L: [x, !Ref AWS::NoValue]\n",
-        )
-        .expect("parses");
+        let template = Template::from_json(json!({"Resources": {"F": {"Type": "X", "Properties": {
+            "A": 1,
+            "B": {"Ref": "AWS::NoValue"},
+            "L": ["x", {"Ref": "AWS::NoValue"}],
+        }}}}))
+        .expect("reads");
         let mut r = Resolver::new(&template, context(), &BTreeMap::new()).expect("binds");
         let props = r
             .eval(&template.resources["F"].properties, "F")
@@ -948,7 +987,7 @@ Resources:
 
     #[test]
     fn an_unsupported_intrinsic_is_a_typed_error_naming_it() {
-        let template = Template::parse(TEMPLATE).expect("parses");
+        let template = template();
         let mut r = Resolver::new(&template, context(), &BTreeMap::new()).expect("binds");
         match env_var(&mut r, &template, "IMPORTED") {
             Err(ResolveError::UnsupportedIntrinsic { name, .. }) => {
@@ -960,10 +999,21 @@ Resources:
 
     #[test]
     fn conditions_choose_the_if_branch_and_gate_resources() {
-        let template = Template::parse(
-            "Parameters:\n  N: { Type: Number, Default: 0 }\nConditions:\n  HasN: !Not [!Equals [!Ref N, 0]]\n  Both: !And [!Condition HasN, !Equals [a, a]]\nResources:\n  F:\n    Type: X\n    Properties:\n      R: !If [HasN, !Ref N, !Ref AWS::NoValue]\n      S: !If [Both, yes, no]\n  Q:\n    Type: AWS::SQS::Queue\n    Condition: HasN\n",
-        )
-        .expect("parses");
+        let template = Template::from_json(json!({
+            "Parameters": {"N": {"Type": "Number", "Default": 0}},
+            "Conditions": {
+                "HasN": {"Fn::Not": [{"Fn::Equals": [{"Ref": "N"}, 0]}]},
+                "Both": {"Fn::And": [{"Condition": "HasN"}, {"Fn::Equals": ["a", "a"]}]},
+            },
+            "Resources": {
+                "F": {"Type": "X", "Properties": {
+                    "R": {"Fn::If": ["HasN", {"Ref": "N"}, {"Ref": "AWS::NoValue"}]},
+                    "S": {"Fn::If": ["Both", "yes", "no"]},
+                }},
+                "Q": {"Type": "AWS::SQS::Queue", "Condition": "HasN"},
+            },
+        }))
+        .expect("reads");
         let mut r = Resolver::new(&template, context(), &BTreeMap::new()).expect("binds");
         let props = r
             .eval(&template.resources["F"].properties, "F")
@@ -985,7 +1035,7 @@ Resources:
 
     #[test]
     fn a_reference_cycle_is_reported() {
-        let template = Template::parse(TEMPLATE).expect("parses");
+        let template = template();
         let mut r = Resolver::new(&template, context(), &BTreeMap::new()).expect("binds");
         assert!(matches!(
             r.identity("Loop1", "t"),
@@ -995,7 +1045,7 @@ Resources:
 
     #[test]
     fn parameters_take_overrides_and_check_constraints() {
-        let template = Template::parse(TEMPLATE).expect("parses");
+        let template = template();
         let overrides = BTreeMap::from([("Timeout".to_owned(), "2".to_owned())]);
         let r = Resolver::new(&template, context(), &overrides).expect("binds");
         assert_eq!(

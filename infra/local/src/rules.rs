@@ -62,7 +62,7 @@ mod tests {
 
     fn rule(input: Option<Value>) -> RuleSpec {
         RuleSpec {
-            event_name: "Tick".to_owned(),
+            logical_id: "FTick".to_owned(),
             rule_name: "st-FTick".to_owned(),
             rule_arn: "arn:aws:events:us-east-1:123456789012:rule/st-FTick".to_owned(),
             expression: "rate(1 minute)".to_owned(),

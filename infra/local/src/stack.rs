@@ -238,7 +238,7 @@ impl LocalStack {
             .unwrap_or_default();
         let sdk_config = flashsale_emulators::sdk_config_for(endpoints).await;
 
-        let template = Template::from_path(&options.template)?;
+        let template = Template::expand(&options.template, &options.parameter_overrides)?;
         let context = StackContext {
             stack_name: options.stack_name.clone(),
             region: REGION.to_owned(),

@@ -1,27 +1,22 @@
-//! `template.yaml` as data: YAML with CloudFormation's short tags (`!Ref`, `!GetAtt`,
-//! `!Sub`...) and long forms (`Ref`, `Fn::GetAtt`...), turned into a [`Node`] tree in
-//! which every intrinsic function is explicit. Nothing is evaluated here; see
-//! [`crate::resolve`].
+//! `template.yaml` as data: the template as SAM's translator expands it, plain
+//! CloudFormation in JSON, turned into a [`Node`] tree in which every intrinsic function
+//! is explicit. Nothing is evaluated here; see [`crate::resolve`].
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use serde_norway::Value as Yaml;
+use serde_json::Value;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TemplateError {
-    #[error("could not read the template {}", path.display())]
-    Read {
+    #[error("could not expand the template {} with SAM's translator", path.display())]
+    Expand {
         path: PathBuf,
         #[source]
-        source: std::io::Error,
+        source: flashsale_template_checks::CheckError,
     },
-    #[error("the template is not valid YAML")]
-    Yaml(#[source] serde_norway::Error),
     #[error("the template is not a mapping at the top level")]
     NotAMapping,
-    #[error("{path}: mapping keys must be strings")]
-    NonStringKey { path: String },
     #[error("{path}: {what}")]
     Shape { path: String, what: String },
 }
@@ -83,34 +78,42 @@ pub struct ResourceDecl {
     pub logical_id: String,
     pub kind: String,
     pub properties: Node,
-    /// The resource's `Condition`, if any (the local stack does not evaluate conditions).
+    /// The resource's `Metadata` (SAM keeps a function's `BuildProperties` there).
+    pub metadata: Node,
+    /// The resource's `Condition`, if any.
     pub condition: Option<String>,
 }
 
-/// A parsed SAM/CloudFormation template.
+/// A CloudFormation template (SAM's already expanded).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Template {
     pub parameters: BTreeMap<String, ParameterDecl>,
-    /// `Globals` (SAM), by section (`Function`, `HttpApi`...).
-    pub globals: BTreeMap<String, Node>,
     /// `Conditions`, by name.
     pub conditions: BTreeMap<String, Node>,
     pub resources: BTreeMap<String, ResourceDecl>,
 }
 
 impl Template {
-    pub fn from_path(path: &Path) -> Result<Self, TemplateError> {
-        let text = std::fs::read_to_string(path).map_err(|source| TemplateError::Read {
-            path: path.to_owned(),
-            source,
-        })?;
-        Self::parse(&text)
+    /// `path` as CloudFormation deploys it: expanded by AWS's SAM translator (through
+    /// flashsale-template-checks, the one reader of SAM in this workspace) with
+    /// `overrides` given to it as `sam local --parameter-overrides` gives them. What is
+    /// left is plain CloudFormation, which the local stack evaluates itself.
+    pub fn expand(
+        path: &Path,
+        overrides: &BTreeMap<String, String>,
+    ) -> Result<Self, TemplateError> {
+        let stack = flashsale_template_checks::stack::Stack::load_with(path, overrides).map_err(
+            |source| TemplateError::Expand {
+                path: path.to_owned(),
+                source,
+            },
+        )?;
+        Self::from_json(stack.expanded)
     }
 
-    pub fn parse(text: &str) -> Result<Self, TemplateError> {
-        let yaml: Yaml = serde_norway::from_str(text).map_err(TemplateError::Yaml)?;
-        let root = to_node(yaml, "")?;
-        let Node::Map(mut root) = root else {
+    /// A plain CloudFormation template in its JSON form (intrinsics in long form).
+    pub fn from_json(json: Value) -> Result<Self, TemplateError> {
+        let Node::Map(mut root) = to_node(json) else {
             return Err(TemplateError::NotAMapping);
         };
         let parameters = match root.remove("Parameters") {
@@ -123,11 +126,6 @@ impl Template {
                 })
                 .collect::<Result<_, TemplateError>>()?,
             Some(_) => return Err(shape("Parameters", "must be a mapping")),
-        };
-        let globals = match root.remove("Globals") {
-            None => BTreeMap::new(),
-            Some(Node::Map(globals)) => globals,
-            Some(_) => return Err(shape("Globals", "must be a mapping")),
         };
         let conditions = match root.remove("Conditions") {
             None => BTreeMap::new(),
@@ -146,7 +144,6 @@ impl Template {
         };
         Ok(Self {
             parameters,
-            globals,
             conditions,
             resources,
         })
@@ -256,131 +253,92 @@ fn resource_decl(id: &str, decl: Node) -> Result<ResourceDecl, TemplateError> {
         properties: map
             .remove("Properties")
             .unwrap_or(Node::Map(BTreeMap::new())),
+        metadata: map.remove("Metadata").unwrap_or(Node::Null),
         condition,
     })
 }
 
-/// The long-form name of a short tag: `!Ref` -> `Ref`, `!Condition` -> `Condition`,
-/// `!GetAtt` -> `Fn::GetAtt`.
-fn long_name(tag: &str) -> String {
-    let tag = tag.trim_start_matches('!');
-    match tag {
-        "Ref" | "Condition" => tag.to_owned(),
-        other => format!("Fn::{other}"),
-    }
-}
-
 fn is_intrinsic_key(key: &str) -> bool {
-    key == "Ref" || key == "Condition" || key.starts_with("Fn::")
+    key == "Ref" || key.starts_with("Fn::")
 }
 
-fn to_node(yaml: Yaml, path: &str) -> Result<Node, TemplateError> {
-    Ok(match yaml {
-        Yaml::Null => Node::Null,
-        Yaml::Bool(b) => Node::Bool(b),
-        Yaml::Number(n) => Node::Number(yaml_number(&n, path)?),
-        Yaml::String(s) => Node::String(s),
-        Yaml::Sequence(items) => Node::List(
-            items
-                .into_iter()
-                .enumerate()
-                .map(|(i, item)| to_node(item, &format!("{path}[{i}]")))
-                .collect::<Result<_, _>>()?,
-        ),
-        Yaml::Mapping(mapping) => {
-            let mut map = BTreeMap::new();
-            for (key, value) in mapping {
-                let key = match key {
-                    Yaml::String(s) => s,
-                    _ => {
-                        return Err(TemplateError::NonStringKey {
-                            path: path.to_owned(),
-                        });
-                    }
-                };
-                let child = format!("{path}.{key}");
-                map.insert(key, to_node(value, &child)?);
-            }
-            // Long form: a mapping with the function name as its only key.
+/// A JSON value as a [`Node`]: a mapping whose only key is `Ref` or `Fn::*` is that
+/// function's call. `Condition` as a sole key stays a mapping: it is also a plain
+/// property name (in IAM statements), and [`crate::resolve`] reads it where a
+/// condition is expected.
+fn to_node(json: Value) -> Node {
+    match json {
+        Value::Null => Node::Null,
+        Value::Bool(b) => Node::Bool(b),
+        Value::Number(n) => Node::Number(n),
+        Value::String(s) => Node::String(s),
+        Value::Array(items) => Node::List(items.into_iter().map(to_node).collect()),
+        Value::Object(map) => {
             if map.len() == 1
                 && let Some((key, _)) = map.iter().next()
                 && is_intrinsic_key(key)
             {
                 let (name, arg) = map.into_iter().next().expect("one entry");
-                // `Condition` as a key is also a plain property name (e.g. in IAM
-                // statements), so only `Ref`/`Fn::*` are taken as functions here.
-                if name == "Condition" {
-                    return Ok(Node::Map(BTreeMap::from([(name, arg)])));
-                }
-                return Ok(Node::Intrinsic {
+                return Node::Intrinsic {
                     name,
-                    arg: Box::new(arg),
-                });
+                    arg: Box::new(to_node(arg)),
+                };
             }
-            Node::Map(map)
+            Node::Map(map.into_iter().map(|(k, v)| (k, to_node(v))).collect())
         }
-        Yaml::Tagged(tagged) => {
-            let name = long_name(&tagged.tag.to_string());
-            let arg = to_node(tagged.value, path)?;
-            Node::Intrinsic {
-                name,
-                arg: Box::new(arg),
-            }
-        }
-    })
-}
-
-fn yaml_number(n: &serde_norway::Number, path: &str) -> Result<serde_json::Number, TemplateError> {
-    if let Some(u) = n.as_u64() {
-        Ok(u.into())
-    } else if let Some(i) = n.as_i64() {
-        Ok(i.into())
-    } else {
-        n.as_f64()
-            .and_then(serde_json::Number::from_f64)
-            .ok_or_else(|| shape(path, "numbers must be finite"))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn intrinsic(name: &str, arg: Node) -> Node {
-        Node::Intrinsic {
-            name: name.to_owned(),
-            arg: Box::new(arg),
-        }
-    }
+    use serde_json::json;
 
     #[test]
-    fn short_and_long_forms_parse_to_the_same_intrinsics() {
-        let short = Template::parse(
-            "Resources:\n  A:\n    Type: X\n    Properties:\n      R: !Ref B\n      G: !GetAtt B.Arn\n      S: !Sub '${B}-x'\n      J: !Join [',', [a, !Ref B]]\n",
-        )
-        .expect("parses");
-        let long = Template::parse(
-            "Resources:\n  A:\n    Type: X\n    Properties:\n      R: {Ref: B}\n      G: {'Fn::GetAtt': B.Arn}\n      S: {'Fn::Sub': '${B}-x'}\n      J: {'Fn::Join': [',', [a, {Ref: B}]]}\n",
-        )
-        .expect("parses");
-        assert_eq!(short, long);
-        let props = &short.resources["A"].properties;
+    fn long_forms_become_intrinsics_and_condition_stays_a_mapping() {
+        let t = Template::from_json(json!({"Resources": {"A": {"Type": "X", "Properties": {
+            "R": {"Ref": "B"},
+            "G": {"Fn::GetAtt": ["B", "Arn"]},
+            "J": {"Fn::Join": [",", ["a", {"Ref": "B"}]]},
+            "C": {"Condition": "IsProd"},
+            "M": {"Ref": "B", "Other": 1},
+        }}}}))
+        .expect("reads");
+        let props = &t.resources["A"].properties;
+        let intrinsic = |name: &str, arg: Node| Node::Intrinsic {
+            name: name.to_owned(),
+            arg: Box::new(arg),
+        };
         assert_eq!(
             props.get("R"),
             Some(&intrinsic("Ref", Node::String("B".into())))
         );
-        assert_eq!(
-            props.get("G"),
-            Some(&intrinsic("Fn::GetAtt", Node::String("B.Arn".into())))
+        assert!(
+            matches!(props.get("G"), Some(Node::Intrinsic { name, .. }) if name == "Fn::GetAtt")
+        );
+        let Some(Node::Intrinsic { arg, .. }) = props.get("J") else {
+            panic!("Fn::Join is a call")
+        };
+        assert!(
+            matches!(&**arg, Node::List(items) if matches!(&items[1], Node::List(inner) if matches!(inner[1], Node::Intrinsic { .. })))
+        );
+        assert!(matches!(props.get("C"), Some(Node::Map(_))));
+        assert!(
+            matches!(props.get("M"), Some(Node::Map(m)) if m.len() == 2),
+            "two keys: a mapping"
         );
     }
 
     #[test]
     fn parameters_keep_their_constraints() {
-        let t = Template::parse(
-            "Parameters:\n  S:\n    Type: String\n    NoEcho: true\n    MinLength: 32\n  N:\n    Type: Number\n    Default: 180\n    MinValue: 1\nResources: {}\n",
-        )
-        .expect("parses");
+        let t = Template::from_json(json!({
+            "Parameters": {
+                "S": {"Type": "String", "NoEcho": true, "MinLength": 32},
+                "N": {"Type": "Number", "Default": 180, "MinValue": 1},
+            },
+            "Resources": {},
+        }))
+        .expect("reads");
         assert!(t.parameters["S"].no_echo);
         assert_eq!(t.parameters["S"].min_length, Some(32));
         assert_eq!(t.parameters["S"].default, None);
@@ -391,7 +349,7 @@ mod tests {
     #[test]
     fn a_template_without_resources_is_rejected() {
         assert!(matches!(
-            Template::parse("Parameters: {}\n"),
+            Template::from_json(json!({"Parameters": {}})),
             Err(TemplateError::Shape { .. })
         ));
     }

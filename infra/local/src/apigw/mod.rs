@@ -275,7 +275,6 @@ mod tests {
         Route {
             function: "F".to_owned(),
             spec: RouteSpec {
-                event_name: "E".to_owned(),
                 api_id: "api".to_owned(),
                 stage: "dev".to_owned(),
                 stage_variables: BTreeMap::new(),

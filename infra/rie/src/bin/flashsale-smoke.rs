@@ -326,14 +326,9 @@ fn function<'a>(
         .ok_or(SmokeError::NoFunction(logical_id))
 }
 
-/// The bin a function's CodeUri builds: the crate directory's name (checked against
-/// BuildProperties.Binary by the template consistency tests).
+/// The bootstrap cargo-lambda built of the function's bin (`BuildProperties.Binary`).
 fn bootstrap_of(lambda_dir: &Path, function: &FunctionSpec) -> Result<PathBuf, SmokeError> {
-    let bin = Path::new(&function.code_uri)
-        .file_name()
-        .map(|name| name.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let path = lambda_dir.join(bin).join("bootstrap");
+    let path = lambda_dir.join(&function.binary).join("bootstrap");
     if path.is_file() {
         Ok(path)
     } else {
@@ -472,7 +467,7 @@ async fn run(args: &Args) -> Result<(), SmokeError> {
         .map_err(SmokeError::Join)??;
     let sdk = emulators.sdk_config().await;
     let suffix = flashsale_emulators::unique_suffix();
-    let template = Template::from_path(&args.template)?;
+    let template = Template::expand(&args.template, &BTreeMap::new())?;
     let context = StackContext {
         stack_name: format!("smoke-{suffix}"),
         region: flashsale_emulators::REGION.to_owned(),
