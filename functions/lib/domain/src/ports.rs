@@ -187,6 +187,21 @@ pub struct Take {
     pub taken_at: DateTime<Utc>,
 }
 
+impl Take {
+    /// The order a take no hold accounts for stands for once it is voided: reserved and
+    /// lapsed at the instant of the take, on its shard.
+    pub fn as_lapsed_reservation(&self) -> Reservation {
+        Reservation {
+            order_id: self.order_id.clone(),
+            sale_id: self.order_id.sale_id().clone(),
+            user_id: self.user_id.clone(),
+            shard: self.shard,
+            created_at: self.taken_at,
+            expires_at: self.taken_at,
+        }
+    }
+}
+
 /// What [`StockLedger::return_take`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TakeReturn {

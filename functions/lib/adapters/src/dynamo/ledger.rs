@@ -562,17 +562,9 @@ impl StockLedger for DynamoStore {
         if hold.is_some_and(|hold| accounts_for(&hold, take.shard)) {
             return Ok(TakeReturn::Accounted);
         }
-        let reservation = Reservation {
-            order_id: take.order_id.clone(),
-            sale_id: take.order_id.sale_id().clone(),
-            user_id: take.user_id.clone(),
-            shard: take.shard,
-            created_at: take.taken_at,
-            expires_at: take.taken_at,
-        };
         Ok(
             if self
-                .give_back(RETURN_TAKE, &reservation, take.shard)
+                .give_back(RETURN_TAKE, &take.as_lapsed_reservation(), take.shard)
                 .await?
             {
                 TakeReturn::Returned

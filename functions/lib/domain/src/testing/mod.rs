@@ -455,14 +455,7 @@ impl StockLedger for InMemoryStore {
             // reserve on its way finds a settled hold (`AlreadyHeld`). An expired order
             // like any other: found, counted, and settled for pay and release.
             None => {
-                let voided = Reservation {
-                    order_id: take.order_id.clone(),
-                    sale_id: take.order_id.sale_id().clone(),
-                    user_id: take.user_id.clone(),
-                    shard: take.shard,
-                    created_at: take.taken_at,
-                    expires_at: take.taken_at,
-                };
+                let voided = take.as_lapsed_reservation();
                 state.holds.insert(
                     take.order_id.clone(),
                     (voided.clone(), OrderStatus::Expired),
