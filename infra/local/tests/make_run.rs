@@ -74,6 +74,7 @@ async fn make_run_serves_the_api_and_leaves_no_process_after_sigterm() {
         .env_remove("FLASHSALE_DYNAMODB_ENDPOINT")
         .env_remove("FLASHSALE_MOTO_ENDPOINT")
         .env_remove("FLASHSALE_SQS_ENDPOINT")
+        .env_remove("FLASHSALE_STRIPE_ENDPOINT")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()

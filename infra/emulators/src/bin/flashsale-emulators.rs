@@ -1,6 +1,6 @@
 //! `make unit`: one set of emulators for every test process. cargo-nextest runs each test
 //! in a process of its own, and each process would otherwise start its own DynamoDB
-//! Local (a JVM), moto and SQS emulator.
+//! Local (a JVM), moto, localstripe and SQS emulator.
 //!
 //! Starts them on free ports, writes the variables that make [`Emulators::start`] reuse
 //! them (`FLASHSALE_*_ENDPOINT=...`, one per line, for `sh`'s `.`) to the file it is given,
@@ -28,8 +28,11 @@ fn main() -> ExitCode {
         }
     };
     let variables = format!(
-        "FLASHSALE_DYNAMODB_ENDPOINT={}\nFLASHSALE_MOTO_ENDPOINT={}\nFLASHSALE_SQS_ENDPOINT={}\n",
-        emulators.dynamodb_endpoint, emulators.moto_endpoint, emulators.sqs_endpoint
+        "FLASHSALE_DYNAMODB_ENDPOINT={}\nFLASHSALE_MOTO_ENDPOINT={}\nFLASHSALE_SQS_ENDPOINT={}\nFLASHSALE_STRIPE_ENDPOINT={}\n",
+        emulators.dynamodb_endpoint,
+        emulators.moto_endpoint,
+        emulators.sqs_endpoint,
+        emulators.stripe_endpoint
     );
     // Written whole under another name, then renamed: a reader never sees half of it.
     let partial = env_file.with_extension("partial");
@@ -40,8 +43,11 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     eprintln!(
-        "flashsale-emulators: DynamoDB Local {}, moto {}, SQS {}",
-        emulators.dynamodb_endpoint, emulators.moto_endpoint, emulators.sqs_endpoint
+        "flashsale-emulators: DynamoDB Local {}, moto {}, SQS {}, localstripe {}",
+        emulators.dynamodb_endpoint,
+        emulators.moto_endpoint,
+        emulators.sqs_endpoint,
+        emulators.stripe_endpoint
     );
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
