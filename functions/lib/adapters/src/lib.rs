@@ -1,6 +1,6 @@
 //! The AWS adapters of the flash-sale ports: DynamoDB for sales, stock and orders, SQS
-//! for the orders queue, EventBridge Scheduler for release timers; and ALTCHA's proof of
-//! work for the grab path's challenge.
+//! for the orders queue, EventBridge Scheduler for release timers; ALTCHA's proof of
+//! work for the grab path's challenge; and Stripe for payments.
 //!
 //! Every failure is a [`flashsale_domain::StoreError`] whose source is the SDK error
 //! (or one of this crate's typed errors wrapping it), classified in one place
@@ -17,6 +17,7 @@ mod retry;
 mod scheduler;
 mod sdk;
 mod sqs;
+pub mod stripe;
 
 pub use dynamo::{
     ContentionExhausted, CorruptItem, DynamoStore, Inconsistency, InvalidRequest, ItemError,

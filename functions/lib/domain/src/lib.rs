@@ -10,6 +10,7 @@ pub mod gate;
 pub mod grab;
 pub mod ids;
 pub mod order;
+pub mod payment;
 pub mod ports;
 pub mod sale;
 pub mod service;

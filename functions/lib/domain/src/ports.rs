@@ -11,6 +11,7 @@ use crate::challenge::{ChallengeRefusal, ChallengeWork, IssuedChallenge, SolvedC
 use crate::error::StoreError;
 use crate::ids::{OrderId, SaleId, UserId};
 use crate::order::{Order, OrderStatus, ReleaseReason, Reservation};
+use crate::payment::{CancelOutcome, CaptureOutcome, Payment, PaymentId, Refund};
 use crate::sale::{Sale, StockCounts};
 
 /// The time. A port so tests can stand still or jump.
@@ -383,4 +384,41 @@ pub trait Blocklist: Send + Sync {
     /// for caching. It may lag a block or unblock made a moment before (the store's
     /// read consistency), which a cache refreshed every few seconds lags anyway.
     async fn blocked(&self) -> Result<Vec<UserId>, StoreError>;
+}
+
+/// A payment provider: the buyer's money for one order, authorised on the buyer's side
+/// (the page confirms the payment with the provider's script) and moved only by
+/// [`PaymentProvider::capture`], which a settlement calls once the order is paid on our
+/// side. Every call is idempotent: the provider is asked with a key derived from the
+/// order or the payment, so a retried call after an error in doubt (a timeout) acts at
+/// most once. `StoreError::Transient` is a provider that did not answer or asked to slow
+/// down; `Permanent` is a request it will never take (a wrong key, a malformed id).
+#[async_trait]
+pub trait PaymentProvider: Send + Sync {
+    /// A payment of `order` for `amount` minor units of `currency` (ISO 4217), to be
+    /// captured manually and naming the order in its metadata. The request carries an
+    /// idempotency key of the order, so a retry of a call whose answer was lost gets the
+    /// same payment; a caller keeps the payment's id (on the order) and reads it with
+    /// [`PaymentProvider::payment`] rather than open another.
+    async fn open(
+        &self,
+        order: &OrderId,
+        amount: u64,
+        currency: &str,
+    ) -> Result<Payment, StoreError>;
+
+    /// The payment as the provider has it now; `None` if it has no such payment.
+    async fn payment(&self, id: &PaymentId) -> Result<Option<Payment>, StoreError>;
+
+    /// Moves the authorised money. Captured already: the same answer, nothing moves
+    /// twice.
+    async fn capture(&self, id: &PaymentId) -> Result<CaptureOutcome, StoreError>;
+
+    /// Releases the authorisation, so no money moves. Cancelled already: the same
+    /// answer.
+    async fn cancel(&self, id: &PaymentId) -> Result<CancelOutcome, StoreError>;
+
+    /// Gives all of a captured payment's money back: one refund per payment, however
+    /// often asked.
+    async fn refund(&self, id: &PaymentId) -> Result<Refund, StoreError>;
 }

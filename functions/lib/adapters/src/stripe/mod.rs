@@ -1,0 +1,418 @@
+//! Stripe as the [`PaymentProvider`]: PaymentIntents through Stripe's HTTP API, and the
+//! signature of the webhooks it sends.
+//!
+//! Plain HTTPS on the hyper and rustls builds the AWS SDK already links (the same
+//! crates and features as `aws-smithy-http-client`), so the api bootstrap gains no TLS
+//! stack of its own; the few calls are form-encoded requests with JSON answers. Every
+//! write carries an `Idempotency-Key` derived from the order or the payment, so a retry
+//! after an answer lost in transit is the same request to Stripe.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use flashsale_domain::StoreError;
+use flashsale_domain::ids::OrderId;
+use flashsale_domain::payment::{
+    CancelOutcome, CaptureOutcome, Payment, PaymentId, PaymentState, Refund,
+};
+use flashsale_domain::ports::PaymentProvider;
+use http::{Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+
+pub mod webhook;
+
+/// Where Stripe is and who we are to it.
+#[derive(Clone)]
+pub struct StripeConfig {
+    /// `https://api.stripe.com`, or a local fake's address.
+    pub api_base: String,
+    /// The secret API key (`sk_live_...`/`sk_test_...`).
+    pub secret_key: String,
+    /// How long one call may take before it counts as a transient failure.
+    pub timeout: Duration,
+}
+
+impl std::fmt::Debug for StripeConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The key stays out of every log line.
+        f.debug_struct("StripeConfig")
+            .field("api_base", &self.api_base)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a call to Stripe failed: the source of the [`StoreError`] a port call returns.
+#[derive(Debug, thiserror::Error)]
+pub enum StripeError {
+    #[error("Stripe did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("Stripe could not be reached")]
+    Connect(#[source] hyper_util::client::legacy::Error),
+    #[error("Stripe's answer could not be read")]
+    Body(#[source] flashsale_domain::error::BoxError),
+    #[error("Stripe answered {status}: {code} {message}")]
+    Refused {
+        status: StatusCode,
+        /// Stripe's error `code` (or `type` when it gives no code).
+        code: String,
+        message: String,
+    },
+    #[error("Stripe's answer to {what} is not what its API documents")]
+    Unexpected {
+        what: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("the TLS roots of this system could not be loaded")]
+    Roots(#[source] std::io::Error),
+}
+
+type HttpsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// Stripe's PaymentIntents API.
+#[derive(Clone)]
+pub struct StripePayments {
+    http: HttpsClient,
+    config: Arc<StripeConfig>,
+}
+
+impl StripePayments {
+    pub fn new(config: StripeConfig) -> Result<Self, StripeError> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_provider_and_native_roots(provider)
+            .map_err(StripeError::Roots)?
+            // A local fake speaks plain HTTP on loopback; Stripe itself is HTTPS only.
+            .https_or_http()
+            .enable_http1()
+            .build();
+        Ok(Self {
+            http: Client::builder(TokioExecutor::new()).build(https),
+            config: Arc::new(config),
+        })
+    }
+
+    /// One call: `form` as the body of a POST (none for a GET), the answer as `T`, or
+    /// the refusal Stripe gave.
+    async fn call<T: DeserializeOwned>(
+        &self,
+        operation: &'static str,
+        method: Method,
+        path: &str,
+        form: &[(&str, &str)],
+        idempotency_key: Option<&str>,
+    ) -> Result<T, StoreError> {
+        let body = serde_urlencoded::to_string(form).expect("string pairs always encode");
+        let mut request = Request::builder()
+            .method(method)
+            .uri(format!(
+                "{}{path}",
+                self.config.api_base.trim_end_matches('/')
+            ))
+            .header(
+                http::header::AUTHORIZATION,
+                format!("Bearer {}", self.config.secret_key),
+            )
+            .header(
+                http::header::CONTENT_TYPE,
+                "application/x-www-form-urlencoded",
+            );
+        if let Some(key) = idempotency_key {
+            request = request.header("Idempotency-Key", key);
+        }
+        let request = request
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| StoreError::permanent(operation, e))?;
+        let timeout = self.config.timeout;
+        let exchange = async {
+            let response = self
+                .http
+                .request(request)
+                .await
+                .map_err(StripeError::Connect)?;
+            let status = response.status();
+            let bytes = response
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| StripeError::Body(Box::new(e)))?
+                .to_bytes();
+            Ok::<_, StripeError>((status, bytes))
+        };
+        let (status, bytes) = match tokio::time::timeout(timeout, exchange).await {
+            Err(_) => {
+                return Err(StoreError::transient(
+                    operation,
+                    StripeError::Timeout(timeout),
+                ));
+            }
+            Ok(Err(e)) => return Err(StoreError::transient(operation, e)),
+            Ok(Ok(answer)) => answer,
+        };
+        if status.is_success() {
+            return serde_json::from_slice(&bytes).map_err(|source| {
+                StoreError::permanent(
+                    operation,
+                    StripeError::Unexpected {
+                        what: operation,
+                        source,
+                    },
+                )
+            });
+        }
+        let refusal = refusal(status, &bytes);
+        // Stripe's advice: 429, 5xx and 409 (the same idempotency key still in flight)
+        // may be retried, with the same key.
+        let retryable = status == StatusCode::TOO_MANY_REQUESTS
+            || status == StatusCode::CONFLICT
+            || status.is_server_error();
+        Err(if retryable {
+            StoreError::transient(operation, refusal)
+        } else {
+            StoreError::permanent(operation, refusal)
+        })
+    }
+}
+
+/// The refusal in a non-2xx answer: Stripe's `{"error": {"code", "type", "message"}}`.
+fn refusal(status: StatusCode, body: &[u8]) -> StripeError {
+    #[derive(Deserialize, Default)]
+    struct Envelope {
+        #[serde(default)]
+        error: Detail,
+    }
+    #[derive(Deserialize, Default)]
+    struct Detail {
+        code: Option<String>,
+        #[serde(rename = "type")]
+        kind: Option<String>,
+        message: Option<String>,
+    }
+    let detail = serde_json::from_slice::<Envelope>(body)
+        .unwrap_or_default()
+        .error;
+    StripeError::Refused {
+        status,
+        code: detail.code.or(detail.kind).unwrap_or_default(),
+        message: detail.message.unwrap_or_default(),
+    }
+}
+
+/// Whether `error` is Stripe refusing the request with `status`: 400 for a request it
+/// holds invalid, 404 for an object it does not have.
+fn refused_with(error: &StoreError, wanted: StatusCode) -> bool {
+    let StoreError::Permanent { source, .. } = error else {
+        return false;
+    };
+    matches!(
+        source.downcast_ref::<StripeError>(),
+        Some(StripeError::Refused { status, .. }) if *status == wanted
+    )
+}
+
+/// A PaymentIntent, as much of it as the domain's [`Payment`] holds.
+#[derive(Deserialize)]
+struct Intent {
+    id: String,
+    amount: u64,
+    currency: String,
+    status: String,
+    #[serde(default)]
+    client_secret: Option<String>,
+    #[serde(default)]
+    metadata: std::collections::BTreeMap<String, String>,
+}
+
+impl From<Intent> for Payment {
+    fn from(intent: Intent) -> Self {
+        let state = match intent.status.as_str() {
+            "requires_capture" => PaymentState::Authorised,
+            "succeeded" => PaymentState::Captured,
+            "canceled" => PaymentState::Cancelled,
+            // requires_payment_method, requires_confirmation, requires_action, processing
+            _ => PaymentState::Open,
+        };
+        Payment {
+            id: PaymentId::new(intent.id),
+            order_id: intent
+                .metadata
+                .get(ORDER_METADATA)
+                .and_then(|id| OrderId::parse(id).ok()),
+            amount: intent.amount,
+            currency: intent.currency,
+            state,
+            client_secret: intent.client_secret.unwrap_or_default(),
+        }
+    }
+}
+
+/// A refund, as much of it as the domain's [`Refund`] holds.
+#[derive(Deserialize)]
+struct StripeRefund {
+    id: String,
+    amount: u64,
+}
+
+impl StripeRefund {
+    fn of(self, payment: &PaymentId) -> Refund {
+        Refund {
+            id: self.id,
+            payment: payment.clone(),
+            amount: self.amount,
+        }
+    }
+}
+
+/// The metadata key that names a payment's order.
+pub const ORDER_METADATA: &str = "order_id";
+
+#[async_trait]
+impl PaymentProvider for StripePayments {
+    async fn open(
+        &self,
+        order: &OrderId,
+        amount: u64,
+        currency: &str,
+    ) -> Result<Payment, StoreError> {
+        let amount = amount.to_string();
+        let currency = currency.to_ascii_lowercase();
+        let order_id = order.to_string();
+        let metadata_key = format!("metadata[{ORDER_METADATA}]");
+        self.call::<Intent>(
+            "payment_intents.create",
+            Method::POST,
+            "/v1/payment_intents",
+            &[
+                ("amount", &amount),
+                ("currency", &currency),
+                ("capture_method", "manual"),
+                ("payment_method_types[]", "card"),
+                (&metadata_key, &order_id),
+            ],
+            Some(&format!("open-{order_id}")),
+        )
+        .await
+        .map(Payment::from)
+    }
+
+    async fn payment(&self, id: &PaymentId) -> Result<Option<Payment>, StoreError> {
+        match self
+            .call::<Intent>(
+                "payment_intents.retrieve",
+                Method::GET,
+                &format!("/v1/payment_intents/{}", path_segment(id)),
+                &[],
+                None,
+            )
+            .await
+        {
+            Ok(intent) => Ok(Some(intent.into())),
+            Err(e) if refused_with(&e, StatusCode::NOT_FOUND) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn capture(&self, id: &PaymentId) -> Result<CaptureOutcome, StoreError> {
+        let (payment, refusal) = self
+            .act_on("payment_intents.capture", "capture", id)
+            .await?;
+        match (payment.state, refusal) {
+            (PaymentState::Captured, _) => Ok(CaptureOutcome::Captured(payment)),
+            // Still authorised, the refusal was about the request itself.
+            (PaymentState::Authorised, Some(refusal)) => Err(refusal),
+            _ => Ok(CaptureOutcome::NotCapturable(payment)),
+        }
+    }
+
+    async fn cancel(&self, id: &PaymentId) -> Result<CancelOutcome, StoreError> {
+        let (payment, refusal) = self.act_on("payment_intents.cancel", "cancel", id).await?;
+        match (payment.state, refusal) {
+            (PaymentState::Captured, _) => Ok(CancelOutcome::AlreadyCaptured(payment)),
+            (PaymentState::Cancelled, _) | (_, None) => Ok(CancelOutcome::Cancelled(payment)),
+            (_, Some(refusal)) => Err(refusal),
+        }
+    }
+
+    async fn refund(&self, id: &PaymentId) -> Result<Refund, StoreError> {
+        // A refund made before is the answer: the idempotency key below covers a retry
+        // within Stripe's 24 hours, this covers one after (and a fake that ignores keys).
+        if let Some(made) = self.refunds(id).await?.into_iter().next() {
+            return Ok(made);
+        }
+        self.call::<StripeRefund>(
+            "refunds.create",
+            Method::POST,
+            "/v1/refunds",
+            &[("payment_intent", id.as_str())],
+            Some(&format!("refund-{id}")),
+        )
+        .await
+        .map(|refund| refund.of(id))
+    }
+}
+
+impl StripePayments {
+    /// POSTs `action` (`capture`, `cancel`) on payment `id`, keyed `{action}-{id}`. A
+    /// refusal as invalid (400: captured before, cancelled, never authorised, or a
+    /// wrong request) answers the payment as it is now, with the refusal: only its
+    /// state tells which, as Stripe's error codes for it differ between its versions.
+    async fn act_on(
+        &self,
+        operation: &'static str,
+        action: &str,
+        id: &PaymentId,
+    ) -> Result<(Payment, Option<StoreError>), StoreError> {
+        let acted = self
+            .call::<Intent>(
+                operation,
+                Method::POST,
+                &format!("/v1/payment_intents/{}/{action}", path_segment(id)),
+                &[],
+                Some(&format!("{action}-{id}")),
+            )
+            .await;
+        match acted {
+            Ok(intent) => Ok((intent.into(), None)),
+            Err(refusal) if refused_with(&refusal, StatusCode::BAD_REQUEST) => {
+                match self.payment(id).await? {
+                    Some(payment) => Ok((payment, Some(refusal))),
+                    None => Err(refusal),
+                }
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The refunds of payment `id`, newest first.
+    async fn refunds(&self, id: &PaymentId) -> Result<Vec<Refund>, StoreError> {
+        #[derive(Deserialize)]
+        struct List {
+            data: Vec<StripeRefund>,
+        }
+        let list: List = self
+            .call(
+                "refunds.list",
+                Method::GET,
+                &format!("/v1/refunds?payment_intent={}", path_segment(id)),
+                &[],
+                None,
+            )
+            .await?;
+        Ok(list.data.into_iter().map(|refund| refund.of(id)).collect())
+    }
+}
+
+/// A payment id as one path segment: Stripe's ids are `[A-Za-z0-9_]`, anything else
+/// is percent-encoded rather than allowed to change the path or the query.
+fn path_segment(id: &PaymentId) -> String {
+    const ID: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC.remove(b'_');
+    percent_encoding::utf8_percent_encode(id.as_str(), ID).to_string()
+}

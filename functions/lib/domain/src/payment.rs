@@ -1,0 +1,102 @@
+//! Payments as the domain sees them: a buyer's money for one order, authorised first and
+//! moved only once the order is settled as paid on our side (see
+//! [`crate::ports::PaymentProvider`]).
+//!
+//! The provider's own words (Stripe's PaymentIntent statuses) are kept to what decides
+//! a settlement: whether the money is only held on the card, moved, or released.
+
+use std::fmt;
+
+use crate::ids::OrderId;
+
+/// The provider's id of one order's payment (Stripe's `pi_...`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PaymentId(String);
+
+impl PaymentId {
+    pub fn new(id: impl Into<String>) -> Self {
+        Self(id.into())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for PaymentId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Where a payment stands, as far as a settlement cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PaymentState {
+    /// The buyer has not authorised it yet (no card, a card to confirm, 3-D Secure
+    /// pending, or a bank still deciding): nothing to settle.
+    Open,
+    /// The card holds the amount; no money has moved. Capture moves it, cancel
+    /// releases it.
+    Authorised,
+    /// The money moved (captured, by us or by an automatic-capture integration).
+    Captured,
+    /// Cancelled: the hold is released, no money moved.
+    Cancelled,
+}
+
+/// One order's payment at the provider.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Payment {
+    pub id: PaymentId,
+    /// The order the payment names (its metadata), if it names one.
+    pub order_id: Option<OrderId>,
+    /// What it is for, in minor units of its currency: compared with the order's price
+    /// before anything is settled.
+    pub amount: u64,
+    /// The currency as the provider writes it (`eur`).
+    pub currency: String,
+    pub state: PaymentState,
+    /// What the page hands to the provider's script to confirm the payment. Secret to
+    /// the buyer of the order: never logged.
+    pub client_secret: String,
+}
+
+impl Payment {
+    /// Whether this payment is for `order`, of `amount` minor units of `currency` (an
+    /// ISO 4217 code, in either case): its metadata, amount and currency all agree. A
+    /// settlement acts on no payment that fails this.
+    pub fn is_for(&self, order: &OrderId, amount: u64, currency: &str) -> bool {
+        self.order_id.as_ref() == Some(order)
+            && self.amount == amount
+            && self.currency.eq_ignore_ascii_case(currency)
+    }
+}
+
+/// What [`crate::ports::PaymentProvider::capture`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CaptureOutcome {
+    /// The money moved, by this call or an earlier one.
+    Captured(Payment),
+    /// It cannot be captured: never authorised, or cancelled (by us, or by the
+    /// provider once the authorisation lapsed).
+    NotCapturable(Payment),
+}
+
+/// What [`crate::ports::PaymentProvider::cancel`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CancelOutcome {
+    /// No money moved and none will: cancelled by this call or an earlier one.
+    Cancelled(Payment),
+    /// The money moved already: only a refund gives it back.
+    AlreadyCaptured(Payment),
+}
+
+/// A refund of a payment's captured money.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refund {
+    /// The provider's id of the refund (Stripe's `re_...`).
+    pub id: String,
+    pub payment: PaymentId,
+    /// Minor units given back.
+    pub amount: u64,
+}
