@@ -512,6 +512,72 @@ async fn paying_settles_the_order_and_forgets_its_timer() {
 }
 
 #[tokio::test]
+async fn a_grabbed_order_is_sold_at_the_sales_price_from_the_grab_to_the_payment() {
+    let world = World::new();
+    let sale = world
+        .sales
+        .create(
+            testing::sale(3, 1)
+                .generated_id()
+                .starting_at(start())
+                .priced(1_299, "JPY")
+                .draft(),
+        )
+        .await
+        .unwrap();
+    let price = sale.price.expect("a created sale has a price");
+    assert_eq!(
+        world.sales.view(&sale.sale_id).await.unwrap().price,
+        Some(price)
+    );
+    world.clock.set(start());
+    let reservation = world.grab(&sale.sale_id, "a").await.unwrap();
+    assert_eq!(reservation.price, Some(price), "copied by the grab");
+    assert_eq!(
+        world.queue.sent.lock().unwrap()[0].price,
+        Some(price),
+        "and sent on with the reservation"
+    );
+    let order = world
+        .orders
+        .get(&reservation.order_id, &user("a"))
+        .await
+        .unwrap();
+    assert_eq!(order.price, Some(price));
+    let paid = world
+        .orders
+        .pay(&reservation.order_id, &user("a"))
+        .await
+        .unwrap();
+    assert_eq!((paid.status, paid.price), (OrderStatus::Paid, Some(price)));
+}
+
+#[tokio::test]
+async fn a_sale_with_a_bad_price_is_refused_and_nothing_is_written() {
+    let world = World::new();
+    for (amount, currency, field) in [
+        (0, "EUR", "price.amount"),
+        (100_000_000, "EUR", "price.amount"),
+        (100, "eur", "price.currency"),
+        (100, "XTS", "price.currency"),
+        (100, "HRK", "price.currency"),
+    ] {
+        let draft = testing::sale(3, 1)
+            .id("priced")
+            .priced(amount, currency)
+            .draft();
+        match world.sales.create(draft).await {
+            Err(AppError::Invalid(error)) => assert_eq!(error.field, field, "{currency}"),
+            other => panic!("{amount} {currency}: {other:?}"),
+        }
+    }
+    assert!(matches!(
+        world.sales.view(&SaleId::parse("priced").unwrap()).await,
+        Err(AppError::SaleNotFound)
+    ));
+}
+
+#[tokio::test]
 async fn an_unpaid_order_expires_and_its_stock_comes_back_once() {
     let world = World::new();
     let sale = world.sale(1, 1, 1).await;
