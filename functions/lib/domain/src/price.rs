@@ -180,6 +180,34 @@ mod tests {
         }
     }
 
+    /// Every code of three capital letters the API accepts, found by asking.
+    fn accepted_codes() -> Vec<String> {
+        let letters = || b'A'..=b'Z';
+        letters()
+            .flat_map(|a| letters().flat_map(move |b| letters().map(move |c| [a, b, c])))
+            .map(|code| String::from_utf8(code.to_vec()).unwrap())
+            .filter(|code| Currency::parse("c", code).is_ok())
+            .collect()
+    }
+
+    #[test]
+    fn the_contract_lists_exactly_the_currencies_accepted() {
+        const CONTRACT: &str = include_str!("../../../../openapi.yaml");
+        let schema = CONTRACT
+            .split_once("\n    Currency:\n")
+            .expect("openapi.yaml has a Currency schema")
+            .1;
+        let listed = schema
+            .lines()
+            .find_map(|line| line.trim().strip_prefix("enum: ["))
+            .and_then(|rest| rest.strip_suffix(']'))
+            .expect("the Currency schema's enum, on one line");
+        let listed: Vec<String> = listed.split(", ").map(str::to_owned).collect();
+        let accepted = accepted_codes();
+        assert!(accepted.len() > 150, "{accepted:?}");
+        assert_eq!(listed, accepted);
+    }
+
     #[test]
     fn the_minor_unit_is_iso_4217s() {
         for (code, decimals) in [("EUR", 2), ("USD", 2), ("JPY", 0), ("KRW", 0), ("BHD", 3)] {
