@@ -18,7 +18,7 @@ use flashsale_domain::testing::{
     RecordingScheduler,
 };
 use flashsale_domain::token::GrabTokenSigner;
-use flashsale_domain::{AppError, OrderStatus, SaleId, UserId};
+use flashsale_domain::{AppError, OrderStatus, Sale, SaleId, UserId};
 
 const SECRET: &[u8] = b"an-hmac-key-of-at-least-32-bytes!";
 
@@ -95,18 +95,17 @@ impl World {
     }
 
     async fn sale(&self, stock: i64, shards: i64, per_user_limit: i64) -> SaleId {
-        let sale = self
-            .sales
-            .create(
-                testing::sale(stock, shards)
-                    .generated_id()
-                    .starting_at(start())
-                    .per_user_limit(per_user_limit)
-                    .draft(),
-            )
+        self.create_sale(testing::sale(stock, shards).per_user_limit(per_user_limit))
             .await
-            .unwrap();
-        sale.sale_id
+            .sale_id
+    }
+
+    /// `sale` under an id of its own, starting at [`start`], created as an admin would.
+    async fn create_sale(&self, sale: testing::SaleBuilder) -> Sale {
+        self.sales
+            .create(sale.generated_id().starting_at(start()).draft())
+            .await
+            .unwrap()
     }
 
     async fn grab(
@@ -515,16 +514,8 @@ async fn paying_settles_the_order_and_forgets_its_timer() {
 async fn a_grabbed_order_is_sold_at_the_sales_price_from_the_grab_to_the_payment() {
     let world = World::new();
     let sale = world
-        .sales
-        .create(
-            testing::sale(3, 1)
-                .generated_id()
-                .starting_at(start())
-                .priced(1_299, "JPY")
-                .draft(),
-        )
-        .await
-        .unwrap();
+        .create_sale(testing::sale(3, 1).priced(1_299, "JPY"))
+        .await;
     let price = sale.price.expect("a created sale has a price");
     assert_eq!(
         world.sales.view(&sale.sale_id).await.unwrap().price,
@@ -1003,17 +994,8 @@ async fn token_for(
 /// A sale of 3 units asking for a challenge, open now.
 async fn challenged_sale(world: &World) -> SaleId {
     let sale = world
-        .sales
-        .create(
-            testing::sale(3, 1)
-                .generated_id()
-                .starting_at(start())
-                .per_user_limit(3)
-                .challenge_work(50_000)
-                .draft(),
-        )
-        .await
-        .unwrap();
+        .create_sale(testing::sale(3, 1).per_user_limit(3).challenge_work(50_000))
+        .await;
     world.clock.set(start());
     sale.sale_id
 }
