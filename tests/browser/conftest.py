@@ -160,14 +160,16 @@ class LocalStack:
         return body["token"]
 
     def create_sale(self, *, stock, starts_in_s=-1, payment_timeout_secs=600, per_user_limit=1, prefix="sale",
-                    challenge_work=0):
-        """A sale of its own for one test; starts `starts_in_s` from now (whole seconds)."""
+                    challenge_work=0, price=None):
+        """A sale of its own for one test; starts `starts_in_s` from now (whole seconds), at
+        `price` (the API's `{amount, currency}`; 1,299.00 EUR by default)."""
         sale_id = f"{prefix}-{uuid.uuid4().hex[:10]}"
         now = datetime.now(timezone.utc).replace(microsecond=0)
         starts_at = now + timedelta(seconds=starts_in_s)
         body = {
             "sale_id": sale_id,
             "name": f"Phone drop {sale_id[-4:]}",
+            "price": price or {"amount": 129900, "currency": "EUR"},
             "stock": stock,
             "starts_at": iso(starts_at),
             "ends_at": iso(starts_at + timedelta(hours=1)),
@@ -249,7 +251,8 @@ def open_page(browser, stack):
     pages = []
 
     def open_(path, viewport=PHONE, init_script=None):
-        context = browser.new_context(viewport=viewport, device_scale_factor=1)
+        # One locale, so that prices read the same on every machine: "€1,299.00".
+        context = browser.new_context(viewport=viewport, device_scale_factor=1, locale="en-US")
         contexts.append(context)
         context.add_init_script(path=str(AXE))
         context.csp_violations = []

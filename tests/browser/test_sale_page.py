@@ -86,17 +86,21 @@ def test_a_clock_minutes_off_still_counts_down_to_the_servers_start(open_page, s
 def test_a_buyer_buys_and_pays(open_page, stack):
     sale_id, _ = stack.create_sale(stock=5, prefix="pay")
     page = buyer_page(open_page, stack, sale_id)
+    # The sale's price, in its currency, as the buyer's locale writes it.
+    expect(page.get_by_test_id("price")).to_have_text("€1,299.00")
     screenshot(page, "on-sale")
     page.locator("#buy").click()
     status = page.locator("#order-status")
     expect(status).to_have_attribute("data-status", "reserved")
     expect(status).to_have_text("Awaiting payment")
+    expect(page.get_by_test_id("order-price")).to_have_text("Price: €1,299.00")
     expect(page.locator("#pay-countdown")).to_contain_text("Pay within")
     assert_accessible(page, "an order awaiting payment")
     screenshot(page, "awaiting-payment")
     page.locator("#pay").click()
     expect(status).to_have_attribute("data-status", "paid")
     expect(page.locator("#pay")).to_be_hidden()
+    expect(page.get_by_test_id("order-price")).to_have_text("Paid: €1,299.00")
     screenshot(page, "paid")
     # Units are left, but this buyer bought all one buyer may (1): the page says so
     # instead of offering a grab that can only be refused.
@@ -105,6 +109,17 @@ def test_a_buyer_buys_and_pays(open_page, stack):
     assert_accessible(page, "a buyer at the per-user limit")
     stats = stack.stats(sale_id)
     assert (stats["paid"], stats["available"], stats["consistent"]) == (1, 4, True), stats
+
+
+def test_a_price_is_shown_with_its_own_currencys_decimals(open_page, stack):
+    # JPY has no minor unit and BHD three (ISO 4217): the amounts are in those units.
+    for price, shown in [
+        ({"amount": 1299, "currency": "JPY"}, "¥1,299"),
+        ({"amount": 1299, "currency": "BHD"}, "BHD 1.299"),
+    ]:
+        sale_id, _ = stack.create_sale(stock=1, prefix="price", price=price)
+        page = buyer_page(open_page, stack, sale_id)
+        expect(page.get_by_test_id("price")).to_have_text(shown)
 
 
 def test_a_sale_with_a_challenge_is_solved_in_a_worker_with_its_progress_shown_then_bought(open_page, stack):
@@ -349,10 +364,17 @@ def test_the_admin_creates_a_sale_and_watches_the_stats_move(open_page, stack):
     form = page.locator("#create")
     form.locator("[name=sale_id]").fill(sale_id)
     form.locator("[name=name]").fill("Console launch")
+    form.locator("[name=price]").fill("49.99")
+    form.locator("[name=currency]").fill("usd")
+    expect(page.locator("#price-preview")).to_have_text("4999 USD minor units")
     form.locator("[name=stock]").fill("3")
     form.locator("[name=starts_in]").fill("0")
     form.locator("button[type=submit]").click()
     expect(page.get_by_test_id("buyer-link")).to_have_attribute("href", re.compile(f"sale={sale_id}$"))
+    expect(page.locator("#admin-message")).to_have_text(f"Created sale {sale_id} at $49.99.")
+    expect(page.get_by_test_id("stats-price")).to_have_text("$49.99")
+    status, view = stack.call("GET", f"/sales/{sale_id}")
+    assert status == 200 and view["price"] == {"amount": 4999, "currency": "USD", "decimals": 2}, view
     available = page.locator("td[data-count=available]")
     expect(available).to_have_text("3")
     expect(page.locator("#consistent")).to_have_text("consistent")

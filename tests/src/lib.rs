@@ -172,6 +172,7 @@ impl Harness {
         let sale = json!({
             "sale_id": sale_id,
             "name": format!("e2e {sale_id}"),
+            "price": flashsale_load::client::sale_price(),
             "stock": stock,
             "shards": shards,
             "payment_timeout_secs": payment_timeout_secs,

@@ -34,6 +34,7 @@ fn sale_body(overrides: serde_json::Value) -> Vec<u8> {
     let mut body = json!({
         "sale_id": "bad-input-sale",
         "name": "Phone",
+        "price": {"amount": 129_900, "currency": "EUR"},
         "stock": 10,
         "starts_at": "2026-01-01T00:00:00Z",
         "ends_at": "2099-01-01T00:00:00Z",
@@ -98,6 +99,27 @@ async fn invalid_sales_are_refused_with_400_and_write_nothing() {
     )
     .await;
     post(sale_body(json!({ "shards": 11 })), "invalid_input").await;
+    // A price is required, in whole minor units of a current ISO 4217 currency, as
+    // Stripe takes it (its currency codes are lower case; the API's are ISO's).
+    for price in [
+        Value::Null,
+        json!(1299),
+        json!("12.99 EUR"),
+        json!({ "amount": 1299 }),
+        json!({ "currency": "EUR" }),
+        json!({ "amount": 12.99, "currency": "EUR" }),
+        json!({ "amount": "1299", "currency": "EUR" }),
+        json!({ "amount": 0, "currency": "EUR" }),
+        json!({ "amount": -1, "currency": "EUR" }),
+        json!({ "amount": 100_000_000, "currency": "EUR" }),
+        json!({ "amount": 1299, "currency": "eur" }),
+        json!({ "amount": 1299, "currency": "EURO" }),
+        json!({ "amount": 1299, "currency": "XAU" }),
+        json!({ "amount": 1299, "currency": "HRK" }),
+        json!({ "amount": 1299, "currency": "EUR", "decimals": 2 }),
+    ] {
+        post(sale_body(json!({ "price": price })), "invalid_input").await;
+    }
     // Valid RFC 3339 that lands in year 10000 in UTC: it could be stored but never read.
     post(
         sale_body(json!({ "ends_at": "9999-12-31T23:59:59-05:00" })),

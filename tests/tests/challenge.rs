@@ -16,6 +16,7 @@ async fn create_sale(harness: &Harness, sale_id: &str, challenge_work: u32) {
     let sale = json!({
         "sale_id": sale_id,
         "name": format!("e2e {sale_id}"),
+        "price": flashsale_load::client::sale_price(),
         "stock": 3,
         "shards": 1,
         "per_user_limit": 3,

@@ -4,6 +4,7 @@
 //! emulation) ends it.
 
 use flashsale_e2e::{CONSUMER_LAG, Harness, assert_error};
+use flashsale_load::client::sale_price;
 use reqwest::StatusCode;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -20,10 +21,16 @@ async fn a_paid_order_is_settled_and_its_timer_is_gone() {
     // Setting the timer wrote nothing: the order stays as the grab left it.
     harness.wait_for_orders_opened("pay", 1).await;
     assert_eq!(harness.order_status(&alice, &order_id).await, "reserved");
+    // The grab copied the sale's price onto the hold, which is the order.
+    let order = harness.api.order(&alice, &order_id).await.unwrap();
+    let mut price = sale_price();
+    price["decimals"] = 2.into();
+    assert_eq!(order.body["price"], price, "{}", order.body);
 
     let paid = harness.api.pay(&alice, &order_id).await.unwrap();
     assert_eq!(paid.status, StatusCode::OK, "{}", paid.body);
     assert_eq!(paid.str_field("status"), Some("paid"));
+    assert_eq!(paid.body["price"], price, "paid at that price");
     assert!(paid.body.get("expired_at").is_none(), "{}", paid.body);
     let again = harness.api.pay(&alice, &order_id).await.unwrap();
     assert_eq!(
@@ -183,6 +190,11 @@ async fn the_sale_page_is_public_cacheable_and_carries_server_time() {
     assert_eq!(page.status, StatusCode::OK, "{}", page.body);
     assert_eq!(page.str_field("status"), Some("active"));
     assert_eq!(page.body["stock_total"], 3);
+    assert_eq!(page.body["price"]["currency"], "EUR", "{}", page.body);
+    assert_eq!(
+        page.body["price"]["decimals"], 2,
+        "for the page to format it"
+    );
     assert!(page.str_field("server_time").is_some());
     let cache = page.cache_control.expect("a Cache-Control header");
     assert!(cache.contains("max-age"), "{cache}");

@@ -1,7 +1,7 @@
 // The admin console: create a sale, watch its stock by state live (with a small inline
 // SVG chart and the reconciliation flag), block and unblock users.
 
-import { $, call, humanMessage, sleep, untilAnswered } from "./api.js";
+import { $, call, formatPrice, humanMessage, sleep, untilAnswered } from "./api.js";
 import { completeProviderSignIn, currentSession, renderSignIn } from "./auth.js";
 
 const SERIES = ["available", "reserved", "paid"];
@@ -26,14 +26,47 @@ function requireAdmin() {
 
 // ---------------------------------------------------------------- create
 
+/**
+ * The form's price as the API takes it: `{amount, currency}`, the amount in the
+ * currency's minor unit, or `{error}`. The decimals come from the browser's currency
+ * data; the API answers with ISO 4217's, and the console shows the price it stored.
+ */
+function priceOf(form) {
+  const currency = form.elements.currency.value.trim().toUpperCase();
+  let decimals;
+  try {
+    decimals = new Intl.NumberFormat("en", { style: "currency", currency }).resolvedOptions().maximumFractionDigits;
+  } catch {
+    return { error: "The currency must be a three-letter ISO 4217 code such as EUR." };
+  }
+  const major = Number(form.elements.price.value);
+  const minor = major * 10 ** decimals;
+  const amount = Math.round(minor);
+  if (!form.elements.price.value.trim() || !Number.isFinite(minor) || amount < 1) {
+    return { error: "The price must be a positive amount." };
+  }
+  if (Math.abs(minor - amount) > 1e-6) {
+    return { error: `${currency} takes at most ${decimals} decimal${decimals === 1 ? "" : "s"}.` };
+  }
+  return { amount, currency };
+}
+
+function previewPrice(form) {
+  const price = priceOf(form);
+  $("#price-preview").textContent = price.error || `${price.amount} ${price.currency} minor units`;
+}
+
 async function createSale(event) {
   event.preventDefault();
   const form = event.target;
   const value = (name) => form.elements[name].value.trim();
+  const price = priceOf(form);
+  if (price.error) return say(price.error, "error");
   const startsAt = new Date(Date.now() + Number(value("starts_in")) * 1000);
   const endsAt = new Date(startsAt.getTime() + Number(value("open_for")) * 60_000);
   const body = {
     name: value("name"),
+    price,
     stock: Number(value("stock")),
     starts_at: startsAt.toISOString().replace(/\.\d+Z$/, "Z"),
     ends_at: endsAt.toISOString().replace(/\.\d+Z$/, "Z"),
@@ -51,7 +84,8 @@ async function createSale(event) {
   const createdByUs = retried && result.data?.error === "sale_exists";
   if (!result.ok && !createdByUs) return say(humanMessage(result), "error");
   const sale = result.ok ? result.data : body;
-  say(`Created sale ${sale.sale_id}.`);
+  // The price as the API stored it, in its own decimals.
+  say(result.ok ? `Created sale ${sale.sale_id} at ${formatPrice(sale.price)}.` : `Created sale ${sale.sale_id}.`);
   const created = $("#created");
   const link = new URL(`./?sale=${encodeURIComponent(sale.sale_id)}`, location.href);
   created.innerHTML = "";
@@ -74,6 +108,7 @@ async function watch(saleId) {
   const points = [];
   $("#stats").hidden = false;
   $("#stats-sale").textContent = saleId;
+  showPrice(saleId, token);
   while (watching === token) {
     const result = await call(`/admin/sales/${encodeURIComponent(saleId)}/stats`, { token: session?.token });
     if (watching !== token) return;
@@ -88,6 +123,14 @@ async function watch(saleId) {
     }
     await sleep(STATS_EVERY_MS);
   }
+}
+
+/** The watched sale's price, from its public page (a sale never changes). */
+async function showPrice(saleId, token) {
+  const tag = $("#stats-price");
+  tag.textContent = "";
+  const result = await untilAnswered(() => call(`/sales/${encodeURIComponent(saleId)}`));
+  if (watching === token && result.ok) tag.textContent = formatPrice(result.data.price);
 }
 
 function showStats(stats) {
@@ -178,6 +221,8 @@ async function main() {
   const signInError = await completeProviderSignIn();
   await renderSignIn($("#signin"), { onChange: signedInChanged, adminDefault: true });
   $("#create").addEventListener("submit", createSale);
+  $("#create").addEventListener("input", (event) => previewPrice(event.currentTarget));
+  previewPrice($("#create"));
   $("#watch").addEventListener("submit", (event) => {
     event.preventDefault();
     watch(event.target.elements.sale_id.value.trim());

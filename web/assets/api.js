@@ -153,6 +153,22 @@ export function formatDuration(ms, round = Math.ceil) {
   return hours ? `${hours}:${String(minutes).padStart(2, "0")}:${seconds}` : `${minutes}:${seconds}`;
 }
 
+/**
+ * A price from the API (`{amount, currency, decimals}`, the amount in the currency's
+ * minor unit) as the reader's locale writes it: "€1,299.00", "¥1,299". The decimals
+ * are the API's (ISO 4217's), not the locale data's, which differ for a few currencies.
+ */
+export function formatPrice(price) {
+  if (!price) return "";
+  const digits = price.decimals;
+  return new Intl.NumberFormat(undefined, {
+    style: "currency",
+    currency: price.currency,
+    minimumFractionDigits: digits,
+    maximumFractionDigits: digits,
+  }).format(price.amount / 10 ** digits);
+}
+
 export function $(selector) {
   return document.querySelector(selector);
 }

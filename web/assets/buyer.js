@@ -7,7 +7,7 @@
 // seen in the cached status, stops the retries; the status is still polled slowly and
 // the button comes back if a unit is released.
 
-import { $, call, formatDuration, humanMessage, isRetryable, sleep, untilAnswered } from "./api.js";
+import { $, call, formatDuration, formatPrice, humanMessage, isRetryable, sleep, untilAnswered } from "./api.js";
 import { completeProviderSignIn, currentSession, renderSignIn } from "./auth.js";
 import { ServerClock, servedFromCache } from "./clock.js";
 
@@ -19,6 +19,7 @@ let saleId = null;
 const clock = new ServerClock();
 const ui = {
   name: $("#sale-name"),
+  price: $("#price"),
   status: $("#sale-status"),
   stock: $("#stock"),
   countdown: $("#countdown"),
@@ -30,6 +31,7 @@ const ui = {
   order: $("#order"),
   orderStatus: $("#order-status"),
   orderId: $("#order-id"),
+  orderPrice: $("#order-price"),
   payCountdown: $("#pay-countdown"),
   pay: $("#pay"),
   cancel: $("#cancel"),
@@ -121,6 +123,9 @@ function showSale(sale) {
   state.sale = sale;
   document.title = `${sale.name} - flashsale`;
   ui.name.textContent = sale.name;
+  // A sale created before sales had prices has none: nothing is shown.
+  ui.price.textContent = formatPrice(sale.price);
+  ui.price.hidden = !sale.price;
   const soldOut = sale.status === "sold_out" || sale.stock_available <= 0;
   // A cached status older than a grab that heard sold_out is not news.
   const stale = Date.parse(sale.server_time) < state.soldOutAt;
@@ -374,6 +379,11 @@ function renderOrder(now) {
   ui.orderStatus.textContent = ORDER_TEXT[order.status] || order.status;
   ui.orderStatus.dataset.status = order.status;
   ui.orderId.textContent = order.order_id;
+  // The order's own price, the one it was reserved at.
+  ui.orderPrice.hidden = !order.price;
+  ui.orderPrice.textContent = order.price
+    ? `${order.status === "paid" ? "Paid" : "Price"}: ${formatPrice(order.price)}`
+    : "";
   const open = order.status === "reserved";
   const left = Date.parse(order.expires_at) - now;
   ui.payCountdown.hidden = !open;

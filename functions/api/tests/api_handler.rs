@@ -111,6 +111,7 @@ impl World {
             shard,
             created_at: now,
             expires_at: sale.payment_deadline(now),
+            price: sale.price,
         };
         self.store
             .reserve(&sale, shard, &reservation)
@@ -214,6 +215,10 @@ async fn an_admin_creates_a_sale_and_gets_it_back_with_201() {
     let body = body_json(&response);
     assert_eq!(body["sale_id"], SALE);
     assert_eq!(body["name"], "Phone launch");
+    assert_eq!(
+        body["price"],
+        json!({"amount": 129_900, "currency": "EUR", "decimals": 2})
+    );
     assert_eq!(body["stock_total"], 100);
     assert_eq!(body["shards"], 8);
     assert_eq!(body["per_user_limit"], 1);
@@ -434,9 +439,63 @@ async fn every_bad_sale_body_is_a_4xx_naming_the_problem_and_writes_nothing() {
         ),
         (
             "an unknown field",
-            with("price", json!(10)),
+            with("discount", json!(10)),
             "invalid_input",
-            "unknown field `price`",
+            "unknown field `discount`",
+        ),
+        (
+            "no price",
+            without("price"),
+            "invalid_input",
+            "missing field `price`",
+        ),
+        (
+            "a price as a bare number",
+            with("price", json!(1299)),
+            "invalid_input",
+            "`price` must be an object such as",
+        ),
+        (
+            "a price in major units",
+            with("price", json!({"amount": 12.99, "currency": "EUR"})),
+            "invalid_input",
+            "`price.amount` must be an integer, not a number",
+        ),
+        (
+            "a free unit",
+            with("price", json!({"amount": 0, "currency": "EUR"})),
+            "invalid_input",
+            "price.amount must be between 1 and 99999999",
+        ),
+        (
+            "a price past eight digits",
+            with("price", json!({"amount": 100_000_000, "currency": "EUR"})),
+            "invalid_input",
+            "price.amount must be between 1 and 99999999",
+        ),
+        (
+            "a made-up currency",
+            with("price", json!({"amount": 100, "currency": "ABC"})),
+            "invalid_input",
+            "price.currency must be an ISO 4217 currency code",
+        ),
+        (
+            "a currency in Stripe's lower case",
+            with("price", json!({"amount": 100, "currency": "eur"})),
+            "invalid_input",
+            "(in upper case)",
+        ),
+        (
+            "gold",
+            with("price", json!({"amount": 100, "currency": "XAU"})),
+            "invalid_input",
+            "not money a buyer pays in",
+        ),
+        (
+            "no currency",
+            with("price", json!({"amount": 100})),
+            "invalid_input",
+            "missing field `currency`",
         ),
         (
             "a null name",
@@ -453,7 +512,7 @@ async fn every_bad_sale_body_is_a_4xx_naming_the_problem_and_writes_nothing() {
         assert_eq!(error_code(&response), code, "{what}");
         let message = body_json(&response)["message"].as_str().unwrap().to_owned();
         assert!(message.contains(hint), "{what}: {message:?} lacks {hint:?}");
-        for rust_word in ["i64", "struct", "SaleDraft", "DateTime"] {
+        for rust_word in ["i64", "struct", "SaleDraft", "PriceDraft", "DateTime"] {
             assert!(!message.contains(rust_word), "{what}: {message:?}");
         }
         assert!(!world.sale_exists().await, "{what} wrote a sale");
@@ -579,6 +638,11 @@ async fn the_public_sale_page_shows_status_stock_and_server_time_with_a_short_ca
     assert_eq!(body["stock_total"], 100);
     assert_eq!(body["stock_available"], 99);
     assert_eq!(
+        body["price"],
+        json!({"amount": 129_900, "currency": "EUR", "decimals": 2}),
+        "the price, with its currency's decimals for display"
+    );
+    assert_eq!(
         body["per_user_limit"], 1,
         "a rule of the sale the page shows"
     );
@@ -701,6 +765,7 @@ async fn the_owner_reads_their_order() {
             "order_id": reservation.order_id.to_string(),
             "sale_id": SALE,
             "status": "reserved",
+            "price": {"amount": 129_900, "currency": "EUR", "decimals": 2},
             "expires_at": reservation.expires_at,
         })
     );
@@ -733,7 +798,13 @@ async fn paying_an_open_order_marks_it_paid_and_forgets_its_timer() {
         .order_call("api-pay-order.json", "user-alice", &reservation.order_id)
         .await;
     assert_eq!(response.status(), 200);
-    assert_eq!(body_json(&response)["status"], "paid");
+    let paid = body_json(&response);
+    assert_eq!(paid["status"], "paid");
+    assert_eq!(
+        paid["price"],
+        json!({"amount": 129_900, "currency": "EUR", "decimals": 2}),
+        "paid at the price it was reserved at"
+    );
     assert_eq!(world.status_of(&reservation).await, "paid");
     assert!(!world.has_timer(&reservation));
     assert_eq!(world.available().await, 99);

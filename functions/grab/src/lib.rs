@@ -27,7 +27,7 @@ use flashsale_domain::service::{
     GrabService, SoldOutBy,
 };
 use flashsale_domain::token::GrabTokenSigner;
-use flashsale_domain::{OrderId, OrderStatus};
+use flashsale_domain::{OrderId, OrderStatus, Price};
 use flashsale_lambda::metrics;
 use flashsale_lambda::{
     ApiError, CachePolicy, CallBudget, Clients, Env, FromEnv, Function, ensure_within_limit, json,
@@ -206,6 +206,9 @@ struct Reserved {
     order_id: OrderId,
     status: OrderStatus,
     expires_at: DateTime<Utc>,
+    /// What the buyer will pay: the reservation carries it, so it costs no read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    price: Option<Price>,
 }
 
 /// The Lambda handler. Never fails as a Lambda invocation: every error becomes an
@@ -355,6 +358,7 @@ fn answer_grab(report: GrabReport) -> Result<Response<Body>, ApiError> {
             order_id: reservation.order_id.clone(),
             status: OrderStatus::Reserved,
             expires_at: reservation.expires_at,
+            price: reservation.price,
         },
         CachePolicy::NoStore,
     )?;

@@ -23,7 +23,7 @@ use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
 use chrono::{Duration, Utc};
 use flashsale_adapters::DynamoStore;
 use flashsale_domain::ports::SaleCatalog;
-use flashsale_domain::{Sale, SaleId};
+use flashsale_domain::{Price, Sale, SaleId};
 use flashsale_grab::{Config, Deps, GrabKeyError, RETRY_ATTEMPT_HEADER, handler};
 use flashsale_lambda::testing::{ApiEvent, body_json, error_code};
 use flashsale_lambda::{FromEnv as _, cold_start};
@@ -187,6 +187,7 @@ impl Stack {
         let sale = Sale {
             sale_id: SaleId::generate(),
             name: "Counted sale".to_owned(),
+            price: Some(Price::new(4_999, "USD").expect("a valid price")),
             stock_total: stock,
             starts_at: now - Duration::minutes(1),
             ends_at: now + Duration::hours(1),

@@ -82,6 +82,7 @@ impl World {
             shard: 0,
             created_at: now,
             expires_at: self.sale.payment_deadline(now),
+            price: self.sale.price,
         };
         self.store.strand(&self.sale, &reservation);
         reservation

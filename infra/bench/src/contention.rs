@@ -1011,6 +1011,7 @@ async fn textbook_buyer(
         shard: 0,
         created_at: now,
         expires_at: sale.payment_deadline(now),
+        price: sale.price,
     };
     let shards: Vec<u16> = sale.shard_order(&reservation.user_id).collect();
     for shard in shards {

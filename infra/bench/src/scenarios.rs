@@ -107,6 +107,7 @@ impl Session {
         let mut sale = json!({
             "sale_id": sale_id,
             "name": format!("bench {name}"),
+            "price": flashsale_load::client::sale_price(),
             "stock": stock,
             "starts_at": rfc3339(now - chrono::Duration::seconds(5)),
             "ends_at": rfc3339(now + chrono::Duration::hours(2)),

@@ -206,6 +206,7 @@ async fn create_sale(client: &ApiClient, admin: &str, config: &RunConfig) -> Res
     let mut sale = json!({
         "sale_id": config.sale_id,
         "name": format!("load test {}", config.sale_id),
+        "price": crate::client::sale_price(),
         "stock": config.stock,
         "shards": config.shards,
         "per_user_limit": config.per_user_limit,

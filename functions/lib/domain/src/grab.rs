@@ -436,6 +436,7 @@ impl GrabService {
             shard: 0,
             created_at: started,
             expires_at: sale.payment_deadline(started),
+            price: sale.price,
         };
         let mut walks = 0_u32;
         let mut slot_waits = 0_u32;

@@ -12,6 +12,7 @@ pub mod ids;
 pub mod order;
 pub mod payment;
 pub mod ports;
+pub mod price;
 pub mod sale;
 pub mod service;
 /// The in-memory fakes, behind the `testing` feature: the crates whose tests use them
@@ -23,4 +24,5 @@ pub mod token;
 pub use error::{AppError, StoreError, ValidationError};
 pub use ids::{OrderId, SaleId, UserId};
 pub use order::{Order, OrderStatus, ReleaseReason, Reservation};
+pub use price::{Currency, Price};
 pub use sale::{Sale, SaleDraft, SalePhase, SaleStats, SaleView};

@@ -16,6 +16,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{OrderId, SaleId, UserId};
+use crate::price::Price;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -106,6 +107,13 @@ pub struct Reservation {
     pub shard: u16,
     pub created_at: DateTime<Utc>,
     pub expires_at: DateTime<Utc>,
+    /// The price the unit is sold at: the sale's, copied by the grab from the sale it
+    /// already read, so the hold records it in the write it makes anyway. `None` for a
+    /// sale stored before prices, for a message or timer made before reservations
+    /// carried one, and for the expired hold the reconciler records for a take no
+    /// grab finished (nothing was sold).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub price: Option<Price>,
 }
 
 /// An order as its owner sees it.
@@ -116,6 +124,10 @@ pub struct Order {
     #[serde(skip_serializing)]
     pub user_id: UserId,
     pub status: OrderStatus,
+    /// What the buyer pays: the sale's price when the unit was reserved (see
+    /// [`Reservation::price`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub price: Option<Price>,
     pub expires_at: DateTime<Utc>,
     /// When the release that expired the order committed: how late after `expires_at`
     /// the unit came back, measurable from outside. Only on an `expired` order, and
@@ -133,6 +145,7 @@ impl Order {
             sale_id: reservation.sale_id.clone(),
             user_id: reservation.user_id.clone(),
             status,
+            price: reservation.price,
             expires_at: reservation.expires_at,
             expired_at: None,
         }
@@ -154,6 +167,33 @@ mod tests {
         for from in OrderStatus::ALL {
             assert!(!from.can_become(Reserved), "{from} -> reserved");
         }
+    }
+
+    #[test]
+    fn a_reservation_carries_its_price_and_one_sent_before_prices_still_reads() {
+        let before = serde_json::json!({
+            "order_id": "phone.01ARZ3NDEKTSV4RRFFQ69G5FAV",
+            "sale_id": "phone",
+            "user_id": "alice",
+            "shard": 0,
+            "created_at": "2026-01-01T00:00:00Z",
+            "expires_at": "2026-01-01T00:15:00Z"
+        });
+        let reservation: Reservation = serde_json::from_value(before.clone()).unwrap();
+        assert_eq!(reservation.price, None);
+        assert_eq!(serde_json::to_value(&reservation).unwrap(), before);
+        let priced = Reservation {
+            price: Some(Price::new(129_900, "EUR").unwrap()),
+            ..reservation
+        };
+        let json = serde_json::to_value(&priced).unwrap();
+        assert_eq!(json["price"]["amount"], 129_900);
+        assert_eq!(serde_json::from_value::<Reservation>(json).unwrap(), priced);
+        let order = Order::from_reservation(&priced, OrderStatus::Reserved);
+        assert_eq!(
+            serde_json::to_value(&order).unwrap()["price"]["currency"],
+            "EUR"
+        );
     }
 
     #[test]

@@ -199,6 +199,8 @@ impl Take {
             shard: self.shard,
             created_at: self.taken_at,
             expires_at: self.taken_at,
+            // Nothing was sold: the void records no price.
+            price: None,
         }
     }
 }

@@ -1,4 +1,5 @@
-//! A sale: its stock, its window, its per-user limit and how its stock is sharded.
+//! A sale: its price, its stock, its window, its per-user limit and how its stock is
+//! sharded.
 
 use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
@@ -6,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::challenge::ChallengeWork;
 use crate::error::ValidationError;
 use crate::ids::{SaleId, UserId};
+use crate::price::Price;
 
 pub const MAX_STOCK: u32 = 1_000_000;
 /// Each shard is its own partition key. A transactional reserve would get about one
@@ -56,6 +58,9 @@ pub struct SaleDraft {
     pub sale_id: Option<String>,
     #[serde(deserialize_with = "draft_field::string")]
     pub name: String,
+    /// Required: a sale an operator runs sells at a price.
+    #[serde(deserialize_with = "draft_field::price")]
+    pub price: PriceDraft,
     #[serde(deserialize_with = "draft_field::integer")]
     pub stock: i64,
     #[serde(deserialize_with = "draft_field::date_time")]
@@ -73,13 +78,78 @@ pub struct SaleDraft {
     pub challenge_work: Option<i64>,
 }
 
+/// A draft's price as sent, before validation:
+/// `{"amount": 129900, "currency": "EUR"}`, the amount in the currency's minor unit.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PriceDraft {
+    #[serde(deserialize_with = "draft_field::integer")]
+    pub amount: i64,
+    #[serde(deserialize_with = "draft_field::string")]
+    pub currency: String,
+}
+
 /// Readers of the draft's JSON fields whose errors speak JSON, not Rust: serde's own
 /// would say "expected i64" or "expected a formatted date and time string".
 mod draft_field {
+    use std::fmt;
+
     use chrono::{DateTime, Utc};
-    use serde::de::Error as _;
+    use serde::de::{Error as _, MapAccess, Visitor};
     use serde::{Deserialize, Deserializer};
     use serde_json::Value;
+
+    use super::PriceDraft;
+
+    const PRICE: &str = r#"an object such as {"amount": 129900, "currency": "EUR"}"#;
+
+    /// The price object, its own fields read by the readers here. A visitor rather than
+    /// a `Value` first, so that an error inside it keeps its path (`price.amount`).
+    pub fn price<'de, D: Deserializer<'de>>(input: D) -> Result<PriceDraft, D::Error> {
+        struct PriceObject;
+
+        impl<'de> Visitor<'de> for PriceObject {
+            type Value = PriceDraft;
+
+            fn expecting(&self, out: &mut fmt::Formatter<'_>) -> fmt::Result {
+                out.write_str(PRICE)
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<PriceDraft, A::Error> {
+                PriceDraft::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+            }
+
+            fn visit_unit<E: serde::de::Error>(self) -> Result<PriceDraft, E> {
+                Err(E::custom(format!("must be {PRICE}, not null")))
+            }
+
+            fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<PriceDraft, E> {
+                Err(E::custom(format!("must be {PRICE}, not a boolean")))
+            }
+
+            fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<PriceDraft, E> {
+                Err(E::custom(format!("must be {PRICE}, not a number")))
+            }
+
+            fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<PriceDraft, E> {
+                Err(E::custom(format!("must be {PRICE}, not a number")))
+            }
+
+            fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<PriceDraft, E> {
+                Err(E::custom(format!("must be {PRICE}, not a number")))
+            }
+
+            fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<PriceDraft, E> {
+                Err(E::custom(format!("must be {PRICE}, not a string")))
+            }
+
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, _: A) -> Result<PriceDraft, A::Error> {
+                Err(A::Error::custom(format!("must be {PRICE}, not an array")))
+            }
+        }
+
+        input.deserialize_any(PriceObject)
+    }
 
     pub fn integer<'de, D: Deserializer<'de>>(input: D) -> Result<i64, D::Error> {
         let value = Value::deserialize(input)?;
@@ -146,6 +216,10 @@ mod draft_field {
 pub struct Sale {
     pub sale_id: SaleId,
     pub name: String,
+    /// What one unit costs. Every sale created since sales had prices has one; `None`
+    /// only for a sale stored before, which is read as it was and sells unpriced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub price: Option<Price>,
     pub stock_total: u32,
     pub starts_at: DateTime<Utc>,
     pub ends_at: DateTime<Utc>,
@@ -254,6 +328,7 @@ impl Sale {
                 ),
             ));
         }
+        let price = Price::new(draft.price.amount, &draft.price.currency)?;
         let stock_total = in_range("stock", draft.stock, 1, i64::from(MAX_STOCK))?;
         within_sale_calendar("starts_at", draft.starts_at)?;
         within_sale_calendar("ends_at", draft.ends_at)?;
@@ -288,6 +363,7 @@ impl Sale {
         Ok(Self {
             sale_id,
             name,
+            price: Some(price),
             stock_total,
             starts_at: draft.starts_at,
             ends_at: draft.ends_at,
@@ -402,6 +478,10 @@ impl SaleStats {
 pub struct SaleView {
     pub sale_id: SaleId,
     pub name: String,
+    /// What one unit costs, with its currency's decimals for display; absent only for a
+    /// sale created before sales had prices.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub price: Option<Price>,
     pub status: &'static str,
     pub starts_at: DateTime<Utc>,
     pub ends_at: DateTime<Utc>,
@@ -428,6 +508,7 @@ impl SaleView {
         Self {
             sale_id: sale.sale_id.clone(),
             name: sale.name.clone(),
+            price: sale.price,
             status,
             starts_at: sale.starts_at,
             ends_at: sale.ends_at,
@@ -481,6 +562,7 @@ mod tests {
     fn draft_json() -> Value {
         json!({
             "name": "Phone",
+            "price": {"amount": 129_900, "currency": "EUR"},
             "stock": 10,
             "starts_at": "2026-01-01T00:00:00Z",
             "ends_at": "2026-01-01T01:00:00Z",
@@ -533,12 +615,84 @@ mod tests {
                 json!({"ends_at": {}}),
                 "must be an RFC 3339 date-time such as 2026-01-01T00:00:00Z, not an object",
             ),
+            (
+                json!({"price": 1299}),
+                r#"must be an object such as {"amount": 129900, "currency": "EUR"}, not a number"#,
+            ),
+            (json!({"price": null}), "must be an object such as"),
+            (json!({"price": "12.99 EUR"}), "must be an object such as"),
+            (
+                json!({"price": {"amount": "12.99", "currency": "EUR"}}),
+                "must be an integer, not a string",
+            ),
+            (
+                json!({"price": {"amount": 1299, "currency": 978}}),
+                "must be a string, not a number",
+            ),
         ];
         for (overrides, expected) in cases {
             let err = read(overrides.clone()).unwrap_err();
             assert!(err.starts_with(expected), "{overrides}: {err}");
             assert!(!err.contains("i64") && !err.contains("struct"), "{err}");
         }
+    }
+
+    #[test]
+    fn a_price_is_required_whole_and_nothing_else() {
+        let mut body = draft_json();
+        body.as_object_mut().unwrap().remove("price");
+        let err = serde_json::from_value::<SaleDraft>(body)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("missing field `price`"), "{err}");
+        let err = read(json!({"price": {"amount": 1}})).unwrap_err();
+        assert!(err.contains("missing field `currency`"), "{err}");
+        let err =
+            read(json!({"price": {"amount": 1, "currency": "EUR", "decimals": 2}})).unwrap_err();
+        assert!(err.contains("unknown field `decimals`"), "{err}");
+    }
+
+    #[test]
+    fn a_sale_sells_at_the_validated_price_of_its_draft() {
+        let sale = create(json!({})).unwrap();
+        let price = sale.price.expect("a created sale has a price");
+        assert_eq!(price.amount(), 129_900);
+        assert_eq!(price.currency().code(), "EUR");
+        let yen = create(json!({"price": {"amount": 1_299, "currency": "JPY"}})).unwrap();
+        assert_eq!(yen.price.map(|price| price.currency().decimals()), Some(0));
+        for (price, field) in [
+            (json!({"amount": 0, "currency": "EUR"}), "price.amount"),
+            (json!({"amount": -5, "currency": "EUR"}), "price.amount"),
+            (
+                json!({"amount": 100_000_000, "currency": "EUR"}),
+                "price.amount",
+            ),
+            (json!({"amount": 1.5, "currency": "EUR"}), "unreadable"),
+            (json!({"amount": 100, "currency": "eur"}), "price.currency"),
+            (json!({"amount": 100, "currency": "ZZZ"}), "price.currency"),
+            (json!({"amount": 100, "currency": "XAU"}), "price.currency"),
+        ] {
+            match read(json!({ "price": price.clone() })) {
+                Ok(draft) => assert_eq!(Sale::from_draft(draft).unwrap_err().field, field),
+                Err(err) => assert_eq!(field, "unreadable", "{price}: {err}"),
+            }
+        }
+    }
+
+    #[test]
+    fn the_page_shows_the_price_with_its_currencys_decimals() {
+        let sale = create(json!({"price": {"amount": 1_299, "currency": "JPY"}})).unwrap();
+        let view = serde_json::to_value(SaleView::new(&sale, 10, sale.starts_at)).unwrap();
+        assert_eq!(
+            view["price"],
+            json!({"amount": 1_299, "currency": "JPY", "decimals": 0})
+        );
+        let unpriced = Sale {
+            price: None,
+            ..sale
+        };
+        let view = serde_json::to_value(SaleView::new(&unpriced, 10, unpriced.starts_at)).unwrap();
+        assert!(view.get("price").is_none(), "a sale stored before prices");
     }
 
     #[test]

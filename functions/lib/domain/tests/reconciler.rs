@@ -58,6 +58,7 @@ fn reservation(world: &World, user: &str) -> Reservation {
         shard: 0,
         created_at: now,
         expires_at: world.sale.payment_deadline(now),
+        price: world.sale.price,
     }
 }
 

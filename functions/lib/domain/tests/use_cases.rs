@@ -18,7 +18,7 @@ use flashsale_domain::testing::{
     RecordingScheduler,
 };
 use flashsale_domain::token::GrabTokenSigner;
-use flashsale_domain::{AppError, OrderStatus, SaleId, UserId};
+use flashsale_domain::{AppError, OrderStatus, Sale, SaleId, UserId};
 
 const SECRET: &[u8] = b"an-hmac-key-of-at-least-32-bytes!";
 
@@ -95,18 +95,17 @@ impl World {
     }
 
     async fn sale(&self, stock: i64, shards: i64, per_user_limit: i64) -> SaleId {
-        let sale = self
-            .sales
-            .create(
-                testing::sale(stock, shards)
-                    .generated_id()
-                    .starting_at(start())
-                    .per_user_limit(per_user_limit)
-                    .draft(),
-            )
+        self.create_sale(testing::sale(stock, shards).per_user_limit(per_user_limit))
             .await
-            .unwrap();
-        sale.sale_id
+            .sale_id
+    }
+
+    /// `sale` under an id of its own, starting at [`start`], created as an admin would.
+    async fn create_sale(&self, sale: testing::SaleBuilder) -> Sale {
+        self.sales
+            .create(sale.generated_id().starting_at(start()).draft())
+            .await
+            .unwrap()
     }
 
     async fn grab(
@@ -509,6 +508,64 @@ async fn paying_settles_the_order_and_forgets_its_timer() {
     let stats = world.sales.stats(&sale).await.unwrap();
     assert_eq!((stats.counts.paid, stats.counts.available), (1, 4));
     assert!(stats.consistent);
+}
+
+#[tokio::test]
+async fn a_grabbed_order_is_sold_at_the_sales_price_from_the_grab_to_the_payment() {
+    let world = World::new();
+    let sale = world
+        .create_sale(testing::sale(3, 1).priced(1_299, "JPY"))
+        .await;
+    let price = sale.price.expect("a created sale has a price");
+    assert_eq!(
+        world.sales.view(&sale.sale_id).await.unwrap().price,
+        Some(price)
+    );
+    world.clock.set(start());
+    let reservation = world.grab(&sale.sale_id, "a").await.unwrap();
+    assert_eq!(reservation.price, Some(price), "copied by the grab");
+    assert_eq!(
+        world.queue.sent.lock().unwrap()[0].price,
+        Some(price),
+        "and sent on with the reservation"
+    );
+    let order = world
+        .orders
+        .get(&reservation.order_id, &user("a"))
+        .await
+        .unwrap();
+    assert_eq!(order.price, Some(price));
+    let paid = world
+        .orders
+        .pay(&reservation.order_id, &user("a"))
+        .await
+        .unwrap();
+    assert_eq!((paid.status, paid.price), (OrderStatus::Paid, Some(price)));
+}
+
+#[tokio::test]
+async fn a_sale_with_a_bad_price_is_refused_and_nothing_is_written() {
+    let world = World::new();
+    for (amount, currency, field) in [
+        (0, "EUR", "price.amount"),
+        (100_000_000, "EUR", "price.amount"),
+        (100, "eur", "price.currency"),
+        (100, "XTS", "price.currency"),
+        (100, "HRK", "price.currency"),
+    ] {
+        let draft = testing::sale(3, 1)
+            .id("priced")
+            .priced(amount, currency)
+            .draft();
+        match world.sales.create(draft).await {
+            Err(AppError::Invalid(error)) => assert_eq!(error.field, field, "{currency}"),
+            other => panic!("{amount} {currency}: {other:?}"),
+        }
+    }
+    assert!(matches!(
+        world.sales.view(&SaleId::parse("priced").unwrap()).await,
+        Err(AppError::SaleNotFound)
+    ));
 }
 
 #[tokio::test]
@@ -937,17 +994,8 @@ async fn token_for(
 /// A sale of 3 units asking for a challenge, open now.
 async fn challenged_sale(world: &World) -> SaleId {
     let sale = world
-        .sales
-        .create(
-            testing::sale(3, 1)
-                .generated_id()
-                .starting_at(start())
-                .per_user_limit(3)
-                .challenge_work(50_000)
-                .draft(),
-        )
-        .await
-        .unwrap();
+        .create_sale(testing::sale(3, 1).per_user_limit(3).challenge_work(50_000))
+        .await;
     world.clock.set(start());
     sale.sale_id
 }

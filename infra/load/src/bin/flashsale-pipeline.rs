@@ -131,6 +131,7 @@ async fn new_sale(target: &Target, label: &str, stock: usize) -> Result<Sale, Fa
     let draft = json!({
         "sale_id": sale_id,
         "name": "pipeline measurement",
+        "price": flashsale_load::client::sale_price(),
         "stock": stock,
         "starts_at": Utc::now() - chrono::Duration::seconds(5),
         "ends_at": Utc::now() + chrono::Duration::hours(1),
@@ -257,6 +258,7 @@ async fn raw(
                     user_id: user,
                     created_at: now,
                     expires_at: sale.payment_deadline(now),
+                    price: sale.price,
                 };
                 let started = Instant::now();
                 // Shard by shard in the buyer's order, as the grab does: near the end a

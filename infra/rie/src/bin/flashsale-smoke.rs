@@ -526,6 +526,7 @@ async fn run(args: &Args) -> Result<(), SmokeError> {
     let draft = json!({
         "sale_id": sale_id,
         "name": "Smoke sale",
+        "price": {"amount": 2_500, "currency": "EUR"},
         "stock": 3,
         "starts_at": (now - chrono::Duration::minutes(1)).to_rfc3339_opts(SecondsFormat::Secs, true),
         "ends_at": (now + chrono::Duration::hours(1)).to_rfc3339_opts(SecondsFormat::Secs, true),

@@ -13,7 +13,8 @@ use flashsale_domain::challenge::ChallengeWork;
 use flashsale_domain::order::UnknownStatus;
 use flashsale_domain::ports::Take;
 use flashsale_domain::{
-    Order, OrderId, OrderStatus, ReleaseReason, Reservation, Sale, SaleId, UserId, ValidationError,
+    Order, OrderId, OrderStatus, Price, ReleaseReason, Reservation, Sale, SaleId, UserId,
+    ValidationError,
 };
 
 pub(crate) type Item = HashMap<String, AttributeValue>;
@@ -63,6 +64,21 @@ pub(crate) const EXPIRES_AT_MS: &str = "expires_at_ms";
 pub(crate) const EXPIRED_AT: &str = "expired_at";
 /// On a hold: when the cancel that released it committed.
 const CANCELLED_AT: &str = "cancelled_at";
+/// A price, on a sale, a hold or an order: its amount in minor units and its ISO 4217
+/// code, two plain attributes so that an operator reads them as they are. Both absent
+/// on what was written before sales had prices.
+const PRICE_AMOUNT: &str = "price_amount";
+const PRICE_CURRENCY: &str = "price_currency";
+
+/// A price's attributes: none for no price.
+fn price_attributes(price: Option<Price>) -> impl Iterator<Item = (String, AttributeValue)> {
+    price.into_iter().flat_map(|price| {
+        [
+            (PRICE_AMOUNT.to_owned(), n(price.amount())),
+            (PRICE_CURRENCY.to_owned(), s(price.currency().code())),
+        ]
+    })
+}
 
 /// The hold's attribute that records when a release for `reason` committed.
 pub(crate) fn settled_at_attribute(reason: ReleaseReason) -> &'static str {
@@ -406,6 +422,25 @@ impl<'a> Fields<'a> {
         })
     }
 
+    /// The price, if the item (or hold) has one: both attributes or neither, and a
+    /// price the API would accept.
+    fn price(&self) -> Result<Option<Price>, ItemError> {
+        if !self.has(PRICE_AMOUNT) && !self.has(PRICE_CURRENCY) {
+            return Ok(None);
+        }
+        let amount: i64 = self.number(PRICE_AMOUNT)?;
+        Price::new(amount, self.string(PRICE_CURRENCY)?)
+            .map(Some)
+            .map_err(|source| ItemError::Range {
+                name: self.name(if source.field == "price.amount" {
+                    PRICE_AMOUNT
+                } else {
+                    PRICE_CURRENCY
+                }),
+                source,
+            })
+    }
+
     fn status(&self) -> Result<OrderStatus, ItemError> {
         let raw = self.string(STATUS)?;
         if raw == LEGACY_PENDING_PAYMENT {
@@ -439,6 +474,7 @@ pub(crate) fn sale_item(sale: &Sale) -> Item {
     if let Some(work) = sale.challenge_work {
         item.insert(CHALLENGE_WORK.to_owned(), n(work.derivations()));
     }
+    item.extend(price_attributes(sale.price));
     item
 }
 
@@ -449,6 +485,7 @@ pub(crate) fn parse_sale(item: &Item) -> Result<Sale, ItemError> {
     Ok(Sale {
         sale_id: fields.id("sale_id", |raw| SaleId::parse(raw))?,
         name: fields.string("name")?.to_owned(),
+        price: fields.price()?,
         stock_total: fields.number("stock_total")?,
         starts_at: fields.time("starts_at")?,
         ends_at: fields.time("ends_at")?,
@@ -550,6 +587,8 @@ pub(crate) struct Hold {
     pub expires_at: DateTime<Utc>,
     /// When the release that expired it committed; set by that release only.
     pub expired_at: Option<DateTime<Utc>>,
+    /// The price the unit is sold at, as the reservation carried it.
+    pub price: Option<Price>,
 }
 
 impl Hold {
@@ -560,6 +599,7 @@ impl Hold {
             created_at: reservation.created_at,
             expires_at: reservation.expires_at,
             expired_at: None,
+            price: reservation.price,
         }
     }
 
@@ -579,6 +619,7 @@ impl Hold {
         if let Some(expired_at) = self.expired_at {
             map.insert(EXPIRED_AT.to_owned(), time(expired_at));
         }
+        map.extend(price_attributes(self.price));
         AttributeValue::M(map)
     }
 
@@ -597,6 +638,7 @@ impl Hold {
                 .has(EXPIRED_AT)
                 .then(|| fields.time(EXPIRED_AT))
                 .transpose()?,
+            price: fields.price()?,
         })
     }
 
@@ -618,6 +660,7 @@ impl Hold {
             shard: self.shard,
             created_at: self.created_at,
             expires_at: self.expires_at,
+            price: self.price,
         }
     }
 }
@@ -668,6 +711,7 @@ pub(crate) fn order_item(
         ("expires_at".to_owned(), time(reservation.expires_at)),
         ("updated_at".to_owned(), time(now)),
     ]);
+    item.extend(price_attributes(reservation.price));
     if matches!(status, OrderStatus::Cancelled | OrderStatus::Expired) {
         item.insert(TTL.to_owned(), n((now + SETTLED_RETENTION).timestamp()));
     }
@@ -691,6 +735,7 @@ mod tests {
             shard: fields.number(SHARD)?,
             created_at: fields.time("created_at")?,
             expires_at: fields.time("expires_at")?,
+            price: fields.price()?,
         };
         Ok((reservation, fields.status()?))
     }
@@ -705,6 +750,7 @@ mod tests {
             created_at: Utc.with_ymd_and_hms(2026, 1, 2, 3, 4, 5).unwrap()
                 + Duration::milliseconds(678),
             expires_at: Utc.with_ymd_and_hms(2026, 1, 2, 3, 19, 6).unwrap(),
+            price: Some(Price::new(1_299, "JPY").expect("valid")),
         }
     }
 
@@ -712,6 +758,7 @@ mod tests {
         Sale {
             sale_id: SaleId::parse("phone-1").expect("valid"),
             name: "Phone".to_owned(),
+            price: Some(Price::new(129_900, "EUR").expect("valid")),
             stock_total: 100,
             starts_at: Utc.with_ymd_and_hms(2026, 1, 2, 3, 0, 0).unwrap(),
             ends_at: Utc.with_ymd_and_hms(2026, 1, 3, 3, 0, 0).unwrap(),
@@ -737,6 +784,46 @@ mod tests {
         assert_eq!(
             parse_sale(&sale_item(&challenged)).expect("parses"),
             challenged
+        );
+    }
+
+    #[test]
+    fn a_price_is_two_plain_attributes_and_absent_on_what_came_before_prices() {
+        let item = sale_item(&sale());
+        assert_eq!(item.get(PRICE_AMOUNT), Some(&n(129_900)));
+        assert_eq!(item.get(PRICE_CURRENCY), Some(&s("EUR")));
+        let mut before = item.clone();
+        before.remove(PRICE_AMOUNT);
+        before.remove(PRICE_CURRENCY);
+        assert_eq!(parse_sale(&before).expect("parses").price, None);
+        let reservation = Reservation {
+            price: None,
+            ..reservation()
+        };
+        let AttributeValue::M(hold) = Hold::reserved(&reservation).to_value() else {
+            panic!("a hold is a map");
+        };
+        assert!(!hold.contains_key(PRICE_AMOUNT) && !hold.contains_key(PRICE_CURRENCY));
+        let name = hold_attribute(&reservation.order_id);
+        let parsed = Hold::parse(&name, &AttributeValue::M(hold)).expect("parses");
+        assert_eq!(parsed.price, None);
+    }
+
+    #[test]
+    fn a_half_or_invalid_price_is_corrupt() {
+        let mut item = sale_item(&sale());
+        item.remove(PRICE_CURRENCY);
+        assert!(
+            matches!(parse_sale(&item), Err(ItemError::Missing(name)) if name == PRICE_CURRENCY)
+        );
+        item.insert(PRICE_CURRENCY.to_owned(), s("XAU"));
+        assert!(
+            matches!(parse_sale(&item), Err(ItemError::Range { name, .. }) if name == PRICE_CURRENCY)
+        );
+        item.insert(PRICE_CURRENCY.to_owned(), s("EUR"));
+        item.insert(PRICE_AMOUNT.to_owned(), n(0));
+        assert!(
+            matches!(parse_sale(&item), Err(ItemError::Range { name, .. }) if name == PRICE_AMOUNT)
         );
     }
 

@@ -343,6 +343,8 @@ impl DynamoStore {
             created_at: take.taken_at,
             expires_at: take.taken_at,
             expired_at: Some(now),
+            // Nothing was sold: the void records no price.
+            price: None,
         };
         // The user item's index keys, which a buyer who never held anything lacks: without
         // them `count` (which reads the holds through gsi1) would miss the voided order.

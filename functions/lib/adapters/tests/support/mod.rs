@@ -14,7 +14,7 @@ use aws_sdk_dynamodb::types::{
 use chrono::{Duration, Utc};
 use flashsale_adapters::DynamoStore;
 use flashsale_domain::ports::ShardTakers;
-use flashsale_domain::{OrderId, Reservation, Sale, SaleId, UserId};
+use flashsale_domain::{OrderId, Price, Reservation, Sale, SaleId, UserId};
 
 use self::conflicts::{ConflictInjector, Pattern, Target};
 use self::old_items::OldItems;
@@ -190,6 +190,7 @@ pub fn sale(stock: u32, shards: u16, per_user_limit: u32) -> Sale {
     Sale {
         sale_id: SaleId::generate(),
         name: "Test sale".to_owned(),
+        price: Some(Price::new(2_500, "EUR").expect("a valid price")),
         stock_total: stock,
         starts_at: now - Duration::minutes(1),
         ends_at: now + Duration::hours(1),
@@ -224,5 +225,6 @@ pub fn reservation(sale: &Sale, user: &UserId, shard: u16) -> Reservation {
         shard,
         created_at: now,
         expires_at: sale.payment_deadline(now),
+        price: sale.price,
     }
 }

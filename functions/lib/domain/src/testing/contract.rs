@@ -55,6 +55,7 @@ macro_rules! contract_tests {
             releasing_an_unknown_reservation_is_unknown_and_takes_nothing,
             pay_and_release_of_one_order_have_exactly_one_winner,
             pay_is_idempotent_inside_the_window_and_window_closed_at_its_end,
+            an_order_keeps_the_price_it_was_reserved_at_until_it_settles,
             another_users_order_is_not_found_at_any_stage,
             counts_and_open_holds_agree_with_what_was_done,
             every_take_of_a_held_order_is_accounted_for,
@@ -117,6 +118,7 @@ fn reservation(sale: &Sale, user_name: &str, shard: u16) -> Reservation {
         shard,
         created_at: now,
         expires_at: sale.payment_deadline(now),
+        price: sale.price,
     }
 }
 
@@ -677,6 +679,46 @@ pub async fn pay_and_release_of_one_order_have_exactly_one_winner<S: Store>(stor
     assert_eq!(counts.reserved, 0);
     assert_eq!(counts.available, expired);
     assert_reconciles(&sale, &counts);
+}
+
+/// The order is sold at the price its reservation carried: the sale is stored with its
+/// price, and the hold keeps the reservation's through every read and settlement (the
+/// order's own, not a later read of the sale). A reservation without one (made before
+/// prices) stays without.
+pub async fn an_order_keeps_the_price_it_was_reserved_at_until_it_settles<S: Store>(store: &S) {
+    let sale = sale(4, 1).priced(1_299, "JPY").build();
+    created(store, &sale).await;
+    let price = sale.price.expect("a priced sale");
+    assert_eq!(
+        store
+            .find_sale(&sale.sale_id)
+            .await
+            .expect("find")
+            .and_then(|found| found.price),
+        Some(price)
+    );
+    let paid = reserved(store, &sale, "alice", 0).await;
+    let cancelled = reserved(store, &sale, "bob", 0).await;
+    let open = reserved(store, &sale, "carol", 0).await;
+    let now = during(&sale);
+    assert_eq!(store.pay(&paid, now).await.expect("pay"), PayOutcome::Paid);
+    release(store, &cancelled, ReleaseReason::Cancelled).await;
+    for held in [&paid, &cancelled, &open] {
+        let (order, found) = found_by_owner(store, held).await;
+        assert_eq!(order.price, Some(price), "{:?}", order.status);
+        assert_eq!(found.price, Some(price));
+    }
+    assert_eq!(
+        store.open_holds(&sale).await.expect("open holds"),
+        vec![open.clone()],
+        "the open hold lists with its price"
+    );
+    let unpriced = Reservation {
+        price: None,
+        ..reservation(&sale, "dave", 0)
+    };
+    reserve(store, &sale, &unpriced).await.expect("a unit left");
+    assert_eq!(found_by_owner(store, &unpriced).await.0.price, None);
 }
 
 /// `OrderBook::pay`: the window is `[created, expires)`; paying twice answers `Paid`

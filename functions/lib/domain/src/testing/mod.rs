@@ -20,19 +20,24 @@ use crate::ports::{
     ReserveRefusal, SaleCatalog, Settlement, ShardState, ShardTakers, StockLedger, Take,
     TakeReturn,
 };
-use crate::sale::{MAX_ABANDONED_HOLDS, Sale, SaleDraft, StockCounts};
+use crate::sale::{MAX_ABANDONED_HOLDS, PriceDraft, Sale, SaleDraft, StockCounts};
 
 /// A sale for a test, in place of a `SaleDraft` literal in each: `stock` units on
-/// `shards` shards of the sale `phone-launch` ("Phone launch"), an hour long from
-/// 2026-01-01 00:00 UTC, a 900 s payment window and the default per-user limit. A test
-/// changes what it is about, then takes the [`SaleBuilder::draft`] for the use case or
-/// the validated [`SaleBuilder::build`] for a store.
+/// `shards` shards of the sale `phone-launch` ("Phone launch") at 1,299.00 EUR, an
+/// hour long from 2026-01-01 00:00 UTC, a 900 s payment window and the default
+/// per-user limit. A test changes what it is about, then takes the
+/// [`SaleBuilder::draft`] for the use case or the validated [`SaleBuilder::build`] for
+/// a store.
 pub fn sale(stock: i64, shards: i64) -> SaleBuilder {
     let starts_at = DateTime::from_timestamp(1_767_225_600, 0).expect("2026-01-01 is a valid time");
     SaleBuilder {
         draft: SaleDraft {
             sale_id: Some("phone-launch".to_owned()),
             name: "Phone launch".to_owned(),
+            price: PriceDraft {
+                amount: 129_900,
+                currency: "EUR".to_owned(),
+            },
             stock,
             starts_at,
             ends_at: starts_at + Duration::hours(1),
@@ -53,6 +58,15 @@ pub struct SaleBuilder {
 impl SaleBuilder {
     pub fn id(mut self, sale_id: &str) -> Self {
         self.draft.sale_id = Some(sale_id.to_owned());
+        self
+    }
+
+    /// At `amount` minor units of `currency`.
+    pub fn priced(mut self, amount: i64, currency: &str) -> Self {
+        self.draft.price = PriceDraft {
+            amount,
+            currency: currency.to_owned(),
+        };
         self
     }
 
