@@ -18,7 +18,7 @@ async fn post(url: &str, token: Option<&str>, body: Value) -> (StatusCode, Value
 }
 
 fn sale() -> Value {
-    json!({"name": "x", "stock": 1, "starts_at": "2020-01-01T00:00:00Z", "ends_at": "2099-01-01T00:00:00Z"})
+    json!({"name": "x", "price": {"amount": 100, "currency": "EUR"}, "stock": 1, "starts_at": "2020-01-01T00:00:00Z", "ends_at": "2099-01-01T00:00:00Z"})
 }
 
 #[tokio::test]

@@ -18,6 +18,7 @@ async fn grabs_move_the_local_metrics_counters_by_exactly_their_outcomes() {
         .json(&json!({
             "sale_id": sale_id,
             "name": "metrics",
+            "price": {"amount": 100, "currency": "EUR"},
             "stock": 2,
             "shards": 1,
             "starts_at": (now - Duration::seconds(5)).to_rfc3339(),
