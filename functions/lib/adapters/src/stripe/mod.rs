@@ -6,6 +6,12 @@
 //! stack of its own; the few calls are form-encoded requests with JSON answers. Every
 //! write carries an `Idempotency-Key` derived from the order or the payment, so a retry
 //! after an answer lost in transit is the same request to Stripe.
+//!
+//! Why not async-stripe: measured side by side on the api bootstrap (x86_64, the
+//! release profile, these five calls linked in), async-stripe 1.0.0-rc.10 made it
+//! 13.66 MB against 7.99 MB here (7.73 MB without Stripe), and its generated crates
+//! took 67 s of compile against 0.3 s for what this adapter adds. It also could not
+//! read localstripe's PaymentIntents, which the tests run against.
 
 use std::sync::Arc;
 use std::time::Duration;
