@@ -973,7 +973,8 @@ async fn outage_run(
     harness
         .active_sale(&sale_id, OUTAGE_STOCK, OUTAGE_SHARDS, OUTAGE_WINDOW_SECS)
         .await;
-    // Every buyer's grab path first: the drill is about the grab route.
+    // Every buyer's grab path first, fetched as the page does (a busy answer from a
+    // slow first wave is retried): the drill is about the grab route.
     let per_worker =
         ((OUTAGE_LEAD + OUTAGE + OUTAGE_TAIL).as_millis() / OUTAGE_PACE.as_millis()) as usize + 1;
     let paths: Vec<Vec<(String, String)>> =
@@ -985,7 +986,7 @@ async fn outage_run(
                     let token = harness.user(&format!("{sale_id}-w{worker}-{n}"));
                     let pass = harness
                         .api
-                        .grab_pass(&token, sale_id)
+                        .grab_pass_retrying(&token, sale_id)
                         .await
                         .expect("token answers");
                     assert_eq!(pass.status, StatusCode::OK, "{name}: {}", pass.body);

@@ -238,13 +238,23 @@ impl ApiClient {
         self.send(Method::POST, &path, Some(user), None).await
     }
 
+    /// A grab path as a buyer's page fetches one: a throttled (429) or busy (503) answer
+    /// is retried after a jittered pause (a grab path is safe to ask for again).
+    pub async fn grab_pass_retrying(
+        &self,
+        user: &str,
+        sale_id: &str,
+    ) -> Result<ApiResponse, ClientError> {
+        self.retrying(|_| self.grab_pass(user, sale_id)).await
+    }
+
     /// Fetches a grab path and grabs through it, as a buyer's page does: a throttled
     /// (429) or busy (503) answer is retried after a jittered pause, on the same path,
     /// which names one order, so a retry can never buy a second unit. Retries carry
     /// `X-Retry-Attempt`, so one whose first answer was lost gets its order back even
     /// after the sale sold out.
     pub async fn grab(&self, user: &str, sale_id: &str) -> Result<ApiResponse, ClientError> {
-        let pass = self.retrying(|_| self.grab_pass(user, sale_id)).await?;
+        let pass = self.grab_pass_retrying(user, sale_id).await?;
         let Some(grab_path) = pass.str_field("grab_path") else {
             return Ok(pass);
         };
