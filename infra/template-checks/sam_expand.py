@@ -16,7 +16,15 @@ to the translator as `sam local` hands them over: SAM resolves some parameters i
 (a CorsConfiguration's origins, for one), so an override must reach it, not only the
 stack that evaluates the rest.
 
-Usage: python sam_expand.py template.yaml [Name=Value ...]   (AWS_DEFAULT_REGION must be set)
+Most parameters SAM leaves as `Ref`s, for CloudFormation to resolve. Which ones it reads
+itself is found by probing: `--probe Name=Value` expands the template once with Name at a
+probe value beside the others and compares; the answer lists the probed names that
+changed the expansion ("sam_parameters"), and only those overrides are applied. A caller
+that remembers the answer passes the rest straight to its own evaluation, and expands
+once for every override set that differs only in parameters SAM does not read.
+
+Usage: python sam_expand.py template.yaml [--probe Name=Value ...] [Name=Value ...]
+(AWS_DEFAULT_REGION must be set)
 """
 
 import copy
@@ -35,7 +43,11 @@ class NoManagedPolicies:
         return {}
 
 
-def main(path, overrides):
+# A value no parameter has by default, so that a parameter SAM reads changes the output.
+PROBE_VALUE = "flashsale-sam-probe"
+
+
+def main(path, overrides, probes):
     with open(path, encoding="utf-8") as handle:
         raw = yaml_parse(handle.read())
     deployable = copy.deepcopy(raw)
@@ -44,22 +56,51 @@ def main(path, overrides):
             code_uri = resource.get("Properties", {}).get("CodeUri")
             if isinstance(code_uri, str) and not code_uri.startswith("s3://"):
                 resource["Properties"]["CodeUri"] = "s3://placeholder-bucket/placeholder-key"
-    expanded = transform(deployable, overrides, NoManagedPolicies())
-    json.dump({"raw": raw, "expanded": expanded}, sys.stdout, indent=1, sort_keys=True)
+
+    def expand(values):
+        return transform(copy.deepcopy(deployable), values, NoManagedPolicies())
+
+    sam_parameters = []
+    if probes:
+        # Each probe against the same expansion, so one parameter's answer is its own.
+        unprobed = json.dumps(expand(overrides), sort_keys=True)
+        for name in probes:
+            probed = json.dumps(expand({**overrides, name: PROBE_VALUE}), sort_keys=True)
+            if probed != unprobed:
+                sam_parameters.append(name)
+    expanded = expand({**overrides, **{name: probes[name] for name in sam_parameters}})
+    json.dump(
+        {"raw": raw, "expanded": expanded, "sam_parameters": sam_parameters},
+        sys.stdout,
+        indent=1,
+        sort_keys=True,
+    )
     sys.stdout.write("\n")
 
 
-def parameter_overrides(arguments):
-    overrides = {}
-    for argument in arguments:
-        name, equals, value = argument.partition("=")
-        if not equals or not name:
-            sys.exit(f"sam_expand.py: parameter override {argument!r} is not Name=Value")
-        overrides[name] = value
-    return overrides
+def name_value(argument):
+    name, equals, value = argument.partition("=")
+    if not equals or not name:
+        sys.exit(f"sam_expand.py: parameter override {argument!r} is not Name=Value")
+    return name, value
+
+
+def arguments(rest):
+    overrides, probes = {}, {}
+    while rest:
+        argument = rest.pop(0)
+        if argument == "--probe":
+            if not rest:
+                sys.exit("sam_expand.py: --probe needs a Name=Value")
+            name, value = name_value(rest.pop(0))
+            probes[name] = value
+        else:
+            name, value = name_value(argument)
+            overrides[name] = value
+    return overrides, probes
 
 
 if __name__ == "__main__":
     if len(sys.argv) < 2:
-        sys.exit("usage: sam_expand.py TEMPLATE [Name=Value ...]")
-    main(sys.argv[1], parameter_overrides(sys.argv[2:]))
+        sys.exit("usage: sam_expand.py TEMPLATE [--probe Name=Value ...] [Name=Value ...]")
+    main(sys.argv[1], *arguments(sys.argv[2:]))

@@ -177,22 +177,24 @@ fn sub_variables(text: &str, locals: &BTreeSet<String>, found: &mut BTreeSet<Str
     }
 }
 
-/// sam_expand.py's output for `template`, kept under the temp dir by a digest of what
-/// decides it: the template, the overrides, the script and the translator's version.
-/// cargo-nextest runs each test in a process of its own, and each one (and each start
-/// of the local stack) would otherwise spend a Python start and a SAM transform on the
-/// same template.
+/// sam_expand.py's output for `template` with `overrides`, kept under the temp dir by a
+/// digest of what decides it: the template, the script, the translator's version, and
+/// the overrides of the parameters SAM reads itself. cargo-nextest runs each test in a
+/// process of its own, and each one (and each start of the local stack) would otherwise
+/// spend a Python start and a SAM transform on the same template.
+///
+/// Which parameters SAM reads is learned as overrides name them (sam_expand.py's
+/// `--probe`) and kept beside the expansions: an override of any other parameter cannot
+/// change the expansion (SAM leaves its `Ref`s to CloudFormation), so override sets that
+/// differ only in those share one expansion, and need no Python once it is cached.
 fn expansion(template: &Path, overrides: &BTreeMap<String, String>) -> Result<Vec<u8>, CheckError> {
     use sha2::{Digest, Sha256};
 
     let python = workspace::venv_python();
     let script = workspace::root().join("infra/template-checks/sam_expand.py");
-    let arguments: Vec<String> = overrides
-        .iter()
-        .map(|(name, value)| format!("{name}={value}"))
-        .collect();
+    let dir = std::env::temp_dir().join("flashsale-sam-expansions");
     // Without the translator there is nothing to key on; the run below says what is missing.
-    let cache = translator_version_file(&python)
+    let template_key = translator_version_file(&python)
         .map(|translator| -> Result<_, CheckError> {
             let mut key = Sha256::new();
             for input in [template, &script, &translator] {
@@ -203,23 +205,56 @@ fn expansion(template: &Path, overrides: &BTreeMap<String, String>) -> Result<Ve
                 key.update((bytes.len() as u64).to_le_bytes());
                 key.update(bytes);
             }
-            for argument in &arguments {
-                key.update((argument.len() as u64).to_le_bytes());
-                key.update(argument.as_bytes());
-            }
-            Ok(std::env::temp_dir()
-                .join("flashsale-sam-expansions")
-                .join(format!("{:x}.json", key.finalize())))
+            Ok(format!("{:x}", key.finalize()))
         })
         .transpose()?;
-    if let Some(cached) = cache.as_ref().and_then(|cache| std::fs::read(cache).ok()) {
+    let learned_path = template_key
+        .as_ref()
+        .map(|key| dir.join(format!("{key}.sam-parameters.json")));
+    let mut learned: BTreeMap<String, bool> = learned_path
+        .as_ref()
+        .and_then(|path| std::fs::read(path).ok())
+        .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+        .unwrap_or_default();
+    let name_value = |(name, value): (&String, &String)| format!("{name}={value}");
+    // Sorted as strings, the one order both paths below key the cache by.
+    let mut read_by_sam: Vec<String> = overrides
+        .iter()
+        .filter(|(name, _)| learned.get(*name) == Some(&true))
+        .map(name_value)
+        .collect();
+    read_by_sam.sort();
+    let unprobed: Vec<String> = overrides
+        .iter()
+        .filter(|(name, _)| !learned.contains_key(*name))
+        .map(name_value)
+        .collect();
+    let cache_of = |applied: &[String]| {
+        template_key.as_ref().map(|key| {
+            let mut digest = Sha256::new();
+            for argument in applied {
+                digest.update((argument.len() as u64).to_le_bytes());
+                digest.update(argument.as_bytes());
+            }
+            dir.join(format!("{key}-{:x}.json", digest.finalize()))
+        })
+    };
+    if unprobed.is_empty()
+        && let Some(cached) = cache_of(&read_by_sam).and_then(|cache| std::fs::read(cache).ok())
+    {
         return Ok(cached);
     }
+
     let program = python.display().to_string();
     let output = Command::new(&python)
         .arg(&script)
         .arg(template)
-        .args(&arguments)
+        .args(&read_by_sam)
+        .args(
+            unprobed
+                .iter()
+                .flat_map(|argument| ["--probe", argument.as_str()]),
+        )
         .env("AWS_DEFAULT_REGION", "us-east-1")
         .env("SAM_CLI_TELEMETRY", "0")
         .output()
@@ -234,18 +269,54 @@ fn expansion(template: &Path, overrides: &BTreeMap<String, String>) -> Result<Ve
             stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
         });
     }
-    // Best effort: a cache that cannot be written only costs the next process a transform.
-    // Written under a name of this process's, then renamed, so no reader sees half of it.
-    if let Some(cache) = cache
-        && let Some(dir) = cache.parent()
-        && std::fs::create_dir_all(dir).is_ok()
-    {
-        let partial = cache.with_extension(format!("{}.partial", std::process::id()));
-        if std::fs::write(&partial, &output.stdout).is_ok() {
-            let _ = std::fs::rename(&partial, &cache);
+    let mut applied = read_by_sam;
+    if !unprobed.is_empty() {
+        let answer: serde_json::Value =
+            serde_json::from_slice(&output.stdout).map_err(|source| CheckError::Json {
+                what: "sam_expand.py output".to_owned(),
+                source,
+            })?;
+        let read: BTreeSet<&str> = answer["sam_parameters"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(serde_json::Value::as_str)
+            .collect();
+        for (name, value) in overrides
+            .iter()
+            .filter(|(name, _)| !learned.contains_key(*name))
+        {
+            if read.contains(name.as_str()) {
+                applied.push(format!("{name}={value}"));
+            }
+        }
+        for argument in &unprobed {
+            let name = argument
+                .split_once('=')
+                .map_or(argument.as_str(), |(name, _)| name);
+            learned.insert(name.to_owned(), read.contains(name));
+        }
+        applied.sort();
+        if let Some(path) = &learned_path {
+            let text = serde_json::to_vec(&learned).expect("a map of strings serializes");
+            write_atomically(&dir, path, &text);
         }
     }
+    if let Some(cache) = cache_of(&applied) {
+        write_atomically(&dir, &cache, &output.stdout);
+    }
     Ok(output.stdout)
+}
+
+/// Best effort: a cache that cannot be written only costs the next process a transform.
+/// Written under a name of this process's, then renamed, so no reader sees half of it.
+fn write_atomically(dir: &Path, path: &Path, bytes: &[u8]) {
+    if std::fs::create_dir_all(dir).is_ok() {
+        let partial = path.with_extension(format!("{}.partial", std::process::id()));
+        if std::fs::write(&partial, bytes).is_ok() {
+            let _ = std::fs::rename(&partial, path);
+        }
+    }
 }
 
 /// The translator's `__init__.py`, which holds its `__version__`, in the venv `python`
@@ -263,6 +334,51 @@ fn translator_version_file(python: &Path) -> Option<std::path::PathBuf> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// Needs the tools venv's aws-sam-translator, as every test of this crate does.
+    #[test]
+    fn only_the_overrides_sam_reads_reach_it_and_which_those_are_is_remembered() {
+        let template = workspace::root().join("template.yaml");
+        let overrides = BTreeMap::from([
+            (
+                "SalePageOrigin".to_owned(),
+                "https://shop.example".to_owned(),
+            ),
+            ("GrabThrottleRateLimit".to_owned(), "7".to_owned()),
+        ]);
+        let stack = Stack::load_with(&template, &overrides).expect("expands");
+        let body = &stack.expanded["Resources"]["HttpApi"]["Properties"]["Body"];
+        assert_eq!(
+            body["x-amazon-apigateway-cors"]["allowOrigins"],
+            json!(["https://shop.example"]),
+            "SAM resolves the CORS origins itself, so the override reached it"
+        );
+        assert_eq!(
+            stack.expanded["Resources"]["HttpApiStage"]["Properties"]["RouteSettings"]["POST /sales/{sale_id}/grab/{token}"]
+                ["ThrottlingRateLimit"],
+            json!({"Ref": "GrabThrottleRateLimit"}),
+            "SAM leaves the throttle to CloudFormation: the evaluation applies it"
+        );
+
+        let learned = std::fs::read_dir(std::env::temp_dir().join("flashsale-sam-expansions"))
+            .expect("the cache exists")
+            .flatten()
+            .filter(|entry| {
+                entry
+                    .file_name()
+                    .to_string_lossy()
+                    .ends_with(".sam-parameters.json")
+            })
+            .filter_map(|entry| std::fs::read(entry.path()).ok())
+            .filter_map(|bytes| serde_json::from_slice::<BTreeMap<String, bool>>(&bytes).ok())
+            .find(|learned| learned.contains_key("GrabThrottleRateLimit"))
+            .expect("what was learned is kept");
+        assert_eq!(learned.get("SalePageOrigin"), Some(&true));
+        assert_eq!(learned.get("GrabThrottleRateLimit"), Some(&false));
+
+        let again = Stack::load_with(&template, &overrides).expect("expands");
+        assert_eq!(again.expanded, stack.expanded);
+    }
 
     #[test]
     fn references_cover_ref_getatt_and_sub_but_not_pseudo_parameters_or_sub_locals() {
