@@ -137,6 +137,17 @@ impl Harness {
     }
 
     /// Transaction conflicts the proxy answered, by operation (none without one).
+    /// The stack's DynamoDB requests of one operation so far (`UpdateItem`, say), as the
+    /// pass-through saw them (needs [`Harness::start_counted`] or
+    /// [`Harness::start_contended`]).
+    pub fn dynamodb_requests_of(&self, operation: &str) -> u64 {
+        self.dynamodb_proxy
+            .as_ref()
+            .expect("a stack started with its DynamoDB calls counted")
+            .counts()
+            .of(&format!("DynamoDB_20120810.{operation}"))
+    }
+
     pub fn conflicts_answered(&self) -> std::collections::BTreeMap<String, u64> {
         self.dynamodb_proxy
             .as_ref()

@@ -298,14 +298,16 @@ async fn unknown_sales_are_404_on_every_route() {
         "sale_not_found",
     )
     .await;
+    // A grab path is only ever issued for a sale that exists: one on an unknown sale is
+    // forged, refused on its signature before any lookup.
     assert_refused_without_writing(
         &harness,
         Method::POST,
         "/sales/no-such-sale/grab/123.abc",
         Some(&alice),
         None,
-        StatusCode::NOT_FOUND,
-        "sale_not_found",
+        StatusCode::FORBIDDEN,
+        "invalid_token",
     )
     .await;
     let admin = harness.admin.clone();

@@ -3,8 +3,9 @@
 //! DynamoDB Local (never moto, which loses updates under concurrent transactions), every
 //! surge behind the proxy's conflict mode: a transaction holds its items for its round
 //! trip plus a commit time, and whatever else touches them meets `TransactionConflict`,
-//! as on AWS. The grab's takes are plain writes, so they meet it only where a
-//! transaction (the order consumer's, a release's) holds the same item.
+//! as on AWS. The grab's reserve is a transaction until its shard conflicts, then plain
+//! writes there for a while (which meet a conflict only where a transaction holds the
+//! same item); one surge runs with no conflicts, all transactions.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -115,6 +116,21 @@ async fn a_surge_on_eight_shards_sells_exactly_the_stock() {
     let harness = Harness::start_contended("eight-shards", &LOCAL_THROTTLES, COMMIT_TIME).await;
     let report = surge_on(&harness, "surge-k8", 8, BUYERS, ATTEMPTS).await;
     assert_sold_exactly_the_stock(&harness, "surge-k8", 8, &report).await;
+}
+
+/// With no conflicts (a table whose shards never cancel a transaction), every reserve is
+/// the brief's one transaction: the sale is sold exactly as under contention, and no
+/// plain write touches a shard or a hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_surge_without_conflicts_sells_exactly_the_stock_in_transactions_alone() {
+    let harness = Harness::start_counted("no-conflicts", &LOCAL_THROTTLES).await;
+    let report = surge_on(&harness, "surge-quiet", 8, BUYERS, ATTEMPTS).await;
+    assert_sold_exactly_the_stock(&harness, "surge-quiet", 8, &report).await;
+    assert_eq!(harness.dynamodb_requests_of("UpdateItem"), 0, "{report}");
+    assert!(
+        harness.dynamodb_requests_of("TransactWriteItems") >= u64::from(STOCK),
+        "{report}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

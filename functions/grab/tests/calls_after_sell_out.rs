@@ -241,8 +241,19 @@ impl Stack {
 
     /// A grab through `token`; `retry` > 0 marks it `X-Retry-Attempt: retry`.
     async fn grab(&self, user: &str, token: &str, retry: u32) -> Response<Body> {
+        self.grab_on(&self.sale_id, user, token, retry).await
+    }
+
+    /// A grab through `token` on the path of `sale_id`, which may be any.
+    async fn grab_on(
+        &self,
+        sale_id: &SaleId,
+        user: &str,
+        token: &str,
+        retry: u32,
+    ) -> Response<Body> {
         let mut request = ApiEvent::fixture("grab.json")
-            .path_param("sale_id", self.sale_id.as_str())
+            .path_param("sale_id", sale_id.as_str())
             .path_param("token", token)
             .user(user)
             .into_request();
@@ -311,6 +322,64 @@ async fn after_sell_out_first_attempts_send_no_request_and_a_marked_retry_one_re
         stack.counter.take(),
         counts(&[("DynamoDB_20120810.GetItem", 1)])
     );
+}
+
+#[tokio::test]
+async fn junk_grab_paths_cost_no_request_at_all() {
+    let stack = Stack::start(10, 2).await;
+    let alices = stack.grab_token("buyer-alice").await;
+    stack.counter.take();
+    let forged = |n: usize| format!("{}{n}", "A".repeat(40));
+    for n in 0..20 {
+        // A random sale id, and a path of random characters.
+        let answer = stack
+            .grab_on(&SaleId::generate(), "buyer-mallory", &forged(n), 0)
+            .await;
+        assert_eq!(error_code(&answer), "invalid_token", "{n}");
+        // The real sale, with a forged path, marked as a retry or not.
+        let answer = stack.grab("buyer-mallory", &forged(n), n as u32 % 2).await;
+        assert_eq!(error_code(&answer), "invalid_token", "{n}");
+        // A real path, sent by someone else or for another sale.
+        let answer = stack.grab("buyer-mallory", &alices, 0).await;
+        assert_eq!(error_code(&answer), "invalid_token", "{n}");
+        let answer = stack
+            .grab_on(&SaleId::generate(), "buyer-alice", &alices, 0)
+            .await;
+        assert_eq!(error_code(&answer), "invalid_token", "{n}");
+    }
+    assert_eq!(stack.counter.take(), Counts::new(), "80 junk grabs");
+}
+
+#[tokio::test]
+async fn a_quiet_grab_writes_exactly_the_brief_s_one_transaction() {
+    let stack = Stack::start(10, 2).await;
+    for buyer in 0..5 {
+        let user = format!("quiet-{buyer}");
+        let token = stack.grab_token(&user).await;
+        stack.counter.take();
+        assert_eq!(stack.grab(&user, &token, 0).await.status(), 202);
+        let sent = stack.counter.take();
+        let writes: Counts = sent
+            .iter()
+            .filter(|(target, _)| {
+                [
+                    "TransactWriteItems",
+                    "UpdateItem",
+                    "PutItem",
+                    "DeleteItem",
+                    "BatchWriteItem",
+                ]
+                .iter()
+                .any(|write| target.ends_with(&format!(".{write}")))
+            })
+            .map(|(target, n)| (target.clone(), *n))
+            .collect();
+        assert_eq!(
+            writes,
+            counts(&[("DynamoDB_20120810.TransactWriteItems", 1)]),
+            "grab {buyer}: every request it sent was {sent:?}"
+        );
+    }
 }
 
 #[tokio::test]

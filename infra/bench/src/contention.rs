@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use flashsale_adapters::DynamoStore;
+use flashsale_adapters::{DynamoStore, ReserveMode};
 use flashsale_domain::ports::{ReserveRefusal, SaleCatalog, StockLedger};
 use flashsale_domain::{OrderId, Reservation, Sale, SaleId, StoreError, UserId, ValidationError};
 use flashsale_load::client::{ClientError, expect_status};
@@ -228,6 +228,12 @@ pub struct ContentionRun {
     pub order: RunOrder,
     pub gateway: GatewaySurge,
     pub textbook: RawRun,
+    /// The textbook client's buyers and retry, on a sale of the same size, reserving
+    /// with the grab's reserve of issue 14 (always take then hold)...
+    pub take_then_hold: RawRun,
+    /// ...and with the grab's reserve as deployed (the transaction, take-then-hold on a
+    /// shard for a while after a conflict there).
+    pub adaptive: RawRun,
 }
 
 impl ContentionRun {
@@ -393,8 +399,11 @@ pub struct ShardPoint {
     pub commit_time_ms: u64,
     /// Reserving in one transaction on the shard and the buyer's item.
     pub run: RawRun,
-    /// The same, with the grab's reserve: a plain take on the shard, then the hold.
+    /// The same, always a plain take on the shard, then the hold (issue 14's reserve).
     pub plain: RawRun,
+    /// The same, with the grab's reserve as deployed (the transaction, plain writes on
+    /// the shard for a while after a conflict).
+    pub adaptive: RawRun,
 }
 
 impl ShardPoint {
@@ -438,6 +447,8 @@ impl Drop for ConflictsOn<'_> {
 /// The raw client's view of the stack: the grab's store on the DynamoDB proxy.
 struct RawTarget {
     store: Arc<DynamoStore>,
+    client: aws_sdk_dynamodb::Client,
+    table: String,
 }
 
 impl RawTarget {
@@ -467,7 +478,19 @@ impl RawTarget {
         };
         let counted = aws_sdk_dynamodb::Client::new(&sdk(stack.dynamodb.url()).await);
         Ok(Self {
-            store: Arc::new(DynamoStore::new(counted, (*table).clone())),
+            store: Arc::new(DynamoStore::new(counted.clone(), (*table).clone())),
+            client: counted,
+            table: (*table).clone(),
+        })
+    }
+
+    /// A store for one raw run reserving as `reserve` says: a new one, so an adaptive
+    /// run starts with no shard known hot, as a new container does.
+    fn store_for(&self, reserve: RawReserve) -> Arc<DynamoStore> {
+        let store = DynamoStore::new(self.client.clone(), self.table.clone());
+        Arc::new(match reserve {
+            RawReserve::OneTransaction | RawReserve::Adaptive => store,
+            RawReserve::TakeThenHold => store.with_reserve_mode(ReserveMode::TakeThenHold),
         })
     }
 
@@ -529,6 +552,11 @@ pub async fn contention(
                     (gateway, textbook)
                 }
             };
+            let take_then_hold =
+                same_client_run(session, &raw, stack, sizes, &tag, RawReserve::TakeThenHold)
+                    .await?;
+            let adaptive =
+                same_client_run(session, &raw, stack, sizes, &tag, RawReserve::Adaptive).await?;
             drop(conflicts);
             runs.push(ContentionRun {
                 commit_time_ms,
@@ -536,6 +564,8 @@ pub async fn contention(
                 order,
                 gateway,
                 textbook,
+                take_then_hold,
+                adaptive,
             });
         }
     }
@@ -560,10 +590,23 @@ pub async fn contention(
             stack,
             sizes,
             commit_time_ms,
-            RawReserve::PlainWrites,
+            RawReserve::TakeThenHold,
         )
         .await?;
-        for (how, run) in [("in one transaction", &run), ("with plain writes", &plain)] {
+        let adaptive = shard_run(
+            session,
+            &raw,
+            stack,
+            sizes,
+            commit_time_ms,
+            RawReserve::Adaptive,
+        )
+        .await?;
+        for (how, run) in [
+            ("in one transaction", &run),
+            ("with plain writes", &plain),
+            ("adaptive", &adaptive),
+        ] {
             if let Some(round_trip) = run.committed_round_trip {
                 eprintln!(
                     "bench: 7. one shard at {commit_time_ms} ms, {how}: {:.1} reservations/s, mean committed round trip {:.2} ms",
@@ -576,6 +619,7 @@ pub async fn contention(
             commit_time_ms,
             run,
             plain,
+            adaptive,
         });
     }
     eprintln!(
@@ -608,9 +652,27 @@ async fn textbook_run(
     sizes: &ContentionSizes,
     tag: &str,
 ) -> Result<RawRun, ContentionError> {
+    same_client_run(session, raw, stack, sizes, tag, RawReserve::OneTransaction).await
+}
+
+/// The textbook client's buyers, on a new sale of the surge's size, reserving as
+/// `reserve` says: the reserve's paths side by side, under the same client.
+async fn same_client_run(
+    session: &Session,
+    raw: &RawTarget,
+    stack: &BenchStack,
+    sizes: &ContentionSizes,
+    tag: &str,
+    reserve: RawReserve,
+) -> Result<RawRun, ContentionError> {
+    let name = match reserve {
+        RawReserve::OneTransaction => "textbook",
+        RawReserve::TakeThenHold => "takethenhold",
+        RawReserve::Adaptive => "adaptive",
+    };
     let sale_id = session
         .create_sale_on_shards(
-            &format!("textbook{tag}"),
+            &format!("{name}{tag}"),
             sizes.stock,
             PAYMENT_WINDOW_SECS,
             Some(sizes.shards),
@@ -625,8 +687,8 @@ async fn textbook_run(
             workers: sizes.concurrency,
             max_buyers: sizes.buyers,
             target: sizes.stock as usize,
-            tag: format!("textbook{tag}-{}", session.run),
-            reserve: RawReserve::OneTransaction,
+            tag: format!("{name}{tag}-{}", session.run),
+            reserve,
             quiet: sizes.quiet,
         },
     )
@@ -902,10 +964,24 @@ struct RawPlan {
 /// How a raw buyer reserves on a shard.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum RawReserve {
-    /// One transaction on the shard and the buyer's item: the textbook client.
+    /// One transaction on the shard and the buyer's item, tried again on a conflict:
+    /// the textbook client.
     OneTransaction,
-    /// The grab's own reserve: a plain conditional take, then the hold.
-    PlainWrites,
+    /// Always a plain conditional take, then the hold: the grab's reserve of issue 14.
+    TakeThenHold,
+    /// The grab's reserve (`DynamoStore::reserve` as deployed): the transaction, and
+    /// take-then-hold on a shard for a while after a conflict there.
+    Adaptive,
+}
+
+impl RawReserve {
+    fn tag(self) -> &'static str {
+        match self {
+            Self::OneTransaction => "shard",
+            Self::TakeThenHold => "plain",
+            Self::Adaptive => "adaptive",
+        }
+    }
 }
 
 /// What one raw buyer got.
@@ -926,10 +1002,7 @@ async fn shard_run(
     commit_time_ms: u64,
     reserve: RawReserve,
 ) -> Result<RawRun, ContentionError> {
-    let name = match reserve {
-        RawReserve::OneTransaction => format!("shard{commit_time_ms}"),
-        RawReserve::PlainWrites => format!("plain{commit_time_ms}"),
-    };
+    let name = format!("{}{commit_time_ms}", reserve.tag());
     let conflicts = ConflictsOn::new(&stack.dynamodb, commit_time_ms);
     let sale_id = session
         .create_sale_on_shards(&name, sizes.curve_stock, PAYMENT_WINDOW_SECS, Some(1))
@@ -1025,7 +1098,9 @@ async fn textbook_buyer(
                         .reserve_in_one_transaction(sale, shard, &reservation)
                         .await
                 }
-                RawReserve::PlainWrites => store.reserve(sale, shard, &reservation).await,
+                RawReserve::TakeThenHold | RawReserve::Adaptive => {
+                    store.reserve(sale, shard, &reservation).await
+                }
             };
             let round_trip = sent.elapsed();
             let contended = matches!(answer, Ok(Err(ReserveRefusal::Contended)));
@@ -1067,13 +1142,14 @@ async fn raw_run(raw: &RawTarget, proxy: &Proxy, sale: Sale, plan: RawPlan) -> R
     let shared = Arc::new(Shared::default());
     let sale = Arc::new(sale);
     let plan = Arc::new(plan);
+    let store = raw.store_for(plan.reserve);
     let settled = Settled::after(plan.quiet).await;
     let counts_before = proxy.counts();
     let started = Instant::now();
     let workers: Vec<_> = (0..plan.workers.max(1))
         .map(|_| {
             let (shared, sale, plan) = (shared.clone(), sale.clone(), plan.clone());
-            let store = raw.store.clone();
+            let store = store.clone();
             tokio::spawn(async move {
                 while shared.reserved.load(Ordering::SeqCst) < plan.target {
                     let index = shared.next.fetch_add(1, Ordering::SeqCst);

@@ -392,6 +392,17 @@ async fn contention_only(
             ms(&gateway.milestones),
             ms(&run.textbook.milestones),
         );
+        eprintln!(
+            "  same client: textbook {:?} ({:.2} writes/unit) · take then hold {:?} ({:.2}) · adaptive {:?} ({:.2})",
+            run.textbook.target_reached_after,
+            run.textbook.writes_per_reservation().unwrap_or(f64::NAN),
+            run.take_then_hold.target_reached_after,
+            run.take_then_hold
+                .writes_per_reservation()
+                .unwrap_or(f64::NAN),
+            run.adaptive.target_reached_after,
+            run.adaptive.writes_per_reservation().unwrap_or(f64::NAN),
+        );
     }
     for &commit_time_ms in sizes.commit_times_ms {
         eprintln!(

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::contention::{self, ContentionReport, ContentionRun};
+use crate::contention::{self, ContentionReport, ContentionRun, RawRun};
 use crate::external::{CriterionResult, Measured, PipelineRun};
 use crate::init::FunctionInit;
 use crate::scenarios::{CallCost, LatenessReport, RejectionReport, SurgeLatencyReport};
@@ -746,6 +746,69 @@ impl BenchReport {
             &|r| opt_ms_fine(r.textbook.committed_round_trip),
             "",
         );
+        // The reserve's paths side by side, under the textbook client's buyers and retry.
+        let write_shape = |counts: &crate::proxy::Counts, units: usize| {
+            let (seen, conflicts) = contention::transactions(counts);
+            let plain = contention::writes(counts).saturating_sub(seen);
+            let per_unit = |n: u64| opt_f64((units > 0).then(|| n as f64 / units as f64), 2);
+            format!(
+                "{} · {} · {}",
+                per_unit(seen),
+                per_unit(plain),
+                per_unit(conflicts)
+            )
+        };
+        row(
+            out,
+            "gateway: `TransactWriteItems` · plain writes · cancelled transactions per unit sold (the surge)",
+            &|r| write_shape(&r.gateway.surge_dynamodb, r.gateway.sold),
+            "",
+        );
+        for (label, run) in [
+            (
+                "textbook",
+                (|r: &ContentionRun| &r.textbook) as fn(&ContentionRun) -> &RawRun,
+            ),
+            ("same client, always take then hold (issue 14)", |r| {
+                &r.take_then_hold
+            }),
+            ("same client, the grab's reserve (adaptive)", |r| {
+                &r.adaptive
+            }),
+        ] {
+            row(
+                out,
+                &format!("{label}: sell-out (ms) · × textbook"),
+                &|r| {
+                    let own = run(r).target_reached_after;
+                    let times =
+                        own.zip(r.textbook.target_reached_after)
+                            .and_then(|(own, textbook)| {
+                                (textbook.as_secs_f64() > 0.0)
+                                    .then(|| own.as_secs_f64() / textbook.as_secs_f64())
+                            });
+                    format!("{} · {}", opt_ms(own), opt_f64(times, 2))
+                },
+                "",
+            );
+            row(
+                out,
+                &format!(
+                    "{label}: `TransactWriteItems` · plain writes · cancelled transactions per unit"
+                ),
+                &|r| write_shape(&run(r).dynamodb, run(r).reserved),
+                "",
+            );
+            row(
+                out,
+                &format!("{label}: units reserved / gave up / failed"),
+                &|r| {
+                    let t = run(r);
+                    format!("{} / {} / {}", t.reserved, t.gave_up, t.failed)
+                },
+                "",
+            );
+        }
         out.push('\n');
         for r in runs {
             let _ = writeln!(
@@ -840,25 +903,35 @@ impl BenchReport {
         }
         let _ = writeln!(
             out,
-            "\nThe same shard, buyers and retry, with the grab's own reserve \
-             (`DynamoStore::reserve`): a plain conditional take on the shard, then the hold on \
-             the buyer's item. Plain writes to one item queue instead of cancelling each \
-             other, so nothing here is `Contended` unless a transaction held the item; the \
-             ratio is to the transactional row of the same commit time above.\n"
+            "\nThe same shard, buyers and retry, with the grab's reserves: always a plain \
+             conditional take on the shard, then the hold on the buyer's item (issue 14's), \
+             and the deployed one (`DynamoStore::reserve`, adaptive): the transaction, and \
+             take-then-hold on the shard for a while after a conflict there. Plain writes to \
+             one item queue instead of cancelling each other, so nothing plain is `Contended` \
+             unless a transaction held the item; the ratio is to the transactional row of the \
+             same commit time above.\n"
         );
         out.push_str(
-            "| commit ms | reserved | until the target s | reservations/s | × the transactional | conflicts per reservation | DynamoDB writes per reservation | failed | mean committed round trip ms |\n\
-             |---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+            "| commit ms | reserve | reserved | until the target s | reservations/s | × the transactional | conflicts per reservation | DynamoDB writes per reservation | failed | mean committed round trip ms |\n\
+             |---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         );
-        for point in &c.curve {
-            let r = &point.plain;
+        for (point, how) in c
+            .curve
+            .iter()
+            .flat_map(|point| [(point, "take then hold"), (point, "adaptive")])
+        {
+            let r = if how == "adaptive" {
+                &point.adaptive
+            } else {
+                &point.plain
+            };
             let times = r
                 .reservations_per_sec()
                 .zip(point.run.reservations_per_sec())
                 .map(|(plain, transactional)| plain / transactional);
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {how} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 point.commit_time_ms,
                 r.reserved,
                 r.target_reached_after

@@ -21,7 +21,7 @@ pub mod stripe;
 
 pub use dynamo::{
     ContentionExhausted, CorruptItem, DynamoStore, Inconsistency, InvalidRequest, ItemError,
-    UnexpectedRefusal, UnprocessedKeys,
+    ReserveMode, UnexpectedRefusal, UnprocessedKeys,
 };
 pub use pause::TokioPause;
 pub use scheduler::{

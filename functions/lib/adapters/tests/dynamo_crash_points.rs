@@ -11,7 +11,7 @@
 mod support;
 
 use chrono::Utc;
-use flashsale_adapters::DynamoStore;
+use flashsale_adapters::{DynamoStore, ReserveMode};
 use flashsale_domain::ports::{
     OrderBook, ReserveRefusal, SaleCatalog, Settlement, StockLedger, Take, TakeReturn,
 };
@@ -20,10 +20,12 @@ use flashsale_domain::{OrderStatus, ReleaseReason, Reservation, Sale};
 
 use support::conflicts::Pattern;
 
-/// A store whose writer dies after its first `writes` plain writes.
+/// A store whose writer dies after its first `writes` plain writes. It reserves as
+/// take then hold, the path with a crash point between its writes (a transaction has
+/// none: both or neither).
 async fn dying_after(writes: u64, table: &str) -> DynamoStore {
     let (client, _) = support::failing_writes_client(Pattern::FromCall(writes)).await;
-    DynamoStore::new(client, table)
+    DynamoStore::new(client, table).with_reserve_mode(ReserveMode::TakeThenHold)
 }
 
 fn accounted(counts: &StockCounts) -> u64 {
@@ -225,9 +227,10 @@ async fn a_take_superseded_by_a_retry_on_another_shard_is_given_back() {
 }
 
 #[tokio::test]
-async fn a_reserve_killed_before_its_undo_leaves_a_take_the_reconciler_returns() {
+async fn a_reserve_killed_before_its_undo_is_in_doubt_and_its_retry_or_the_reconciler_gives_the_unit_back()
+ {
     let (store, _, table) = support::store().await;
-    let sale = new_sale(&store, 3, 1, 1).await;
+    let sale = new_sale(&store, 4, 1, 1).await;
     let alice = support::user("alice");
     let held = support::reservation(&sale, &alice, 0);
     store
@@ -235,21 +238,32 @@ async fn a_reserve_killed_before_its_undo_leaves_a_take_the_reconciler_returns()
         .await
         .expect("reserve")
         .expect("held");
-    // A second order of hers: take, hold refused at the limit, undo killed.
-    let over = support::reservation(&sale, &alice, 0);
+    // Two more orders of hers: take, hold refused at the limit, undo killed. Not a
+    // refusal: that would send her away and leave the unit to the reconciler's grace.
+    let retried = support::reservation(&sale, &alice, 0);
+    let abandoned = support::reservation(&sale, &alice, 0);
+    for over in [&retried, &abandoned] {
+        let error = dying_after(2, &table)
+            .await
+            .reserve(&sale, 0, over)
+            .await
+            .expect_err("killed before its undo");
+        assert!(error.is_retryable(), "{error:?}");
+    }
+    assert_eq!(stock_of(&store, &sale).await, vec![1]);
+    assert_eq!(unaccounted(&store, &sale).await.len(), 2);
+
+    // The grab's retry on the same shard finds its take, is refused again, and undoes it.
     assert_eq!(
-        dying_after(2, &table)
-            .await
-            .reserve(&sale, 0, &over)
-            .await
-            .expect("the refusal stands"),
+        store.reserve(&sale, 0, &retried).await.expect("retry"),
         Err(ReserveRefusal::LimitReached)
     );
-    assert_eq!(stock_of(&store, &sale).await, vec![1]);
+    assert_eq!(stock_of(&store, &sale).await, vec![2]);
 
+    // One whose retry never comes is the reconciler's.
     let takes = unaccounted(&store, &sale).await;
     assert_eq!(takes.len(), 1);
-    assert_eq!(takes[0].order_id, over.order_id);
+    assert_eq!(takes[0].order_id, abandoned.order_id);
     assert_eq!(
         store
             .return_take(&takes[0], Utc::now())
@@ -257,9 +271,9 @@ async fn a_reserve_killed_before_its_undo_leaves_a_take_the_reconciler_returns()
             .expect("return"),
         TakeReturn::Returned
     );
-    assert_eq!(stock_of(&store, &sale).await, vec![2]);
+    assert_eq!(stock_of(&store, &sale).await, vec![3]);
     let counts = store.count(&sale).await.expect("count");
-    assert_eq!((counts.reserved, accounted(&counts)), (1, 3), "{counts:?}");
+    assert_eq!((counts.reserved, accounted(&counts)), (1, 4), "{counts:?}");
 }
 
 #[tokio::test]

@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use chrono::{Duration, Utc};
-use flashsale_adapters::{ContentionExhausted, CorruptItem, DynamoStore, ItemError};
+use flashsale_adapters::{ContentionExhausted, CorruptItem, DynamoStore, ItemError, ReserveMode};
 use flashsale_domain::ports::{
     OrderBook, PayOutcome, ReserveRefusal, SaleCatalog, Settlement, StockLedger,
 };
@@ -359,13 +359,13 @@ async fn a_reservation_for_another_shard_or_sale_is_rejected_before_writing() {
 }
 
 #[tokio::test]
-async fn a_conflicted_reserve_answers_contended_at_once_and_writes_nothing() {
+async fn a_conflicted_take_then_hold_answers_contended_at_once_and_writes_nothing() {
     let (plain, _, table) = support::store().await;
     let sale = support::sale(3, 1, 1);
     created(&plain, &sale).await;
-    // The take conflicts (a transaction held the shard).
+    // The take conflicts (a reserve's transaction held the shard).
     let (client, injector) = support::conflicting_writes_client(Pattern::First(1)).await;
-    let contended = DynamoStore::new(client, &table);
+    let contended = DynamoStore::new(client, &table).with_reserve_mode(ReserveMode::TakeThenHold);
     let alice = support::user("alice");
     let reservation = support::reservation(&sale, &alice, 0);
 
@@ -386,6 +386,7 @@ async fn a_conflicted_reserve_answers_contended_at_once_and_writes_nothing() {
     // an unknown outcome, for a retry on this shard to finish.
     let (client, injector) = support::conflicting_writes_client(Pattern::Only(1)).await;
     let error = DynamoStore::new(client, &table)
+        .with_reserve_mode(ReserveMode::TakeThenHold)
         .reserve(&sale, 0, &reservation)
         .await
         .expect_err("outcome unknown");
@@ -408,6 +409,42 @@ async fn a_conflicted_reserve_answers_contended_at_once_and_writes_nothing() {
         vec![2]
     );
     assert_eq!(plain.count(&sale).await.expect("count").reserved, 1);
+}
+
+#[tokio::test]
+async fn a_reserve_whose_transaction_conflicts_on_the_shard_goes_on_there_with_plain_writes_for_a_while()
+ {
+    let (plain, _, table) = support::store().await;
+    let sale = support::sale(6, 2, 1);
+    created(&plain, &sale).await;
+    // Every transaction conflicts on its shard item, as on a hot shard on AWS.
+    let (client, injector) = support::conflicting_client(Pattern::Always).await;
+    let plain_for = std::time::Duration::from_millis(300);
+    let adaptive =
+        DynamoStore::new(client, &table).with_reserve_mode(ReserveMode::Adaptive { plain_for });
+    let reserve = |name: &'static str, shard: u16| {
+        let (adaptive, sale) = (&adaptive, &sale);
+        async move { reserved(adaptive, sale, &support::user(name), shard).await }
+    };
+
+    // The conflicted transaction wrote nothing; the reserve took and held with plain
+    // writes instead, once.
+    let alice = reserve("alice", 0).await;
+    assert_eq!(injector.seen(), 1, "one transaction, conflicted");
+    assert_eq!(status_of(&plain, &alice).await, Some(OrderStatus::Reserved));
+    assert_eq!(plain.availability(&sale).await.expect("stock"), vec![2, 3]);
+    // The shard is hot in this process: no transaction is tried there for a while...
+    reserve("bob", 0).await;
+    assert_eq!(injector.seen(), 1, "shard 0 went straight to plain writes");
+    // ...while another shard still starts with one.
+    reserve("carol", 1).await;
+    assert_eq!(injector.seen(), 2, "shard 1 is not hot");
+    // Once the while has passed, shard 0 is tried with the transaction again.
+    tokio::time::sleep(plain_for + std::time::Duration::from_millis(50)).await;
+    reserve("dave", 0).await;
+    assert_eq!(injector.seen(), 3, "shard 0 tried again");
+    assert_eq!(plain.availability(&sale).await.expect("stock"), vec![0, 2]);
+    assert_eq!(plain.count(&sale).await.expect("count").reserved, 4);
 }
 
 #[tokio::test]

@@ -2,10 +2,12 @@
 //!
 //! A grab walks the sale's shards in the buyer's order until one gives it a unit. Two
 //! things make that walk more than a loop:
-//! - **Contention.** A reserve is plain conditional writes (see [`StockLedger`]), which
-//!   queue on a hot item instead of cancelling each other as transactions do. What can
-//!   still answer `Contended` is a write that met a transaction on its item (the
-//!   buyer's own pay or cancel on their item, say). A contended shard is left at once
+//! - **Contention.** A reserve is the brief's transaction, the take on the shard and the
+//!   hold on the buyer's item (see [`StockLedger`]); on a shard hot enough that
+//!   transactions cancel each other the store goes on there as take then hold, plain
+//!   writes that queue. What still answers `Contended` is a write that met another
+//!   transaction on its item: the buyer's own pay or cancel on their item, or a plain
+//!   take that met a reserve's transaction on the shard. A contended shard is left at once
 //!   for the next one in the buyer's order, and after a couple of contended shards in a
 //!   row the grab pauses (full jitter, growing) and goes round again: queueing on one
 //!   busy shard while others are free is slow, and probing every shard while all are
@@ -33,7 +35,7 @@ use crate::ports::{
 };
 use crate::sale::{Sale, SalePhase, TOKEN_LEAD};
 use crate::service::CachedBlocklist;
-use crate::token::GrabTokenSigner;
+use crate::token::{GrabTokenSigner, PathRefusal};
 
 /// How long a grab path stays valid. Short, so a leaked path is soon useless, and a
 /// client that needs another simply asks again.
@@ -362,6 +364,14 @@ impl GrabService {
         tally: &mut Tally,
     ) -> Result<GrabOutcome, AppError> {
         let started = self.clock.now();
+        // The path's signature first, in memory: a forged or junk path (an unknown sale
+        // id included) costs no call to the store. A genuine one that expired is told
+        // whether its sale ended.
+        let order_id = match self.signer.check(token, sale_id, user, started) {
+            Ok(order_id) => Some(order_id),
+            Err(PathRefusal::Expired) => None,
+            Err(PathRefusal::Forged) => return Err(AppError::InvalidToken),
+        };
         self.refuse_blocked(user, started).await?;
         let sale = self.sale(sale_id).await?;
         match sale.phase(started) {
@@ -369,10 +379,7 @@ impl GrabService {
             SalePhase::Ended => return Err(AppError::Ended),
             SalePhase::Active => {}
         }
-        let order_id = self
-            .signer
-            .verify(token, sale_id, user, started)
-            .ok_or(AppError::InvalidToken)?;
+        let order_id = order_id.ok_or(AppError::InvalidToken)?;
         let outcome = self
             .take_a_unit(&sale, order_id.clone(), user, attempt, started, tally)
             .await;

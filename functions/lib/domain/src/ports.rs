@@ -118,8 +118,9 @@ impl ShardTakers {
         }
     }
 
-    /// When the youngest take was written. A take comes before its hold, and a hold
-    /// refused (the buyer at their limit) undoes its take: so a shard empty with a young
+    /// When the youngest take was written. Reserved as take then hold (a hot shard), a
+    /// take comes before its hold, and a hold refused (the buyer at their limit) undoes
+    /// its take: so a shard empty with a young
     /// take may have that unit back a moment later, and "sold out" is not yet final.
     pub fn latest_take(&self) -> Option<DateTime<Utc>> {
         self.latest_take
@@ -218,16 +219,19 @@ pub enum TakeReturn {
 
 /// Stock shards and the per-user holds on them. This is the hot path.
 ///
-/// A reservation is two conditional single-item writes, not a transaction: on AWS a
-/// transaction on a hot shard is cancelled by any other one in flight on it
-/// (`TransactionConflict`), while plain conditional writes on one item simply queue.
-/// The shard records each take by order id, so every step is idempotent and a crash
-/// between the two writes leaves a *take* no hold accounts for, which
+/// A reservation is the brief's transaction: the *take* (one unit out of a shard with
+/// `available > 0`, recorded by order id) and the *hold* on the user's item, both or
+/// neither. A store whose transactions cancel each other on a hot item (DynamoDB's
+/// `TransactionConflict`) may reserve there as two conditional writes instead, the take
+/// then the hold, which queue where transactions cancel. The shard records each take by
+/// order id, so every step is idempotent, and a crash between those two writes leaves a
+/// take no hold accounts for, which the order's next reserve on that shard finishes, or
 /// [`StockLedger::unaccounted_takes`] finds and [`StockLedger::return_take`] gives back.
 #[async_trait]
 pub trait StockLedger: Send + Sync {
-    /// Takes one unit from `shard` for `reservation`, then records the reservation as
-    /// a `reserved` hold on the user's item, undoing the take if the hold is refused.
+    /// Takes one unit from `shard` for `reservation` and records the reservation as a
+    /// `reserved` hold on the user's item: atomically, or (on a hot shard) the take then
+    /// the hold, undoing the take if the hold is refused.
     ///
     /// The shard must have stock (`available > 0`) and the user must hold fewer than
     /// `sale.per_user_limit` open or paid units and have cancelled or let lapse fewer

@@ -103,21 +103,46 @@ impl GrabTokenSigner {
         user: &UserId,
         now: DateTime<Utc>,
     ) -> Option<OrderId> {
+        self.check(token, sale, user, now).ok()
+    }
+
+    /// As [`GrabTokenSigner::verify`], saying why a token is refused: only a genuine
+    /// one that expired is worth a look at its sale (to tell its buyer the sale ended);
+    /// anything else costs nothing but this check.
+    pub fn check(
+        &self,
+        token: &str,
+        sale: &SaleId,
+        user: &UserId,
+        now: DateTime<Utc>,
+    ) -> Result<OrderId, PathRefusal> {
         let mut parts = token.splitn(3, '.');
         let (Some(expiry), Some(order), Some(tag)) = (parts.next(), parts.next(), parts.next())
         else {
-            return None;
+            return Err(PathRefusal::Forged);
         };
-        let expires_unix = expiry.parse::<i64>().ok()?;
-        let order = Ulid::from_string(order).ok()?;
-        let tag = URL_SAFE_NO_PAD.decode(tag).ok()?;
-        let genuine = self
-            .mac(sale, user, order, expires_unix)
+        let expires_unix = expiry.parse::<i64>().map_err(|_| PathRefusal::Forged)?;
+        let order = Ulid::from_string(order).map_err(|_| PathRefusal::Forged)?;
+        let tag = URL_SAFE_NO_PAD
+            .decode(tag)
+            .map_err(|_| PathRefusal::Forged)?;
+        self.mac(sale, user, order, expires_unix)
             .verify_slice(&tag)
-            .is_ok();
-        (genuine && expires_unix > now.timestamp())
-            .then(|| OrderId::from_parts(sale.clone(), order))
+            .map_err(|_| PathRefusal::Forged)?;
+        if expires_unix <= now.timestamp() {
+            return Err(PathRefusal::Expired);
+        }
+        Ok(OrderId::from_parts(sale.clone(), order))
     }
+}
+
+/// Why [`GrabTokenSigner::check`] refused a token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PathRefusal {
+    /// Not issued by this signer to this user for this sale: forged, or junk.
+    Forged,
+    /// Issued as it says, and past its expiry.
+    Expired,
 }
 
 #[cfg(test)]

@@ -1,17 +1,33 @@
 //! [`StockLedger`]: the shards and the holds on the users' items. The hot path.
 //!
-//! A reservation is two plain conditional writes: the *take* on the shard (one unit
-//! out of `available`, the order into `takers`), then the *hold* on the user's item
-//! (the limit's count and the hold). No transaction touches a shard: on AWS a
-//! transaction on a hot item is cancelled by any other in flight on it, while plain
-//! writes to one item queue and all succeed. Exactly once comes from the shard's takers
-//! instead: a take, a give-back and an undo are each refused once they have applied,
-//! and the refusal's old item says so, so every step may be sent again.
+//! A reservation is the brief's transaction: one `TransactWriteItems` that takes one
+//! unit from a shard (`available > :zero`, the order into the shard's `takers`) and
+//! records the hold on the user's item within the per-user limit, both or neither. On
+//! a quiet shard that is the whole reserve: one write.
+//!
+//! On AWS a transaction on a hot item is cancelled by any other in flight on it
+//! (`TransactionConflict`), while plain writes to one item queue and all succeed. So a
+//! transaction that conflicts on its shard marks that shard hot in this process for
+//! [`ReserveMode::PLAIN_AFTER_A_CONFLICT`], and the reserve goes on there, and every
+//! reserve of this process after it, as *take then hold*: two plain conditional writes,
+//! the take on the shard, then the hold. Those two are not atomic; exactly once comes
+//! from the shard's takers: a take, a give-back and an undo are each refused once they
+//! have applied, and the refusal's old item says so, so every step may be sent again. A
+//! take whose hold never lands is found by the order's next reserve on that shard
+//! (either path) and finished, or returned by the reconciler.
+//!
+//! Mixed traffic on one shard stays exact: a plain write that meets a transaction in
+//! flight is refused `TransactionConflictException` (answered `Contended`), and a
+//! transaction that meets the order's own take finishes it as take-then-hold would.
+//!
+//! [`ReserveMode::PLAIN_AFTER_A_CONFLICT`]: super::ReserveMode::PLAIN_AFTER_A_CONFLICT
 
 use std::collections::HashMap;
 
 use async_trait::async_trait;
-use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
+use aws_sdk_dynamodb::types::{
+    AttributeValue, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
+};
 use chrono::{DateTime, Utc};
 use flashsale_domain::ports::{
     ReserveRefusal, Settlement, ShardState, ShardTakers, StockLedger, Take, TakeReturn,
@@ -23,7 +39,7 @@ use super::item::{
     self, ABANDONED, ACTIVE, AVAILABLE, GSI1_PK, GSI1_SK, Hold, Item, SHARD, STATUS, TAKERS, n, s,
 };
 use super::requests::{Consistency, ShardPart, Written, built, corrupt, names, values};
-use super::transact::{self, in_request_order};
+use super::transact::{self, Attempted, in_request_order, transact_once};
 use super::{DynamoStore, Inconsistency, InvalidRequest};
 
 const RESERVE: &str = "dynamodb.reserve";
@@ -33,8 +49,8 @@ const SHARD_STATES: &str = "dynamodb.shard_states";
 const UNACCOUNTED_TAKES: &str = "dynamodb.unaccounted_takes";
 const RETURN_TAKE: &str = "dynamodb.return_take";
 
-/// A give-back that met a transaction on the shard. No transaction of ours writes a
-/// shard, so this is an operator's or a migration's; the caller's retry settles it.
+/// A give-back that met a reserve's transaction on the shard on every one of its tries:
+/// the caller's retry settles it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("a transaction held shard {shard} while its unit was being given back")]
 pub struct ShardContended {
@@ -48,6 +64,25 @@ pub struct ShardContended {
 )]
 pub struct HoldContended {
     pub shard: u16,
+}
+
+/// The reserve's transaction items.
+pub(super) mod reserving {
+    /// Takes the unit from the shard.
+    pub(in super::super) const SHARD_ITEM: usize = 0;
+    /// Records the hold and counts it against the user's limit.
+    pub(in super::super) const USER_ITEM: usize = 1;
+}
+
+/// What the reserve's transaction did.
+enum InOneTransaction {
+    /// Committed, or refused for a reason its items' old images tell.
+    Answered(Result<(), ReserveRefusal>),
+    /// This order's take is on the shard already (a take-then-hold whose hold never
+    /// landed): finished as that path finishes it.
+    TakeThere,
+    /// Another transaction held the shard: it is hot.
+    ShardContended,
 }
 
 /// What the take on a shard found.
@@ -192,6 +227,132 @@ impl DynamoStore {
         }
     }
 
+    /// The reserve's transaction: [`TAKE_UPDATE`] on the shard and [`HOLD_UPDATE`] on
+    /// the user's item, each returning its old image as `old_items` says when its
+    /// condition fails.
+    pub(super) fn reserve_items(
+        &self,
+        operation: &'static str,
+        sale: &Sale,
+        shard: u16,
+        reservation: &Reservation,
+        old_items: ReturnValuesOnConditionCheckFailure,
+    ) -> Result<Vec<TransactWriteItem>, StoreError> {
+        let taker = item::taker_name(&reservation.order_id);
+        let take = built(
+            operation,
+            Update::builder()
+                .table_name(&self.table)
+                .set_key(Some(item::shard_key(&sale.sale_id, shard)))
+                .update_expression(TAKE_UPDATE)
+                .condition_expression(TAKE_CONDITION)
+                .set_expression_attribute_names(take_names(&taker))
+                .set_expression_attribute_values(take_values(reservation, Utc::now()))
+                .return_values_on_condition_check_failure(old_items.clone())
+                .build(),
+        )?;
+        let hold_attribute = item::hold_attribute(&reservation.order_id);
+        let hold = built(
+            operation,
+            Update::builder()
+                .table_name(&self.table)
+                .set_key(Some(item::user_key(&sale.sale_id, &reservation.user_id)))
+                .update_expression(HOLD_UPDATE)
+                .condition_expression(HOLD_CONDITION)
+                .set_expression_attribute_names(hold_names(&hold_attribute))
+                .set_expression_attribute_values(hold_values(sale, reservation))
+                .return_values_on_condition_check_failure(old_items)
+                .build(),
+        )?;
+        Ok(in_request_order([
+            (reserving::SHARD_ITEM, transact::update(take)),
+            (reserving::USER_ITEM, transact::update(hold)),
+        ]))
+    }
+
+    /// The brief's reserve, in one transaction. A refusal is read from the old images
+    /// DynamoDB sends with it, so it costs no read; nothing was written then.
+    async fn reserve_in_a_transaction(
+        &self,
+        sale: &Sale,
+        shard: u16,
+        reservation: &Reservation,
+    ) -> Result<InOneTransaction, StoreError> {
+        let items = self.reserve_items(
+            RESERVE,
+            sale,
+            shard,
+            reservation,
+            ReturnValuesOnConditionCheckFailure::AllOld,
+        )?;
+        let refusal = match transact_once(&self.client, RESERVE, items).await? {
+            Attempted::Committed => return Ok(InOneTransaction::Answered(Ok(()))),
+            Attempted::Conflicted(error)
+                if transact::conflicted_at(&error, reserving::SHARD_ITEM) =>
+            {
+                return Ok(InOneTransaction::ShardContended);
+            }
+            // The buyer's own item is held (their pay or cancel, say): nothing written,
+            // nothing decided.
+            Attempted::Conflicted(_) => {
+                return Ok(InOneTransaction::Answered(Err(ReserveRefusal::Contended)));
+            }
+            Attempted::Refused(refusal) => refusal,
+        };
+        // This order's hold, if the user's item refused: a retry of a reserve that
+        // committed, here or on another shard.
+        let held = if refusal.failed(reserving::USER_ITEM) {
+            let old = refusal.old_item(reserving::USER_ITEM).cloned();
+            Some(self.hold_in(old, reservation).await?)
+        } else {
+            None
+        };
+        if refusal.failed(reserving::SHARD_ITEM) {
+            let old = match refusal.old_item(reserving::SHARD_ITEM) {
+                Some(old) => old.clone(),
+                // DynamoDB did not send it: ask.
+                None => self
+                    .get(RESERVE, item::shard_key(&sale.sale_id, shard), None)
+                    .await?
+                    .unwrap_or_default(),
+            };
+            if has_taker(&old, &item::taker_name(&reservation.order_id)) {
+                return Ok(InOneTransaction::TakeThere);
+            }
+            if let Some(Some(_)) = held {
+                return Ok(InOneTransaction::Answered(Err(ReserveRefusal::AlreadyHeld)));
+            }
+            let takers = item::parse_takes(&sale.sale_id, shard, &old)
+                .map_err(|error| corrupt(RESERVE, &old, error))?;
+            return Ok(InOneTransaction::Answered(Err(ReserveRefusal::ShardEmpty(
+                ShardTakers::of_takes(takers.iter().map(|take| (&take.order_id, take.taken_at))),
+            ))));
+        }
+        Ok(InOneTransaction::Answered(Err(match held {
+            Some(Some(_)) => ReserveRefusal::AlreadyHeld,
+            _ => ReserveRefusal::LimitReached,
+        })))
+    }
+
+    /// This order's hold on the user's item whose old image a refused write returned,
+    /// or, if DynamoDB did not send the image, as read now.
+    async fn hold_in(
+        &self,
+        old_user_item: Option<Item>,
+        reservation: &Reservation,
+    ) -> Result<Option<Hold>, StoreError> {
+        let Some(old) = old_user_item else {
+            return self
+                .read_hold(RESERVE, &reservation.order_id, &reservation.user_id)
+                .await;
+        };
+        let hold_attribute = item::hold_attribute(&reservation.order_id);
+        old.get(&hold_attribute)
+            .map(|value| Hold::parse(&hold_attribute, value))
+            .transpose()
+            .map_err(|error| corrupt(RESERVE, &old, error))
+    }
+
     /// Takes one unit from `shard` for the reservation's order, unless the shard is
     /// empty; a take of this order already there is found, not repeated.
     async fn take(
@@ -250,24 +411,32 @@ impl DynamoStore {
                 ("#order", &taker),
             ]))
             .set_expression_attribute_values(values([(":one", n(1))]));
-        match self.write(operation, give_back).await? {
-            Written::Done => Ok(true),
-            Written::Refused(_) => Ok(false),
-            Written::Contended => Err(StoreError::transient(operation, ShardContended { shard })),
+        // A reserve's transaction holds the shard for its round trip: the give-back
+        // waits its turn (jittered, bounded), as the writes off the hot path do. Resending
+        // is safe: once applied, the condition refuses it.
+        let mut attempts = 0_u32;
+        loop {
+            attempts += 1;
+            match self.write(operation, give_back.clone()).await? {
+                Written::Done => return Ok(true),
+                Written::Refused(_) => return Ok(false),
+                Written::Contended if self.contention.allows_another(attempts) => {
+                    tokio::time::sleep(self.contention.delay(attempts - 1)).await;
+                }
+                Written::Contended => {
+                    return Err(StoreError::transient(operation, ShardContended { shard }));
+                }
+            }
         }
     }
 
-    /// Undoes a take whose hold was refused. Failing to is logged, not raised: the
-    /// refusal stands, and the reconciler returns a take no hold accounts for.
-    async fn undo_take(&self, reservation: &Reservation, shard: u16) {
-        if let Err(error) = self.give_back(RESERVE, reservation, shard).await {
-            tracing::warn!(
-                order_id = %reservation.order_id,
-                shard,
-                error = &error as &dyn std::error::Error,
-                "undoing a take whose hold was refused failed; the reconciler returns it"
-            );
-        }
+    /// Undoes a take whose hold was refused. Failing to is the reserve's failure, not a
+    /// refusal: the take stays with no hold, and a refusal would send the caller away and
+    /// strand the unit for the reconciler's grace, minutes in which the sale looks sold
+    /// out. As an error whose outcome is unknown, the caller's next reserve of this
+    /// order on this shard finds the take, is refused again and undoes it.
+    async fn undo_take(&self, reservation: &Reservation, shard: u16) -> Result<(), StoreError> {
+        self.give_back(RESERVE, reservation, shard).await.map(drop)
     }
 
     /// Records the reservation as a `reserved` hold on the user's item, within the
@@ -300,17 +469,9 @@ impl DynamoStore {
             Written::Contended => {
                 return Err(StoreError::transient(RESERVE, HoldContended { shard }));
             }
-            Written::Refused(Some(old)) => old
-                .get(&hold_attribute)
-                .map(|value| Hold::parse(&hold_attribute, value))
-                .transpose()
-                .map_err(|error| corrupt(RESERVE, &key, error))?,
             // The condition cannot fail on a missing user item, so no old item means
-            // DynamoDB did not send it: ask.
-            Written::Refused(None) => {
-                self.read_hold(RESERVE, &reservation.order_id, &reservation.user_id)
-                    .await?
-            }
+            // DynamoDB did not send it: `hold_in` asks.
+            Written::Refused(old) => self.hold_in(old, reservation).await?,
         };
         match held {
             // This order's own hold on this shard: an earlier call finished the
@@ -318,11 +479,11 @@ impl DynamoStore {
             Some(hold) if accounts_for(&hold, shard) => Ok(Err(ReserveRefusal::AlreadyHeld)),
             // Held elsewhere or settled: this take is not needed.
             Some(_) => {
-                self.undo_take(reservation, shard).await;
+                self.undo_take(reservation, shard).await?;
                 Ok(Err(ReserveRefusal::AlreadyHeld))
             }
             None => {
-                self.undo_take(reservation, shard).await;
+                self.undo_take(reservation, shard).await?;
                 Ok(Err(ReserveRefusal::LimitReached))
             }
         }
@@ -407,6 +568,23 @@ impl StockLedger for DynamoStore {
         reservation: &Reservation,
     ) -> Result<Result<(), ReserveRefusal>, StoreError> {
         Self::check_reservation(sale, shard, reservation)?;
+        if self.reserves_in_a_transaction(&sale.sale_id, shard) {
+            match self
+                .reserve_in_a_transaction(sale, shard, reservation)
+                .await?
+            {
+                InOneTransaction::Answered(answer) => return Ok(answer),
+                InOneTransaction::TakeThere => {
+                    return self
+                        .hold(sale, shard, reservation)
+                        .await
+                        .map_err(StoreError::after_a_step_that_happened);
+                }
+                // The conflicted transaction wrote nothing: the same reserve goes on as
+                // take-then-hold, which queues on the hot shard instead of cancelling.
+                InOneTransaction::ShardContended => self.note_hot_shard(&sale.sale_id, shard),
+            }
+        }
         match self.take(sale, shard, reservation).await? {
             Ok(Taken::Now | Taken::Before) => {}
             Err(refusal) => return Ok(Err(refusal)),

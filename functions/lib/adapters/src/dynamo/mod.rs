@@ -2,7 +2,11 @@
 //!
 //! Every state change is one `TransactWriteItems` whose conditions enforce the order
 //! state machine, so stock leaves a shard only with a hold and comes back only with the
-//! hold's end. When a transaction is refused, a consistent read tells the caller why.
+//! hold's end. Two exceptions, each idempotent by the shard's record of its takers: a
+//! reserve on a shard hot enough that transactions cancel each other is the take then
+//! the hold ([`ledger`]), and a release gives its unit back to the shard one write after
+//! its transaction. When a transaction is refused, its items' old images, or a
+//! consistent read, tell the caller why.
 //!
 //! One module per port ([`catalog`], [`ledger`], [`orders`], [`blocklist`]); what they
 //! share (expressions, reads, the batch read of the shards) is in [`requests`], the
@@ -16,6 +20,10 @@ mod ledger;
 mod orders;
 mod requests;
 mod transact;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use aws_sdk_dynamodb::Client;
 use flashsale_domain::SaleId;
@@ -76,6 +84,45 @@ pub struct DynamoStore {
     client: Client,
     table: String,
     contention: RetryPolicy,
+    reserve_mode: ReserveMode,
+    /// Shards on which this process met a transaction conflict, and until when it
+    /// reserves there with plain writes ([`ReserveMode::Adaptive`]). Shared by clones,
+    /// as one Lambda container's store is.
+    hot_shards: Arc<Mutex<HashMap<(SaleId, u16), Instant>>>,
+}
+
+/// How [`StockLedger::reserve`](flashsale_domain::ports::StockLedger::reserve) writes
+/// (see [`ledger`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReserveMode {
+    /// The brief's transaction (the take on the shard and the buyer's hold, both or
+    /// neither), except on a shard where a transaction of this process met a conflict
+    /// less than `plain_for` ago: there, take then hold. On AWS a transaction on a hot
+    /// item is cancelled by any other in flight on it, while plain writes queue; a
+    /// conflict is the sign that the shard is hot, and the conflicted reserve goes on
+    /// there with plain writes at once. The default.
+    Adaptive { plain_for: Duration },
+    /// Always the transaction: the textbook client, and a test of that path alone.
+    Transaction,
+    /// Always take then hold, two plain conditional writes (the reserve before issue
+    /// 40): a test of that path alone, and the bench's "today".
+    TakeThenHold,
+}
+
+impl ReserveMode {
+    /// How long a shard stays on plain writes after a conflict. A sale's surge sells
+    /// out within seconds, so this spans it: each container pays one cancelled
+    /// transaction per hot shard per period, and a shard that has gone quiet is back
+    /// on the transaction soon after.
+    pub const PLAIN_AFTER_A_CONFLICT: Duration = Duration::from_secs(2);
+}
+
+impl Default for ReserveMode {
+    fn default() -> Self {
+        Self::Adaptive {
+            plain_for: Self::PLAIN_AFTER_A_CONFLICT,
+        }
+    }
 }
 
 impl DynamoStore {
@@ -84,6 +131,44 @@ impl DynamoStore {
             client,
             table: table_name.into(),
             contention: RetryPolicy::CONTENTION,
+            reserve_mode: ReserveMode::default(),
+            hot_shards: Arc::default(),
+        }
+    }
+
+    /// This store, reserving as `mode` says.
+    #[must_use]
+    pub fn with_reserve_mode(mut self, mode: ReserveMode) -> Self {
+        self.reserve_mode = mode;
+        self
+    }
+
+    /// Whether a reserve on `shard` of `sale` starts with the transaction now.
+    fn reserves_in_a_transaction(&self, sale: &SaleId, shard: u16) -> bool {
+        match self.reserve_mode {
+            ReserveMode::Transaction => true,
+            ReserveMode::TakeThenHold => false,
+            ReserveMode::Adaptive { .. } => {
+                let mut hot = self
+                    .hot_shards
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                let now = Instant::now();
+                // Bounded by the shards this process met conflicts on lately.
+                hot.retain(|_, until| *until > now);
+                !hot.contains_key(&(sale.clone(), shard))
+            }
+        }
+    }
+
+    /// A transaction on `shard` of `sale` met a conflict there: plain writes on it for
+    /// a while, if the mode adapts.
+    fn note_hot_shard(&self, sale: &SaleId, shard: u16) {
+        if let ReserveMode::Adaptive { plain_for } = self.reserve_mode {
+            self.hot_shards
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert((sale.clone(), shard), Instant::now() + plain_for);
         }
     }
 }

@@ -6,11 +6,15 @@
 //! each transaction names its items' indexes once (`SHARD_ITEM`, `USER_ITEM`, ...),
 //! builds its request with [`in_request_order`] and reads its refusal by those names.
 
+use std::collections::HashMap;
+
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::config::http::HttpResponse;
 use aws_sdk_dynamodb::error::SdkError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
-use aws_sdk_dynamodb::types::{CancellationReason, ConditionCheck, Put, TransactWriteItem, Update};
+use aws_sdk_dynamodb::types::{
+    AttributeValue, CancellationReason, ConditionCheck, Put, TransactWriteItem, Update,
+};
 use flashsale_domain::StoreError;
 
 use crate::classify::store_error;
@@ -95,6 +99,13 @@ impl Refusal {
         self.failed.contains(&index)
     }
 
+    /// The item at `index` (request order) as it was when its condition failed, if the
+    /// request asked for it (`ReturnValuesOnConditionCheckFailure::AllOld`) and
+    /// DynamoDB sent it.
+    pub(crate) fn old_item(&self, index: usize) -> Option<&HashMap<String, AttributeValue>> {
+        cancellation_reason(&self.error, index)?.item()
+    }
+
     /// For refusals the data model says cannot happen.
     pub(crate) fn unexpected(self, operation: &'static str) -> StoreError {
         StoreError::permanent(
@@ -104,6 +115,22 @@ impl Refusal {
                 source: self.error,
             },
         )
+    }
+}
+
+/// Whether the item at `index` (request order) of a cancelled transaction met another
+/// transaction (`TransactionConflict`), rather than another item of the request.
+pub(crate) fn conflicted_at(error: &TransactError, index: usize) -> bool {
+    cancellation_reason(error, index).and_then(CancellationReason::code)
+        == Some("TransactionConflict")
+}
+
+fn cancellation_reason(error: &TransactError, index: usize) -> Option<&CancellationReason> {
+    match error.as_service_error() {
+        Some(TransactWriteItemsError::TransactionCanceledException(cancelled)) => {
+            cancelled.cancellation_reasons().get(index)
+        }
+        _ => None,
     }
 }
 

@@ -3,6 +3,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
+use std::time::Instant;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Duration, Utc};
@@ -13,26 +14,75 @@ use crate::ports::{Blocklist, SaleCatalog};
 use crate::sale::Sale;
 
 /// A [`SaleCatalog`] that remembers the sales it has found. Sales never change after
-/// creation, so the grab path reads each sale from the store once per process.
+/// creation, so the grab path reads each sale from the store once per process. A sale
+/// not found is remembered too, for [`CachedCatalog::MISS_LIFETIME`]: a flood of
+/// requests naming sales that do not exist costs one read per id and interval, not one
+/// each, and a sale created meanwhile is found within that interval.
 pub struct CachedCatalog<C> {
     inner: C,
     capacity: usize,
     sales: RwLock<HashMap<SaleId, Sale>>,
+    miss_lifetime: std::time::Duration,
+    misses: RwLock<HashMap<SaleId, Instant>>,
 }
 
 impl<C> CachedCatalog<C> {
+    /// How long "no such sale" is remembered: short, since a sale may be created after
+    /// someone first asks for it, and its page is not announced before it exists.
+    pub const MISS_LIFETIME: std::time::Duration = std::time::Duration::from_secs(5);
+
     pub fn new(inner: C, capacity: usize) -> Self {
         Self {
             inner,
             capacity,
             sales: RwLock::new(HashMap::new()),
+            miss_lifetime: Self::MISS_LIFETIME,
+            misses: RwLock::new(HashMap::new()),
         }
     }
+
+    /// This cache, remembering a miss for `lifetime` instead.
+    #[must_use]
+    pub fn with_miss_lifetime(mut self, lifetime: std::time::Duration) -> Self {
+        self.miss_lifetime = lifetime;
+        self
+    }
+
+    /// Whether `sale_id` was looked up and not found less than a miss's lifetime ago.
+    fn recently_missed(&self, sale_id: &SaleId) -> bool {
+        read(&self.misses)
+            .get(sale_id)
+            .is_some_and(|at| at.elapsed() < self.miss_lifetime)
+    }
+
+    fn remember_miss(&self, sale_id: &SaleId) {
+        let mut misses = write(&self.misses);
+        if misses.len() >= self.capacity {
+            let lifetime = self.miss_lifetime;
+            misses.retain(|_, at| at.elapsed() < lifetime);
+            if misses.len() >= self.capacity {
+                misses.clear();
+            }
+        }
+        misses.insert(sale_id.clone(), Instant::now());
+    }
+}
+
+fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    lock.read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[async_trait]
 impl<C: SaleCatalog> SaleCatalog for CachedCatalog<C> {
     async fn create_sale(&self, sale: &Sale) -> Result<bool, StoreError> {
+        // This process's own miss is forgotten at once; another's lasts its lifetime.
+        write(&self.misses).remove(&sale.sale_id);
         self.inner.create_sale(sale).await
     }
 
@@ -41,26 +91,23 @@ impl<C: SaleCatalog> SaleCatalog for CachedCatalog<C> {
     }
 
     async fn find_sale(&self, sale_id: &SaleId) -> Result<Option<Sale>, StoreError> {
-        let cached = self
-            .sales
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(sale_id)
-            .cloned();
+        let cached = read(&self.sales).get(sale_id).cloned();
         if cached.is_some() {
             return Ok(cached);
         }
-        // Misses are not cached: a sale may be created after someone first asks for it.
+        if self.recently_missed(sale_id) {
+            return Ok(None);
+        }
         let found = self.inner.find_sale(sale_id).await?;
-        if let Some(sale) = &found {
-            let mut sales = self
-                .sales
-                .write()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if sales.len() >= self.capacity {
-                sales.clear();
+        match &found {
+            Some(sale) => {
+                let mut sales = write(&self.sales);
+                if sales.len() >= self.capacity {
+                    sales.clear();
+                }
+                sales.insert(sale_id.clone(), sale.clone());
             }
-            sales.insert(sale_id.clone(), sale.clone());
+            None => self.remember_miss(sale_id),
         }
         Ok(found)
     }
@@ -170,5 +217,81 @@ impl CachedBlocklist {
         self.snapshot
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+
+    use super::*;
+    use crate::testing::{InMemoryStore, sale};
+
+    /// The store behind the cache, counting the lookups that reach it.
+    #[derive(Default)]
+    struct CountedLookups {
+        store: InMemoryStore,
+        lookups: AtomicUsize,
+    }
+
+    #[async_trait]
+    impl SaleCatalog for CountedLookups {
+        async fn create_sale(&self, sale: &Sale) -> Result<bool, StoreError> {
+            self.store.create_sale(sale).await
+        }
+
+        async fn find_sale(&self, sale_id: &SaleId) -> Result<Option<Sale>, StoreError> {
+            self.lookups.fetch_add(1, Ordering::SeqCst);
+            self.store.find_sale(sale_id).await
+        }
+
+        async fn sales_ending_after(&self, cutoff: DateTime<Utc>) -> Result<Vec<Sale>, StoreError> {
+            self.store.sales_ending_after(cutoff).await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_missing_sale_is_looked_up_once_per_miss_lifetime_and_found_once_created() {
+        let lifetime = std::time::Duration::from_millis(200);
+        let cache = CachedCatalog::new(CountedLookups::default(), 8).with_miss_lifetime(lifetime);
+        let made = sale(10, 2).build();
+        for _ in 0..50 {
+            assert_eq!(cache.find_sale(&made.sale_id).await.expect("find"), None);
+        }
+        assert_eq!(
+            cache.inner.lookups.load(Ordering::SeqCst),
+            1,
+            "one read for 50 misses"
+        );
+
+        // Created by another process: this one finds it once its miss has lapsed.
+        assert!(cache.inner.create_sale(&made).await.expect("create"));
+        assert_eq!(cache.find_sale(&made.sale_id).await.expect("find"), None);
+        tokio::time::sleep(lifetime).await;
+        assert_eq!(
+            cache.find_sale(&made.sale_id).await.expect("find"),
+            Some(made.clone())
+        );
+        assert_eq!(
+            cache.find_sale(&made.sale_id).await.expect("find"),
+            Some(made)
+        );
+        assert_eq!(
+            cache.inner.lookups.load(Ordering::SeqCst),
+            2,
+            "found sales stay cached"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_sale_created_through_the_cache_is_found_at_once_after_a_miss() {
+        let cache = CachedCatalog::new(CountedLookups::default(), 8);
+        let made = sale(10, 2).build();
+        assert_eq!(cache.find_sale(&made.sale_id).await.expect("find"), None);
+        assert!(cache.create_sale(&made).await.expect("create"));
+        assert_eq!(
+            cache.find_sale(&made.sale_id).await.expect("find"),
+            Some(made)
+        );
     }
 }
