@@ -34,10 +34,10 @@ DYNAMODB_PORT ?= 8000
 MOTO_PORT ?= 5000
 STACK_NAME ?= flashsale-local
 # With SQS on the project's emulator (moto's FIFO slowed as messages waited), DynamoDB
-# Local is the cap: it runs one request at a time, and each grab costs it two writes
-# (the take on the shard, then the hold on the buyer's item), plus the consumer's order
-# open. Two plain writes took about 18 ms there, one at a time on these 2-core machines,
-# so it holds about 55 grabs a second; past that its queue outgrows the grab's 500 ms
+# Local is the cap: it runs one request at a time, and each grab costs it one transaction
+# (the take on the shard and the hold on the buyer's item), or on a hot shard two plain
+# writes. The two plain writes took about 18 ms there, one at a time on these 2-core
+# machines (the transaction 12 ms), so it holds about 55 grabs a second; past that its queue outgrows the grab's 500 ms
 # attempt timeout, timed-out attempts still execute, and answers turn into 503 retries
 # (a one-shard surge of 1,500 buyers at 60/s sold 76 units in 305 s; at 40/s it sold out
 # in 115 s). So the grab route is throttled to what the stack sustains, as production

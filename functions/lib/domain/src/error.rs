@@ -55,6 +55,20 @@ pub enum StoreError {
     },
 }
 
+/// What a failed write may have done, as [`StoreError::outcome`] tells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteOutcome {
+    /// Never sent (the breaker refused it): nothing happened, nothing is in doubt, and
+    /// sending it again now would only be refused the same way.
+    NotSent,
+    /// Sent, with no definite answer (a timeout, a lost answer, a transient fault, or a
+    /// later step failing after an earlier one applied): it may have applied, and a
+    /// caller that answers for it must find out first.
+    InDoubt,
+    /// Refused for good: trying again will not help.
+    Failed,
+}
+
 impl StoreError {
     pub fn transient(operation: &'static str, source: impl Into<BoxError>) -> Self {
         Self::Transient {
@@ -79,6 +93,15 @@ impl StoreError {
             operation,
             retry_after,
             source: source.into(),
+        }
+    }
+
+    /// What the failed operation may have done: whether its outcome is unknown.
+    pub fn outcome(&self) -> WriteOutcome {
+        match self {
+            Self::Unavailable { .. } => WriteOutcome::NotSent,
+            Self::Transient { .. } => WriteOutcome::InDoubt,
+            Self::Permanent { .. } => WriteOutcome::Failed,
         }
     }
 
@@ -183,8 +206,10 @@ mod tests {
             "breaker open",
         );
         assert!(refused.was_not_attempted());
+        assert_eq!(refused.outcome(), WriteOutcome::NotSent);
         let after_the_take = refused.after_a_step_that_happened();
         assert!(!after_the_take.was_not_attempted(), "the take happened");
+        assert_eq!(after_the_take.outcome(), WriteOutcome::InDoubt);
         assert!(after_the_take.is_retryable());
         assert!(matches!(
             after_the_take,
@@ -194,6 +219,7 @@ mod tests {
             }
         ));
         let permanent = StoreError::permanent("dynamodb.hold", "denied");
+        assert_eq!(permanent.outcome(), WriteOutcome::Failed);
         assert!(matches!(
             permanent.after_a_step_that_happened(),
             StoreError::Permanent { .. }

@@ -26,7 +26,7 @@ use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
 
 use crate::challenge::{CHALLENGE_LIFETIME, IssuedChallenge};
-use crate::error::{AppError, StoreError};
+use crate::error::{AppError, StoreError, WriteOutcome};
 use crate::gate::SoldOutGate;
 use crate::ids::{OrderId, SaleId, UserId};
 use crate::order::Reservation;
@@ -84,10 +84,10 @@ pub enum GrabOutcome {
 #[derive(Debug)]
 pub struct GrabReport {
     pub outcome: Result<GrabOutcome, AppError>,
-    /// Reserve transactions sent (0: answered from memory, or refused before the
-    /// ledger was asked).
+    /// Reserves sent (0: answered from memory, or refused before the ledger was asked),
+    /// each the transaction, or take then hold on a hot shard.
     pub reserves: u32,
-    /// Of those, how many were cancelled by contention.
+    /// Of those, how many contention refused with nothing written.
     pub contended: u32,
 }
 
@@ -543,10 +543,8 @@ impl GrabService {
                         }
                         contended.push(shard);
                     }
-                    // Never sent: nothing is in doubt, and asking again now would only
-                    // be refused the same way.
-                    Err(error) if error.was_not_attempted() => return Err(error.into()),
-                    Err(error) if error.is_retryable() => {
+                    // Sent and unanswered: a take of this order may be on `shard`.
+                    Err(error) if error.outcome() == WriteOutcome::InDoubt => {
                         tracing::warn!(
                             order_id = %reservation.order_id,
                             shard,
@@ -574,6 +572,8 @@ impl GrabService {
                         }
                         break;
                     }
+                    // Never sent (nothing is in doubt, and asking again now would only be
+                    // refused the same way), or refused for good.
                     Err(error) => return Err(error.into()),
                 }
                 // Every contended shard is one more write for nothing: past a few in a

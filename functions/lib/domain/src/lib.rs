@@ -21,7 +21,7 @@ pub mod service;
 pub mod testing;
 pub mod token;
 
-pub use error::{AppError, StoreError, ValidationError};
+pub use error::{AppError, StoreError, ValidationError, WriteOutcome};
 pub use ids::{OrderId, SaleId, UserId};
 pub use order::{Order, OrderStatus, ReleaseReason, Reservation};
 pub use price::{Currency, Price};
