@@ -7,9 +7,9 @@
 //!
 //! On AWS a transaction on a hot item is cancelled by any other in flight on it
 //! (`TransactionConflict`), while plain writes to one item queue and all succeed. So a
-//! transaction that conflicts on its shard marks that shard hot in this process for
+//! transaction that conflicts on its shard marks its sale hot in this process for
 //! [`ReserveMode::PLAIN_AFTER_A_CONFLICT`], and the reserve goes on there, and every
-//! reserve of this process after it, as *take then hold*: two plain conditional writes,
+//! reserve of this process in that sale meanwhile, as *take then hold*: two plain conditional writes,
 //! the take on the shard, then the hold. Those two are not atomic; exactly once comes
 //! from the shard's takers: a take, a give-back and an undo are each refused once they
 //! have applied, and the refusal's old item says so, so every step may be sent again. A
@@ -568,7 +568,7 @@ impl StockLedger for DynamoStore {
         reservation: &Reservation,
     ) -> Result<Result<(), ReserveRefusal>, StoreError> {
         Self::check_reservation(sale, shard, reservation)?;
-        if self.reserves_in_a_transaction(&sale.sale_id, shard) {
+        if self.reserves_in_a_transaction(&sale.sale_id) {
             match self
                 .reserve_in_a_transaction(sale, shard, reservation)
                 .await?
@@ -582,7 +582,7 @@ impl StockLedger for DynamoStore {
                 }
                 // The conflicted transaction wrote nothing: the same reserve goes on as
                 // take-then-hold, which queues on the hot shard instead of cancelling.
-                InOneTransaction::ShardContended => self.note_hot_shard(&sale.sale_id, shard),
+                InOneTransaction::ShardContended => self.note_hot_sale(&sale.sale_id),
             }
         }
         match self.take(sale, shard, reservation).await? {
