@@ -883,6 +883,8 @@ const OUTAGE_TAIL: Duration = Duration::from_secs(8);
 /// Buyers grabbing at once, each sending one grab per [`OUTAGE_PACE`] at most (and one
 /// at a time): about 80 grabs a second while the table is healthy.
 const OUTAGE_WORKERS: usize = 8;
+/// Requests the sale page sends on one grab path at the most (`MAX_GRAB_ATTEMPTS`).
+const PAGE_GRAB_ATTEMPTS: u32 = 40;
 const OUTAGE_PACE: Duration = Duration::from_millis(100);
 /// Enough stock that the stream never sells out: at most `OUTAGE_LEAD + OUTAGE_TAIL`
 /// of grabs at 80 a second can be served.
@@ -1038,11 +1040,22 @@ async fn outage_run(
     )
     .map(|first| async move {
         let (token, path) = &first.path;
-        let answer = harness
-            .api
-            .send_raw(Method::POST, path, Some(token), None)
-            .await
-            .expect("grab answers");
+        // Until an answer that is not busy, as the page retries (up to its 40 requests
+        // a path, after a jittered pause): the first resends meet a table that has just
+        // come back, and a 503 among them may again be a hold whose answer was lost.
+        let mut retry = 0;
+        let answer = loop {
+            let answer = harness
+                .api
+                .send_raw(Method::POST, path, Some(token), None)
+                .await
+                .expect("grab answers");
+            if answer.status != StatusCode::SERVICE_UNAVAILABLE || retry == PAGE_GRAB_ATTEMPTS {
+                break answer;
+            }
+            tokio::time::sleep(flashsale_load::surge::backoff(retry)).await;
+            retry += 1;
+        };
         Answered {
             at: first.at,
             status: answer.status.as_u16(),
