@@ -6,15 +6,25 @@ use serde_json::{Value, json};
 
 use crate::{Recorder, options, start};
 
+/// Posts `body`, sent again on a 503 as a client does ("try again shortly"): a loaded
+/// machine (CI's, with surges beside it on one DynamoDB Local) can keep the function's
+/// store call past its budget. Each body here makes a new sale, so a resend is safe.
 async fn post(url: &str, token: Option<&str>, body: Value) -> (StatusCode, Value) {
     let client = reqwest::Client::new();
-    let mut request = client.post(url).json(&body);
-    if let Some(token) = token {
-        request = request.header("authorization", format!("Bearer {token}"));
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let mut request = client.post(url).json(&body);
+        if let Some(token) = token {
+            request = request.header("authorization", format!("Bearer {token}"));
+        }
+        let response = request.send().await.expect("request");
+        let status = response.status();
+        if status != StatusCode::SERVICE_UNAVAILABLE || tries == 20 {
+            return (status, response.json().await.unwrap_or(Value::Null));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
-    let response = request.send().await.expect("request");
-    let status = response.status();
-    (status, response.json().await.unwrap_or(Value::Null))
 }
 
 fn sale() -> Value {
