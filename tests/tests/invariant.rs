@@ -119,18 +119,24 @@ async fn a_surge_on_eight_shards_sells_exactly_the_stock() {
 }
 
 /// With no conflicts (a table whose shards never cancel a transaction), every reserve is
-/// the brief's one transaction: the sale is sold exactly as under contention, and no
-/// plain write touches a shard or a hold.
+/// the brief's one transaction: the sale is sold exactly as under contention, and a
+/// plain write is sent only to finish a transaction whose answer was lost (its retry
+/// finds the order's take and writes the hold, or is refused it), which a loaded
+/// machine sees now and then: a fresh run under CI's load sent 2 against over 100
+/// transactions. No conflict is answered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_surge_without_conflicts_sells_exactly_the_stock_in_transactions_alone() {
     let harness = Harness::start_counted("no-conflicts", &LOCAL_THROTTLES).await;
     let report = surge_on(&harness, "surge-quiet", 8, BUYERS, ATTEMPTS).await;
     assert_sold_exactly_the_stock(&harness, "surge-quiet", 8, &report).await;
-    assert_eq!(harness.dynamodb_requests_of("UpdateItem"), 0, "{report}");
+    let plain_writes = harness.dynamodb_requests_of("UpdateItem");
+    let transactions = harness.dynamodb_requests_of("TransactWriteItems");
+    assert!(transactions >= u64::from(STOCK), "{report}");
     assert!(
-        harness.dynamodb_requests_of("TransactWriteItems") >= u64::from(STOCK),
-        "{report}"
+        plain_writes * 10 <= transactions,
+        "{plain_writes} plain writes against {transactions} transactions: {report}"
     );
+    assert_eq!(harness.conflicts_answered(), Default::default(), "{report}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
