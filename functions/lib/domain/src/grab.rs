@@ -20,6 +20,7 @@
 //!   landed and finishes it (`AlreadyHeld` if the hold landed too) rather than hiding
 //!   it behind a "sold out".
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use chrono::{DateTime, Duration, Utc};
@@ -27,7 +28,7 @@ use serde::Serialize;
 
 use crate::challenge::{CHALLENGE_LIFETIME, IssuedChallenge};
 use crate::error::{AppError, StoreError, WriteOutcome};
-use crate::gate::SoldOutGate;
+use crate::gate::{SoldOutGate, TakeSlot};
 use crate::ids::{OrderId, SaleId, UserId};
 use crate::order::Reservation;
 use crate::ports::{
@@ -197,21 +198,174 @@ fn splitmix64(x: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// Reserve attempts and contention seen by one grab.
+/// Reserve attempts and contention seen by one grab, and what it may have taken.
 #[derive(Debug, Default)]
 struct Tally {
     reserves: u32,
     contended: u32,
-    /// A shard on which this grab's order may have a take whose hold is missing (a
-    /// reserve there answered nothing definite, and the read did not find the hold),
-    /// until a reserve there answers definitely. See [`SoldOutGate::note_doubt`].
-    in_doubt: Option<u16>,
-    /// Whether `in_doubt` was ever set, so the gate has a doubt of this order's to
-    /// update when the grab ends.
-    doubted: bool,
+    doubt: Doubt,
+}
+
+/// Whether this grab's order may have a take whose hold is missing, and on which shard:
+/// a reserve there was sent and not answered, and the buyer's item showed no hold. Only a
+/// reserve on that same shard finds such a take and finishes it (going on elsewhere
+/// would strand the unit until the reconciler returns it), so the walk asks it first,
+/// whatever the gate thinks of it, and moves on from it only once it answers. This is
+/// the grab's one keeper of it; the gate carries it from one request of a path to the
+/// next in this process (see [`SoldOutGate::note_doubt`]).
+#[derive(Debug, Default)]
+struct Doubt {
+    shard: Option<u16>,
+    /// Whether the gate holds a doubt of this order's, to update when the grab ends.
+    noted: bool,
+}
+
+impl Doubt {
+    /// What the gate knows of `order`: a shard where its path's earlier request gave up
+    /// in doubt, or a shard seen empty with `order` among its takers.
+    fn recall(gate: &SoldOutGate, sale: &Sale, order: &OrderId) -> Self {
+        let shard = gate.shard_taken_by(&sale.sale_id, sale.shards, order);
+        Self {
+            shard,
+            noted: shard.is_some(),
+        }
+    }
+
+    fn is_on(&self, shard: u16) -> bool {
+        self.shard == Some(shard)
+    }
+
+    /// A reserve on `shard` was sent and not answered, and the hold was not found.
+    fn suspect(&mut self, shard: u16) {
+        self.shard = Some(shard);
+        self.noted = true;
+    }
+
+    /// The hold was found: nothing of this order's is stranded.
+    fn resolve(&mut self) {
+        self.shard = None;
+    }
+
+    /// The doubted shard answered empty: a take of this order's there would have been
+    /// found, not refused. The gate stops pointing the order back there at once, or the
+    /// walk would come back to it until it ran out of walks.
+    fn refute(&mut self, gate: &SoldOutGate, sale: &Sale, order: &OrderId, now: DateTime<Utc>) {
+        self.shard = None;
+        gate.note_doubt(&sale.sale_id, sale.shards, order, None, now);
+    }
+
+    /// Puts the doubted shard first in a walk's `shards`. With no shard left at all, a
+    /// shard the gate saw empty with this order among its takers is asked: only a
+    /// reserve's answer there, not the gate's, can say the order took nothing.
+    fn lead(&self, shards: &mut Vec<u16>, gate: &SoldOutGate, sale: &Sale, order: &OrderId) {
+        if let Some(doubt) = self.shard {
+            shards.retain(|shard| *shard != doubt);
+            shards.insert(0, doubt);
+        }
+        if shards.is_empty() {
+            shards.extend(gate.shard_taken_by(&sale.sale_id, sale.shards, order));
+        }
+    }
+
+    /// When the grab ends: one that gives up in doubt leaves the shard to its path's
+    /// next request in this process; one that knows what happened clears it.
+    fn hand_on(
+        self,
+        gate: &SoldOutGate,
+        sale: &Sale,
+        order: &OrderId,
+        outcome: &Result<GrabOutcome, AppError>,
+        now: DateTime<Utc>,
+    ) {
+        let shard = match outcome {
+            Err(error) if error.is_retryable() => self.shard,
+            _ => None,
+        };
+        if self.noted || shard.is_some() {
+            gate.note_doubt(&sale.sale_id, sale.shards, order, shard, now);
+        }
+    }
+}
+
+/// A grab's answer.
+type Answer = Result<GrabOutcome, AppError>;
+
+/// One grab's walks over the sale's shards, once its request is known valid.
+struct Walk<'a> {
+    sale: &'a Sale,
+    user: &'a UserId,
+    started: DateTime<Utc>,
+    /// The hold to reserve; its shard is the one last asked.
+    reservation: Reservation,
+    tally: &'a mut Tally,
+    walks: u32,
+    slot_waits: u32,
+    unknown_outcomes: u32,
     /// Until when a shard this grab found empty may get a unit back from an undone
     /// take (see [`ContentionPolicy::undo_window`]).
     undo_possible_until: Option<DateTime<Utc>>,
+}
+
+impl<'a> Walk<'a> {
+    fn new(
+        sale: &'a Sale,
+        user: &'a UserId,
+        order_id: OrderId,
+        started: DateTime<Utc>,
+        tally: &'a mut Tally,
+    ) -> Self {
+        let reservation = Reservation {
+            order_id,
+            sale_id: sale.sale_id.clone(),
+            user_id: user.clone(),
+            shard: 0,
+            created_at: started,
+            expires_at: sale.payment_deadline(started),
+            price: sale.price,
+        };
+        Self {
+            sale,
+            user,
+            started,
+            reservation,
+            tally,
+            walks: 0,
+            slot_waits: 0,
+            unknown_outcomes: 0,
+            undo_possible_until: None,
+        }
+    }
+
+    fn order_id(&self) -> &OrderId {
+        &self.reservation.order_id
+    }
+}
+
+/// What one walk left for the next.
+#[derive(Debug, Default)]
+struct WalkLeft {
+    /// Shards it did not reach.
+    untried: Vec<u16>,
+    /// Shards with stock that this process had enough takes in flight on.
+    at_cap: Vec<u16>,
+    /// Shards it found contended, or reached with the budget spent.
+    contended: Vec<u16>,
+    /// Whether it sent a reserve at all.
+    wrote: bool,
+}
+
+/// What asking one shard came to.
+enum ShardAnswer {
+    /// The grab has its answer.
+    Answered(Answer),
+    /// The gate knows it empty, or it was found so.
+    Empty,
+    /// This process had enough takes in flight on it.
+    AtCap,
+    Contended,
+    /// No other shard before this one is asked again: a take of this order's may be
+    /// on it.
+    EndWalk,
 }
 
 /// The hot path: hand out grab paths, and turn a grab into a reservation.
@@ -362,7 +516,7 @@ impl GrabService {
         user: &UserId,
         attempt: Attempt,
         tally: &mut Tally,
-    ) -> Result<GrabOutcome, AppError> {
+    ) -> Answer {
         let started = self.clock.now();
         // The path's signature first, in memory: a forged or junk path (an unknown sale
         // id included) costs no call to the store. A genuine one that expired is told
@@ -380,261 +534,300 @@ impl GrabService {
             SalePhase::Active => {}
         }
         let order_id = order_id.ok_or(AppError::InvalidToken)?;
-        let outcome = self
-            .take_a_unit(&sale, order_id.clone(), user, attempt, started, tally)
-            .await;
-        // A grab that gives up in doubt leaves the shard to its path's next request in
-        // this process; one that knows what happened clears it.
-        let in_doubt = match &outcome {
-            Err(error) if error.is_retryable() => tally.in_doubt,
-            _ => None,
-        };
-        if tally.doubted || in_doubt.is_some() {
-            self.gate
-                .note_doubt(sale_id, sale.shards, &order_id, in_doubt, self.clock.now());
-        }
+        tally.doubt = Doubt::recall(&self.gate, &sale, &order_id);
+        let mut walk = Walk::new(&sale, user, order_id.clone(), started, tally);
+        let outcome = self.take_a_unit(&mut walk, attempt).await;
+        std::mem::take(&mut tally.doubt).hand_on(
+            &self.gate,
+            &sale,
+            &order_id,
+            &outcome,
+            self.clock.now(),
+        );
         outcome
     }
 
-    /// The walk over the shards for `order_id`, once the request is known valid.
-    async fn take_a_unit(
-        &self,
-        sale: &Sale,
-        order_id: OrderId,
-        user: &UserId,
-        attempt: Attempt,
-        started: DateTime<Utc>,
-        tally: &mut Tally,
-    ) -> Result<GrabOutcome, AppError> {
-        let sale_id = &sale.sale_id;
-        // A shard where this order may have a take whose hold is missing is asked
-        // first, whatever the gate thinks of it: a reserve takes from the shard before
-        // it holds, and only a reserve on the same shard finds a take that landed and
-        // finishes it (going on elsewhere would strand that unit until the reconciler
-        // returns it). The gate knows it from this path's earlier request that gave up
-        // in doubt here, or from the takers of a shard it saw empty.
-        tally.in_doubt = self.gate.shard_taken_by(sale_id, sale.shards, &order_id);
-        tally.doubted = tally.in_doubt.is_some();
-        let mut shards = self.shards_worth_a_write(sale, user, started).await;
-        if shards.is_empty() {
-            // Sold out as far as this process knows, so no write, unless this path's
-            // order may hold a unit: a request that repeats a winner's (with or without
-            // the retry header) is told so, for one read, instead of "sold out"; a take
-            // whose hold never landed is finished by one reserve on its shard.
-            if tally.in_doubt.is_none() && attempt == Attempt::First {
-                return Ok(GrabOutcome::SoldOut(SoldOutBy::Gate));
-            }
-            if let Some(held) = self.resume(&order_id, user).await? {
-                return Ok(GrabOutcome::Resumed(held));
-            }
-            if tally.in_doubt.is_none() {
-                return Ok(GrabOutcome::SoldOut(SoldOutBy::Gate));
-            }
-        }
-        if let Some(doubt) = tally.in_doubt {
-            shards.retain(|shard| *shard != doubt);
-            shards.insert(0, doubt);
-        }
-        let mut unknown_outcomes = 0_u32;
-        let mut reservation = Reservation {
-            order_id,
-            sale_id: sale_id.clone(),
-            user_id: user.clone(),
-            shard: 0,
-            created_at: started,
-            expires_at: sale.payment_deadline(started),
-            price: sale.price,
+    /// Walks the shards until one gives the order a unit, all are found empty, or the
+    /// walks or the budget are spent.
+    async fn take_a_unit(&self, walk: &mut Walk<'_>, attempt: Attempt) -> Answer {
+        let mut shards = match self.first_walk(walk, attempt).await? {
+            ControlFlow::Continue(shards) => shards,
+            ControlFlow::Break(answered) => return Ok(answered),
         };
-        let mut walks = 0_u32;
-        let mut slot_waits = 0_u32;
         loop {
-            walks += 1;
-            // Shards this walk found contended, or whose answer was lost.
-            let mut contended = Vec::new();
-            // Shards with stock that this process had enough takes in flight on.
-            let mut at_cap = Vec::new();
-            let mut wrote = false;
-            let mut untried = shards.into_iter();
-            for shard in untried.by_ref() {
-                if self.clock.now() - started >= self.contention.budget {
-                    contended.push(shard);
-                    break;
-                }
-                // Another grab may have found it empty since this walk was planned: a
-                // write there now would only be refused (and billed).
-                if tally.in_doubt != Some(shard)
-                    && !self.gate.is_worth_a_write(sale_id, sale.shards, shard)
-                {
-                    continue;
-                }
-                // The shard this order may have a take on is asked whatever the crowd.
-                let slot = if tally.in_doubt == Some(shard) {
-                    None
-                } else {
-                    let cap = self.contention.max_takes_in_flight_per_shard;
-                    match self.gate.admit(sale_id, sale.shards, shard, cap) {
-                        Some(slot) => Some(slot),
-                        None => {
-                            at_cap.push(shard);
-                            continue;
-                        }
-                    }
-                };
-                reservation.shard = shard;
-                tally.reserves += 1;
-                wrote = true;
-                let answer = self.ledger.reserve(sale, shard, &reservation).await;
-                // The slot frees only once the gate knows what this take found (below),
-                // so a grab waiting for it never writes to a shard just found empty; and
-                // before anything else is awaited.
-                if tally.in_doubt == Some(shard)
-                    && matches!(answer, Ok(Err(ReserveRefusal::ShardEmpty(_))))
-                {
-                    // A take that had landed would have been found, not refused; and
-                    // the gate stops pointing this order back here at once, or the walk
-                    // would come back to it until it ran out of walks.
-                    tally.in_doubt = None;
-                    self.gate.note_doubt(
-                        sale_id,
-                        sale.shards,
-                        &reservation.order_id,
-                        None,
-                        started,
-                    );
-                }
-                match answer {
-                    Ok(Ok(())) => {
-                        self.gate.mark_stocked(sale_id, sale.shards, shard);
-                        drop(slot);
-                        self.hand_over(&reservation).await;
-                        return Ok(GrabOutcome::Reserved(reservation));
-                    }
-                    Ok(Err(ReserveRefusal::ShardEmpty(takers))) => {
-                        let now = self.clock.now();
-                        let undo_until = takers
-                            .latest_take()
-                            .map(|began| began + self.contention.undo_window)
-                            .filter(|until| *until > now);
-                        tally.undo_possible_until = tally.undo_possible_until.max(undo_until);
-                        self.gate
-                            .mark_empty(sale_id, sale.shards, shard, takers, now);
-                        drop(slot);
-                    }
-                    Ok(Err(ReserveRefusal::LimitReached)) => {
-                        // The store gave the take back when the hold was refused: the
-                        // shard has that unit again, whatever it looked like meanwhile.
-                        self.gate.mark_stocked(sale_id, sale.shards, shard);
-                        return Err(AppError::LimitReached);
-                    }
-                    Ok(Err(ReserveRefusal::AlreadyHeld)) => {
-                        drop(slot);
-                        return self
-                            .resume(&reservation.order_id, user)
-                            .await?
-                            .map(GrabOutcome::Resumed)
-                            .ok_or(AppError::OrderNotFound);
-                    }
-                    Ok(Err(ReserveRefusal::Contended)) => {
-                        tally.contended += 1;
-                        if tally.in_doubt == Some(shard) {
-                            // Not another shard before this one answers: a take of
-                            // ours may be here.
-                            break;
-                        }
-                        contended.push(shard);
-                    }
-                    // Sent and unanswered: a take of this order may be on `shard`.
-                    Err(error) if error.outcome() == WriteOutcome::InDoubt => {
-                        tracing::warn!(
-                            order_id = %reservation.order_id,
-                            shard,
-                            error = &error as &dyn std::error::Error,
-                            "reserve outcome unknown; reading the buyer's item"
-                        );
-                        drop(slot);
-                        tally.in_doubt = Some(shard);
-                        tally.doubted = true;
-                        match self.resume(&reservation.order_id, user).await {
-                            Ok(Some(held)) => {
-                                tally.in_doubt = None;
-                                self.drop_if_superseded(&held, shard).await;
-                                return Ok(GrabOutcome::Reserved(held));
-                            }
-                            Ok(None) => {}
-                            // A read that fails too leaves the outcome as unknown as
-                            // before: the reserve on this shard, asked again, tells.
-                            Err(read) if read.is_retryable() => {}
-                            Err(read) => return Err(read),
-                        }
-                        unknown_outcomes += 1;
-                        if unknown_outcomes > self.contention.max_unknown_outcomes {
-                            return Err(error.into());
-                        }
-                        break;
-                    }
-                    // Never sent (nothing is in doubt, and asking again now would only be
-                    // refused the same way), or refused for good.
-                    Err(error) => return Err(error.into()),
-                }
-                // Every contended shard is one more write for nothing: past a few in a
-                // row the crowd is everywhere, and waiting is cheaper than probing.
-                if contended.len() >= self.contention.max_contended_per_walk as usize {
-                    break;
-                }
-            }
-            // The next walk tries what this one did not reach first, then what it found
-            // contended; another process may have found some of them empty meanwhile.
-            let next: Vec<u16> = untried
-                .chain(at_cap.iter().copied())
-                .chain(contended)
-                .filter(|shard| Some(*shard) != tally.in_doubt)
-                .collect();
-            shards = self.gate.still_worth_a_write(sale_id, sale.shards, next);
-            // Sold out, unless the lost reserve took a unit after all: only a reserve's
-            // answer on its shard, not the gate's, can tell.
-            shards.splice(0..0, tally.in_doubt);
-            if shards.is_empty() {
-                shards.extend(self.gate.shard_taken_by(
-                    sale_id,
-                    sale.shards,
-                    &reservation.order_id,
-                ));
-            }
-            if shards.is_empty() {
-                shards = self
-                    .stock_back_from_undone_takes(sale, user, started, tally)
-                    .await;
-                if shards.is_empty() {
-                    return Ok(GrabOutcome::SoldOut(SoldOutBy::Database));
-                }
-                // No contention pause: the wait for the undo was the pause.
-                continue;
-            }
-            // Every shard left was at the cap: a slot frees within a take's round trip,
-            // so that wait is not a walk.
-            if !wrote {
-                walks -= 1;
-            }
-            if walks >= self.contention.max_walks
-                || self.clock.now() - started >= self.contention.budget
-            {
-                if let Some(held) = self.resume_in_doubt(tally, &reservation).await? {
-                    return Ok(GrabOutcome::Reserved(held));
-                }
-                return Err(AppError::Store(StoreError::transient(
-                    GRAB,
-                    ContentionOutlasted { walks },
-                )));
-            }
-            let pause = if wrote {
-                self.contention.pause_before(walks, &reservation.order_id)
-            } else {
-                slot_waits += 1;
-                self.contention
-                    .slot_wait_before(slot_waits, &reservation.order_id)
+            let left = match self.walk_once(walk, shards).await {
+                ControlFlow::Continue(left) => left,
+                ControlFlow::Break(answer) => return answer,
             };
-            self.pause.pause(pause).await;
+            shards = match self.next_walk(walk, left).await {
+                ControlFlow::Continue(shards) => shards,
+                ControlFlow::Break(answer) => return answer,
+            };
         }
+    }
+
+    /// The first walk's shards: those the gate thinks worth a write, the doubted one
+    /// first. Sold out as far as this process knows, so no write, unless this path's
+    /// order may hold a unit: a request that repeats a winner's (with or without the
+    /// retry header) is told so, for one read, instead of "sold out"; a take whose hold
+    /// never landed is finished by one reserve on its shard.
+    async fn first_walk(
+        &self,
+        walk: &mut Walk<'_>,
+        attempt: Attempt,
+    ) -> Result<ControlFlow<GrabOutcome, Vec<u16>>, AppError> {
+        let mut shards = self
+            .shards_worth_a_write(walk.sale, walk.user, walk.started)
+            .await;
+        let doubted = walk.tally.doubt.shard.is_some();
+        if shards.is_empty() {
+            if !doubted && attempt == Attempt::First {
+                return Ok(ControlFlow::Break(GrabOutcome::SoldOut(SoldOutBy::Gate)));
+            }
+            if let Some(held) = self.resume(walk.order_id(), walk.user).await? {
+                return Ok(ControlFlow::Break(GrabOutcome::Resumed(held)));
+            }
+            if !doubted {
+                return Ok(ControlFlow::Break(GrabOutcome::SoldOut(SoldOutBy::Gate)));
+            }
+        }
+        walk.tally
+            .doubt
+            .lead(&mut shards, &self.gate, walk.sale, walk.order_id());
+        Ok(ControlFlow::Continue(shards))
+    }
+
+    /// One walk over `shards` in order, until one answers the grab, or a few in a row
+    /// are contended: past that the crowd is everywhere, and waiting is cheaper than
+    /// probing (every contended shard is one more write for nothing).
+    async fn walk_once(
+        &self,
+        walk: &mut Walk<'_>,
+        shards: Vec<u16>,
+    ) -> ControlFlow<Answer, WalkLeft> {
+        walk.walks += 1;
+        let reserves_before = walk.tally.reserves;
+        let mut left = WalkLeft::default();
+        let mut shards = shards.into_iter();
+        for shard in shards.by_ref() {
+            if self.clock.now() - walk.started >= self.contention.budget {
+                left.contended.push(shard);
+                break;
+            }
+            match self.ask(walk, shard).await {
+                ShardAnswer::Answered(answer) => return ControlFlow::Break(answer),
+                ShardAnswer::Empty => {}
+                ShardAnswer::AtCap => left.at_cap.push(shard),
+                ShardAnswer::Contended => left.contended.push(shard),
+                ShardAnswer::EndWalk => break,
+            }
+            if left.contended.len() >= self.contention.max_contended_per_walk as usize {
+                break;
+            }
+        }
+        left.untried = shards.collect();
+        left.wrote = walk.tally.reserves > reserves_before;
+        ControlFlow::Continue(left)
+    }
+
+    /// Asks `shard` for a unit, if the gate lets this grab write there now.
+    async fn ask(&self, walk: &mut Walk<'_>, shard: u16) -> ShardAnswer {
+        let (sale_id, shards) = (&walk.sale.sale_id, walk.sale.shards);
+        let slot = if walk.tally.doubt.is_on(shard) {
+            // The shard this order may have a take on is asked whatever the crowd.
+            None
+        } else if !self.gate.is_worth_a_write(sale_id, shards, shard) {
+            // Another grab found it empty since this walk was planned: a write there
+            // now would only be refused (and billed).
+            return ShardAnswer::Empty;
+        } else {
+            let cap = self.contention.max_takes_in_flight_per_shard;
+            match self.gate.admit(sale_id, shards, shard, cap) {
+                Some(slot) => Some(slot),
+                None => return ShardAnswer::AtCap,
+            }
+        };
+        walk.reservation.shard = shard;
+        walk.tally.reserves += 1;
+        let answer = self
+            .ledger
+            .reserve(walk.sale, shard, &walk.reservation)
+            .await;
+        self.take_in(walk, shard, answer, slot).await
+    }
+
+    /// What a reserve's answer on `shard` means for the grab. The slot frees only once
+    /// the gate knows what the take found, so a grab waiting for it never writes to a
+    /// shard just found empty; and before anything else is awaited.
+    async fn take_in(
+        &self,
+        walk: &mut Walk<'_>,
+        shard: u16,
+        answer: Result<Result<(), ReserveRefusal>, StoreError>,
+        slot: Option<TakeSlot>,
+    ) -> ShardAnswer {
+        let (sale_id, shards) = (&walk.sale.sale_id, walk.sale.shards);
+        match answer {
+            Ok(Ok(())) => {
+                self.gate.mark_stocked(sale_id, shards, shard);
+                drop(slot);
+                self.hand_over(&walk.reservation).await;
+                ShardAnswer::Answered(Ok(GrabOutcome::Reserved(walk.reservation.clone())))
+            }
+            Ok(Err(ReserveRefusal::ShardEmpty(takers))) => {
+                let now = self.clock.now();
+                let undo_until = takers
+                    .latest_take()
+                    .map(|began| began + self.contention.undo_window)
+                    .filter(|until| *until > now);
+                walk.undo_possible_until = walk.undo_possible_until.max(undo_until);
+                if walk.tally.doubt.is_on(shard) {
+                    let order_id = &walk.reservation.order_id;
+                    walk.tally
+                        .doubt
+                        .refute(&self.gate, walk.sale, order_id, now);
+                }
+                self.gate.mark_empty(sale_id, shards, shard, takers, now);
+                ShardAnswer::Empty
+            }
+            Ok(Err(ReserveRefusal::LimitReached)) => {
+                // The store gave the take back when the hold was refused: the shard has
+                // that unit again, whatever it looked like meanwhile.
+                self.gate.mark_stocked(sale_id, shards, shard);
+                ShardAnswer::Answered(Err(AppError::LimitReached))
+            }
+            Ok(Err(ReserveRefusal::AlreadyHeld)) => {
+                drop(slot);
+                let held = self.resume(walk.order_id(), walk.user).await;
+                ShardAnswer::Answered(held.and_then(|held| {
+                    held.map(GrabOutcome::Resumed)
+                        .ok_or(AppError::OrderNotFound)
+                }))
+            }
+            Ok(Err(ReserveRefusal::Contended)) => {
+                walk.tally.contended += 1;
+                if walk.tally.doubt.is_on(shard) {
+                    ShardAnswer::EndWalk
+                } else {
+                    ShardAnswer::Contended
+                }
+            }
+            Err(error) if error.outcome() == WriteOutcome::InDoubt => {
+                drop(slot);
+                self.resolve_unknown(walk, shard, error).await
+            }
+            // Never sent (nothing is in doubt, and asking again now would only be
+            // refused the same way), or refused for good.
+            Err(error) => ShardAnswer::Answered(Err(error.into())),
+        }
+    }
+
+    /// A reserve on `shard` was sent and not answered, so a take of this order's may be
+    /// there. One read of the buyer's item (which names the path's order) answers the
+    /// grab if the hold landed. If not, the walk ends, and the next begins on `shard`.
+    async fn resolve_unknown(
+        &self,
+        walk: &mut Walk<'_>,
+        shard: u16,
+        error: StoreError,
+    ) -> ShardAnswer {
+        tracing::warn!(
+            order_id = %walk.reservation.order_id,
+            shard,
+            error = &error as &dyn std::error::Error,
+            "reserve outcome unknown; reading the buyer's item"
+        );
+        walk.tally.doubt.suspect(shard);
+        match self.held_after_all(walk, shard).await {
+            Ok(Some(held)) => return ShardAnswer::Answered(Ok(GrabOutcome::Reserved(held))),
+            Ok(None) => {}
+            // A read that fails too leaves the outcome as unknown as before: the reserve
+            // on this shard, asked again, tells.
+            Err(read) if read.is_retryable() => {}
+            Err(read) => return ShardAnswer::Answered(Err(read)),
+        }
+        walk.unknown_outcomes += 1;
+        if walk.unknown_outcomes > self.contention.max_unknown_outcomes {
+            return ShardAnswer::Answered(Err(error.into()));
+        }
+        ShardAnswer::EndWalk
+    }
+
+    /// The next walk's shards: what the last one did not reach first, then what was at
+    /// the cap, then what was contended, less what another process may have found empty
+    /// meanwhile; the doubted shard first. None left: sold out, once a unit that an
+    /// undone take may give back has been looked for.
+    async fn next_walk(
+        &self,
+        walk: &mut Walk<'_>,
+        left: WalkLeft,
+    ) -> ControlFlow<Answer, Vec<u16>> {
+        let (sale_id, shard_count) = (&walk.sale.sale_id, walk.sale.shards);
+        let next = left
+            .untried
+            .into_iter()
+            .chain(left.at_cap)
+            .chain(left.contended)
+            .collect();
+        let mut shards = self.gate.still_worth_a_write(sale_id, shard_count, next);
+        walk.tally
+            .doubt
+            .lead(&mut shards, &self.gate, walk.sale, walk.order_id());
+        if shards.is_empty() {
+            let shards = self.stock_back_from_undone_takes(walk).await;
+            if shards.is_empty() {
+                return ControlFlow::Break(Ok(GrabOutcome::SoldOut(SoldOutBy::Database)));
+            }
+            // No contention pause: the wait for the undo was the pause.
+            return ControlFlow::Continue(shards);
+        }
+        self.pause_before_next_walk(walk, left.wrote).await?;
+        ControlFlow::Continue(shards)
+    }
+
+    /// Waits before the next walk, growing with the walks (full jitter), or gives up
+    /// once the walks or the budget are spent.
+    async fn pause_before_next_walk(
+        &self,
+        walk: &mut Walk<'_>,
+        wrote: bool,
+    ) -> ControlFlow<Answer> {
+        // Every shard left was at the cap: a slot frees within a take's round trip, so
+        // that wait is not a walk.
+        if !wrote {
+            walk.walks -= 1;
+        }
+        if walk.walks >= self.contention.max_walks
+            || self.clock.now() - walk.started >= self.contention.budget
+        {
+            return ControlFlow::Break(self.give_up_contended(walk).await);
+        }
+        let pause = if wrote {
+            self.contention.pause_before(walk.walks, walk.order_id())
+        } else {
+            walk.slot_waits += 1;
+            self.contention
+                .slot_wait_before(walk.slot_waits, walk.order_id())
+        };
+        self.pause.pause(pause).await;
+        ControlFlow::Continue(())
+    }
+
+    /// Contention outlasted the walks or the budget: transient, the buyer's retry may
+    /// find a shard free. But before a grab gives up with a reserve's outcome still
+    /// unknown, one more read of the buyer's item: a lost reserve that landed meanwhile
+    /// is answered as the reservation it is, not as a 503 whose retry the gate may call
+    /// sold out.
+    async fn give_up_contended(&self, walk: &mut Walk<'_>) -> Answer {
+        if let Some(shard) = walk.tally.doubt.shard
+            && let Some(held) = self.held_after_all(walk, shard).await?
+        {
+            return Ok(GrabOutcome::Reserved(held));
+        }
+        Err(AppError::Store(StoreError::transient(
+            GRAB,
+            ContentionOutlasted { walks: walk.walks },
+        )))
     }
 
     /// The sale's shards that the gate thinks worth a write, in the buyer's order. If
@@ -663,17 +856,12 @@ impl GrabService {
     /// every shard once (no write) and answers the shards the gate, told what the read
     /// saw, now thinks worth a write. Once per grab; empty: sold out after all. (A unit
     /// back after the budget is spent is answered 503, and the buyer's retry takes it.)
-    async fn stock_back_from_undone_takes(
-        &self,
-        sale: &Sale,
-        user: &UserId,
-        started: DateTime<Utc>,
-        tally: &mut Tally,
-    ) -> Vec<u16> {
-        let Some(until) = tally.undo_possible_until.take() else {
+    async fn stock_back_from_undone_takes(&self, walk: &mut Walk<'_>) -> Vec<u16> {
+        let Some(until) = walk.undo_possible_until.take() else {
             return Vec::new();
         };
-        let until = until.min(started + self.contention.budget);
+        let sale = walk.sale;
+        let until = until.min(walk.started + self.contention.budget);
         let wait = (until - self.clock.now()).to_std().unwrap_or_default();
         self.pause.pause(wait).await;
         match self.ledger.shard_states(sale).await {
@@ -681,7 +869,7 @@ impl GrabService {
                 let now = self.clock.now();
                 self.gate.apply(&sale.sale_id, states, now);
                 self.gate
-                    .plan(&sale.sale_id, sale.shards, sale.shard_order(user), now)
+                    .plan(&sale.sale_id, sale.shards, sale.shard_order(walk.user), now)
                     .shards
             }
             Err(error) => {
@@ -731,22 +919,18 @@ impl GrabService {
         }
     }
 
-    /// Before a grab gives up with a reserve's outcome still unknown, one more read of
-    /// the buyer's item: a lost reserve that landed meanwhile is answered as the
-    /// reservation it is, not as a 503 whose retry the gate may call sold out.
-    async fn resume_in_doubt(
+    /// The order's hold, if a reserve on `shard` whose answer was lost turns out to have
+    /// landed (one read of the buyer's item). If it is held on another shard (a
+    /// concurrent request of the same path won there), a take on `shard` is no one's and
+    /// goes back.
+    async fn held_after_all(
         &self,
-        tally: &mut Tally,
-        reservation: &Reservation,
+        walk: &mut Walk<'_>,
+        shard: u16,
     ) -> Result<Option<Reservation>, AppError> {
-        let Some(shard) = tally.in_doubt else {
-            return Ok(None);
-        };
-        let held = self
-            .resume(&reservation.order_id, &reservation.user_id)
-            .await?;
+        let held = self.resume(walk.order_id(), walk.user).await?;
         if let Some(held) = &held {
-            tally.in_doubt = None;
+            walk.tally.doubt.resolve();
             self.drop_if_superseded(held, shard).await;
         }
         Ok(held)
