@@ -369,7 +369,12 @@ def test_the_admin_creates_a_sale_and_watches_the_stats_move(open_page, stack):
     expect(page.locator("#price-preview")).to_have_text("4999 USD minor units")
     form.locator("[name=stock]").fill("3")
     form.locator("[name=starts_in]").fill("0")
-    form.locator("button[type=submit]").click()
+    form.locator("[name=reserve]").select_option("take_then_hold")
+    with page.expect_response(
+        lambda r: r.url.endswith("/admin/sales") and r.request.method == "POST" and r.status == 201
+    ) as created:
+        form.locator("button[type=submit]").click()
+    assert created.value.json()["reserve"] == "take_then_hold", created.value.json()
     expect(page.get_by_test_id("buyer-link")).to_have_attribute("href", re.compile(f"sale={sale_id}$"))
     expect(page.locator("#admin-message")).to_have_text(f"Created sale {sale_id} at $49.99.")
     expect(page.get_by_test_id("stats-price")).to_have_text("$49.99")

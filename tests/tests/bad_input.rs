@@ -99,6 +99,9 @@ async fn invalid_sales_are_refused_with_400_and_write_nothing() {
     )
     .await;
     post(sale_body(json!({ "shards": 11 })), "invalid_input").await;
+    for reserve in [json!("fast"), json!("Adaptive"), json!(""), json!(1)] {
+        post(sale_body(json!({ "reserve": reserve })), "invalid_input").await;
+    }
     // A price is required, in whole minor units of a current ISO 4217 currency, as
     // Stripe takes it (its currency codes are lower case; the API's are ISO's).
     for price in [
@@ -133,6 +136,7 @@ async fn invalid_sales_are_refused_with_400_and_write_nothing() {
         "per_user_limit",
         "payment_timeout_secs",
         "shards",
+        "reserve",
     ] {
         let mut body: Value = serde_json::from_slice(&sale_body(json!({}))).unwrap();
         body[field] = Value::Null;

@@ -73,6 +73,7 @@ async function createSale(event) {
     per_user_limit: Number(value("per_user_limit") || 1),
     payment_timeout_secs: Number(value("payment_timeout_secs") || 900),
     challenge_work: Number(value("challenge_work") || 0),
+    reserve: value("reserve") || "adaptive",
   };
   // The id is chosen here, so that asking again after a busy answer cannot create a
   // second sale: a retry that finds it already there found the one just created.

@@ -23,7 +23,7 @@ use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
 use chrono::{Duration, Utc};
 use flashsale_adapters::DynamoStore;
 use flashsale_domain::ports::SaleCatalog;
-use flashsale_domain::{Price, Sale, SaleId};
+use flashsale_domain::{Price, ReservePath, Sale, SaleId};
 use flashsale_grab::{Config, Deps, GrabKeyError, RETRY_ATTEMPT_HEADER, handler};
 use flashsale_lambda::testing::{ApiEvent, body_json, error_code};
 use flashsale_lambda::{FromEnv as _, cold_start};
@@ -195,6 +195,7 @@ impl Stack {
             payment_timeout_secs: 900,
             shards,
             challenge_work: None,
+            reserve: ReservePath::Adaptive,
         };
         assert!(
             DynamoStore::new(dynamodb, &table)

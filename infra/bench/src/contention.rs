@@ -29,7 +29,9 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use flashsale_adapters::{DynamoStore, ReserveMode};
 use flashsale_domain::ports::{ReserveRefusal, SaleCatalog, StockLedger};
-use flashsale_domain::{OrderId, Reservation, Sale, SaleId, StoreError, UserId, ValidationError};
+use flashsale_domain::{
+    OrderId, Reservation, ReservePath, Sale, SaleId, StoreError, UserId, ValidationError,
+};
 use flashsale_load::client::{ClientError, expect_status};
 use flashsale_load::surge::retry_delay;
 use flashsale_local::metrics::Summary;
@@ -197,10 +199,27 @@ impl RunOrder {
     }
 }
 
+/// How the gateway surge's sale reserves: a flash sale, whose surge at the start
+/// instant is known, as docs/capacity.md tells operators to set it.
+pub const FLASH_SALE_RESERVE: ReservePath = ReservePath::TakeThenHold;
+
 impl ContentionReport {
     /// At `commit_time_ms`, the mean gateway sell-out over the mean textbook one, over
     /// every round in both orders; `None` unless every run there sold out.
     pub fn pooled_sell_out_ratio(&self, commit_time_ms: u64) -> Option<f64> {
+        self.pooled_ratio_of(commit_time_ms, |run| &run.gateway)
+    }
+
+    /// [`Self::pooled_sell_out_ratio`] for the sale left adaptive.
+    pub fn pooled_adaptive_sell_out_ratio(&self, commit_time_ms: u64) -> Option<f64> {
+        self.pooled_ratio_of(commit_time_ms, |run| &run.gateway_adaptive)
+    }
+
+    fn pooled_ratio_of(
+        &self,
+        commit_time_ms: u64,
+        surge: fn(&ContentionRun) -> &GatewaySurge,
+    ) -> Option<f64> {
         let runs: Vec<&ContentionRun> = self
             .runs
             .iter()
@@ -209,7 +228,7 @@ impl ContentionReport {
         let mut gateway = 0.0;
         let mut textbook = 0.0;
         for run in &runs {
-            gateway += run.gateway.sell_out?.as_secs_f64();
+            gateway += surge(run).sell_out?.as_secs_f64();
             textbook += run.textbook.target_reached_after?.as_secs_f64();
         }
         if runs.is_empty() {
@@ -226,7 +245,11 @@ pub struct ContentionRun {
     /// Which round of this commit time (from 1); each round runs both orders.
     pub round: usize,
     pub order: RunOrder,
+    /// The surge on a sale set as its operator sets a flash sale
+    /// ([`FLASH_SALE_RESERVE`]), beside the textbook client in this run's order...
     pub gateway: GatewaySurge,
+    /// ...and the same surge on a sale left at the default, adaptive, right after.
+    pub gateway_adaptive: GatewaySurge,
     pub textbook: RawRun,
     /// The textbook client's buyers and retry, on a sale of the same size, reserving
     /// with the grab's reserve of issue 14 (always take then hold)...
@@ -520,7 +543,14 @@ pub async fn contention(
         eprintln!("bench: 7. warming up: {warm} surges and one textbook run, not reported");
         let _conflicts = ConflictsOn::new(&stack.dynamodb, first);
         for surge in 0..sizes.warm_up_surges {
-            gateway_surge(session, stack, sizes, &format!("warmup{surge}")).await?;
+            gateway_surge(
+                session,
+                stack,
+                sizes,
+                &format!("warmup{surge}"),
+                FLASH_SALE_RESERVE,
+            )
+            .await?;
         }
         textbook_run(session, &raw, stack, sizes, "warmup").await?;
     }
@@ -540,18 +570,28 @@ pub async fn contention(
                 sizes.stock,
                 sizes.shards
             );
+            let flash_sale =
+                || gateway_surge(session, stack, sizes, &surge_name, FLASH_SALE_RESERVE);
             let (gateway, textbook) = match order {
                 RunOrder::GatewayFirst => {
-                    let gateway = gateway_surge(session, stack, sizes, &surge_name).await?;
+                    let gateway = flash_sale().await?;
                     let textbook = textbook_run(session, &raw, stack, sizes, &tag).await?;
                     (gateway, textbook)
                 }
                 RunOrder::TextbookFirst => {
                     let textbook = textbook_run(session, &raw, stack, sizes, &tag).await?;
-                    let gateway = gateway_surge(session, stack, sizes, &surge_name).await?;
+                    let gateway = flash_sale().await?;
                     (gateway, textbook)
                 }
             };
+            let gateway_adaptive = gateway_surge(
+                session,
+                stack,
+                sizes,
+                &format!("surgeadaptive{tag}"),
+                ReservePath::Adaptive,
+            )
+            .await?;
             let take_then_hold =
                 same_client_run(session, &raw, stack, sizes, &tag, RawReserve::TakeThenHold)
                     .await?;
@@ -563,6 +603,7 @@ pub async fn contention(
                 round: round + 1,
                 order,
                 gateway,
+                gateway_adaptive,
                 textbook,
                 take_then_hold,
                 adaptive,
@@ -676,6 +717,7 @@ async fn same_client_run(
             sizes.stock,
             PAYMENT_WINDOW_SECS,
             Some(sizes.shards),
+            ReservePath::Adaptive,
         )
         .await?;
     let sale = raw.sale(&sale_id).await?;
@@ -816,9 +858,16 @@ async fn gateway_surge(
     stack: &BenchStack,
     sizes: &ContentionSizes,
     name: &str,
+    reserve: ReservePath,
 ) -> Result<GatewaySurge, ContentionError> {
     let sale_id = session
-        .create_sale_on_shards(name, sizes.stock, PAYMENT_WINDOW_SECS, Some(sizes.shards))
+        .create_sale_on_shards(
+            name,
+            sizes.stock,
+            PAYMENT_WINDOW_SECS,
+            Some(sizes.shards),
+            reserve,
+        )
         .await?;
     let buyers = session
         .buyers_with_paths(&sale_id, name, sizes.buyers)
@@ -1005,7 +1054,13 @@ async fn shard_run(
     let name = format!("{}{commit_time_ms}", reserve.tag());
     let conflicts = ConflictsOn::new(&stack.dynamodb, commit_time_ms);
     let sale_id = session
-        .create_sale_on_shards(&name, sizes.curve_stock, PAYMENT_WINDOW_SECS, Some(1))
+        .create_sale_on_shards(
+            &name,
+            sizes.curve_stock,
+            PAYMENT_WINDOW_SECS,
+            Some(1),
+            ReservePath::Adaptive,
+        )
         .await?;
     let sale = raw.sale(&sale_id).await?;
     let run = raw_run(

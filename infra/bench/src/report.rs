@@ -126,6 +126,34 @@ fn opt_ms_fine(value: Option<std::time::Duration>) -> String {
     )
 }
 
+/// A row of the contention table: its name, each run's cell, and the goal.
+type RowWriter<'a> = dyn Fn(&mut String, &str, &dyn Fn(&ContentionRun) -> String, &str) + 'a;
+/// A goal's cell: the target, and whether each run met it.
+type Verdicts<'a> = dyn Fn(&str, &dyn Fn(&ContentionRun) -> Option<bool>) -> String + 'a;
+
+/// `TransactWriteItems` · plain writes · cancelled transactions, per unit of `units`.
+fn write_shape(counts: &crate::proxy::Counts, units: usize) -> String {
+    let (seen, conflicts) = contention::transactions(counts);
+    let plain = contention::writes(counts).saturating_sub(seen);
+    let per_unit = |n: u64| opt_f64((units > 0).then(|| n as f64 / units as f64), 2);
+    format!(
+        "{} · {} · {}",
+        per_unit(seen),
+        per_unit(plain),
+        per_unit(conflicts)
+    )
+}
+
+/// A sell-out in ms, and its ratio to the run's textbook client's.
+fn beside_textbook(own: Option<std::time::Duration>, run: &ContentionRun) -> String {
+    let times = own
+        .zip(run.textbook.target_reached_after)
+        .and_then(|(own, textbook)| {
+            (textbook.as_secs_f64() > 0.0).then(|| own.as_secs_f64() / textbook.as_secs_f64())
+        });
+    format!("{} · {}", opt_ms(own), opt_f64(times, 2))
+}
+
 fn percent(part: u64, whole: u64) -> String {
     if whole == 0 {
         String::new()
@@ -438,14 +466,16 @@ impl BenchReport {
              hot paths are compiled, which AWS's service does not do. With one warm-up surge \
              only, the first measured surge sold out in 850 to 890 ms and the next in 530 to \
              620 ms. {quiet}\n\n\
-             - **The surge through the gateway**: a sale of {stock} units on {shards} shards; \
+             - **The surge through the gateway**: a sale of {stock} units on {shards} shards, \
+             set to reserve `{flash}` as a flash sale is (docs/capacity.md); \
              {buyers} buyers each fetch a grab path, then all grab at concurrency {conc}, \
              retrying 429, 503 and no answer on the same path with `X-Retry-Attempt: n` after \
              `Retry-After` plus full jitter (flashsale-load's `retry_delay`), up to {attempts} \
              requests a buyer, as the sale page does. DynamoDB requests are counted from the \
              release of the grabs until the order consumer had set the release timer of \
              every unit taken (it reads the hold and writes nothing to the table), so every \
-             write a unit costs until it is paid or released is in.\n\
+             write a unit costs until it is paid or released is in. The same surge then runs \
+             on a sale left at the default, `adaptive` (the rows \"sale left adaptive\").\n\
              - **The textbook client**: a second sale of {stock} units on {shards} shards, \
              bought by raw buyers at concurrency {conc} reserving in one `TransactWriteItems` \
              (`DynamoStore::reserve_in_one_transaction`) through the proxy: the buyer's shards in \
@@ -456,6 +486,7 @@ impl BenchReport {
              its measure is the sell-out.\n",
             stock = c.stock,
             shards = c.shards,
+            flash = contention::FLASH_SALE_RESERVE.name(),
             buyers = c.buyers,
             conc = c.concurrency,
             attempts = c.grab_attempts,
@@ -670,6 +701,7 @@ impl BenchReport {
                 c.pooled_sell_out_ratio(r.commit_time_ms).map(|x| x <= 1.0)
             }),
         );
+        self.adaptive_rows(out, &row, &verdicts);
         let marks = |marks: &[std::time::Duration]| {
             marks
                 .iter()
@@ -747,17 +779,6 @@ impl BenchReport {
             "",
         );
         // The reserve's paths side by side, under the textbook client's buyers and retry.
-        let write_shape = |counts: &crate::proxy::Counts, units: usize| {
-            let (seen, conflicts) = contention::transactions(counts);
-            let plain = contention::writes(counts).saturating_sub(seen);
-            let per_unit = |n: u64| opt_f64((units > 0).then(|| n as f64 / units as f64), 2);
-            format!(
-                "{} · {} · {}",
-                per_unit(seen),
-                per_unit(plain),
-                per_unit(conflicts)
-            )
-        };
         row(
             out,
             "gateway: `TransactWriteItems` · plain writes · cancelled transactions per unit sold (the surge)",
@@ -779,16 +800,7 @@ impl BenchReport {
             row(
                 out,
                 &format!("{label}: sell-out (ms) · × textbook"),
-                &|r| {
-                    let own = run(r).target_reached_after;
-                    let times =
-                        own.zip(r.textbook.target_reached_after)
-                            .and_then(|(own, textbook)| {
-                                (textbook.as_secs_f64() > 0.0)
-                                    .then(|| own.as_secs_f64() / textbook.as_secs_f64())
-                            });
-                    format!("{} · {}", opt_ms(own), opt_f64(times, 2))
-                },
+                &|r| beside_textbook(run(r).target_reached_after, r),
                 "",
             );
             row(
@@ -860,6 +872,67 @@ impl BenchReport {
             let _ = writeln!(out, "| `{operation}` |{cells}");
         }
         out.push('\n');
+    }
+
+    /// The surge on a sale left adaptive, against the same goals.
+    fn adaptive_rows(&self, out: &mut String, row: &RowWriter<'_>, verdicts: &Verdicts<'_>) {
+        let c = &self.contention;
+        let stock = c.stock as usize;
+        row(
+            out,
+            "sale left adaptive: units sold · 503 answers · other 5xx · stats consistent",
+            &|r| {
+                let g = &r.gateway_adaptive;
+                format!(
+                    "{} · {} · {} · {}",
+                    g.sold,
+                    g.unavailable,
+                    g.other_5xx,
+                    g.consistent.map_or("-".to_owned(), |c| c.to_string())
+                )
+            },
+            &verdicts("all, 0, 0, true", &|r| {
+                let g = &r.gateway_adaptive;
+                Some(
+                    g.sold == stock
+                        && g.unavailable == 0
+                        && g.other_5xx == 0
+                        && g.consistent == Some(true),
+                )
+            }),
+        );
+        row(
+            out,
+            "sale left adaptive: `TransactWriteItems` · plain writes · cancelled transactions per unit sold (the surge)",
+            &|r| write_shape(&r.gateway_adaptive.surge_dynamodb, r.gateway_adaptive.sold),
+            "",
+        );
+        row(
+            out,
+            "sale left adaptive: all DynamoDB writes per unit sold",
+            &|r| opt_f64(r.gateway_adaptive.writes_per_unit(), 2),
+            &verdicts("≤ 3", &|r| {
+                r.gateway_adaptive.writes_per_unit().map(|w| w <= 3.0)
+            }),
+        );
+        row(
+            out,
+            "sale left adaptive: sell-out (ms) · × textbook",
+            &|r| beside_textbook(r.gateway_adaptive.sell_out, r),
+            "",
+        );
+        row(
+            out,
+            "sale left adaptive: every run of the commit time, mean sell-out / mean textbook",
+            &|r| {
+                c.pooled_adaptive_sell_out_ratio(r.commit_time_ms)
+                    .map_or("-".to_owned(), |x| format!("{x:.2}×"))
+            },
+            &verdicts("≤ 1.0×", &|r| {
+                c.pooled_adaptive_sell_out_ratio(r.commit_time_ms)
+                    .map(|x| x <= 1.0)
+            }),
+        );
     }
 
     fn curve_section(&self, out: &mut String) {
@@ -1015,9 +1088,13 @@ impl BenchReport {
         if c.runs.is_empty() {
             problems.push("the contention scenario measured no commit time".to_owned());
         }
-        for r in &c.runs {
-            let at = format!("contention at {}", r.label());
-            let g = &r.gateway;
+        for (r, g, which) in c.runs.iter().flat_map(|r| {
+            [
+                (r, &r.gateway, "the flash sale"),
+                (r, &r.gateway_adaptive, "the sale left adaptive"),
+            ]
+        }) {
+            let at = format!("contention at {}, {which}", r.label());
             if g.sold > stock || g.buyers_with_two_orders > 0 {
                 problems.push(format!(
                     "{at}: oversold: {} units sold of {stock}, {} buyers with two orders",
@@ -1036,9 +1113,12 @@ impl BenchReport {
                     g.final_stats
                 ));
             }
+        }
+        for r in &c.runs {
             if r.textbook.reserved > stock {
                 problems.push(format!(
-                    "{at}: the textbook client reserved {} of {stock}",
+                    "contention at {}: the textbook client reserved {} of {stock}",
+                    r.label(),
                     r.textbook.reserved
                 ));
             }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, SecondsFormat, Utc};
+use flashsale_domain::ReservePath;
 use flashsale_load::client::{ApiClient, ClientError, expect_status};
 use futures::stream::{self, StreamExt};
 use reqwest::{Method, StatusCode};
@@ -90,17 +91,25 @@ impl Session {
         stock: u32,
         payment_timeout_secs: u32,
     ) -> Result<String, ScenarioError> {
-        self.create_sale_on_shards(name, stock, payment_timeout_secs, None)
-            .await
+        self.create_sale_on_shards(
+            name,
+            stock,
+            payment_timeout_secs,
+            None,
+            ReservePath::Adaptive,
+        )
+        .await
     }
 
-    /// [`Session::create_sale`] on `shards` stock shards (`None`: the sale's default).
+    /// [`Session::create_sale`] on `shards` stock shards (`None`: the sale's default),
+    /// its grabs reserving as `reserve` says.
     pub(crate) async fn create_sale_on_shards(
         &self,
         name: &str,
         stock: u32,
         payment_timeout_secs: u32,
         shards: Option<u16>,
+        reserve: ReservePath,
     ) -> Result<String, ScenarioError> {
         let sale_id = format!("bench-{name}-{}", self.run);
         let now = Utc::now();
@@ -112,6 +121,7 @@ impl Session {
             "starts_at": rfc3339(now - chrono::Duration::seconds(5)),
             "ends_at": rfc3339(now + chrono::Duration::hours(2)),
             "payment_timeout_secs": payment_timeout_secs,
+            "reserve": reserve.name(),
         });
         if let Some(shards) = shards {
             sale["shards"] = json!(shards);

@@ -18,7 +18,9 @@ use flashsale_domain::ports::{
 };
 use flashsale_domain::sale::StockCounts;
 use flashsale_domain::testing::InMemoryStore;
-use flashsale_domain::{OrderStatus, ReleaseReason, Reservation, Sale, SaleId, StoreError, UserId};
+use flashsale_domain::{
+    OrderStatus, ReleaseReason, Reservation, ReservePath, Sale, SaleId, StoreError, UserId,
+};
 
 use support::conflicts::Pattern;
 
@@ -420,8 +422,8 @@ async fn a_reserve_whose_transaction_conflicts_on_its_shard_goes_on_with_plain_w
     // Every transaction conflicts on its shard item, as on a hot shard on AWS.
     let (client, injector) = support::conflicting_client(Pattern::Always).await;
     let plain_for = std::time::Duration::from_millis(300);
-    let adaptive =
-        DynamoStore::new(client, &table).with_reserve_mode(ReserveMode::Adaptive { plain_for });
+    let adaptive = DynamoStore::new(client, &table)
+        .with_reserve_mode(ReserveMode::AsTheSaleSays { plain_for });
     let reserve = |name: &'static str, shard: u16| {
         let (adaptive, sale) = (&adaptive, &sale);
         async move { reserved(adaptive, sale, &support::user(name), shard).await }
@@ -448,6 +450,43 @@ async fn a_reserve_whose_transaction_conflicts_on_its_shard_goes_on_with_plain_w
     assert_eq!(injector.seen(), 2, "tried again");
     assert_eq!(plain.availability(&sale).await.expect("stock"), vec![0, 2]);
     assert_eq!(plain.count(&sale).await.expect("count").reserved, 4);
+}
+
+#[tokio::test]
+async fn a_sale_set_to_take_then_hold_sends_no_transaction_and_one_set_to_transaction_never_goes_plain()
+ {
+    let (plain, _, table) = support::store().await;
+    // Every transaction conflicts on its shard item, as on a hot shard on AWS.
+    let (client, injector) = support::conflicting_client(Pattern::Always).await;
+    let store = DynamoStore::new(client, &table);
+
+    let surge = Sale {
+        reserve: ReservePath::TakeThenHold,
+        ..support::sale(3, 1, 1)
+    };
+    created(&plain, &surge).await;
+    let alice = reserved(&store, &surge, &support::user("alice"), 0).await;
+    assert_eq!(injector.seen(), 0, "no transaction, not even a first one");
+    assert_eq!(status_of(&plain, &alice).await, Some(OrderStatus::Reserved));
+    assert_eq!(plain.availability(&surge).await.expect("stock"), vec![2]);
+
+    let strict = Sale {
+        reserve: ReservePath::Transaction,
+        ..support::sale(3, 1, 1)
+    };
+    created(&plain, &strict).await;
+    for attempt in 1..=2 {
+        let bob = support::reservation(&strict, &support::user("bob"), 0);
+        let answer = store.reserve(&strict, 0, &bob).await.expect("answers");
+        assert_eq!(answer, Err(ReserveRefusal::Contended), "attempt {attempt}");
+        assert!(status_of(&plain, &bob).await.is_none(), "nothing written");
+    }
+    assert_eq!(
+        injector.seen(),
+        2,
+        "a transaction each time, never plain writes"
+    );
+    assert_eq!(plain.availability(&strict).await.expect("stock"), vec![3]);
 }
 
 #[tokio::test]

@@ -76,6 +76,9 @@ pub struct SaleDraft {
     /// The proof-of-work challenge before the grab path: 0 (the default) is none.
     #[serde(default, deserialize_with = "draft_field::some_integer")]
     pub challenge_work: Option<i64>,
+    /// How a grab reserves its unit (a [`ReservePath`] by name); `adaptive` if left out.
+    #[serde(default, deserialize_with = "draft_field::some_string")]
+    pub reserve: Option<String>,
 }
 
 /// A draft's price as sent, before validation:
@@ -230,6 +233,56 @@ pub struct Sale {
     /// JSON when there is none, as the administrator sets it.
     #[serde(default, with = "challenge_setting")]
     pub challenge_work: Option<ChallengeWork>,
+    /// How a grab reserves its unit. A sale stored before it could be set is adaptive.
+    #[serde(default)]
+    pub reserve: ReservePath,
+}
+
+/// How a grab reserves its unit: the take from a stock shard and the hold on the buyer's
+/// item. Every path sells exactly the stock, and they mix safely on one shard; they
+/// differ in speed and writes when many grabs meet on a shard.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReservePath {
+    /// The brief's one transaction (take and hold, both or neither) until a reserve of
+    /// this process meets another transaction on its shard; then take then hold in the
+    /// sale for a short while. The default: a quiet sale gets the transaction, a hot
+    /// one learns it is hot at the cost of one cancelled transaction per process.
+    #[default]
+    Adaptive,
+    /// Always the one transaction. On a hot shard transactions cancel each other, so
+    /// this suits a sale with few buyers at a time.
+    Transaction,
+    /// Always the take, then the hold: two plain conditional writes that queue on a hot
+    /// shard instead of cancelling. For a sale whose surge is expected: on Lambda every
+    /// new container would otherwise learn it with a cancelled transaction of its own.
+    TakeThenHold,
+}
+
+impl ReservePath {
+    pub const ALL: [Self; 3] = [Self::Adaptive, Self::Transaction, Self::TakeThenHold];
+
+    /// The name the API and the store use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Adaptive => "adaptive",
+            Self::Transaction => "transaction",
+            Self::TakeThenHold => "take_then_hold",
+        }
+    }
+
+    /// The path named `name`, or why not, for `field`.
+    pub fn named(field: &'static str, name: &str) -> Result<Self, ValidationError> {
+        Self::ALL
+            .into_iter()
+            .find(|path| path.name() == name)
+            .ok_or_else(|| {
+                ValidationError::new(
+                    field,
+                    "must be one of \"adaptive\", \"transaction\", \"take_then_hold\"",
+                )
+            })
+    }
 }
 
 /// A sale's challenge as its JSON says it: the work, or 0 for none.
@@ -360,6 +413,10 @@ impl Sale {
         };
         let challenge_work =
             ChallengeWork::of_setting("challenge_work", draft.challenge_work.unwrap_or(0))?;
+        let reserve = match draft.reserve {
+            None => ReservePath::default(),
+            Some(name) => ReservePath::named("reserve", &name)?,
+        };
         Ok(Self {
             sale_id,
             name,
@@ -371,6 +428,7 @@ impl Sale {
             payment_timeout_secs,
             shards,
             challenge_work,
+            reserve,
         })
     }
 
@@ -589,6 +647,7 @@ mod tests {
             "payment_timeout_secs",
             "shards",
             "challenge_work",
+            "reserve",
         ] {
             let err = read(json!({ field: null })).unwrap_err();
             assert!(err.contains("not null"), "{field}: {err}");
@@ -756,6 +815,26 @@ mod tests {
             let error = create(json!({ "challenge_work": wrong })).unwrap_err();
             assert_eq!(error.field, "challenge_work");
         }
+    }
+
+    #[test]
+    fn a_sale_reserves_adaptively_unless_told_one_of_the_paths_by_name() {
+        assert_eq!(create(json!({})).unwrap().reserve, ReservePath::Adaptive);
+        for path in ReservePath::ALL {
+            let sale = create(json!({ "reserve": path.name() })).unwrap();
+            assert_eq!(sale.reserve, path);
+            assert_eq!(serde_json::to_value(&sale).unwrap()["reserve"], path.name());
+        }
+        for wrong in ["", "Adaptive", "plain", "take-then-hold"] {
+            let error = create(json!({ "reserve": wrong })).unwrap_err();
+            assert_eq!(error.field, "reserve", "{wrong:?}");
+        }
+        assert!(read(json!({ "reserve": 1 })).is_err());
+        // A sale stored before the setting existed reads as adaptive.
+        let mut stored = serde_json::to_value(create(json!({})).unwrap()).unwrap();
+        stored.as_object_mut().unwrap().remove("reserve");
+        let sale: Sale = serde_json::from_value(stored).unwrap();
+        assert_eq!(sale.reserve, ReservePath::Adaptive);
     }
 
     fn draft(stock: i64, shards: Option<i64>) -> SaleDraft {

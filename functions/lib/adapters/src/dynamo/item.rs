@@ -13,8 +13,8 @@ use flashsale_domain::challenge::ChallengeWork;
 use flashsale_domain::order::UnknownStatus;
 use flashsale_domain::ports::Take;
 use flashsale_domain::{
-    Order, OrderId, OrderStatus, Price, ReleaseReason, Reservation, Sale, SaleId, UserId,
-    ValidationError,
+    Order, OrderId, OrderStatus, Price, ReleaseReason, Reservation, ReservePath, Sale, SaleId,
+    UserId, ValidationError,
 };
 
 pub(crate) type Item = HashMap<String, AttributeValue>;
@@ -474,11 +474,16 @@ pub(crate) fn sale_item(sale: &Sale) -> Item {
     if let Some(work) = sale.challenge_work {
         item.insert(CHALLENGE_WORK.to_owned(), n(work.derivations()));
     }
+    // Absent when adaptive, as on every sale written before the setting existed.
+    if sale.reserve != ReservePath::Adaptive {
+        item.insert(RESERVE.to_owned(), s(sale.reserve.name()));
+    }
     item.extend(price_attributes(sale.price));
     item
 }
 
 const CHALLENGE_WORK: &str = "challenge_work";
+const RESERVE: &str = "reserve";
 
 pub(crate) fn parse_sale(item: &Item) -> Result<Sale, ItemError> {
     let fields = Fields::of(item);
@@ -501,6 +506,16 @@ pub(crate) fn parse_sale(item: &Item) -> Result<Sale, ItemError> {
             )?
         } else {
             None
+        },
+        reserve: if fields.has(RESERVE) {
+            ReservePath::named(RESERVE, fields.string(RESERVE)?).map_err(|source| {
+                ItemError::Range {
+                    name: RESERVE.to_owned(),
+                    source,
+                }
+            })?
+        } else {
+            ReservePath::Adaptive
         },
     })
 }
@@ -766,6 +781,7 @@ mod tests {
             payment_timeout_secs: 900,
             shards: 10,
             challenge_work: None,
+            reserve: ReservePath::Adaptive,
         }
     }
 
@@ -785,6 +801,17 @@ mod tests {
             parse_sale(&sale_item(&challenged)).expect("parses"),
             challenged
         );
+        assert!(
+            !sale_item(&challenged).contains_key(RESERVE),
+            "adaptive: as before"
+        );
+        for reserve in ReservePath::ALL {
+            let set = Sale {
+                reserve,
+                ..challenged.clone()
+            };
+            assert_eq!(parse_sale(&sale_item(&set)).expect("parses"), set);
+        }
     }
 
     #[test]

@@ -6,21 +6,31 @@
 //! a quiet shard that is the whole reserve: one write.
 //!
 //! On AWS a transaction on a hot item is cancelled by any other in flight on it
-//! (`TransactionConflict`), while plain writes to one item queue and all succeed. So a
-//! transaction that conflicts on its shard marks its sale hot in this process for
-//! [`ReserveMode::PLAIN_AFTER_A_CONFLICT`], and the reserve goes on there, and every
-//! reserve of this process in that sale meanwhile, as *take then hold*: two plain conditional writes,
-//! the take on the shard, then the hold. Those two are not atomic; exactly once comes
-//! from the shard's takers: a take, a give-back and an undo are each refused once they
-//! have applied, and the refusal's old item says so, so every step may be sent again. A
-//! take whose hold never lands is found by the order's next reserve on that shard
-//! (either path) and finished, or returned by the reconciler.
+//! (`TransactionConflict`), while plain writes to one item queue and all succeed. So
+//! the sale says which path its reserves take ([`ReservePath`]):
+//! - **adaptive**, the default: the transaction, until one conflicts on its shard. That
+//!   marks the sale hot in this process for [`ReserveMode::PLAIN_AFTER_A_CONFLICT`],
+//!   and the reserve goes on, as does every reserve of this process in that sale
+//!   meanwhile, as *take then hold*: two plain conditional writes, the take on the
+//!   shard, then the hold;
+//! - **take then hold** from the first grab, for a sale whose surge is expected: on
+//!   Lambda each container serves one grab at a time, so every container that the
+//!   surge starts would otherwise learn that the sale is hot with a cancelled
+//!   transaction of its own;
+//! - **transaction** always, a conflict answered `Contended`.
+//!
+//! Take then hold is not atomic; exactly once comes from the shard's takers: a take, a
+//! give-back and an undo are each refused once they have applied, and the refusal's old
+//! item says so, so every step may be sent again. A take whose hold never lands is
+//! found by the order's next reserve on that shard (either path) and finished, or
+//! returned by the reconciler.
 //!
 //! Mixed traffic on one shard stays exact: a plain write that meets a transaction in
 //! flight is refused `TransactionConflictException` (answered `Contended`), and a
 //! transaction that meets the order's own take finishes it as take-then-hold would.
 //!
 //! [`ReserveMode::PLAIN_AFTER_A_CONFLICT`]: super::ReserveMode::PLAIN_AFTER_A_CONFLICT
+//! [`ReservePath`]: flashsale_domain::ReservePath
 
 use std::collections::HashMap;
 
@@ -40,7 +50,7 @@ use super::item::{
 };
 use super::requests::{Consistency, ShardPart, Written, built, corrupt, names, values};
 use super::transact::{self, Attempted, in_request_order, transact_once};
-use super::{DynamoStore, Inconsistency, InvalidRequest};
+use super::{DynamoStore, Inconsistency, InvalidRequest, ReserveStart};
 
 const RESERVE: &str = "dynamodb.reserve";
 const AVAILABILITY: &str = "dynamodb.availability";
@@ -568,7 +578,7 @@ impl StockLedger for DynamoStore {
         reservation: &Reservation,
     ) -> Result<Result<(), ReserveRefusal>, StoreError> {
         Self::check_reservation(sale, shard, reservation)?;
-        if self.reserves_in_a_transaction(&sale.sale_id) {
+        if let ReserveStart::Transaction { adapts } = self.reserve_start(sale) {
             match self
                 .reserve_in_a_transaction(sale, shard, reservation)
                 .await?
@@ -582,7 +592,10 @@ impl StockLedger for DynamoStore {
                 }
                 // The conflicted transaction wrote nothing: the same reserve goes on as
                 // take-then-hold, which queues on the hot shard instead of cancelling.
-                InOneTransaction::ShardContended => self.note_hot_sale(&sale.sale_id),
+                InOneTransaction::ShardContended if adapts => self.note_hot_sale(&sale.sale_id),
+                InOneTransaction::ShardContended => {
+                    return Ok(Err(ReserveRefusal::Contended));
+                }
             }
         }
         match self.take(sale, shard, reservation).await? {

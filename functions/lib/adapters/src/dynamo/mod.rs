@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use aws_sdk_dynamodb::Client;
-use flashsale_domain::SaleId;
+use flashsale_domain::{ReservePath, Sale, SaleId};
 
 pub use self::item::{CorruptItem, ItemError};
 pub use self::transact::{ContentionExhausted, UnexpectedRefusal};
@@ -86,7 +86,7 @@ pub struct DynamoStore {
     contention: RetryPolicy,
     reserve_mode: ReserveMode,
     /// Sales on one of whose shards this process met a transaction conflict, and until
-    /// when it reserves them with plain writes ([`ReserveMode::Adaptive`]). Shared by
+    /// when it reserves them with plain writes ([`ReservePath::Adaptive`]). Shared by
     /// clones, as one Lambda container's store is.
     hot_sales: Arc<Mutex<HashMap<SaleId, Instant>>>,
 }
@@ -95,38 +95,51 @@ pub struct DynamoStore {
 /// (see [`ledger`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReserveMode {
-    /// The brief's transaction (the take on the shard and the buyer's hold, both or
-    /// neither), except in a sale on one of whose shards a transaction of this process
-    /// met a conflict less than `plain_for` ago: there, take then hold. On AWS a
-    /// transaction on a hot item is cancelled by any other in flight on it, while plain
-    /// writes queue; a conflict is the sign that the sale's surge is on, and it is on all
-    /// its shards at once (buyers spread over them by hash), so the conflicted reserve
-    /// goes on with plain writes, and so do the others of the sale: every transaction
-    /// still sent to a hot shard would be cancelled, or would refuse the plain takes
-    /// that meet it (measured: a first cut that marked one shard at a time refused two
-    /// plain takes per unit sold in `make bench`'s surge). The default.
-    Adaptive { plain_for: Duration },
-    /// Always the transaction: the textbook client, and a test of that path alone.
+    /// As each sale's [`ReservePath`] says. An adaptive sale (the default) gets the
+    /// brief's transaction (the take on the shard and the buyer's hold, both or
+    /// neither), except once a transaction of this process met a conflict on one of its
+    /// shards less than `plain_for` ago: then take then hold. On AWS a transaction on a
+    /// hot item is cancelled by any other in flight on it, while plain writes queue; a
+    /// conflict is the sign that the sale's surge is on, and it is on all its shards at
+    /// once (buyers spread over them by hash), so the conflicted reserve goes on with
+    /// plain writes, and so do the others of the sale: every transaction still sent to a
+    /// hot shard would be cancelled, or would refuse the plain takes that meet it
+    /// (measured: a first cut that marked one shard at a time refused two plain takes
+    /// per unit sold in `make bench`'s surge). The default.
+    AsTheSaleSays { plain_for: Duration },
+    /// Always the transaction, whatever the sale says; a conflict on the shard is
+    /// answered `Contended`: a test of that path alone.
     Transaction,
     /// Always take then hold, two plain conditional writes (the reserve before issue
-    /// 40): a test of that path alone, and the bench's "today".
+    /// 40), whatever the sale says: a test of that path alone, and the bench's "today".
     TakeThenHold,
 }
 
 impl ReserveMode {
     /// How long a shard stays on plain writes after a conflict. A sale's surge sells
     /// out within seconds, so this spans it: each container pays one cancelled
-    /// transaction per hot shard per period, and a shard that has gone quiet is back
+    /// transaction per hot sale per period, and a sale that has gone quiet is back
     /// on the transaction soon after.
     pub const PLAIN_AFTER_A_CONFLICT: Duration = Duration::from_secs(2);
 }
 
 impl Default for ReserveMode {
     fn default() -> Self {
-        Self::Adaptive {
+        Self::AsTheSaleSays {
             plain_for: Self::PLAIN_AFTER_A_CONFLICT,
         }
     }
+}
+
+/// How one reserve starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ReserveStart {
+    /// The transaction; on a conflict at the shard, take then hold if `adapts`, else
+    /// `Contended`.
+    Transaction {
+        adapts: bool,
+    },
+    TakeThenHold,
 }
 
 impl DynamoStore {
@@ -147,28 +160,36 @@ impl DynamoStore {
         self
     }
 
-    /// Whether a reserve in `sale` starts with the transaction now.
-    fn reserves_in_a_transaction(&self, sale: &SaleId) -> bool {
-        match self.reserve_mode {
-            ReserveMode::Transaction => true,
-            ReserveMode::TakeThenHold => false,
-            ReserveMode::Adaptive { .. } => {
-                let mut hot = self
-                    .hot_sales
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner);
-                let now = Instant::now();
-                // Bounded by the sales this process met conflicts in lately.
-                hot.retain(|_, until| *until > now);
-                !hot.contains_key(sale)
-            }
+    /// How a reserve in `sale` starts now.
+    fn reserve_start(&self, sale: &Sale) -> ReserveStart {
+        let path = match self.reserve_mode {
+            ReserveMode::AsTheSaleSays { .. } => sale.reserve,
+            ReserveMode::Transaction => ReservePath::Transaction,
+            ReserveMode::TakeThenHold => ReservePath::TakeThenHold,
+        };
+        match path {
+            ReservePath::Transaction => ReserveStart::Transaction { adapts: false },
+            ReservePath::TakeThenHold => ReserveStart::TakeThenHold,
+            ReservePath::Adaptive if self.is_hot(&sale.sale_id) => ReserveStart::TakeThenHold,
+            ReservePath::Adaptive => ReserveStart::Transaction { adapts: true },
         }
+    }
+
+    fn is_hot(&self, sale: &SaleId) -> bool {
+        let mut hot = self
+            .hot_sales
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
+        // Bounded by the sales this process met conflicts in lately.
+        hot.retain(|_, until| *until > now);
+        hot.contains_key(sale)
     }
 
     /// A transaction on a shard of `sale` met a conflict there: plain writes in the
     /// sale for a while, if the mode adapts.
     fn note_hot_sale(&self, sale: &SaleId) {
-        if let ReserveMode::Adaptive { plain_for } = self.reserve_mode {
+        if let ReserveMode::AsTheSaleSays { plain_for } = self.reserve_mode {
             self.hot_sales
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)

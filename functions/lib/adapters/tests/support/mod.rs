@@ -14,7 +14,7 @@ use aws_sdk_dynamodb::types::{
 use chrono::{Duration, Utc};
 use flashsale_adapters::DynamoStore;
 use flashsale_domain::ports::ShardTakers;
-use flashsale_domain::{OrderId, Price, Reservation, Sale, SaleId, UserId};
+use flashsale_domain::{OrderId, Price, Reservation, ReservePath, Sale, SaleId, UserId};
 
 use self::conflicts::{ConflictInjector, Pattern, Target};
 use self::old_items::OldItems;
@@ -198,6 +198,7 @@ pub fn sale(stock: u32, shards: u16, per_user_limit: u32) -> Sale {
         payment_timeout_secs: 900,
         shards,
         challenge_work: None,
+        reserve: ReservePath::Adaptive,
     }
 }
 

@@ -45,6 +45,7 @@ pub fn sale(stock: i64, shards: i64) -> SaleBuilder {
             payment_timeout_secs: Some(900),
             shards: Some(shards),
             challenge_work: None,
+            reserve: None,
         },
     }
 }
@@ -73,6 +74,12 @@ impl SaleBuilder {
     /// A challenge of `work` before each grab path.
     pub fn challenge_work(mut self, work: i64) -> Self {
         self.draft.challenge_work = Some(work);
+        self
+    }
+
+    /// Reserving as `path` says.
+    pub fn reserve(mut self, path: crate::sale::ReservePath) -> Self {
+        self.draft.reserve = Some(path.name().to_owned());
         self
     }
 
