@@ -280,11 +280,14 @@ impl Default for Work {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum ShardWrite {
-    /// The deployed reserve: a plain conditional `UpdateItem` on the shard (the take,
+    /// A sale set to reserve `take_then_hold`, as a flash sale is, and an adaptive sale
+    /// once its surge is on: a plain conditional `UpdateItem` on the shard (the take,
     /// which names the order among the shard's takers), then one on the buyer's item
     /// (the hold). Plain writes to one item queue; none is cancelled.
+    #[value(alias = "take-then-hold")]
     Plain,
-    /// The former reserve: one `TransactWriteItems` of the shard and the buyer's item.
+    /// A sale set to reserve `transaction`, and an adaptive sale while it is quiet: one
+    /// `TransactWriteItems` of the shard and the buyer's item.
     Transaction,
 }
 
@@ -297,7 +300,8 @@ pub enum ShardWrite {
 /// `make bench`'s per-shard curve replaces them.
 #[derive(Debug, Clone, PartialEq, Serialize, clap::Args)]
 pub struct Contention {
-    /// How the reserve writes a shard: `plain` (deployed) or `transaction` (former).
+    /// How the reserve writes a shard: `plain` (alias `take-then-hold`: the sale's
+    /// `reserve` setting for a flash sale) or `transaction`.
     #[arg(long, value_enum, default_value_t = ShardWrite::Plain)]
     pub shard_write: ShardWrite,
     /// Bytes a shard item grows by per order holding one of its units (plain takes). The

@@ -48,6 +48,47 @@ impl RetryPolicy {
     }
 }
 
+/// What one attempt came to: finished (however it ended), or contended and worth
+/// waiting out.
+pub(crate) enum Attempt<T, C> {
+    Finished(T),
+    Contended(C),
+}
+
+/// Contention that outlasted every attempt: how many were made, and the last one's.
+pub(crate) struct Outlasted<C> {
+    pub(crate) attempts: u32,
+    pub(crate) last: C,
+}
+
+impl RetryPolicy {
+    /// Runs `attempt` until it finishes, after each contended one waiting a full-jitter
+    /// delay, for at most `max_attempts` in all.
+    pub(crate) async fn until_uncontended<T, C, E, Fut>(
+        &self,
+        operation: &'static str,
+        mut attempt: impl FnMut() -> Fut,
+    ) -> Result<Result<T, Outlasted<C>>, E>
+    where
+        Fut: std::future::Future<Output = Result<Attempt<T, C>, E>>,
+    {
+        let mut attempts = 0_u32;
+        loop {
+            attempts += 1;
+            let last = match attempt().await? {
+                Attempt::Finished(done) => return Ok(Ok(done)),
+                Attempt::Contended(contention) => contention,
+            };
+            if !self.allows_another(attempts) {
+                return Ok(Err(Outlasted { attempts, last }));
+            }
+            let delay = self.delay(attempts - 1);
+            tracing::debug!(operation, attempts, ?delay, "contended; retrying");
+            tokio::time::sleep(delay).await;
+        }
+    }
+}
+
 impl Default for RetryPolicy {
     fn default() -> Self {
         Self::CONTENTION

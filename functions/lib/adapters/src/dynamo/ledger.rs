@@ -51,6 +51,7 @@ use super::item::{
 use super::requests::{Consistency, ShardPart, Written, built, corrupt, names, values};
 use super::transact::{self, Attempted, in_request_order, transact_once};
 use super::{DynamoStore, Inconsistency, InvalidRequest, ReserveStart};
+use crate::retry::Attempt;
 
 const RESERVE: &str = "dynamodb.reserve";
 const AVAILABILITY: &str = "dynamodb.availability";
@@ -424,20 +425,17 @@ impl DynamoStore {
         // A reserve's transaction holds the shard for its round trip: the give-back
         // waits its turn (jittered, bounded), as the writes off the hot path do. Resending
         // is safe: once applied, the condition refuses it.
-        let mut attempts = 0_u32;
-        loop {
-            attempts += 1;
-            match self.write(operation, give_back.clone()).await? {
-                Written::Done => return Ok(true),
-                Written::Refused(_) => return Ok(false),
-                Written::Contended if self.contention.allows_another(attempts) => {
-                    tokio::time::sleep(self.contention.delay(attempts - 1)).await;
-                }
-                Written::Contended => {
-                    return Err(StoreError::transient(operation, ShardContended { shard }));
-                }
-            }
-        }
+        let outcome = self
+            .contention
+            .until_uncontended(operation, || async {
+                Ok(match self.write(operation, give_back.clone()).await? {
+                    Written::Done => Attempt::Finished(true),
+                    Written::Refused(_) => Attempt::Finished(false),
+                    Written::Contended => Attempt::Contended(()),
+                })
+            })
+            .await?;
+        outcome.map_err(|_| StoreError::transient(operation, ShardContended { shard }))
     }
 
     /// Undoes a take whose hold was refused. Failing to is the reserve's failure, not a

@@ -18,7 +18,7 @@ use aws_sdk_dynamodb::types::{
 use flashsale_domain::StoreError;
 
 use crate::classify::store_error;
-use crate::retry::RetryPolicy;
+use crate::retry::{Attempt, Outlasted, RetryPolicy};
 
 pub(crate) type TransactError = SdkError<TransactWriteItemsError, HttpResponse>;
 
@@ -225,32 +225,26 @@ pub(crate) async fn transact(
     operation: &'static str,
     items: Vec<TransactWriteItem>,
 ) -> Result<Result<(), Refusal>, StoreError> {
-    let mut attempts = 0_u32;
-    loop {
-        attempts += 1;
-        let error = match transact_once(client, operation, items.clone()).await? {
-            Attempted::Committed => return Ok(Ok(())),
-            Attempted::Refused(refusal) => return Ok(Err(refusal)),
-            Attempted::Conflicted(error) => error,
-        };
-        if !policy.allows_another(attempts) {
-            return Err(StoreError::transient(
-                operation,
-                ContentionExhausted {
-                    attempts,
-                    source: error,
+    let outcome = policy
+        .until_uncontended(operation, || async {
+            Ok(
+                match transact_once(client, operation, items.clone()).await? {
+                    Attempted::Committed => Attempt::Finished(Ok(())),
+                    Attempted::Refused(refusal) => Attempt::Finished(Err(refusal)),
+                    Attempted::Conflicted(error) => Attempt::Contended(error),
                 },
-            ));
-        }
-        let delay = policy.delay(attempts - 1);
-        tracing::debug!(
+            )
+        })
+        .await?;
+    outcome.map_err(|Outlasted { attempts, last }| {
+        StoreError::transient(
             operation,
-            attempts,
-            ?delay,
-            "transaction conflict; retrying"
-        );
-        tokio::time::sleep(delay).await;
-    }
+            ContentionExhausted {
+                attempts,
+                source: last,
+            },
+        )
+    })
 }
 
 #[cfg(test)]
