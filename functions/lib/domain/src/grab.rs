@@ -5,7 +5,9 @@
 //! - **Contention.** A reserve is the brief's transaction, the take on the shard and the
 //!   hold on the buyer's item (see [`StockLedger`]); on a shard hot enough that
 //!   transactions cancel each other the store goes on there as take then hold, plain
-//!   writes that queue. What still answers `Contended` is a write that met another
+//!   writes that queue, and a sale set to
+//!   [`TakeThenHold`](crate::sale::ReservePath::TakeThenHold) (a flash sale)
+//!   starts so. What still answers `Contended` is a write that met another
 //!   transaction on its item: the buyer's own pay or cancel on their item, or a plain
 //!   take that met a reserve's transaction on the shard. A contended shard is left at once
 //!   for the next one in the buyer's order, and after a couple of contended shards in a
