@@ -33,6 +33,7 @@ mod conflicts;
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use bytes::Bytes;
@@ -56,7 +57,8 @@ pub struct OperationCounts {
     pub total: u64,
     /// By outcome: the HTTP status (`"200"`, `"400"`), or `"reset"` (the connection was
     /// cut before forwarding), `"dropped_after_commit"`, `"upstream_error"` (the
-    /// upstream did not answer), `"body_unreadable"` (the caller's body broke off).
+    /// upstream did not answer), `"body_unreadable"` (the caller's body broke off),
+    /// `"caller_gone"` (the caller hung up before its answer).
     pub by_outcome: BTreeMap<String, u64>,
     /// How many of `total` a fault rule answered or cut.
     pub faults: u64,
@@ -407,13 +409,42 @@ async fn serve(listener: TcpListener, shared: Arc<Shared>) {
 
 type ProxyResponse = Response<Full<Bytes>>;
 
+/// A request's one record. If its handler is dropped before it recorded an outcome, the
+/// caller hung up (its SDK attempt timed out) while the request was on its way or being
+/// executed: it is recorded as `"caller_gone"`, since the table may have applied it and
+/// it is a call all the same.
+struct RecordedOnce<'a> {
+    shared: &'a Shared,
+    operation: &'a str,
+    done: AtomicBool,
+}
+
+impl RecordedOnce<'_> {
+    fn record(&self, outcome: &str, cause: Cause) {
+        self.done.store(true, Ordering::Relaxed);
+        lock(&self.shared.counts).record(self.operation, outcome, cause);
+    }
+}
+
+impl Drop for RecordedOnce<'_> {
+    fn drop(&mut self) {
+        if !self.done.load(Ordering::Relaxed) {
+            lock(&self.shared.counts).record(self.operation, "caller_gone", Cause::Upstream);
+        }
+    }
+}
+
 async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Result<ProxyResponse, Cut> {
     if request.uri().path().starts_with("/__") {
         return Ok(control(&shared, request).await);
     }
     let operation = operation_of(&request);
-    let record =
-        |outcome: &str, cause: Cause| lock(&shared.counts).record(&operation, outcome, cause);
+    let once = RecordedOnce {
+        shared: &shared,
+        operation: &operation,
+        done: AtomicBool::new(false),
+    };
+    let record = |outcome: &str, cause: Cause| once.record(outcome, cause);
     // Whole before anything is decided: the conflict rule reads the items in it.
     let (parts, body) = request.into_parts();
     let body = match body.collect().await {
