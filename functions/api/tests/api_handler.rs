@@ -718,6 +718,9 @@ async fn an_admin_sees_stats_that_reconcile() {
             "paid": 1,
             "cancelled": 1,
             "expired": 0,
+            "refunded": 0,
+            "capture_pending": 0,
+            "refund_pending": 0,
             "consistent": true,
         })
     );

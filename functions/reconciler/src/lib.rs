@@ -16,8 +16,9 @@ use chrono::Duration;
 use flashsale_adapters::DynamoStore;
 use flashsale_domain::AppError;
 use flashsale_domain::ports::{Clock, OrderBook, SaleCatalog, StockLedger, SystemClock};
-use flashsale_domain::service::{ReconcileReport, Reconciler, SaleService};
+use flashsale_domain::service::{PaymentService, ReconcileReport, Reconciler, SaleService};
 use flashsale_lambda::failure::{diagnostic, error_chain};
+use flashsale_lambda::metrics::PaymentMoves;
 use flashsale_lambda::{CallBudget, Clients, Env, FromEnv, Function};
 use lambda_runtime::Diagnostic;
 use serde_json::Value;
@@ -79,6 +80,8 @@ pub struct Ports {
     pub orders: Arc<dyn OrderBook>,
     pub ledger: Arc<dyn StockLedger>,
     pub clock: Arc<dyn Clock>,
+    /// The settlement of payments left unsettled, where a payment provider is wired.
+    pub payments: Option<Arc<PaymentService>>,
 }
 
 /// What the handler needs, built once per process.
@@ -100,6 +103,9 @@ impl Deps {
                 orders: store.clone(),
                 ledger: store,
                 clock: Arc::new(SystemClock),
+                // No function reaches a payment provider yet (its keys come with the
+                // card payment's template), so no order has a payment to settle.
+                payments: None,
             },
         )
     }
@@ -119,6 +125,7 @@ impl Deps {
                 clock: ports.clock,
                 timer_grace: config.timer_grace,
                 take_grace: config.take_grace,
+                payments: ports.payments,
             },
         }
     }
@@ -204,6 +211,13 @@ async fn reconcile(deps: &Deps) -> Result<ReconcileReport, ReconcileError> {
         failed,
         failed_sales,
         takes_returned,
+        payments_settled,
+        captures,
+        capture_retries,
+        capture_failures,
+        authorisations_cancelled,
+        refunds,
+        payment_failures,
     } = report;
     let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
     flashsale_lambda::metrics::reconciled(
@@ -212,7 +226,16 @@ async fn reconcile(deps: &Deps) -> Result<ReconcileReport, ReconcileError> {
         count(failed),
         count(failed_sales),
     );
-    if failed > 0 || failed_sales > 0 {
+    flashsale_lambda::metrics::payments(PaymentMoves {
+        settled: count(payments_settled),
+        captures: count(captures),
+        capture_retries: count(capture_retries),
+        capture_failures: count(capture_failures),
+        authorisations_cancelled: count(authorisations_cancelled),
+        refunds: count(refunds),
+        failures: count(payment_failures),
+    });
+    if failed > 0 || failed_sales > 0 || payment_failures > 0 {
         tracing::error!(
             sales,
             open_holds,
@@ -220,7 +243,9 @@ async fn reconcile(deps: &Deps) -> Result<ReconcileReport, ReconcileError> {
             takes_returned,
             failed,
             failed_sales,
-            "some stuck holds could not be repaired; the next run tries them again"
+            payments_settled,
+            payment_failures,
+            "some stuck holds or payments could not be repaired; the next run tries them again"
         );
     } else {
         tracing::info!(
@@ -230,6 +255,7 @@ async fn reconcile(deps: &Deps) -> Result<ReconcileReport, ReconcileError> {
             takes_returned,
             failed,
             failed_sales,
+            payments_settled,
             "reconciliation done"
         );
     }

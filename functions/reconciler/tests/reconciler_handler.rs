@@ -6,10 +6,11 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use chrono::{DateTime, Duration, TimeZone, Utc};
 use flashsale_domain::error::StoreError;
-use flashsale_domain::ports::{Clock, OrderBook, SaleCatalog};
-use flashsale_domain::service::ReconcileReport;
+use flashsale_domain::payment::PaymentState;
+use flashsale_domain::ports::{Clock, OrderBook, OrderPayments, PaymentProvider, SaleCatalog};
+use flashsale_domain::service::{PaymentService, ReconcileReport};
 use flashsale_domain::testing;
-use flashsale_domain::testing::{InMemoryStore, ManualClock};
+use flashsale_domain::testing::{FakePaymentProvider, InMemoryStore, ManualClock};
 use flashsale_domain::{AppError, OrderId, OrderStatus, Reservation, Sale, SaleId, UserId};
 use flashsale_lambda::testing::fixture;
 use flashsale_lambda::{ConfigError, FromEnv};
@@ -36,6 +37,7 @@ fn default_config() -> Config {
 struct World {
     deps: Deps,
     store: Arc<InMemoryStore>,
+    provider: Arc<FakePaymentProvider>,
     clock: Arc<ManualClock>,
     sale: Sale,
 }
@@ -50,6 +52,7 @@ impl World {
     async fn build(config: &Config, catalog: Option<Arc<dyn SaleCatalog>>) -> Self {
         let store = Arc::new(InMemoryStore::new());
         let clock = Arc::new(ManualClock::new(start()));
+        let provider = Arc::new(FakePaymentProvider::new());
         let sale = testing::sale(10, 1)
             .starting_at(start())
             .payment_window_secs(600)
@@ -62,11 +65,19 @@ impl World {
                 orders: store.clone(),
                 ledger: store.clone(),
                 clock: clock.clone(),
+                payments: Some(Arc::new(PaymentService {
+                    orders: store.clone(),
+                    payments: store.clone(),
+                    ledger: store.clone(),
+                    provider: provider.clone(),
+                    clock: clock.clone(),
+                })),
             },
         );
         Self {
             deps,
             store,
+            provider,
             clock,
             sale,
         }
@@ -126,7 +137,50 @@ fn report(answer: Value) -> ReconcileReport {
         failed: field("failed"),
         failed_sales: field("failed_sales"),
         takes_returned: field("takes_returned"),
+        payments_settled: field("payments_settled"),
+        captures: field("captures"),
+        capture_retries: field("capture_retries"),
+        capture_failures: field("capture_failures"),
+        authorisations_cancelled: field("authorisations_cancelled"),
+        refunds: field("refunds"),
+        payment_failures: field("payment_failures"),
     }
+}
+
+#[tokio::test]
+async fn a_pass_releases_an_authorised_order_left_past_its_window_and_releases_its_money() {
+    let world = World::new().await;
+    let lost = world.strand("user-alice");
+    let payment = world
+        .provider
+        .open(&lost.order_id, &lost.user_id, world.sale.price.unwrap())
+        .await
+        .unwrap();
+    world
+        .store
+        .attach_payment(&lost, &payment.id)
+        .await
+        .unwrap();
+    assert!(world.provider.authorise(&payment.id));
+    world.clock.set(lost.expires_at + Duration::seconds(181));
+
+    let report = world.run().await;
+    assert_eq!(report.expired, 1, "{report:?}");
+    assert_eq!(
+        (
+            report.payments_settled,
+            report.authorisations_cancelled,
+            report.refunds
+        ),
+        (1, 1, 0),
+        "{report:?}"
+    );
+    assert_eq!(world.status(&lost).await, OrderStatus::Expired);
+    assert_eq!(
+        world.provider.state_of(&payment.id),
+        Some(PaymentState::Cancelled)
+    );
+    assert_eq!(world.run().await.payments_settled, 0, "settled once");
 }
 
 #[tokio::test]
@@ -141,7 +195,12 @@ async fn a_hold_within_its_window_is_left_alone_though_no_timer_was_set() {
 
     assert_eq!(
         answer,
-        json!({"sales": 1, "open_holds": 1, "expired": 0, "failed": 0, "failed_sales": 0, "takes_returned": 0})
+        json!({
+            "sales": 1, "open_holds": 1, "expired": 0, "failed": 0, "failed_sales": 0,
+            "takes_returned": 0, "payments_settled": 0, "captures": 0, "capture_retries": 0,
+            "capture_failures": 0, "authorisations_cancelled": 0, "refunds": 0,
+            "payment_failures": 0
+        })
     );
     assert_eq!(
         world.available(),

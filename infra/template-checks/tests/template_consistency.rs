@@ -74,7 +74,7 @@ fn functions() -> [Function; 5] {
 }
 
 /// The fields through which the domain's services hold their ports.
-const PORT_FIELDS: [&str; 7] = [
+const PORT_FIELDS: [&str; 9] = [
     "catalog",
     "ledger",
     "orders",
@@ -82,7 +82,14 @@ const PORT_FIELDS: [&str; 7] = [
     "scheduler",
     "inner",
     "blocklist",
+    "provider",
+    "payments",
 ];
+
+/// Of [`PORT_FIELDS`], those that may hold a service of the domain instead of a port:
+/// the reconciler's `payments` is the payment service (whose own `payments` is a port),
+/// so a call on it that names a function of the domain's services is followed there.
+const SERVICE_OR_PORT_FIELDS: [&str; 1] = ["payments"];
 
 /// The fields through which the domain's services hold a domain cache in front of a
 /// port: calls on them are followed into the cache's own methods in the domain.
@@ -461,7 +468,15 @@ fn port_methods_of(f: &Function) -> BTreeSet<String> {
         for name in domain.reachable(&root) {
             for body in domain.functions.get(&name).into_iter().flatten() {
                 for field in PORT_FIELDS {
-                    ports.extend(rust_source::field_calls(&body.body, field));
+                    for method in rust_source::field_calls(&body.body, field) {
+                        if SERVICE_OR_PORT_FIELDS.contains(&field)
+                            && domain.functions.contains_key(&method)
+                        {
+                            roots.push(method);
+                        } else {
+                            ports.insert(method);
+                        }
+                    }
                 }
                 for field in CACHE_FIELDS {
                     for method in rust_source::field_calls(&body.body, field) {

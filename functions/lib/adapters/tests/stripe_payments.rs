@@ -6,32 +6,15 @@
 //! localstripe ignores `Idempotency-Key`, so what these tests show of "once" is the
 //! adapter's own doing (a capture or cancel asked twice, a refund asked twice).
 
-use std::time::Duration;
+mod support;
 
-use flashsale_adapters::stripe::{StripeConfig, StripePayments};
+use flashsale_adapters::stripe::StripePayments;
 use flashsale_domain::StoreError;
 use flashsale_domain::payment::{CancelOutcome, CaptureOutcome, Payment, PaymentId, PaymentState};
 use flashsale_domain::ports::PaymentProvider;
-use flashsale_domain::{OrderId, SaleId};
+use flashsale_domain::{OrderId, Price, SaleId, UserId};
 
-const SECRET_KEY: &str = "sk_test_flashsale";
-
-async fn endpoint() -> String {
-    flashsale_emulators::shared().await.stripe_endpoint.clone()
-}
-
-fn payments(api_base: String, secret_key: &str) -> StripePayments {
-    StripePayments::new(StripeConfig {
-        api_base,
-        secret_key: secret_key.to_owned(),
-        timeout: Duration::from_secs(5),
-    })
-    .expect("the TLS roots load")
-}
-
-async fn stripe() -> StripePayments {
-    payments(endpoint().await, SECRET_KEY)
-}
+use self::support::stripe::{SECRET_KEY, authorise, endpoint, payments, stripe};
 
 fn order() -> OrderId {
     let sale = SaleId::parse(format!("stripe-{}", flashsale_emulators::unique_suffix()))
@@ -39,47 +22,20 @@ fn order() -> OrderId {
     OrderId::new(sale)
 }
 
-/// The buyer's side: a test card attached and the payment confirmed, as Stripe.js does
-/// on the page. Manual capture leaves it authorised.
-async fn authorise(payment: &Payment) {
-    let http = reqwest::Client::new();
-    let base = endpoint().await;
-    let method: serde_json::Value = http
-        .post(format!("{base}/v1/payment_methods"))
-        .bearer_auth(SECRET_KEY)
-        .form(&[
-            ("type", "card"),
-            ("card[number]", "4242424242424242"),
-            ("card[exp_month]", "12"),
-            ("card[exp_year]", "2034"),
-            ("card[cvc]", "123"),
-        ])
-        .send()
-        .await
-        .expect("localstripe answers")
-        .error_for_status()
-        .expect("a card")
-        .json()
-        .await
-        .expect("JSON");
-    let method = method["id"].as_str().expect("an id");
-    for (path, form) in [
-        (String::new(), vec![("payment_method", method)]),
-        ("/confirm".to_owned(), vec![]),
-    ] {
-        http.post(format!("{base}/v1/payment_intents/{}{path}", payment.id))
-            .bearer_auth(SECRET_KEY)
-            .form(&form)
-            .send()
-            .await
-            .expect("localstripe answers")
-            .error_for_status()
-            .expect("the buyer's step is taken");
-    }
+/// A buyer whose id holds what a form body must escape, as an identity provider's may.
+fn buyer() -> UserId {
+    UserId::parse("auth0|user#42 Ünïcode&x=1").expect("a valid user id")
+}
+
+fn price(amount: i64, currency: &str) -> Price {
+    Price::new(amount, currency).expect("a valid price")
 }
 
 async fn authorised(stripe: &StripePayments) -> Payment {
-    let payment = stripe.open(&order(), 129_900, "EUR").await.expect("opened");
+    let payment = stripe
+        .open(&order(), &buyer(), price(129_900, "EUR"))
+        .await
+        .expect("opened");
     authorise(&payment).await;
     let payment = stripe
         .payment(&payment.id)
@@ -91,12 +47,18 @@ async fn authorised(stripe: &StripePayments) -> Payment {
 }
 
 #[tokio::test]
-async fn an_opened_payment_names_its_order_and_amount_and_waits_for_the_buyer() {
+async fn an_opened_payment_names_its_order_buyer_and_amount_and_waits_for_the_buyer() {
     let stripe = stripe().await;
     let order = order();
-    let opened = stripe.open(&order, 129_900, "EUR").await.expect("opened");
+    let opened = stripe
+        .open(&order, &buyer(), price(129_900, "EUR"))
+        .await
+        .expect("opened");
     assert!(opened.id.as_str().starts_with("pi_"), "{}", opened.id);
     assert_eq!(opened.state, PaymentState::Open);
+    assert_eq!(opened.order_id.as_ref(), Some(&order));
+    assert_eq!(opened.buyer, Some(buyer()), "the buyer's id round-trips");
+    assert_eq!(opened.amount, 129_900);
     assert_eq!(
         opened.currency, "eur",
         "Stripe takes the code in lower case"
@@ -112,6 +74,16 @@ async fn an_opened_payment_names_its_order_and_amount_and_waits_for_the_buyer() 
 
     let read = stripe.payment(&opened.id).await.expect("read");
     assert_eq!(read, Some(opened));
+
+    let yen = stripe
+        .open(&self::order(), &buyer(), price(1_299, "JPY"))
+        .await
+        .expect("opened");
+    assert_eq!(
+        (yen.amount, yen.currency.as_str()),
+        (1_299, "jpy"),
+        "minor units as the price has them: a yen has no decimals"
+    );
 }
 
 #[tokio::test]
@@ -153,7 +125,10 @@ async fn a_cancelled_payment_stays_cancelled_and_is_not_captured() {
 #[tokio::test]
 async fn a_payment_the_buyer_never_authorised_cancels() {
     let stripe = stripe().await;
-    let payment = stripe.open(&order(), 500, "USD").await.expect("opened");
+    let payment = stripe
+        .open(&order(), &buyer(), price(500, "USD"))
+        .await
+        .expect("opened");
     let cancel = stripe.cancel(&payment.id).await.expect("answered");
     assert!(
         matches!(&cancel, CancelOutcome::Cancelled(p) if p.state == PaymentState::Cancelled),
@@ -191,7 +166,9 @@ async fn an_unknown_payment_is_none_and_a_wrong_key_is_a_permanent_failure() {
         None
     );
     let unauthorised = payments(endpoint().await, "not-a-key");
-    let refused = unauthorised.open(&order(), 100, "EUR").await;
+    let refused = unauthorised
+        .open(&order(), &buyer(), price(100, "EUR"))
+        .await;
     assert!(
         matches!(refused, Err(StoreError::Permanent { .. })),
         "{refused:?}"
@@ -206,7 +183,7 @@ async fn an_unreachable_stripe_is_a_transient_failure() {
         .expect("a free port")
         .port();
     let stripe = payments(format!("http://127.0.0.1:{port}"), SECRET_KEY);
-    let failed = stripe.open(&order(), 100, "EUR").await;
+    let failed = stripe.open(&order(), &buyer(), price(100, "EUR")).await;
     assert!(
         matches!(failed, Err(StoreError::Transient { .. })),
         "{failed:?}"

@@ -171,6 +171,17 @@ pub enum AppError {
     OrderCancelled,
     #[error("the order is already paid")]
     OrderPaid,
+    /// The order has no price, so nothing can be paid for it (a sale made before
+    /// prices).
+    #[error("the order has no price to pay")]
+    NotPayable,
+    /// Settling was asked of an order no payment was opened for.
+    #[error("no payment was started for this order")]
+    NoPayment,
+    /// The payment is not this order's: another order, amount or currency, or not the
+    /// one the order records. Nothing is settled on it.
+    #[error("the payment does not match the order")]
+    PaymentMismatch,
     #[error("administrator rights are required")]
     Forbidden,
     /// The user is on the blocklist and may not take part in sales.

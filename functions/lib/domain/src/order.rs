@@ -2,9 +2,11 @@
 //!
 //! ```text
 //!   grab ──► reserved ──pay──► paid
-//!               └──cancel / timeout──► cancelled / expired
+//!               └──cancel / timeout──► cancelled / expired ──late money refunded──► refunded
 //! ```
-//! `paid`, `cancelled` and `expired` are final. Stock leaves the shard at the grab and
+//! `paid` and `refunded` are final; `cancelled` and `expired` are final for the unit, and
+//! become `refunded` only when money the buyer paid for the order came in too late (see
+//! [`crate::service::PaymentService`]). Stock leaves the shard at the grab and
 //! comes back exactly once, on the move to `cancelled` or `expired`. The grab's hold is
 //! the order from the start: the order consumer sets the release timer and writes
 //! nothing, so a unit costs the table no write between the grab and its settlement.
@@ -16,6 +18,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{OrderId, SaleId, UserId};
+use crate::payment::OrderPayment;
 use crate::price::Price;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -25,10 +28,19 @@ pub enum OrderStatus {
     Paid,
     Cancelled,
     Expired,
+    /// Cancelled or expired, and the money the buyer's payment moved anyway (a capture
+    /// that raced the timeout, an automatic capture) was given back.
+    Refunded,
 }
 
 impl OrderStatus {
-    pub const ALL: [Self; 4] = [Self::Reserved, Self::Paid, Self::Cancelled, Self::Expired];
+    pub const ALL: [Self; 5] = [
+        Self::Reserved,
+        Self::Paid,
+        Self::Cancelled,
+        Self::Expired,
+        Self::Refunded,
+    ];
 
     /// Statuses from which the order can still be paid, cancelled or expire: the stock
     /// is held for the buyer but not sold.
@@ -40,6 +52,7 @@ impl OrderStatus {
             Self::Paid => "paid",
             Self::Cancelled => "cancelled",
             Self::Expired => "expired",
+            Self::Refunded => "refunded",
         }
     }
 
@@ -47,11 +60,18 @@ impl OrderStatus {
         Self::OPEN.contains(&self)
     }
 
+    /// Whether the order's unit went back to its shard: cancelled, expired, or either
+    /// and then refunded.
+    pub fn gave_the_unit_back(self) -> bool {
+        matches!(self, Self::Cancelled | Self::Expired | Self::Refunded)
+    }
+
     /// Whether the state machine allows `self → next`. Stores enforce the same edges
     /// with conditional writes; this is their specification.
     pub fn can_become(self, next: Self) -> bool {
         match (self, next) {
             (from, Self::Paid | Self::Cancelled | Self::Expired) => from.is_open(),
+            (Self::Cancelled | Self::Expired, Self::Refunded) => true,
             _ => false,
         }
     }
@@ -134,6 +154,10 @@ pub struct Order {
     /// only on those released since it was recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expired_at: Option<DateTime<Utc>>,
+    /// The buyer's payment at the provider, once one was opened for the order: for the
+    /// settlement, not shown to the buyer (its state is the order's status).
+    #[serde(skip)]
+    pub payment: Option<OrderPayment>,
 }
 
 impl Order {
@@ -148,6 +172,7 @@ impl Order {
             price: reservation.price,
             expires_at: reservation.expires_at,
             expired_at: None,
+            payment: None,
         }
     }
 }
@@ -163,6 +188,11 @@ mod tests {
             for to in [Paid, Cancelled, Expired] {
                 assert_eq!(from.can_become(to), from.is_open(), "{from} -> {to}");
             }
+            assert_eq!(
+                from.can_become(Refunded),
+                matches!(from, Cancelled | Expired),
+                "{from} -> refunded"
+            );
         }
         for from in OrderStatus::ALL {
             assert!(!from.can_become(Reserved), "{from} -> reserved");

@@ -7,7 +7,8 @@
 
 use std::fmt;
 
-use crate::ids::OrderId;
+use crate::ids::{OrderId, UserId};
+use crate::order::OrderStatus;
 
 /// The provider's id of one order's payment (Stripe's `pi_...`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -44,12 +45,68 @@ pub enum PaymentState {
     Cancelled,
 }
 
+impl PaymentState {
+    pub const ALL: [Self; 4] = [
+        Self::Open,
+        Self::Authorised,
+        Self::Captured,
+        Self::Cancelled,
+    ];
+
+    /// The name a store records it by.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Open => "open",
+            Self::Authorised => "authorised",
+            Self::Captured => "captured",
+            Self::Cancelled => "cancelled",
+        }
+    }
+
+    pub fn named(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|state| state.name() == name)
+    }
+
+    /// Whether the provider never moves a payment out of this state (a refund leaves a
+    /// captured payment captured).
+    pub fn is_final(self) -> bool {
+        matches!(self, Self::Captured | Self::Cancelled)
+    }
+}
+
+/// An order's payment as the order records it: which payment at the provider is the
+/// order's (one per order, recorded once), and its state when a settlement last read it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OrderPayment {
+    pub id: PaymentId,
+    pub state: PaymentState,
+}
+
+impl OrderPayment {
+    /// Whether an order in `status` with this payment still needs a settlement: open
+    /// with a payment (the buyer may authorise it); paid with its money not seen
+    /// captured (the capture is pending); cancelled or expired with its payment not seen
+    /// cancelled (an authorisation to release, or money to give back). A refunded order
+    /// is done.
+    pub fn needs_settling(&self, status: OrderStatus) -> bool {
+        match status {
+            OrderStatus::Reserved => true,
+            OrderStatus::Paid => self.state != PaymentState::Captured,
+            OrderStatus::Cancelled | OrderStatus::Expired => self.state != PaymentState::Cancelled,
+            OrderStatus::Refunded => false,
+        }
+    }
+}
+
 /// One order's payment at the provider.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Payment {
     pub id: PaymentId,
     /// The order the payment names (its metadata), if it names one.
     pub order_id: Option<OrderId>,
+    /// The buyer the payment names (its metadata): with the order, the key of the
+    /// order's hold, so that an event about the payment finds its order in one read.
+    pub buyer: Option<UserId>,
     /// What it is for, in minor units of its currency: compared with the order's price
     /// before anything is settled.
     pub amount: u64,

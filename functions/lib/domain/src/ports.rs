@@ -11,7 +11,8 @@ use crate::challenge::{ChallengeRefusal, ChallengeWork, IssuedChallenge, SolvedC
 use crate::error::StoreError;
 use crate::ids::{OrderId, SaleId, UserId};
 use crate::order::{Order, OrderStatus, ReleaseReason, Reservation};
-use crate::payment::{CancelOutcome, CaptureOutcome, Payment, PaymentId, Refund};
+use crate::payment::{CancelOutcome, CaptureOutcome, OrderPayment, Payment, PaymentId, Refund};
+use crate::price::Price;
 use crate::sale::{Sale, StockCounts};
 
 /// The time. A port so tests can stand still or jump.
@@ -401,16 +402,18 @@ pub trait Blocklist: Send + Sync {
 /// down; `Permanent` is a request it will never take (a wrong key, a malformed id).
 #[async_trait]
 pub trait PaymentProvider: Send + Sync {
-    /// A payment of `order` for `amount` minor units of `currency` (ISO 4217), to be
-    /// captured manually and naming the order in its metadata. The request carries an
-    /// idempotency key of the order, so a retry of a call whose answer was lost gets the
-    /// same payment; a caller keeps the payment's id (on the order) and reads it with
+    /// A payment of `order`, bought by `buyer`, for `price`, to be captured manually
+    /// and naming the order and the buyer in its metadata (what finds the order's hold
+    /// from an event about the payment). The request carries an idempotency key of the
+    /// order, so a retry of a call whose answer was lost gets the same payment while the
+    /// provider remembers the key; a caller records the payment's id on the order
+    /// ([`OrderPayments::attach_payment`]) and reads it with
     /// [`PaymentProvider::payment`] rather than open another.
     async fn open(
         &self,
         order: &OrderId,
-        amount: u64,
-        currency: &str,
+        buyer: &UserId,
+        price: Price,
     ) -> Result<Payment, StoreError>;
 
     /// The payment as the provider has it now; `None` if it has no such payment.
@@ -428,3 +431,97 @@ pub trait PaymentProvider: Send + Sync {
     /// often asked.
     async fn refund(&self, id: &PaymentId) -> Result<Refund, StoreError>;
 }
+
+/// What [`OrderPayments::attach_payment`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PaymentAttach {
+    /// The payment is the order's, recorded by this call or an earlier one.
+    Attached,
+    /// The order records another payment already: that one is the order's.
+    Taken(PaymentId),
+    /// The order is no longer open, so no payment may start for it.
+    Settled(OrderStatus),
+    /// There is no such hold.
+    Unknown,
+}
+
+/// The buyer's payment of each order, as the order records it: one payment per order,
+/// and the state a settlement last read of it. Every write is conditional on the hold,
+/// so a settlement racing the timeout, a cancel or another settlement changes nothing
+/// twice, and none of them is in doubt after an error: each may simply be sent again.
+#[async_trait]
+pub trait OrderPayments: Send + Sync {
+    /// Records `payment` as the order's, in state `open`: one conditional write, only on
+    /// an open hold that records no payment yet, so one order never has two. Sending
+    /// the same payment again answers `Attached`.
+    async fn attach_payment(
+        &self,
+        reservation: &Reservation,
+        payment: &PaymentId,
+    ) -> Result<PaymentAttach, StoreError>;
+
+    /// The money's side of pay against timeout: marks the open hold `paid` with
+    /// `payment` in its state (`authorised`: its capture is pending; `captured`),
+    /// atomically with the order's item, if the window is still open at `now` and
+    /// `payment` is the order's. The same condition as [`OrderBook::pay`], so exactly
+    /// one of this, a cancel and the timeout wins. Idempotent: an order paid already
+    /// answers `Paid`.
+    async fn pay_with(
+        &self,
+        reservation: &Reservation,
+        payment: &OrderPayment,
+        now: DateTime<Utc>,
+    ) -> Result<PayOutcome, StoreError>;
+
+    /// Records the state a settlement read of the order's payment, if `payment.id` is
+    /// the order's and the state recorded is not another final one
+    /// ([`is_final`](crate::payment::PaymentState::is_final)): a stale read recorded late undoes nothing. The
+    /// order's status does not change. Whether it was recorded. Idempotent.
+    async fn record_payment(
+        &self,
+        reservation: &Reservation,
+        payment: &OrderPayment,
+    ) -> Result<bool, StoreError>;
+
+    /// Moves a cancelled or expired order whose payment was captured, and then
+    /// refunded, to `refunded`, atomically with its item, if `payment` is the order's.
+    /// Whether the order is `refunded` now (by this call or an earlier one).
+    async fn record_refund(
+        &self,
+        reservation: &Reservation,
+        payment: &PaymentId,
+    ) -> Result<bool, StoreError>;
+
+    /// The sale's orders whose payment a settlement has not finished: open with a
+    /// payment; paid with a payment not recorded captured; cancelled or expired with a
+    /// payment not recorded cancelled. A read for the reconciler, which may lag the
+    /// latest writes like [`OrderBook::open_holds`]; every settlement reads the order
+    /// again and acts only through the conditional writes above.
+    async fn unsettled_payments(
+        &self,
+        sale: &Sale,
+    ) -> Result<Vec<(Order, Reservation)>, StoreError>;
+}
+
+/// The provider's events a webhook processed, remembered long enough to outlast the
+/// provider's redeliveries, so a redelivered event is acknowledged without acting twice.
+/// Processing itself is idempotent (a settlement reads the payment afresh), so this only
+/// spares the provider and the store the repeated work.
+#[async_trait]
+pub trait ProviderEvents: Send + Sync {
+    /// Whether `event_id` was recorded processed, read consistently.
+    async fn was_processed(&self, event_id: &str) -> Result<bool, StoreError>;
+
+    /// Records `event_id` processed at `now`, with one conditional put that expires on
+    /// its own after [`PROCESSED_EVENT_RETENTION`]. Whether this call recorded it
+    /// (`false`: another delivery did first).
+    async fn record_processed(
+        &self,
+        event_id: &str,
+        now: DateTime<Utc>,
+    ) -> Result<bool, StoreError>;
+}
+
+/// How long a processed event is remembered: Stripe redelivers an event for up to
+/// three days, and a reordered delivery comes within those.
+pub const PROCESSED_EVENT_RETENTION: chrono::Duration = chrono::Duration::days(30);

@@ -500,8 +500,11 @@ fn gcd(mut a: u32, mut b: u32) -> u32 {
 }
 
 /// Counts of a sale's stock by where it is. Sold stock is `paid`; held stock is
-/// `reserved`; `cancelled` and `expired` are orders whose stock came back and are
-/// counted for reporting only.
+/// `reserved`; `cancelled`, `expired` and `refunded` are orders whose stock came back
+/// and are counted for reporting only. Two counts say where money and units disagree,
+/// each of which a settlement mends: `capture_pending`, of the `paid` orders, those
+/// whose money is authorised but not yet captured; `refund_pending`, of the cancelled
+/// and expired orders, those whose money was captured and not yet given back.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StockCounts {
     pub available: u64,
@@ -509,9 +512,16 @@ pub struct StockCounts {
     pub paid: u64,
     pub cancelled: u64,
     pub expired: u64,
+    #[serde(default)]
+    pub refunded: u64,
+    #[serde(default)]
+    pub capture_pending: u64,
+    #[serde(default)]
+    pub refund_pending: u64,
 }
 
-/// The reconciliation the admin sees: every unit is available, held or sold.
+/// The reconciliation the admin sees: every unit is available, held or sold, and no
+/// money is taken for a unit not sold nor left uncaptured for one sold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SaleStats {
     pub stock_total: u64,
@@ -526,7 +536,9 @@ impl SaleStats {
         Self {
             stock_total: u64::from(stock_total),
             counts,
-            consistent: accounted == u64::from(stock_total),
+            consistent: accounted == u64::from(stock_total)
+                && counts.capture_pending == 0
+                && counts.refund_pending == 0,
         }
     }
 }

@@ -40,6 +40,7 @@ async fn world() -> World {
         clock: clock_port,
         timer_grace: Duration::seconds(120),
         take_grace: Duration::seconds(360),
+        payments: None,
     };
     World {
         store,

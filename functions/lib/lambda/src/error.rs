@@ -150,6 +150,9 @@ fn app_status_and_code(err: &AppError) -> (StatusCode, &'static str) {
         AppError::OrderExpired => (StatusCode::CONFLICT, "order_expired"),
         AppError::OrderCancelled => (StatusCode::CONFLICT, "order_cancelled"),
         AppError::OrderPaid => (StatusCode::CONFLICT, "order_paid"),
+        AppError::NotPayable => (StatusCode::CONFLICT, "not_payable"),
+        AppError::NoPayment => (StatusCode::CONFLICT, "no_payment"),
+        AppError::PaymentMismatch => (StatusCode::CONFLICT, "payment_mismatch"),
         AppError::Forbidden => (StatusCode::FORBIDDEN, "forbidden"),
         AppError::Blocked => (StatusCode::FORBIDDEN, "blocked"),
         // Only the release function's use case answers this; reaching HTTP means a
@@ -200,6 +203,9 @@ mod tests {
             (AppError::OrderExpired, 409, "order_expired"),
             (AppError::OrderCancelled, 409, "order_cancelled"),
             (AppError::OrderPaid, 409, "order_paid"),
+            (AppError::NotPayable, 409, "not_payable"),
+            (AppError::NoPayment, 409, "no_payment"),
+            (AppError::PaymentMismatch, 409, "payment_mismatch"),
             (AppError::Forbidden, 403, "forbidden"),
             (AppError::Blocked, 403, "blocked"),
             (

@@ -59,10 +59,29 @@ pub const RECONCILER_TAKES_RETURNED: &str = "reconciler_takes_returned";
 pub const RECONCILER_FAILED: &str = "reconciler_failed";
 /// Sales whose holds the reconciler could not read.
 pub const RECONCILER_FAILED_SALES: &str = "reconciler_failed_sales";
+/// Settlements of an order's payment that ended (the page's, the webhook's, the
+/// reconciler's), each once.
+pub const PAYMENTS_SETTLED: &str = "payments_settled";
+/// Payments whose money a settlement captured.
+pub const PAYMENT_CAPTURES: &str = "payment_captures";
+/// Captures asked again of orders paid on our side whose earlier capture failed.
+pub const PAYMENT_CAPTURE_RETRIES: &str = "payment_capture_retries";
+/// Captures that failed: the order stays paid with its capture pending.
+pub const PAYMENT_CAPTURE_FAILURES: &str = "payment_capture_failures";
+/// Authorisations released because their order ended first: no money moved.
+pub const PAYMENT_AUTHORISATIONS_CANCELLED: &str = "payment_authorisations_cancelled";
+/// Money captured for an order that ended first, given back.
+pub const PAYMENT_REFUNDS: &str = "payment_refunds";
+/// Settlements that failed (the next trigger, or the reconciler, tries again).
+pub const PAYMENT_SETTLE_FAILURES: &str = "payment_settle_failures";
 /// Units of a sale by state, as last counted by the reconciler (gauges).
 pub const STOCK_AVAILABLE: &str = "stock_available";
 pub const STOCK_RESERVED: &str = "stock_reserved";
 pub const STOCK_PAID: &str = "stock_paid";
+/// Paid orders of a sale whose money is not yet captured, and ended orders whose
+/// captured money is not yet refunded, as last counted (gauges).
+pub const PAYMENTS_CAPTURE_PENDING: &str = "payments_capture_pending";
+pub const PAYMENTS_REFUND_PENDING: &str = "payments_refund_pending";
 /// Poison queue messages the consumer parked in the dead-letter queue.
 pub const DLQ_PARKED: &str = "dlq_parked";
 
@@ -96,6 +115,16 @@ pub fn describe() {
             "sales whose holds could not be read",
         ),
         (DLQ_PARKED, "poison messages parked"),
+        (PAYMENTS_SETTLED, "payment settlements done"),
+        (PAYMENT_CAPTURES, "payments captured"),
+        (PAYMENT_CAPTURE_RETRIES, "captures retried"),
+        (PAYMENT_CAPTURE_FAILURES, "captures failed"),
+        (
+            PAYMENT_AUTHORISATIONS_CANCELLED,
+            "authorisations released for ended orders",
+        ),
+        (PAYMENT_REFUNDS, "late money refunded"),
+        (PAYMENT_SETTLE_FAILURES, "payment settlements failed"),
     ] {
         describe_counter!(name, Unit::Count, what);
     }
@@ -103,6 +132,14 @@ pub fn describe() {
         (STOCK_AVAILABLE, "units on sale"),
         (STOCK_RESERVED, "units held, awaiting payment"),
         (STOCK_PAID, "units sold"),
+        (
+            PAYMENTS_CAPTURE_PENDING,
+            "paid orders whose money is not captured",
+        ),
+        (
+            PAYMENTS_REFUND_PENDING,
+            "ended orders whose money is not refunded",
+        ),
     ] {
         describe_gauge!(name, Unit::Count, what);
     }
@@ -199,12 +236,61 @@ pub fn reconciled(released: u64, takes_returned: u64, failed: u64, failed_sales:
     counter!(RECONCILER_FAILED_SALES).increment(failed_sales);
 }
 
+/// What payment settlements did, summed over the settlements of an invocation (one for
+/// the page's or the webhook's, a pass's worth for the reconciler's).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PaymentMoves {
+    pub settled: u64,
+    pub captures: u64,
+    pub capture_retries: u64,
+    pub capture_failures: u64,
+    pub authorisations_cancelled: u64,
+    pub refunds: u64,
+    pub failures: u64,
+}
+
+impl PaymentMoves {
+    /// One settlement's.
+    pub fn of(settled: &flashsale_domain::service::Settled) -> Self {
+        let moves = settled.moves;
+        Self {
+            settled: 1,
+            captures: u64::from(moves.captured),
+            capture_retries: u64::from(moves.capture_retried),
+            capture_failures: u64::from(moves.capture_failed),
+            authorisations_cancelled: u64::from(moves.cancelled),
+            refunds: u64::from(moves.refunded),
+            failures: 0,
+        }
+    }
+}
+
+/// Payment settlements, as counters (zero counts write nothing).
+pub fn payments(moves: PaymentMoves) {
+    for (name, count) in [
+        (PAYMENTS_SETTLED, moves.settled),
+        (PAYMENT_CAPTURES, moves.captures),
+        (PAYMENT_CAPTURE_RETRIES, moves.capture_retries),
+        (PAYMENT_CAPTURE_FAILURES, moves.capture_failures),
+        (
+            PAYMENT_AUTHORISATIONS_CANCELLED,
+            moves.authorisations_cancelled,
+        ),
+        (PAYMENT_REFUNDS, moves.refunds),
+        (PAYMENT_SETTLE_FAILURES, moves.failures),
+    ] {
+        counter!(name).increment(count);
+    }
+}
+
 /// A sale's stock by state, as counted now.
 pub fn stock(sale_id: &SaleId, counts: &StockCounts) {
     for (name, units) in [
         (STOCK_AVAILABLE, counts.available),
         (STOCK_RESERVED, counts.reserved),
         (STOCK_PAID, counts.paid),
+        (PAYMENTS_CAPTURE_PENDING, counts.capture_pending),
+        (PAYMENTS_REFUND_PENDING, counts.refund_pending),
     ] {
         // A gauge is an f64; stock counts are far below 2^53.
         gauge!(name, SALE_ID => sale_id.to_string()).set(units as f64);

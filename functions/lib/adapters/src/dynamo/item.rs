@@ -11,7 +11,8 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use chrono::{DateTime, Datelike, Duration, SecondsFormat, Utc};
 use flashsale_domain::challenge::ChallengeWork;
 use flashsale_domain::order::UnknownStatus;
-use flashsale_domain::ports::Take;
+use flashsale_domain::payment::{OrderPayment, PaymentId, PaymentState};
+use flashsale_domain::ports::{PROCESSED_EVENT_RETENTION, Take};
 use flashsale_domain::{
     Order, OrderId, OrderStatus, Price, ReleaseReason, Reservation, ReservePath, Sale, SaleId,
     UserId, ValidationError,
@@ -80,6 +81,14 @@ fn price_attributes(price: Option<Price>) -> impl Iterator<Item = (String, Attri
     })
 }
 
+/// On a hold: the order's payment at the provider, once one was opened for it (absent
+/// on holds without one, and on every hold written before payments were recorded): its
+/// id, recorded once, and its state (a [`PaymentState::name`]) as a settlement last
+/// read it. Two plain attributes inside the hold, so that every write about the
+/// payment is conditional on the hold in the same item.
+pub(crate) const PAYMENT_ID: &str = "payment_id";
+pub(crate) const PAYMENT_STATE: &str = "payment_state";
+
 /// The hold's attribute that records when a release for `reason` committed.
 pub(crate) fn settled_at_attribute(reason: ReleaseReason) -> &'static str {
     match reason {
@@ -107,9 +116,19 @@ const SALES_GSI_PK: &str = "SALES";
 /// whole every few seconds per process, far below one partition's limits.
 const BLOCKLIST_PK: &str = "BLOCKLIST";
 const BLOCKED_USER_PREFIX: &str = "USER#";
+/// A provider's event a webhook processed: one item each, in a partition of its own,
+/// so that recording one is a conditional put on nothing else.
+const EVENT_PREFIX: &str = "EVENT#";
+const EVENT_SK: &str = "EVENT";
+/// On a processed event: when it was recorded.
+const PROCESSED_AT: &str = "processed_at";
+/// On a processed event: a token of the call that recorded it, so that the call knows
+/// its own put when the SDK resends it after a lost answer.
+pub(crate) const DELIVERY: &str = "delivery";
 
-/// Cancelled and expired orders are kept this long after they settle, then DynamoDB's
-/// TTL removes them; paid ones are kept.
+/// Cancelled, expired and refunded orders are kept this long after they settle, then
+/// DynamoDB's TTL removes them; paid ones are kept. A refund keeps the TTL its order's
+/// release set: the refund comes days after it at most.
 pub(crate) const SETTLED_RETENTION: Duration = Duration::days(90);
 
 pub(crate) fn s(value: impl Into<String>) -> AttributeValue {
@@ -213,6 +232,26 @@ pub(crate) fn parse_blocked_user(item: &Item) -> Result<UserId, ItemError> {
     })
 }
 
+/// The item that records `event_id` processed.
+pub(crate) fn event_key(event_id: &str) -> Item {
+    key(format!("{EVENT_PREFIX}{event_id}"), EVENT_SK)
+}
+
+/// `event_id` recorded processed at `now` by the call holding `delivery`, removed by
+/// DynamoDB's TTL once the provider can no longer redeliver it.
+pub(crate) fn event_item(event_id: &str, delivery: &str, now: DateTime<Utc>) -> Item {
+    let mut item = event_key(event_id);
+    item.extend([
+        (DELIVERY.to_owned(), s(delivery)),
+        (PROCESSED_AT.to_owned(), time(now)),
+        (
+            TTL.to_owned(),
+            n((now + PROCESSED_EVENT_RETENTION).timestamp()),
+        ),
+    ]);
+    item
+}
+
 pub(crate) fn order_key(order_id: &OrderId) -> Item {
     key(format!("ORDER#{order_id}"), ORDER_SK)
 }
@@ -310,6 +349,8 @@ pub enum ItemError {
         #[source]
         source: UnknownStatus,
     },
+    #[error("attribute `{name}` is not a payment state")]
+    PaymentState { name: String },
 }
 
 /// An item that breaks the data model. Retrying cannot fix it, so it is always a
@@ -439,6 +480,20 @@ impl<'a> Fields<'a> {
                 }),
                 source,
             })
+    }
+
+    /// The hold's payment, if it records one: both attributes or neither.
+    fn payment(&self) -> Result<Option<OrderPayment>, ItemError> {
+        if !self.has(PAYMENT_ID) && !self.has(PAYMENT_STATE) {
+            return Ok(None);
+        }
+        let id = PaymentId::new(self.string(PAYMENT_ID)?);
+        let state = PaymentState::named(self.string(PAYMENT_STATE)?).ok_or_else(|| {
+            ItemError::PaymentState {
+                name: self.name(PAYMENT_STATE),
+            }
+        })?;
+        Ok(Some(OrderPayment { id, state }))
     }
 
     fn status(&self) -> Result<OrderStatus, ItemError> {
@@ -604,6 +659,8 @@ pub(crate) struct Hold {
     pub expired_at: Option<DateTime<Utc>>,
     /// The price the unit is sold at, as the reservation carried it.
     pub price: Option<Price>,
+    /// The buyer's payment, once one was attached ([`PAYMENT_ID`]).
+    pub payment: Option<OrderPayment>,
 }
 
 impl Hold {
@@ -615,6 +672,7 @@ impl Hold {
             expires_at: reservation.expires_at,
             expired_at: None,
             price: reservation.price,
+            payment: None,
         }
     }
 
@@ -635,6 +693,12 @@ impl Hold {
             map.insert(EXPIRED_AT.to_owned(), time(expired_at));
         }
         map.extend(price_attributes(self.price));
+        if let Some(payment) = &self.payment {
+            map.extend([
+                (PAYMENT_ID.to_owned(), s(payment.id.as_str())),
+                (PAYMENT_STATE.to_owned(), s(payment.state.name())),
+            ]);
+        }
         AttributeValue::M(map)
     }
 
@@ -654,6 +718,7 @@ impl Hold {
                 .then(|| fields.time(EXPIRED_AT))
                 .transpose()?,
             price: fields.price()?,
+            payment: fields.payment()?,
         })
     }
 
@@ -662,6 +727,7 @@ impl Hold {
         let reservation = self.reservation(order_id, user_id);
         let order = Order {
             expired_at: self.expired_at,
+            payment: self.payment.clone(),
             ..Order::from_reservation(&reservation, self.status)
         };
         (order, reservation)
@@ -680,10 +746,10 @@ impl Hold {
     }
 }
 
-/// Every hold on a user item, as the reservation it records and its status; other
+/// Every hold on a user item, as the order it is and the reservation it records; other
 /// attributes are skipped. The order id comes from the hold's name and the user from
 /// the item's key, and a hold of another sale's order is corrupt.
-pub(crate) fn parse_holds(item: &Item) -> Result<Vec<(Reservation, OrderStatus)>, ItemError> {
+pub(crate) fn parse_holds(item: &Item) -> Result<Vec<(Order, Reservation)>, ItemError> {
     let (sale_id, user_id) = user_item_owner(item)?;
     item.iter()
         .filter_map(|(name, value)| {
@@ -701,8 +767,7 @@ pub(crate) fn parse_holds(item: &Item) -> Result<Vec<(Reservation, OrderStatus)>
                     expected: "hold#{order_id} of an order of the item's sale",
                 });
             }
-            let hold = Hold::parse(name, value)?;
-            Ok((hold.reservation(&order_id, &user_id), hold.status))
+            Ok(Hold::parse(name, value)?.order(&order_id, &user_id))
         })
         .collect()
 }
@@ -727,7 +792,7 @@ pub(crate) fn order_item(
         ("updated_at".to_owned(), time(now)),
     ]);
     item.extend(price_attributes(reservation.price));
-    if matches!(status, OrderStatus::Cancelled | OrderStatus::Expired) {
+    if status.gave_the_unit_back() {
         item.insert(TTL.to_owned(), n((now + SETTLED_RETENTION).timestamp()));
     }
     item
@@ -886,6 +951,128 @@ mod tests {
         );
     }
 
+    fn with_payment(state: PaymentState) -> Hold {
+        Hold {
+            status: OrderStatus::Paid,
+            payment: Some(OrderPayment {
+                id: PaymentId::new("pi_3Abc"),
+                state,
+            }),
+            ..Hold::reserved(&reservation())
+        }
+    }
+
+    #[test]
+    fn a_holds_payment_round_trips_in_every_state_and_fills_the_order() {
+        let reservation = reservation();
+        let name = hold_attribute(&reservation.order_id);
+        for state in PaymentState::ALL {
+            let hold = with_payment(state);
+            let AttributeValue::M(map) = hold.to_value() else {
+                panic!("a hold is a map");
+            };
+            assert_eq!(map.get(PAYMENT_ID), Some(&s("pi_3Abc")));
+            assert_eq!(map.get(PAYMENT_STATE), Some(&s(state.name())));
+            let parsed = Hold::parse(&name, &AttributeValue::M(map)).expect("parses");
+            assert_eq!(parsed, hold);
+            let (order, _) = parsed.order(&reservation.order_id, &reservation.user_id);
+            assert_eq!(order.payment, hold.payment);
+            assert_eq!(order.status, OrderStatus::Paid);
+        }
+    }
+
+    #[test]
+    fn a_hold_without_a_payment_has_no_payment_attributes_as_before_payments() {
+        let reservation = reservation();
+        let AttributeValue::M(map) = Hold::reserved(&reservation).to_value() else {
+            panic!("a hold is a map");
+        };
+        assert!(!map.contains_key(PAYMENT_ID) && !map.contains_key(PAYMENT_STATE));
+        let name = hold_attribute(&reservation.order_id);
+        let parsed = Hold::parse(&name, &AttributeValue::M(map)).expect("parses");
+        assert_eq!(parsed.payment, None);
+        assert_eq!(
+            parsed
+                .order(&reservation.order_id, &reservation.user_id)
+                .0
+                .payment,
+            None
+        );
+    }
+
+    #[test]
+    fn a_half_or_unknown_payment_is_corrupt() {
+        let reservation = reservation();
+        let name = hold_attribute(&reservation.order_id);
+        let AttributeValue::M(mut map) = with_payment(PaymentState::Captured).to_value() else {
+            panic!("a hold is a map");
+        };
+        map.insert(PAYMENT_STATE.to_owned(), s("refunded"));
+        let error = Hold::parse(&name, &AttributeValue::M(map.clone())).expect_err("corrupt");
+        assert!(
+            matches!(&error, ItemError::PaymentState { name: at } if *at == format!("{name}.{PAYMENT_STATE}")),
+            "{error:?}"
+        );
+        map.remove(PAYMENT_STATE);
+        let error = Hold::parse(&name, &AttributeValue::M(map.clone())).expect_err("corrupt");
+        assert!(
+            matches!(&error, ItemError::Missing(at) if *at == format!("{name}.{PAYMENT_STATE}")),
+            "{error:?}"
+        );
+        map.remove(PAYMENT_ID);
+        map.insert(PAYMENT_STATE.to_owned(), s("open"));
+        let error = Hold::parse(&name, &AttributeValue::M(map)).expect_err("corrupt");
+        assert!(
+            matches!(&error, ItemError::Missing(at) if *at == format!("{name}.{PAYMENT_ID}")),
+            "{error:?}"
+        );
+    }
+
+    #[test]
+    fn holds_on_a_user_item_are_read_as_orders_with_their_payments() {
+        let reservation = reservation();
+        let mut item = user_item_with(&reservation);
+        let hold = with_payment(PaymentState::Authorised);
+        item.insert(hold_attribute(&reservation.order_id), hold.to_value());
+        let holds = parse_holds(&item).expect("parses");
+        assert_eq!(holds.len(), 1);
+        let (order, found) = &holds[0];
+        assert_eq!(found, &reservation);
+        assert_eq!(order.status, OrderStatus::Paid);
+        assert_eq!(order.payment, hold.payment);
+    }
+
+    #[test]
+    fn a_refunded_order_expires_as_the_released_ones_do() {
+        let reservation = reservation();
+        let now = reservation.expires_at;
+        let item = order_item(&reservation, OrderStatus::Refunded, now);
+        assert_eq!(
+            item.get(TTL),
+            Some(&n((now + Duration::days(90)).timestamp()))
+        );
+        assert_eq!(item.get(STATUS), Some(&s("refunded")));
+    }
+
+    #[test]
+    fn a_processed_event_is_its_own_item_removed_after_the_retention() {
+        let now = Utc.with_ymd_and_hms(2026, 1, 2, 3, 4, 5).unwrap();
+        let item = event_item("evt_1Abc", "token", now);
+        assert_eq!(item.get(PK), Some(&s("EVENT#evt_1Abc")));
+        assert_eq!(item.get(SK), Some(&s("EVENT")));
+        assert_eq!(item.get(DELIVERY), Some(&s("token")));
+        assert_eq!(
+            item.get(TTL),
+            Some(&n((now + Duration::days(30)).timestamp()))
+        );
+        assert!(
+            event_key("evt_1Abc")
+                .iter()
+                .all(|(name, value)| item.get(name) == Some(value)),
+            "the item is at its key"
+        );
+    }
+
     #[test]
     fn a_corrupt_hold_names_the_attribute_at_fault() {
         let reservation = reservation();
@@ -936,7 +1123,10 @@ mod tests {
         let reservation = reservation();
         assert_eq!(
             parse_holds(&user_item_with(&reservation)).expect("parses"),
-            vec![(reservation, OrderStatus::Reserved)]
+            vec![(
+                Order::from_reservation(&reservation, OrderStatus::Reserved),
+                reservation
+            )]
         );
     }
 
@@ -947,7 +1137,7 @@ mod tests {
             ..reservation()
         };
         let holds = parse_holds(&user_item_with(&reservation)).expect("parses");
-        assert_eq!(holds[0].0.user_id, reservation.user_id);
+        assert_eq!(holds[0].1.user_id, reservation.user_id);
     }
 
     #[test]

@@ -512,8 +512,9 @@ impl DynamoStore {
             created_at: take.taken_at,
             expires_at: take.taken_at,
             expired_at: Some(now),
-            // Nothing was sold: the void records no price.
+            // Nothing was sold: the void records no price, and no payment was opened.
             price: None,
+            payment: None,
         };
         // The user item's index keys, which a buyer who never held anything lacks: without
         // them `count` (which reads the holds through gsi1) would miss the voided order.
@@ -730,8 +731,8 @@ impl StockLedger for DynamoStore {
             .read_holds(UNACCOUNTED_TAKES, sale)
             .await?
             .into_iter()
-            .filter(|(_, status)| status.is_open() || *status == OrderStatus::Paid)
-            .map(|(reservation, _)| (reservation.order_id, reservation.shard))
+            .filter(|(order, _)| order.status.is_open() || order.status == OrderStatus::Paid)
+            .map(|(_, reservation)| (reservation.order_id, reservation.shard))
             .collect();
         takes.retain(|take| !accounted.contains(&(take.order_id.clone(), take.shard)));
         Ok(takes)

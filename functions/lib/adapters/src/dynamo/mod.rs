@@ -1,4 +1,5 @@
-//! [`DynamoStore`]: sales, stock, orders and the blocklist in one DynamoDB table.
+//! [`DynamoStore`]: sales, stock, orders, their payments, the provider's processed
+//! events and the blocklist in one DynamoDB table.
 //!
 //! Every state change is one `TransactWriteItems` whose conditions enforce the order
 //! state machine, so stock leaves a shard only with a hold and comes back only with the
@@ -8,9 +9,10 @@
 //! its transaction. When a transaction is refused, its items' old images, or a
 //! consistent read, tell the caller why.
 //!
-//! One module per port ([`catalog`], [`ledger`], [`orders`], [`blocklist`]); what they
-//! share (expressions, reads, the batch read of the shards) is in [`requests`], the
-//! item layout in [`item`], and running a transaction in [`transact`].
+//! One module per port ([`catalog`], [`ledger`], [`orders`], [`payments`],
+//! [`blocklist`]); what they share (expressions, reads, the batch read of the shards)
+//! is in [`requests`], the item layout in [`item`], and running a transaction in
+//! [`transact`].
 
 mod baseline;
 mod blocklist;
@@ -18,6 +20,7 @@ mod catalog;
 mod item;
 mod ledger;
 mod orders;
+mod payments;
 mod requests;
 mod transact;
 
@@ -67,8 +70,9 @@ pub struct UnprocessedKeys {
     pub attempts: u32,
 }
 
-/// Implements [`SaleCatalog`], [`StockLedger`], [`OrderBook`] and [`Blocklist`] on one
-/// table laid out as the brief's data model (`pk`/`sk`, GSI `gsi1`, TTL `ttl`).
+/// Implements [`SaleCatalog`], [`StockLedger`], [`OrderBook`], [`OrderPayments`],
+/// [`ProviderEvents`] and [`Blocklist`] on one table laid out as the brief's data model
+/// (`pk`/`sk`, GSI `gsi1`, TTL `ttl`).
 ///
 /// One difference from the in-memory fake a caller can see: `AlreadyHeld` is found on the
 /// user's item, so an order id counts as held only for the user it was reserved for (the
@@ -78,6 +82,8 @@ pub struct UnprocessedKeys {
 /// [`SaleCatalog`]: flashsale_domain::ports::SaleCatalog
 /// [`StockLedger`]: flashsale_domain::ports::StockLedger
 /// [`OrderBook`]: flashsale_domain::ports::OrderBook
+/// [`OrderPayments`]: flashsale_domain::ports::OrderPayments
+/// [`ProviderEvents`]: flashsale_domain::ports::ProviderEvents
 /// [`Blocklist`]: flashsale_domain::ports::Blocklist
 #[derive(Debug, Clone)]
 pub struct DynamoStore {

@@ -4,13 +4,17 @@ use std::collections::HashMap;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use flashsale_domain::payment::{OrderPayment, PaymentState};
 use flashsale_domain::ports::{OrderBook, PayOutcome};
 use flashsale_domain::sale::StockCounts;
 use flashsale_domain::{Order, OrderId, OrderStatus, Reservation, Sale, StoreError, UserId};
 use futures::{StreamExt, TryStreamExt, stream};
 
 use super::DynamoStore;
-use super::item::{self, EXPIRES_AT_MS, GSI1_PK, GSI1_SK, OPEN_HOLD, SHARD, STATUS, n, s};
+use super::item::{
+    self, EXPIRES_AT_MS, GSI1_PK, GSI1_SK, OPEN_HOLD, PAYMENT_ID, PAYMENT_STATE, SHARD, STATUS, n,
+    s,
+};
 use super::requests::{Consistency, built, corrupt, names, values};
 use super::transact::{self, in_request_order};
 
@@ -22,7 +26,7 @@ const OPEN_HOLDS: &str = "dynamodb.open_holds";
 /// Stats buckets queried at once when reading a sale's holds.
 const BUCKET_QUERIES_IN_FLIGHT: usize = 16;
 
-/// `pay`'s transaction items.
+/// The transaction items of `pay` and `pay_with`.
 mod paying {
     /// Marks the hold on the user's item paid.
     pub(super) const USER_ITEM: usize = 0;
@@ -31,8 +35,9 @@ mod paying {
 }
 
 impl DynamoStore {
-    /// Every hold of the sale, in any status, read from the user items in the sale's
-    /// stats buckets `0..sale.shards` of `gsi1`. Holds are the whole record: every order
+    /// Every hold of the sale, in any status, as the order it is and the reservation it
+    /// records, read from the user items in the sale's stats buckets `0..sale.shards`
+    /// of `gsi1`. Holds are the whole record: every order
     /// item is written in the same transaction as its hold and carries the same status,
     /// so the order items are skipped by the key condition. DynamoDB updates the index
     /// asynchronously, so this may miss the last few writes.
@@ -40,10 +45,10 @@ impl DynamoStore {
         &self,
         operation: &'static str,
         sale: &Sale,
-    ) -> Result<Vec<(Reservation, OrderStatus)>, StoreError> {
+    ) -> Result<Vec<(Order, Reservation)>, StoreError> {
         // A sale may have up to a thousand buckets: one query after another would
         // take seconds.
-        let buckets: Vec<Vec<(Reservation, OrderStatus)>> = stream::iter(0..sale.shards)
+        let buckets: Vec<Vec<(Order, Reservation)>> = stream::iter(0..sale.shards)
             .map(|bucket| self.read_bucket_holds(operation, sale, bucket))
             .buffer_unordered(BUCKET_QUERIES_IN_FLIGHT)
             .try_collect()
@@ -56,7 +61,7 @@ impl DynamoStore {
         operation: &'static str,
         sale: &Sale,
         bucket: u16,
-    ) -> Result<Vec<(Reservation, OrderStatus)>, StoreError> {
+    ) -> Result<Vec<(Order, Reservation)>, StoreError> {
         let attribute_values = HashMap::from([
             (
                 ":bucket".to_owned(),
@@ -82,6 +87,98 @@ impl DynamoStore {
     }
 }
 
+impl DynamoStore {
+    /// Marks an open hold paid, atomically with the order's item, if its window is open
+    /// at `now`: `pay`, and with `payment` (which must be the order's, and whose state
+    /// is recorded) [`OrderPayments::pay_with`]. One conditional write decides between
+    /// this, a cancel and the timeout; a refusal is read back to say which won.
+    pub(super) async fn mark_paid(
+        &self,
+        operation: &'static str,
+        reservation: &Reservation,
+        payment: Option<&OrderPayment>,
+        now: DateTime<Utc>,
+    ) -> Result<PayOutcome, StoreError> {
+        let hold_attribute = item::hold_attribute(&reservation.order_id);
+        let [reserved, legacy_pending] = item::open_hold_values();
+        let mut condition =
+            format!("{OPEN_HOLD} AND #hold.#expires > :now AND #hold.#shard = :shard");
+        let mut update = "SET #hold.#status = :paid".to_owned();
+        let mut attribute_names = vec![
+            ("#hold", hold_attribute.as_str()),
+            ("#status", STATUS),
+            ("#expires", EXPIRES_AT_MS),
+            ("#shard", SHARD),
+        ];
+        let mut attribute_values = vec![
+            (":paid", s(OrderStatus::Paid.as_str())),
+            reserved,
+            legacy_pending,
+            (":now", n(now.timestamp_millis())),
+            (":shard", n(reservation.shard)),
+        ];
+        if let Some(payment) = payment {
+            condition.push_str(" AND #hold.#payment_id = :payment_id");
+            update.push_str(", #hold.#payment_state = :payment_state");
+            attribute_names.extend([
+                ("#payment_id", PAYMENT_ID),
+                ("#payment_state", PAYMENT_STATE),
+            ]);
+            attribute_values.extend([
+                (":payment_id", s(payment.id.as_str())),
+                (":payment_state", s(payment.state.name())),
+            ]);
+        }
+        let settle_hold = built(
+            operation,
+            self.update(item::user_key(&reservation.sale_id, &reservation.user_id))
+                .update_expression(update)
+                .condition_expression(condition)
+                .set_expression_attribute_names(names(&attribute_names))
+                .set_expression_attribute_values(values(attribute_values))
+                .build(),
+        )?;
+        let record = self.settle_order_item(operation, reservation, OrderStatus::Paid, now)?;
+        let items = in_request_order([
+            (paying::USER_ITEM, transact::update(settle_hold)),
+            (paying::ORDER_ITEM, transact::put(record)),
+        ]);
+        match self.run(operation, items).await? {
+            Ok(()) => return Ok(PayOutcome::Paid),
+            // The hold refused: it is paid, released, past its window, another
+            // payment's, or not this one.
+            Err(refusal) if refusal.failed(paying::USER_ITEM) => {}
+            Err(refusal) => return Err(refusal.unexpected(operation)),
+        }
+        let id = &reservation.order_id;
+        let paid_with = |hold: &item::Hold| {
+            payment.is_none_or(|payment| {
+                hold.payment
+                    .as_ref()
+                    .is_some_and(|recorded| recorded.id == payment.id)
+            })
+        };
+        Ok(
+            match self.read_hold(operation, id, &reservation.user_id).await? {
+                Some(hold) if hold.status == OrderStatus::Paid => PayOutcome::Paid,
+                Some(hold)
+                    if hold.status.is_open()
+                        && hold.shard == reservation.shard
+                        && paid_with(&hold)
+                        && now >= hold.expires_at =>
+                {
+                    PayOutcome::WindowClosed
+                }
+                // Open, but on another shard or with another payment (or none): not this
+                // order, or not its payment.
+                Some(hold) if hold.status.is_open() => PayOutcome::Unknown,
+                Some(hold) => PayOutcome::Settled(hold.status),
+                None => PayOutcome::Unknown,
+            },
+        )
+    }
+}
+
 #[async_trait]
 impl OrderBook for DynamoStore {
     async fn pay(
@@ -89,55 +186,7 @@ impl OrderBook for DynamoStore {
         reservation: &Reservation,
         now: DateTime<Utc>,
     ) -> Result<PayOutcome, StoreError> {
-        let hold_attribute = item::hold_attribute(&reservation.order_id);
-        let [reserved, legacy_pending] = item::open_hold_values();
-        let settle_hold = built(
-            PAY,
-            self.update(item::user_key(&reservation.sale_id, &reservation.user_id))
-                .update_expression("SET #hold.#status = :paid")
-                .condition_expression(format!(
-                    "{OPEN_HOLD} AND #hold.#expires > :now AND #hold.#shard = :shard"
-                ))
-                .set_expression_attribute_names(names(&[
-                    ("#hold", &hold_attribute),
-                    ("#status", STATUS),
-                    ("#expires", EXPIRES_AT_MS),
-                    ("#shard", SHARD),
-                ]))
-                .set_expression_attribute_values(values([
-                    (":paid", s(OrderStatus::Paid.as_str())),
-                    reserved,
-                    legacy_pending,
-                    (":now", n(now.timestamp_millis())),
-                    (":shard", n(reservation.shard)),
-                ]))
-                .build(),
-        )?;
-        let record = self.settle_order_item(PAY, reservation, OrderStatus::Paid, now)?;
-        let items = in_request_order([
-            (paying::USER_ITEM, transact::update(settle_hold)),
-            (paying::ORDER_ITEM, transact::put(record)),
-        ]);
-        match self.run(PAY, items).await? {
-            Ok(()) => return Ok(PayOutcome::Paid),
-            // The hold refused: it is paid, released, past its window, or not this one.
-            Err(refusal) if refusal.failed(paying::USER_ITEM) => {}
-            Err(refusal) => return Err(refusal.unexpected(PAY)),
-        }
-        let id = &reservation.order_id;
-        match self.read_hold(PAY, id, &reservation.user_id).await? {
-            Some(hold) if hold.status == OrderStatus::Paid => Ok(PayOutcome::Paid),
-            Some(hold)
-                if hold.status.is_open()
-                    && hold.shard == reservation.shard
-                    && now >= hold.expires_at =>
-            {
-                Ok(PayOutcome::WindowClosed)
-            }
-            Some(hold) if hold.status.is_open() => Ok(PayOutcome::Unknown),
-            Some(hold) => Ok(PayOutcome::Settled(hold.status)),
-            None => Ok(PayOutcome::Unknown),
-        }
+        self.mark_paid(PAY, reservation, None, now).await
     }
 
     async fn find(
@@ -160,8 +209,8 @@ impl OrderBook for DynamoStore {
             .read_holds(OPEN_HOLDS, sale)
             .await?
             .into_iter()
-            .filter(|(_, status)| status.is_open())
-            .map(|(reservation, _)| reservation)
+            .filter(|(order, _)| order.status.is_open())
+            .map(|(_, reservation)| reservation)
             .collect();
         open.sort_by(|a, b| a.order_id.cmp(&b.order_id));
         Ok(open)
@@ -169,7 +218,8 @@ impl OrderBook for DynamoStore {
 
     /// Shards are read consistently; holds through `gsi1`, which DynamoDB updates
     /// asynchronously, so a count taken mid-surge may miss the last few writes (and not
-    /// reconcile) until the index catches up. Every unit is counted once, from its hold.
+    /// reconcile) until the index catches up. Every unit is counted once, from its hold,
+    /// and so is the state of its payment the hold records.
     async fn count(&self, sale: &Sale) -> Result<StockCounts, StoreError> {
         let mut counts = StockCounts {
             available: self
@@ -179,14 +229,25 @@ impl OrderBook for DynamoStore {
                 .sum(),
             ..StockCounts::default()
         };
-        for (_, status) in self.read_holds(COUNT, sale).await? {
-            let counter = match status {
+        for (order, _) in self.read_holds(COUNT, sale).await? {
+            let counter = match order.status {
                 OrderStatus::Reserved => &mut counts.reserved,
                 OrderStatus::Paid => &mut counts.paid,
                 OrderStatus::Cancelled => &mut counts.cancelled,
                 OrderStatus::Expired => &mut counts.expired,
+                OrderStatus::Refunded => &mut counts.refunded,
             };
             *counter += 1;
+            let money = order.payment.as_ref().map(|payment| payment.state);
+            match (order.status, money) {
+                (OrderStatus::Paid, Some(state)) if state != PaymentState::Captured => {
+                    counts.capture_pending += 1;
+                }
+                (OrderStatus::Cancelled | OrderStatus::Expired, Some(PaymentState::Captured)) => {
+                    counts.refund_pending += 1;
+                }
+                _ => {}
+            }
         }
         Ok(counts)
     }

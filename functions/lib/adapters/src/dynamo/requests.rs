@@ -27,8 +27,8 @@ pub(super) fn names(pairs: &[(&str, &str)]) -> Option<HashMap<String, String>> {
 }
 
 /// `:placeholder` -> value, for `ExpressionAttributeValues`.
-pub(super) fn values<const N: usize>(
-    pairs: [(&str, AttributeValue); N],
+pub(super) fn values<'a>(
+    pairs: impl IntoIterator<Item = (&'a str, AttributeValue)>,
 ) -> Option<HashMap<String, AttributeValue>> {
     Some(
         pairs

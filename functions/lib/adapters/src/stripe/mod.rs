@@ -18,12 +18,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use flashsale_domain::StoreError;
-use flashsale_domain::ids::OrderId;
+use flashsale_domain::ids::{OrderId, UserId};
 use flashsale_domain::payment::{
     CancelOutcome, CaptureOutcome, Payment, PaymentId, PaymentState, Refund,
 };
 use flashsale_domain::ports::PaymentProvider;
+use flashsale_domain::{Price, StoreError};
 use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
@@ -252,6 +252,10 @@ impl From<Intent> for Payment {
                 .metadata
                 .get(ORDER_METADATA)
                 .and_then(|id| OrderId::parse(id).ok()),
+            buyer: intent
+                .metadata
+                .get(BUYER_METADATA)
+                .and_then(|id| UserId::parse(id).ok()),
             amount: intent.amount,
             currency: intent.currency,
             state,
@@ -279,19 +283,23 @@ impl StripeRefund {
 
 /// The metadata key that names a payment's order.
 pub const ORDER_METADATA: &str = "order_id";
+/// The metadata key that names a payment's buyer: with the order, the key of the
+/// order's hold, so an event about the payment finds the order in one read.
+pub const BUYER_METADATA: &str = "user_id";
 
 #[async_trait]
 impl PaymentProvider for StripePayments {
     async fn open(
         &self,
         order: &OrderId,
-        amount: u64,
-        currency: &str,
+        buyer: &UserId,
+        price: Price,
     ) -> Result<Payment, StoreError> {
-        let amount = amount.to_string();
-        let currency = currency.to_ascii_lowercase();
+        let amount = price.amount().to_string();
+        let currency = price.currency().stripe_code();
         let order_id = order.to_string();
-        let metadata_key = format!("metadata[{ORDER_METADATA}]");
+        let order_key = format!("metadata[{ORDER_METADATA}]");
+        let buyer_key = format!("metadata[{BUYER_METADATA}]");
         self.call::<Intent>(
             "payment_intents.create",
             Method::POST,
@@ -301,7 +309,8 @@ impl PaymentProvider for StripePayments {
                 ("currency", &currency),
                 ("capture_method", "manual"),
                 ("payment_method_types[]", "card"),
-                (&metadata_key, &order_id),
+                (&order_key, &order_id),
+                (&buyer_key, buyer.as_str()),
             ],
             Some(&format!("open-{order_id}")),
         )

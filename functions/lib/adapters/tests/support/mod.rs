@@ -6,6 +6,7 @@
 pub mod conflicts;
 pub mod old_items;
 pub mod pages;
+pub mod stripe;
 
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType, Projection,

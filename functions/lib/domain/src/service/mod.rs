@@ -4,6 +4,7 @@
 //! - `sales`: sale administration and the public page;
 //! - `blocklist`: the admins' blocklist;
 //! - `orders`: the consumer's timer, the owner's pay and cancel, the timeout;
+//! - `payments`: the buyer's payment of an order, opened once and settled;
 //! - `reconciler`: the safety net under the happy path;
 //! - `caches`: the per-process caches the grab reads instead of the store.
 //!
@@ -12,12 +13,14 @@
 mod blocklist;
 mod caches;
 mod orders;
+mod payments;
 mod reconciler;
 mod sales;
 
 pub use blocklist::BlocklistService;
 pub use caches::{CachedBlocklist, CachedCatalog};
 pub use orders::{ExpiryService, OrderService, TimerSet};
+pub use payments::{MoneyMoves, PaymentService, SettleOutcome, Settled};
 pub use reconciler::{DEFAULT_TAKE_GRACE, ReconcileReport, Reconciler};
 pub use sales::SaleService;
 

@@ -6,9 +6,12 @@ use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
 
 use crate::error::{AppError, StoreError};
-use crate::order::{ReleaseReason, Reservation};
+use crate::order::{OrderStatus, ReleaseReason, Reservation};
+#[cfg(doc)]
+use crate::ports::OrderPayments;
 use crate::ports::{Clock, OrderBook, SaleCatalog, Settlement, StockLedger, TakeReturn};
 use crate::sale::{MAX_PAYMENT_TIMEOUT_SECS, Sale};
+use crate::service::{PaymentService, Settled};
 
 /// What one reconciliation pass did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -24,6 +27,36 @@ pub struct ReconcileReport {
     /// Units a shard recorded as taken with no hold behind them (a reserve that died
     /// between its writes, a release that died before its shard write), given back.
     pub takes_returned: usize,
+    /// Orders whose payment was left unsettled, settled here.
+    pub payments_settled: usize,
+    /// Of those, the ones whose money this pass captured.
+    pub captures: usize,
+    /// Captures asked of orders already paid on our side (a capture that had failed).
+    pub capture_retries: usize,
+    /// Captures that failed again: the order stays paid with its capture pending.
+    pub capture_failures: usize,
+    /// Authorisations released for orders that ended.
+    pub authorisations_cancelled: usize,
+    /// Money captured for orders that ended, given back.
+    pub refunds: usize,
+    /// Settlements that failed; the next pass tries them again.
+    pub payment_failures: usize,
+}
+
+impl ReconcileReport {
+    fn count_settlement(&mut self, settled: &Settled) {
+        self.payments_settled += 1;
+        let moves = settled.moves;
+        for (moved, counter) in [
+            (moves.captured, &mut self.captures),
+            (moves.capture_retried, &mut self.capture_retries),
+            (moves.capture_failed, &mut self.capture_failures),
+            (moves.cancelled, &mut self.authorisations_cancelled),
+            (moves.refunded, &mut self.refunds),
+        ] {
+            *counter += usize::from(moved);
+        }
+    }
 }
 
 /// The safety net under the happy path (the seeds' reconciliation). A grab can commit
@@ -36,6 +69,12 @@ pub struct ReconcileReport {
 /// ago, goes back to its shard (a reserve takes, then holds: a grab that died in
 /// between leaves such a take). Every action is conditional on the hold's state, so a
 /// pass racing the normal path changes nothing twice.
+///
+/// With `payments`, each pass also settles the payments left unsettled (see
+/// [`OrderPayments::unsettled_payments`]): a capture that failed, at once; any other
+/// once the order's window has closed `timer_grace` ago (until then the buyer's page
+/// and the provider's webhook settle it). Through the same [`PaymentService::settle`]
+/// as every other trigger.
 pub struct Reconciler {
     pub catalog: Arc<dyn SaleCatalog>,
     pub orders: Arc<dyn OrderBook>,
@@ -49,6 +88,8 @@ pub struct Reconciler {
     /// and finish it; returned earlier, the take's order is voided and that buyer,
     /// who may well have been first, is told their path is used up.
     pub take_grace: Duration,
+    /// The settlement of payments; `None` where no payment provider is configured.
+    pub payments: Option<Arc<PaymentService>>,
 }
 
 /// A grab path's life plus a minute: a take's `taken_at` is when it was written, after
@@ -82,23 +123,78 @@ impl Reconciler {
                 }
             };
             self.return_unaccounted_takes(&sale, now, &mut report).await;
-            for reservation in holds {
-                report.open_holds += 1;
-                match self.release_if_stuck(&reservation, now).await {
-                    Ok(true) => report.expired += 1,
-                    Ok(false) => {}
-                    Err(error) => {
-                        report.failed += 1;
-                        tracing::error!(
-                            order_id = %reservation.order_id,
-                            error = &error as &dyn std::error::Error,
-                            "reconciliation of a stuck hold failed"
-                        );
-                    }
+            self.release_stuck_holds(holds, now, &mut report).await;
+            self.settle_left_payments(&sale, now, &mut report).await;
+        }
+        Ok(report)
+    }
+
+    /// Releases the holds whose timer should have released them by now.
+    async fn release_stuck_holds(
+        &self,
+        holds: Vec<Reservation>,
+        now: DateTime<Utc>,
+        report: &mut ReconcileReport,
+    ) {
+        for reservation in holds {
+            report.open_holds += 1;
+            match self.release_if_stuck(&reservation, now).await {
+                Ok(true) => report.expired += 1,
+                Ok(false) => {}
+                Err(error) => {
+                    report.failed += 1;
+                    tracing::error!(
+                        order_id = %reservation.order_id,
+                        error = &error as &dyn std::error::Error,
+                        "reconciliation of a stuck hold failed"
+                    );
                 }
             }
         }
-        Ok(report)
+    }
+
+    /// Settles the sale's orders whose payment was left unsettled, once they are due.
+    async fn settle_left_payments(
+        &self,
+        sale: &Sale,
+        now: DateTime<Utc>,
+        report: &mut ReconcileReport,
+    ) {
+        let Some(payments) = &self.payments else {
+            return;
+        };
+        let unsettled = match payments.payments.unsettled_payments(sale).await {
+            Ok(unsettled) => unsettled,
+            Err(error) => {
+                report.failed_sales += 1;
+                tracing::error!(
+                    sale_id = %sale.sale_id,
+                    error = &error as &dyn std::error::Error,
+                    "reading a sale's unsettled payments failed"
+                );
+                return;
+            }
+        };
+        for (order, reservation) in unsettled {
+            let capture_pending = order.status == OrderStatus::Paid;
+            if !capture_pending && now - order.expires_at < self.timer_grace {
+                continue;
+            }
+            match payments.settle(&order.order_id, &reservation.user_id).await {
+                Ok(settled) => {
+                    tracing::warn!(order_id = %order.order_id, ?settled, "settled a payment left unsettled");
+                    report.count_settlement(&settled);
+                }
+                Err(error) => {
+                    report.payment_failures += 1;
+                    tracing::error!(
+                        order_id = %order.order_id,
+                        error = &error as &dyn std::error::Error,
+                        "settling a payment left unsettled failed"
+                    );
+                }
+            }
+        }
     }
 
     /// Gives back the sale's takes that no hold accounts for, once they are older than

@@ -11,11 +11,12 @@ use futures::future::{join, join_all};
 
 use crate::ids::{OrderId, UserId};
 use crate::order::{Order, OrderStatus, ReleaseReason, Reservation};
+use crate::payment::{OrderPayment, PaymentId, PaymentState};
 use crate::ports::{
-    Blocklist, OrderBook, PayOutcome, ReserveRefusal, SaleCatalog, Settlement, ShardTakers,
-    StockLedger, Take, TakeReturn,
+    Blocklist, OrderBook, OrderPayments, PayOutcome, PaymentAttach, ProviderEvents, ReserveRefusal,
+    SaleCatalog, Settlement, ShardTakers, StockLedger, Take, TakeReturn,
 };
-use crate::sale::{MAX_ABANDONED_HOLDS, Sale, StockCounts};
+use crate::sale::{MAX_ABANDONED_HOLDS, Sale, SaleStats, StockCounts};
 use crate::testing::{InMemoryStore, sale};
 
 /// Leaves a take no hold accounts for, as a reserve that died between its take and its
@@ -60,6 +61,13 @@ macro_rules! contract_tests {
             counts_and_open_holds_agree_with_what_was_done,
             every_take_of_a_held_order_is_accounted_for,
             returning_a_take_given_back_already_still_voids_its_order,
+            attach_payment_records_one_payment_per_open_order,
+            pay_with_pays_only_with_the_orders_payment_inside_its_window,
+            pay_with_and_release_of_one_order_have_exactly_one_winner,
+            record_payment_records_the_state_of_the_orders_own_payment_only,
+            record_refund_moves_a_released_order_with_its_payment_to_refunded_once,
+            unsettled_payments_lists_exactly_the_orders_a_settlement_has_not_finished,
+            a_provider_event_is_recorded_processed_once,
         );
         $crate::contract_tests!(@stranding $subject;
             a_stranded_take_is_returned_once_and_voids_its_order,
@@ -94,9 +102,9 @@ macro_rules! contract_tests {
     )*};
 }
 
-/// Every port of the sales, stock and orders: what most scenarios need.
-pub trait Store: SaleCatalog + StockLedger + OrderBook {}
-impl<S: SaleCatalog + StockLedger + OrderBook> Store for S {}
+/// Every port of the sales, stock, orders and their payments: what the scenarios need.
+pub trait Store: SaleCatalog + StockLedger + OrderBook + OrderPayments + ProviderEvents {}
+impl<S: SaleCatalog + StockLedger + OrderBook + OrderPayments + ProviderEvents> Store for S {}
 
 fn user(name: &str) -> UserId {
     UserId::parse(name).expect("a valid user id")
@@ -828,6 +836,7 @@ pub async fn counts_and_open_holds_agree_with_what_was_done<S: Store>(store: &S)
             paid: 2,
             cancelled: 1,
             expired: 1,
+            ..StockCounts::default()
         }
     );
     assert_reconciles(&sale, &counts);
@@ -1029,6 +1038,667 @@ pub async fn a_take_superseded_by_a_hold_on_another_shard_is_dropped_once<S: Sto
     let counts = counts(store, &sale).await;
     assert_eq!(counts.reserved, 1);
     assert_reconciles(&sale, &counts);
+}
+
+/// A payment id at the provider, named for the scenario's reader.
+fn payment_id(name: &str) -> PaymentId {
+    PaymentId::new(format!("pi_{name}"))
+}
+
+fn payment_in(id: &PaymentId, state: PaymentState) -> OrderPayment {
+    OrderPayment {
+        id: id.clone(),
+        state,
+    }
+}
+
+/// Attaches `name`'s payment to the held order, which records none yet: its id.
+async fn attached(store: &impl OrderPayments, held: &Reservation, name: &str) -> PaymentId {
+    let id = payment_id(name);
+    assert_eq!(
+        store.attach_payment(held, &id).await.expect("attach"),
+        PaymentAttach::Attached
+    );
+    id
+}
+
+/// The order's payment, as its owner finds the order.
+async fn payment_of(store: &impl OrderBook, held: &Reservation) -> Option<OrderPayment> {
+    found_by_owner(store, held).await.0.payment
+}
+
+async fn pay_with(
+    store: &impl OrderPayments,
+    held: &Reservation,
+    payment: &OrderPayment,
+    now: DateTime<Utc>,
+) -> PayOutcome {
+    store.pay_with(held, payment, now).await.expect("pay with")
+}
+
+async fn record_payment(
+    store: &impl OrderPayments,
+    held: &Reservation,
+    payment: &OrderPayment,
+) -> bool {
+    store
+        .record_payment(held, payment)
+        .await
+        .expect("record the payment")
+}
+
+async fn record_refund(store: &impl OrderPayments, held: &Reservation, id: &PaymentId) -> bool {
+    store
+        .record_refund(held, id)
+        .await
+        .expect("record the refund")
+}
+
+fn consistent(sale: &Sale, counts: StockCounts) -> bool {
+    SaleStats::reconcile(sale.stock_total, counts).consistent
+}
+
+/// `OrderPayments::attach_payment`: one payment per order, recorded `open` on an open
+/// hold; the same payment again is `Attached`, another is `Taken` by the first; a
+/// released hold is `Settled` and records none; an unknown one is `Unknown`.
+pub async fn attach_payment_records_one_payment_per_open_order<S: Store>(store: &S) {
+    let sale = new_sale(store, 4, 1, 1).await;
+    let held = reserved(store, &sale, "alice", 0).await;
+    assert_eq!(payment_of(store, &held).await, None, "none before");
+    let first = attached(store, &held, "first").await;
+    assert_eq!(
+        store.attach_payment(&held, &first).await.expect("attach"),
+        PaymentAttach::Attached,
+        "the same payment again"
+    );
+    assert_eq!(
+        store
+            .attach_payment(&held, &payment_id("second"))
+            .await
+            .expect("attach"),
+        PaymentAttach::Taken(first.clone()),
+        "one payment per order"
+    );
+    let (order, found) = found_by_owner(store, &held).await;
+    assert_eq!(found, held);
+    assert_eq!(
+        order.status,
+        OrderStatus::Reserved,
+        "attaching pays nothing"
+    );
+    assert_eq!(order.payment, Some(payment_in(&first, PaymentState::Open)));
+
+    for (name, reason) in [
+        ("bob", ReleaseReason::Cancelled),
+        ("carol", ReleaseReason::Expired),
+    ] {
+        let released = reserved(store, &sale, name, 0).await;
+        assert_eq!(release(store, &released, reason).await, Settlement::Applied);
+        assert_eq!(
+            store
+                .attach_payment(&released, &payment_id(name))
+                .await
+                .expect("attach"),
+            PaymentAttach::Settled(reason.final_status()),
+            "{name}'s order is {reason:?}"
+        );
+        assert_eq!(payment_of(store, &released).await, None, "nothing recorded");
+    }
+    let never = reservation(&sale, "dave", 0);
+    assert_eq!(
+        store
+            .attach_payment(&never, &payment_id("dave"))
+            .await
+            .expect("attach"),
+        PaymentAttach::Unknown
+    );
+    assert_eq!(status_of(store, &never).await, None, "no hold made");
+    assert_eq!(
+        store.open_holds(&sale).await.expect("open holds"),
+        vec![held.clone()]
+    );
+    let counts = counts(store, &sale).await;
+    assert_eq!(
+        counts,
+        StockCounts {
+            available: 3,
+            reserved: 1,
+            cancelled: 1,
+            expired: 1,
+            ..StockCounts::default()
+        },
+        "an open payment is neither sold nor pending"
+    );
+    assert!(consistent(&sale, counts));
+}
+
+/// `OrderPayments::pay_with`: pays an open order with its own payment only, inside the
+/// window `[created, expires)` as `pay` does; paying twice answers `Paid` twice. A paid
+/// order whose payment is authorised is sold but its capture pending, which the stats
+/// call inconsistent until `record_payment` records it captured.
+pub async fn pay_with_pays_only_with_the_orders_payment_inside_its_window<S: Store>(store: &S) {
+    let sale = new_sale(store, 4, 1, 1).await;
+    let held = reserved(store, &sale, "alice", 0).await;
+    let own = attached(store, &held, "alice").await;
+    let authorised = payment_in(&own, PaymentState::Authorised);
+    let in_window = held.expires_at - Duration::milliseconds(1);
+
+    let another = payment_in(&payment_id("mallory"), PaymentState::Authorised);
+    let refused = pay_with(store, &held, &another, in_window).await;
+    assert_ne!(refused, PayOutcome::Paid, "not the order's payment");
+    let unpaid = reserved(store, &sale, "bob", 0).await;
+    let unattached = payment_in(&payment_id("bob"), PaymentState::Authorised);
+    let refused = pay_with(store, &unpaid, &unattached, in_window).await;
+    assert_ne!(refused, PayOutcome::Paid, "the order records no payment");
+    assert_eq!(
+        pay_with(store, &held, &authorised, held.expires_at).await,
+        PayOutcome::WindowClosed,
+        "at expires_at the window is closed"
+    );
+    for (order, what) in [(&held, "alice's"), (&unpaid, "bob's")] {
+        assert_eq!(
+            status_of(store, order).await,
+            Some(OrderStatus::Reserved),
+            "{what}: nothing written"
+        );
+    }
+    assert_eq!(
+        payment_of(store, &held).await,
+        Some(payment_in(&own, PaymentState::Open))
+    );
+    assert_eq!(payment_of(store, &unpaid).await, None);
+
+    for attempt in ["pay", "pay again"] {
+        assert_eq!(
+            pay_with(store, &held, &authorised, in_window).await,
+            PayOutcome::Paid,
+            "{attempt}"
+        );
+    }
+    let (order, _) = found_by_owner(store, &held).await;
+    assert_eq!(order.status, OrderStatus::Paid);
+    assert_eq!(order.payment, Some(authorised.clone()));
+    assert_eq!(
+        release(store, &held, ReleaseReason::Expired).await,
+        Settlement::AlreadySettled(OrderStatus::Paid)
+    );
+    assert_eq!(
+        stock(store, &sale).await,
+        vec![2],
+        "the paid unit stays sold"
+    );
+    let counts_authorised = counts(store, &sale).await;
+    assert_eq!(
+        (
+            counts_authorised.paid,
+            counts_authorised.reserved,
+            counts_authorised.capture_pending,
+            counts_authorised.refund_pending
+        ),
+        (1, 1, 1, 0),
+        "{counts_authorised:?}"
+    );
+    assert_reconciles(&sale, &counts_authorised);
+    assert!(
+        !consistent(&sale, counts_authorised),
+        "sold, but its money not moved"
+    );
+
+    let captured = payment_in(&own, PaymentState::Captured);
+    assert!(record_payment(store, &held, &captured).await);
+    assert_eq!(payment_of(store, &held).await, Some(captured));
+    let counts_captured = counts(store, &sale).await;
+    assert_eq!(
+        counts_captured,
+        StockCounts {
+            capture_pending: 0,
+            ..counts_authorised
+        }
+    );
+    assert!(consistent(&sale, counts_captured));
+
+    // Paid with its money moved already (an automatic capture): nothing pending.
+    let carol = reserved(store, &sale, "carol", 0).await;
+    let carols = payment_in(
+        &attached(store, &carol, "carol").await,
+        PaymentState::Captured,
+    );
+    assert_eq!(
+        pay_with(store, &carol, &carols, during(&sale)).await,
+        PayOutcome::Paid
+    );
+    assert_eq!(payment_of(store, &carol).await, Some(carols));
+    let counts = counts(store, &sale).await;
+    assert_eq!((counts.paid, counts.capture_pending), (2, 0));
+
+    let never = reservation(&sale, "dave", 0);
+    let nobodys = payment_in(&payment_id("dave"), PaymentState::Authorised);
+    assert_eq!(
+        pay_with(store, &never, &nobodys, during(&sale)).await,
+        PayOutcome::Unknown
+    );
+}
+
+/// `pay_with` and the timeout's release of one open order, sent at once: exactly one
+/// wins, as with `pay`, and the loser changes nothing, its payment's record included.
+pub async fn pay_with_and_release_of_one_order_have_exactly_one_winner<S: Store>(store: &S) {
+    const ROUNDS: u32 = 20;
+    // A unit for every racer on either shard, wherever their buckets put them.
+    let sale = sale(2 * i64::from(ROUNDS), 2).per_user_limit(1).build();
+    created(store, &sale).await;
+    let (mut paid, mut expired) = (0, 0);
+    for round in 0..ROUNDS {
+        let name = format!("racer-{round}");
+        let held = reserved(store, &sale, &name, sale.bucket_of(&user(&name))).await;
+        let id = attached(store, &held, &name).await;
+        let authorised = payment_in(&id, PaymentState::Authorised);
+        let now = during(&sale);
+        let (pay, expire) = (
+            store.pay_with(&held, &authorised, now),
+            store.release(&held, ReleaseReason::Expired, now),
+        );
+        // Each sent first in turn: polled first, a call is sent first.
+        let (paid_outcome, released) = if round % 2 == 0 {
+            join(pay, expire).await
+        } else {
+            let (released, paid_outcome) = join(expire, pay).await;
+            (paid_outcome, released)
+        };
+        let (order, _) = found_by_owner(store, &held).await;
+        match (paid_outcome.expect("pay with"), released.expect("release")) {
+            (PayOutcome::Paid, Settlement::AlreadySettled(OrderStatus::Paid)) => {
+                assert_eq!(order.status, OrderStatus::Paid);
+                assert_eq!(order.payment, Some(authorised));
+                paid += 1;
+            }
+            (PayOutcome::Settled(OrderStatus::Expired), Settlement::Applied) => {
+                assert_eq!(order.status, OrderStatus::Expired);
+                assert_eq!(order.payment, Some(payment_in(&id, PaymentState::Open)));
+                expired += 1;
+            }
+            other => panic!("round {round}: not exactly one winner: {other:?}"),
+        }
+    }
+    eprintln!("pay_with won {paid}, release won {expired} of {ROUNDS}");
+    let counts = counts(store, &sale).await;
+    assert_eq!((counts.paid, counts.expired), (paid, expired));
+    assert_eq!(counts.reserved, 0);
+    assert_eq!(counts.available, u64::from(ROUNDS) + expired);
+    assert_eq!(
+        (counts.capture_pending, counts.refund_pending),
+        (paid, 0),
+        "every paid order's capture is pending; no expired one's money moved"
+    );
+    assert_reconciles(&sale, &counts);
+}
+
+/// `OrderPayments::record_payment`: records the state only of the order's own payment,
+/// whatever the order's status, and changes no status. Idempotent.
+pub async fn record_payment_records_the_state_of_the_orders_own_payment_only<S: Store>(store: &S) {
+    let sale = new_sale(store, 4, 1, 1).await;
+    let held = reserved(store, &sale, "alice", 0).await;
+    let own = attached(store, &held, "alice").await;
+    let another = payment_in(&payment_id("mallory"), PaymentState::Captured);
+    assert!(
+        !record_payment(store, &held, &another).await,
+        "not the order's payment"
+    );
+    assert_eq!(
+        payment_of(store, &held).await,
+        Some(payment_in(&own, PaymentState::Open)),
+        "nothing changed"
+    );
+    let authorised = payment_in(&own, PaymentState::Authorised);
+    for attempt in ["record", "record again"] {
+        assert!(record_payment(store, &held, &authorised).await, "{attempt}");
+    }
+    let (order, _) = found_by_owner(store, &held).await;
+    assert_eq!(order.status, OrderStatus::Reserved, "the status stays");
+    assert_eq!(order.payment, Some(authorised));
+
+    let without = reserved(store, &sale, "bob", 0).await;
+    let bobs = payment_in(&payment_id("bob"), PaymentState::Authorised);
+    assert!(
+        !record_payment(store, &without, &bobs).await,
+        "the order records no payment"
+    );
+    assert_eq!(payment_of(store, &without).await, None);
+    let never = reservation(&sale, "dave", 0);
+    assert!(!record_payment(store, &never, &bobs).await, "no such order");
+    assert_eq!(status_of(store, &never).await, None);
+
+    // A released order's payment is recorded too: what the refund is decided on.
+    let expired = reserved(store, &sale, "carol", 0).await;
+    let carols = attached(store, &expired, "carol").await;
+    assert_eq!(
+        release(store, &expired, ReleaseReason::Expired).await,
+        Settlement::Applied
+    );
+    let captured = payment_in(&carols, PaymentState::Captured);
+    assert!(record_payment(store, &expired, &captured).await);
+    // A stale read recorded late undoes no final state.
+    for stale in [
+        PaymentState::Open,
+        PaymentState::Authorised,
+        PaymentState::Cancelled,
+    ] {
+        assert!(
+            !record_payment(store, &expired, &payment_in(&carols, stale)).await,
+            "{stale:?} after captured"
+        );
+    }
+    assert!(
+        record_payment(store, &expired, &captured).await,
+        "the same again"
+    );
+    let (order, _) = found_by_owner(store, &expired).await;
+    assert_eq!(order.status, OrderStatus::Expired, "the status stays");
+    assert_eq!(order.payment, Some(captured));
+    let counts = counts(store, &sale).await;
+    assert_eq!(
+        counts,
+        StockCounts {
+            available: 2,
+            reserved: 2,
+            expired: 1,
+            refund_pending: 1,
+            ..StockCounts::default()
+        },
+        "an expired order whose money moved waits for its refund"
+    );
+    assert!(!consistent(&sale, counts));
+}
+
+/// `OrderPayments::record_refund`: a cancelled or expired order with its own payment
+/// becomes `refunded`, once, however often asked; a paid or open order, or another
+/// payment, is refused and nothing changes. The unit came back at the release, and
+/// stays back.
+pub async fn record_refund_moves_a_released_order_with_its_payment_to_refunded_once<S: Store>(
+    store: &S,
+) {
+    let sale = new_sale(store, 4, 1, 1).await;
+    let expired = reserved(store, &sale, "alice", 0).await;
+    let alices = attached(store, &expired, "alice").await;
+    assert_eq!(
+        release(store, &expired, ReleaseReason::Expired).await,
+        Settlement::Applied
+    );
+    let captured = payment_in(&alices, PaymentState::Captured);
+    assert!(record_payment(store, &expired, &captured).await);
+    let before = counts(store, &sale).await;
+    assert_eq!(
+        (before.expired, before.refund_pending, before.refunded),
+        (1, 1, 0),
+        "{before:?}"
+    );
+
+    assert!(
+        !record_refund(store, &expired, &payment_id("mallory")).await,
+        "not the order's payment"
+    );
+    assert_eq!(status_of(store, &expired).await, Some(OrderStatus::Expired));
+    for attempt in ["record", "record again"] {
+        assert!(record_refund(store, &expired, &alices).await, "{attempt}");
+    }
+    let (order, found) = found_by_owner(store, &expired).await;
+    assert_eq!(found, expired);
+    assert_eq!(order.status, OrderStatus::Refunded);
+    assert_eq!(order.payment, Some(captured), "the payment's record stays");
+    let after = counts(store, &sale).await;
+    assert_eq!(
+        after,
+        StockCounts {
+            available: 4,
+            refunded: 1,
+            ..StockCounts::default()
+        },
+        "refunded, no longer expired, nothing pending"
+    );
+    assert!(consistent(&sale, after));
+    assert_eq!(
+        stock(store, &sale).await,
+        vec![4],
+        "the unit came back once"
+    );
+
+    let cancelled = reserved(store, &sale, "bob", 0).await;
+    let bobs = attached(store, &cancelled, "bob").await;
+    assert_eq!(
+        release(store, &cancelled, ReleaseReason::Cancelled).await,
+        Settlement::Applied
+    );
+    assert!(
+        record_payment(
+            store,
+            &cancelled,
+            &payment_in(&bobs, PaymentState::Captured)
+        )
+        .await
+    );
+    assert!(record_refund(store, &cancelled, &bobs).await);
+    assert_eq!(
+        status_of(store, &cancelled).await,
+        Some(OrderStatus::Refunded)
+    );
+
+    let paid = reserved(store, &sale, "carol", 0).await;
+    let carols = attached(store, &paid, "carol").await;
+    let carols_captured = payment_in(&carols, PaymentState::Captured);
+    assert_eq!(
+        pay_with(store, &paid, &carols_captured, during(&sale)).await,
+        PayOutcome::Paid
+    );
+    let open = reserved(store, &sale, "dave", 0).await;
+    let daves = attached(store, &open, "dave").await;
+    for (held, id, status, what) in [
+        (&paid, &carols, OrderStatus::Paid, "a paid order"),
+        (&open, &daves, OrderStatus::Reserved, "an open order"),
+    ] {
+        assert!(!record_refund(store, held, id).await, "{what}");
+        assert_eq!(status_of(store, held).await, Some(status), "{what}");
+    }
+    let released_without = reserved(store, &sale, "erin", 0).await;
+    assert_eq!(
+        release(store, &released_without, ReleaseReason::Expired).await,
+        Settlement::Applied
+    );
+    assert!(
+        !record_refund(store, &released_without, &payment_id("erin")).await,
+        "an order without a payment"
+    );
+    assert_eq!(
+        status_of(store, &released_without).await,
+        Some(OrderStatus::Expired)
+    );
+    assert!(!record_refund(store, &reservation(&sale, "frank", 0), &daves).await);
+
+    let counts = counts(store, &sale).await;
+    assert_eq!(
+        counts,
+        StockCounts {
+            available: 2,
+            reserved: 1,
+            paid: 1,
+            expired: 1,
+            refunded: 2,
+            ..StockCounts::default()
+        }
+    );
+    assert!(consistent(&sale, counts));
+}
+
+/// The next of `buyers`' orders in `sale`, held on the buyer's own shard: the order
+/// and the buyer's name.
+async fn next_buyer(
+    store: &impl StockLedger,
+    sale: &Sale,
+    buyers: &mut std::ops::RangeFrom<u32>,
+) -> (Reservation, String) {
+    let name = format!("buyer-{}", buyers.next().unwrap_or_default());
+    let held = reserved(store, sale, &name, sale.bucket_of(&user(&name))).await;
+    (held, name)
+}
+
+/// `OrderPayments::unsettled_payments`: open with a payment; paid with a payment not
+/// recorded captured; cancelled or expired with a payment not recorded cancelled. No
+/// order without a payment, and none a settlement finished.
+pub async fn unsettled_payments_lists_exactly_the_orders_a_settlement_has_not_finished<S: Store>(
+    store: &S,
+) {
+    // A unit for every buyer on either shard, wherever their buckets put them.
+    let sale = new_sale(store, 22, 2, 1).await;
+    let now = during(&sale);
+    let mut buyers = 0..;
+    let mut listed = Vec::new();
+
+    let (_open_without, _) = next_buyer(store, &sale, &mut buyers).await;
+    let (open_with, name) = next_buyer(store, &sale, &mut buyers).await;
+    attached(store, &open_with, &name).await;
+    listed.push(open_with);
+
+    let (paid_authorised, name) = next_buyer(store, &sale, &mut buyers).await;
+    let id = attached(store, &paid_authorised, &name).await;
+    let authorised = payment_in(&id, PaymentState::Authorised);
+    assert_eq!(
+        pay_with(store, &paid_authorised, &authorised, now).await,
+        PayOutcome::Paid
+    );
+    listed.push(paid_authorised);
+
+    let (paid_captured, name) = next_buyer(store, &sale, &mut buyers).await;
+    let id = attached(store, &paid_captured, &name).await;
+    let authorised = payment_in(&id, PaymentState::Authorised);
+    assert_eq!(
+        pay_with(store, &paid_captured, &authorised, now).await,
+        PayOutcome::Paid
+    );
+    assert!(
+        record_payment(
+            store,
+            &paid_captured,
+            &payment_in(&id, PaymentState::Captured)
+        )
+        .await
+    );
+
+    let (paid_without, _) = next_buyer(store, &sale, &mut buyers).await;
+    assert_eq!(
+        store.pay(&paid_without, now).await.expect("pay"),
+        PayOutcome::Paid
+    );
+
+    for (reason, recorded) in [
+        (ReleaseReason::Cancelled, None),
+        (ReleaseReason::Expired, Some(PaymentState::Authorised)),
+        (ReleaseReason::Expired, Some(PaymentState::Captured)),
+    ] {
+        let (released, name) = next_buyer(store, &sale, &mut buyers).await;
+        let id = attached(store, &released, &name).await;
+        assert_eq!(release(store, &released, reason).await, Settlement::Applied);
+        if let Some(state) = recorded {
+            assert!(record_payment(store, &released, &payment_in(&id, state)).await);
+        }
+        listed.push(released);
+    }
+
+    let (cancelled_settled, name) = next_buyer(store, &sale, &mut buyers).await;
+    let id = attached(store, &cancelled_settled, &name).await;
+    release(store, &cancelled_settled, ReleaseReason::Cancelled).await;
+    assert!(
+        record_payment(
+            store,
+            &cancelled_settled,
+            &payment_in(&id, PaymentState::Cancelled)
+        )
+        .await
+    );
+
+    let (refunded, name) = next_buyer(store, &sale, &mut buyers).await;
+    let id = attached(store, &refunded, &name).await;
+    release(store, &refunded, ReleaseReason::Expired).await;
+    assert!(record_payment(store, &refunded, &payment_in(&id, PaymentState::Captured)).await);
+    assert!(record_refund(store, &refunded, &id).await);
+
+    let (expired_without, _) = next_buyer(store, &sale, &mut buyers).await;
+    release(store, &expired_without, ReleaseReason::Expired).await;
+
+    let mut expected = Vec::new();
+    for held in &listed {
+        expected.push(found_by_owner(store, held).await);
+    }
+    expected.sort_by(|a, b| a.0.order_id.cmp(&b.0.order_id));
+    let mut unsettled = store
+        .unsettled_payments(&sale)
+        .await
+        .expect("unsettled payments");
+    unsettled.sort_by(|a, b| a.0.order_id.cmp(&b.0.order_id));
+    assert_eq!(
+        unsettled
+            .iter()
+            .map(|(order, _)| (&order.order_id, order.status, &order.payment))
+            .collect::<Vec<_>>(),
+        expected
+            .iter()
+            .map(|(order, _)| (&order.order_id, order.status, &order.payment))
+            .collect::<Vec<_>>(),
+        "the orders, their statuses and their payments"
+    );
+    assert_eq!(
+        unsettled
+            .iter()
+            .map(|(_, reservation)| reservation)
+            .collect::<Vec<_>>(),
+        expected
+            .iter()
+            .map(|(_, reservation)| reservation)
+            .collect::<Vec<_>>(),
+        "with their reservations"
+    );
+    assert!(
+        unsettled.iter().all(|(order, _)| order.payment.is_some()),
+        "each with its payment"
+    );
+
+    let other = crate::testing::sale(2, 1).id("another-sale").build();
+    created(store, &other).await;
+    assert!(
+        store
+            .unsettled_payments(&other)
+            .await
+            .expect("unsettled payments")
+            .is_empty(),
+        "another sale's orders are not listed"
+    );
+}
+
+/// `ProviderEvents`: an event is recorded processed by one call, however many
+/// deliveries race; from then on it reads processed. Events are independent.
+pub async fn a_provider_event_is_recorded_processed_once<S: Store>(store: &S) {
+    let now = during(&sale(1, 1).build());
+    let (first, second) = ("evt_first", "evt_second");
+    assert!(!store.was_processed(first).await.expect("read"));
+    assert!(store.record_processed(first, now).await.expect("record"));
+    assert!(
+        !store
+            .record_processed(first, now)
+            .await
+            .expect("record again"),
+        "another delivery recorded it first"
+    );
+    assert!(store.was_processed(first).await.expect("read"));
+    assert!(
+        !store.was_processed(second).await.expect("read"),
+        "events are independent"
+    );
+
+    let racing = join_all((0..5).map(|_| store.record_processed(second, now))).await;
+    let recorded = racing
+        .iter()
+        .filter(|answer| matches!(answer, Ok(true)))
+        .count();
+    assert_eq!(recorded, 1, "five deliveries, one recorded: {racing:?}");
+    assert!(racing.iter().all(Result::is_ok), "{racing:?}");
+    assert!(store.was_processed(second).await.expect("read"));
 }
 
 async fn sorted_blocked(blocklist: &impl Blocklist) -> Vec<UserId> {

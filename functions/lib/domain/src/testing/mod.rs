@@ -4,7 +4,7 @@
 
 pub mod contract;
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -15,11 +15,15 @@ use crate::challenge::{ChallengeRefusal, ChallengeWork, IssuedChallenge, SolvedC
 use crate::error::StoreError;
 use crate::ids::{OrderId, SaleId, UserId};
 use crate::order::{Order, OrderStatus, ReleaseReason, Reservation};
-use crate::ports::{
-    Blocklist, Clock, OrderBook, OrderQueue, Pause, PayOutcome, ProofOfWork, ReleaseScheduler,
-    ReserveRefusal, SaleCatalog, Settlement, ShardState, ShardTakers, StockLedger, Take,
-    TakeReturn,
+use crate::payment::{
+    CancelOutcome, CaptureOutcome, OrderPayment, Payment, PaymentId, PaymentState, Refund,
 };
+use crate::ports::{
+    Blocklist, Clock, OrderBook, OrderPayments, OrderQueue, Pause, PayOutcome, PaymentAttach,
+    PaymentProvider, ProofOfWork, ProviderEvents, ReleaseScheduler, ReserveRefusal, SaleCatalog,
+    Settlement, ShardState, ShardTakers, StockLedger, Take, TakeReturn,
+};
+use crate::price::Price;
 use crate::sale::{MAX_ABANDONED_HOLDS, PriceDraft, Sale, SaleDraft, StockCounts};
 
 /// A sale for a test, in place of a `SaleDraft` literal in each: `stock` units on
@@ -180,9 +184,29 @@ struct State {
     /// Units taken from a shard by a reserve that never recorded its hold: the
     /// fake's reserve is atomic, so only [`InMemoryStore::leave_take`] makes them.
     loose_takes: HashMap<OrderId, Take>,
+    /// Each order's payment, as [`OrderPayments`] records it.
+    payments: HashMap<OrderId, OrderPayment>,
+    /// The provider events recorded processed.
+    processed_events: HashSet<String>,
 }
 
 impl State {
+    /// Sets the order's status on its hold and its order item alike, as the store's
+    /// transactions do.
+    fn settle(&mut self, id: &OrderId, status: OrderStatus) {
+        if let Some((held, held_status)) = self.holds.get_mut(id) {
+            *held_status = status;
+            let held = held.clone();
+            self.orders.insert(id.clone(), (held, status));
+        }
+    }
+
+    fn payment_is(&self, id: &OrderId, payment: &PaymentId) -> bool {
+        self.payments
+            .get(id)
+            .is_some_and(|recorded| &recorded.id == payment)
+    }
+
     /// The orders holding a unit of the shard: open or paid holds on it, and takes that
     /// never got their hold. The fake's reserve takes and holds at once, at no time of
     /// its own, so a held take is dated by its order: it can never be undone anyway.
@@ -556,6 +580,7 @@ impl OrderBook for InMemoryStore {
             .map(|(held, status)| {
                 let order = Order {
                     expired_at: state.expired_at.get(order_id).copied(),
+                    payment: state.payments.get(order_id).cloned(),
                     ..Order::from_reservation(held, *status)
                 };
                 (order, held.clone())
@@ -589,21 +614,178 @@ impl OrderBook for InMemoryStore {
             ..StockCounts::default()
         };
         let of_sale = |(held, _): &&(Reservation, OrderStatus)| held.sale_id == sale.sale_id;
-        for (_, status) in state.holds.values().filter(of_sale) {
+        let payment_state = |held: &Reservation| {
+            state
+                .payments
+                .get(&held.order_id)
+                .map(|payment| payment.state)
+        };
+        for (held, status) in state.holds.values().filter(of_sale) {
             match status {
                 OrderStatus::Reserved => counts.reserved += 1,
-                OrderStatus::Paid => counts.paid += 1,
+                OrderStatus::Paid => {
+                    counts.paid += 1;
+                    if payment_state(held).is_some_and(|paid| paid != PaymentState::Captured) {
+                        counts.capture_pending += 1;
+                    }
+                }
                 _ => {}
             }
         }
-        for (_, status) in state.orders.values().filter(of_sale) {
+        for (held, status) in state.orders.values().filter(of_sale) {
             match status {
                 OrderStatus::Cancelled => counts.cancelled += 1,
                 OrderStatus::Expired => counts.expired += 1,
+                OrderStatus::Refunded => counts.refunded += 1,
                 _ => {}
+            }
+            if matches!(status, OrderStatus::Cancelled | OrderStatus::Expired)
+                && payment_state(held) == Some(PaymentState::Captured)
+            {
+                counts.refund_pending += 1;
             }
         }
         Ok(counts)
+    }
+}
+
+#[async_trait]
+impl OrderPayments for InMemoryStore {
+    async fn attach_payment(
+        &self,
+        reservation: &Reservation,
+        payment: &PaymentId,
+    ) -> Result<PaymentAttach, StoreError> {
+        let mut state = locked(&self.state);
+        let id = &reservation.order_id;
+        let Some((_, status)) = state.holds.get(id) else {
+            return Ok(PaymentAttach::Unknown);
+        };
+        let status = *status;
+        match state.payments.get(id) {
+            Some(recorded) if &recorded.id == payment => Ok(PaymentAttach::Attached),
+            Some(recorded) => Ok(PaymentAttach::Taken(recorded.id.clone())),
+            None if !status.is_open() => Ok(PaymentAttach::Settled(status)),
+            None => {
+                state.payments.insert(
+                    id.clone(),
+                    OrderPayment {
+                        id: payment.clone(),
+                        state: PaymentState::Open,
+                    },
+                );
+                Ok(PaymentAttach::Attached)
+            }
+        }
+    }
+
+    async fn pay_with(
+        &self,
+        reservation: &Reservation,
+        payment: &OrderPayment,
+        now: DateTime<Utc>,
+    ) -> Result<PayOutcome, StoreError> {
+        let mut state = locked(&self.state);
+        let id = &reservation.order_id;
+        let Some((held, status)) = state.holds.get(id) else {
+            return Ok(PayOutcome::Unknown);
+        };
+        let (status, expires_at) = (*status, held.expires_at);
+        match status {
+            OrderStatus::Paid => Ok(PayOutcome::Paid),
+            open if open.is_open() => {
+                if !state.payment_is(id, &payment.id) {
+                    return Ok(PayOutcome::Unknown);
+                }
+                if now >= expires_at {
+                    return Ok(PayOutcome::WindowClosed);
+                }
+                state.payments.insert(id.clone(), payment.clone());
+                state.settle(id, OrderStatus::Paid);
+                Ok(PayOutcome::Paid)
+            }
+            settled => Ok(PayOutcome::Settled(settled)),
+        }
+    }
+
+    async fn record_payment(
+        &self,
+        reservation: &Reservation,
+        payment: &OrderPayment,
+    ) -> Result<bool, StoreError> {
+        let mut state = locked(&self.state);
+        let Some(recorded) = state.payments.get_mut(&reservation.order_id) else {
+            return Ok(false);
+        };
+        if recorded.id != payment.id
+            || (recorded.state != payment.state && recorded.state.is_final())
+        {
+            return Ok(false);
+        }
+        recorded.state = payment.state;
+        Ok(true)
+    }
+
+    async fn record_refund(
+        &self,
+        reservation: &Reservation,
+        payment: &PaymentId,
+    ) -> Result<bool, StoreError> {
+        let mut state = locked(&self.state);
+        let id = &reservation.order_id;
+        if !state.payment_is(id, payment) {
+            return Ok(false);
+        }
+        match state.holds.get(id).map(|(_, status)| *status) {
+            Some(OrderStatus::Refunded) => Ok(true),
+            Some(status) if status.can_become(OrderStatus::Refunded) => {
+                state.settle(id, OrderStatus::Refunded);
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn unsettled_payments(
+        &self,
+        sale: &Sale,
+    ) -> Result<Vec<(Order, Reservation)>, StoreError> {
+        let state = locked(&self.state);
+        let mut unsettled: Vec<(Order, Reservation)> = state
+            .holds
+            .iter()
+            .filter(|(_, (held, _))| held.sale_id == sale.sale_id)
+            .filter_map(|(id, (held, status))| {
+                let payment = state.payments.get(id)?;
+                payment.needs_settling(*status).then(|| {
+                    let order = Order {
+                        expired_at: state.expired_at.get(id).copied(),
+                        payment: Some(payment.clone()),
+                        ..Order::from_reservation(held, *status)
+                    };
+                    (order, held.clone())
+                })
+            })
+            .collect();
+        unsettled.sort_by(|a, b| a.0.order_id.cmp(&b.0.order_id));
+        Ok(unsettled)
+    }
+}
+
+#[async_trait]
+impl ProviderEvents for InMemoryStore {
+    async fn was_processed(&self, event_id: &str) -> Result<bool, StoreError> {
+        Ok(locked(&self.state).processed_events.contains(event_id))
+    }
+
+    async fn record_processed(
+        &self,
+        event_id: &str,
+        _now: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        Ok(locked(&self.state)
+            .processed_events
+            .insert(event_id.to_owned()))
     }
 }
 
@@ -971,5 +1153,324 @@ impl ProofOfWork for PlainChallenges {
             challenge_id,
             issued_at: DateTime::from_timestamp(issued, 0).ok_or(ChallengeRefusal::Malformed)?,
         })
+    }
+}
+
+/// A fault [`FaultyProvider`] plays on one call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProviderFault {
+    /// The call fails transiently and does nothing (a provider that did not answer).
+    NoAnswer,
+    /// The call acts, then fails transiently (its answer was lost on the way back).
+    AnswerLost,
+}
+
+/// What [`FakePaymentProvider`] keeps of one payment.
+#[derive(Debug, Clone)]
+struct FakePayment {
+    payment: Payment,
+    refund: Option<Refund>,
+}
+
+#[derive(Debug, Default)]
+struct ProviderState {
+    payments: HashMap<PaymentId, FakePayment>,
+    /// The payment each order's idempotency key opened, as long as the provider
+    /// remembers the key.
+    opened_for: HashMap<OrderId, PaymentId>,
+}
+
+/// A payment provider in memory, with Stripe's rules for a manually captured
+/// PaymentIntent: a capture moves the money once, a cancelled payment cannot be
+/// captured, a captured one cannot be cancelled, and only captured money can be
+/// refunded, once. The buyer's side ([`FakePaymentProvider::authorise`]) is played by
+/// tests; faults come from wrapping it in a [`FaultyProvider`]. Counts the money's
+/// movements, so a test can show nothing moved twice.
+#[derive(Debug, Default)]
+pub struct FakePaymentProvider {
+    state: Mutex<ProviderState>,
+    /// Whether an authorisation captures at once, as an integration set to automatic
+    /// capture does.
+    pub automatic_capture: std::sync::atomic::AtomicBool,
+    /// Captures that moved money.
+    pub captures: AtomicUsize,
+    /// Authorisations released.
+    pub cancellations: AtomicUsize,
+    /// Refunds made.
+    pub refunds: AtomicUsize,
+}
+
+impl FakePaymentProvider {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The buyer confirms the payment with a good card: authorised, or captured at once
+    /// under automatic capture. Only an open payment can be confirmed.
+    pub fn authorise(&self, id: &PaymentId) -> bool {
+        let automatic = self.automatic_capture.load(Ordering::SeqCst);
+        let mut state = locked(&self.state);
+        match state.payments.get_mut(id) {
+            Some(fake) if fake.payment.state == PaymentState::Open => {
+                fake.payment.state = if automatic {
+                    self.captures.fetch_add(1, Ordering::SeqCst);
+                    PaymentState::Captured
+                } else {
+                    PaymentState::Authorised
+                };
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The payment as the provider has it, for assertions.
+    pub fn state_of(&self, id: &PaymentId) -> Option<PaymentState> {
+        locked(&self.state)
+            .payments
+            .get(id)
+            .map(|fake| fake.payment.state)
+    }
+
+    /// The refund made of the payment, if any.
+    pub fn refund_of(&self, id: &PaymentId) -> Option<Refund> {
+        locked(&self.state)
+            .payments
+            .get(id)
+            .and_then(|fake| fake.refund.clone())
+    }
+
+    /// Forgets every idempotency key, as Stripe does after 24 hours.
+    pub fn forget_idempotency_keys(&self) {
+        locked(&self.state).opened_for.clear();
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("the provider refuses this request: {0}")]
+pub struct ProviderRefused(&'static str);
+
+fn fake_payment<'a>(
+    state: &'a mut ProviderState,
+    operation: &'static str,
+    id: &PaymentId,
+) -> Result<&'a mut FakePayment, StoreError> {
+    state
+        .payments
+        .get_mut(id)
+        .ok_or_else(|| StoreError::permanent(operation, ProviderRefused("no such payment")))
+}
+
+#[async_trait]
+impl PaymentProvider for FakePaymentProvider {
+    async fn open(
+        &self,
+        order: &OrderId,
+        buyer: &UserId,
+        price: Price,
+    ) -> Result<Payment, StoreError> {
+        let mut state = locked(&self.state);
+        if let Some(id) = state.opened_for.get(order) {
+            return Ok(state.payments[id].payment.clone());
+        }
+        let id = PaymentId::new(format!("pi_fake_{}", state.payments.len() + 1));
+        let payment = Payment {
+            id: id.clone(),
+            order_id: Some(order.clone()),
+            buyer: Some(buyer.clone()),
+            amount: price.amount(),
+            currency: price.currency().stripe_code(),
+            state: PaymentState::Open,
+            client_secret: format!("{id}_secret"),
+        };
+        state.opened_for.insert(order.clone(), id.clone());
+        state.payments.insert(
+            id,
+            FakePayment {
+                payment: payment.clone(),
+                refund: None,
+            },
+        );
+        Ok(payment)
+    }
+
+    async fn payment(&self, id: &PaymentId) -> Result<Option<Payment>, StoreError> {
+        Ok(locked(&self.state)
+            .payments
+            .get(id)
+            .map(|fake| fake.payment.clone()))
+    }
+
+    async fn capture(&self, id: &PaymentId) -> Result<CaptureOutcome, StoreError> {
+        let mut state = locked(&self.state);
+        let fake = fake_payment(&mut state, "capture", id)?;
+        Ok(match fake.payment.state {
+            PaymentState::Authorised => {
+                fake.payment.state = PaymentState::Captured;
+                self.captures.fetch_add(1, Ordering::SeqCst);
+                CaptureOutcome::Captured(fake.payment.clone())
+            }
+            PaymentState::Captured => CaptureOutcome::Captured(fake.payment.clone()),
+            PaymentState::Open | PaymentState::Cancelled => {
+                CaptureOutcome::NotCapturable(fake.payment.clone())
+            }
+        })
+    }
+
+    async fn cancel(&self, id: &PaymentId) -> Result<CancelOutcome, StoreError> {
+        let mut state = locked(&self.state);
+        let fake = fake_payment(&mut state, "cancel", id)?;
+        Ok(match fake.payment.state {
+            PaymentState::Open | PaymentState::Authorised => {
+                fake.payment.state = PaymentState::Cancelled;
+                self.cancellations.fetch_add(1, Ordering::SeqCst);
+                CancelOutcome::Cancelled(fake.payment.clone())
+            }
+            PaymentState::Cancelled => CancelOutcome::Cancelled(fake.payment.clone()),
+            PaymentState::Captured => CancelOutcome::AlreadyCaptured(fake.payment.clone()),
+        })
+    }
+
+    async fn refund(&self, id: &PaymentId) -> Result<Refund, StoreError> {
+        let mut state = locked(&self.state);
+        let fake = fake_payment(&mut state, "refund", id)?;
+        if let Some(refund) = &fake.refund {
+            return Ok(refund.clone());
+        }
+        if fake.payment.state != PaymentState::Captured {
+            // Stripe: a PaymentIntent with no successful charge has nothing to refund.
+            return Err(StoreError::permanent(
+                "refund",
+                ProviderRefused("nothing captured to refund"),
+            ));
+        }
+        let refund = Refund {
+            id: format!("re_fake_{}", id.as_str()),
+            payment: id.clone(),
+            amount: fake.payment.amount,
+        };
+        fake.refund = Some(refund.clone());
+        self.refunds.fetch_add(1, Ordering::SeqCst);
+        Ok(refund)
+    }
+}
+
+/// Any [`PaymentProvider`] with faults injected per call, and, if asked, a random
+/// number of yields to the runtime before and after each call, so that concurrent
+/// settlements interleave their calls differently for each seed. Wraps the fake in
+/// domain tests and Stripe's adapter in the drills.
+pub struct FaultyProvider {
+    inner: Arc<dyn PaymentProvider>,
+    /// Faults still to play, by operation (`open`, `payment`, `capture`, `cancel`,
+    /// `refund`), in order.
+    faults: Mutex<HashMap<&'static str, VecDeque<ProviderFault>>>,
+    /// xorshift64's state for the yields; 0: no yields.
+    shuffle: Mutex<u64>,
+}
+
+impl FaultyProvider {
+    pub fn new(inner: Arc<dyn PaymentProvider>) -> Self {
+        Self {
+            inner,
+            faults: Mutex::default(),
+            shuffle: Mutex::new(0),
+        }
+    }
+
+    /// The same, yielding a random number of times (seeded) around each call.
+    pub fn interleaved(inner: Arc<dyn PaymentProvider>, seed: u64) -> Self {
+        Self {
+            shuffle: Mutex::new(seed | 1),
+            ..Self::new(inner)
+        }
+    }
+
+    /// Plays `fault` on the next call of `operation` not yet faulted.
+    pub fn inject(&self, operation: &'static str, fault: ProviderFault) {
+        locked(&self.faults)
+            .entry(operation)
+            .or_default()
+            .push_back(fault);
+    }
+
+    async fn shuffle(&self) {
+        let yields = {
+            let mut x = locked(&self.shuffle);
+            if *x == 0 {
+                return;
+            }
+            *x ^= *x << 13;
+            *x ^= *x >> 7;
+            *x ^= *x << 17;
+            *x % 4
+        };
+        for _ in 0..yields {
+            yield_once().await;
+        }
+    }
+
+    /// `call` as the operation `operation`, with its injected fault and the yields.
+    async fn call<T>(
+        &self,
+        operation: &'static str,
+        call: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        self.shuffle().await;
+        let fault = locked(&self.faults)
+            .get_mut(operation)
+            .and_then(VecDeque::pop_front);
+        let answer = match fault {
+            Some(ProviderFault::NoAnswer) => Err(StoreError::transient(operation, InjectedFailure)),
+            Some(ProviderFault::AnswerLost) => call
+                .await
+                .and(Err(StoreError::transient(operation, InjectedFailure))),
+            None => call.await,
+        };
+        self.shuffle().await;
+        answer
+    }
+}
+
+/// One yield to the runtime, without the domain depending on one: a future that is
+/// pending once and wakes itself at once.
+fn yield_once() -> impl std::future::Future<Output = ()> {
+    let mut yielded = false;
+    std::future::poll_fn(move |context| {
+        if yielded {
+            std::task::Poll::Ready(())
+        } else {
+            yielded = true;
+            context.waker().wake_by_ref();
+            std::task::Poll::Pending
+        }
+    })
+}
+
+#[async_trait]
+impl PaymentProvider for FaultyProvider {
+    async fn open(
+        &self,
+        order: &OrderId,
+        buyer: &UserId,
+        price: Price,
+    ) -> Result<Payment, StoreError> {
+        self.call("open", self.inner.open(order, buyer, price))
+            .await
+    }
+
+    async fn payment(&self, id: &PaymentId) -> Result<Option<Payment>, StoreError> {
+        self.call("payment", self.inner.payment(id)).await
+    }
+
+    async fn capture(&self, id: &PaymentId) -> Result<CaptureOutcome, StoreError> {
+        self.call("capture", self.inner.capture(id)).await
+    }
+
+    async fn cancel(&self, id: &PaymentId) -> Result<CancelOutcome, StoreError> {
+        self.call("cancel", self.inner.cancel(id)).await
+    }
+
+    async fn refund(&self, id: &PaymentId) -> Result<Refund, StoreError> {
+        self.call("refund", self.inner.refund(id)).await
     }
 }

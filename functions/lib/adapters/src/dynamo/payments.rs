@@ -1,0 +1,303 @@
+//! [`OrderPayments`] and [`ProviderEvents`]: the buyer's payment recorded in the order's
+//! hold, and the provider's events a webhook processed.
+//!
+//! The payment lives inside the hold (`payment_id`, `payment_state`), not in an item of
+//! its own: every write about it is then one write on the buyer's item, conditional on
+//! the very hold it belongs to, and the money's side of pay is `pay`'s transaction with
+//! one more condition, so it races a cancel and the timeout exactly as `pay` does.
+
+use async_trait::async_trait;
+use aws_sdk_dynamodb::operation::put_item::PutItemError;
+use aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder;
+use aws_sdk_dynamodb::types::ReturnValuesOnConditionCheckFailure;
+use chrono::{DateTime, Utc};
+use flashsale_domain::payment::{OrderPayment, PaymentId, PaymentState};
+use flashsale_domain::ports::{OrderPayments, PayOutcome, PaymentAttach, ProviderEvents};
+use flashsale_domain::{Order, OrderStatus, Reservation, Sale, StoreError};
+
+use super::DynamoStore;
+use super::item::{
+    self, DELIVERY, Hold, OPEN_HOLD, PAYMENT_ID, PAYMENT_STATE, PK, SHARD, STATUS, n, s,
+};
+use super::requests::{Written, built, names, values};
+use super::transact::{self, in_request_order};
+use crate::classify::store_error;
+use crate::retry::Attempt;
+
+const ATTACH_PAYMENT: &str = "dynamodb.attach_payment";
+const PAY_WITH: &str = "dynamodb.pay_with";
+const RECORD_PAYMENT: &str = "dynamodb.record_payment";
+const RECORD_REFUND: &str = "dynamodb.record_refund";
+const UNSETTLED_PAYMENTS: &str = "dynamodb.unsettled_payments";
+const WAS_PROCESSED: &str = "dynamodb.was_processed";
+const RECORD_PROCESSED: &str = "dynamodb.record_processed";
+
+/// A write on the buyer's item met a transaction there (the buyer's pay, a release) on
+/// every one of its tries: nothing was written, and the caller's retry settles it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("a transaction held the buyer's item on each of {attempts} tries")]
+pub struct BuyerItemContended {
+    pub attempts: u32,
+}
+
+/// `record_refund`'s transaction items.
+mod refunding {
+    /// Moves the released hold to `refunded`.
+    pub(super) const USER_ITEM: usize = 0;
+    /// Moves the order's item, written by the release, along.
+    pub(super) const ORDER_ITEM: usize = 1;
+}
+
+/// Whether `hold` records `payment` as the order's.
+fn records(hold: &Hold, payment: &PaymentId) -> bool {
+    hold.payment
+        .as_ref()
+        .is_some_and(|recorded| &recorded.id == payment)
+}
+
+impl DynamoStore {
+    /// Sends a conditional write on a buyer's item, waiting its turn (jittered, bounded)
+    /// behind the transactions that settle the buyer's holds, as the writes off the hot
+    /// path do. Whether it applied; `false`: its condition refused it. Resending is safe
+    /// for each write here: once applied, its condition refuses it or it applies the
+    /// same again.
+    async fn write_in_turn(
+        &self,
+        operation: &'static str,
+        update: UpdateItemFluentBuilder,
+    ) -> Result<bool, StoreError> {
+        let outcome = self
+            .contention
+            .until_uncontended(operation, || async {
+                Ok(match self.write(operation, update.clone()).await? {
+                    Written::Done => Attempt::Finished(true),
+                    Written::Refused(_) => Attempt::Finished(false),
+                    Written::Contended => Attempt::Contended(()),
+                })
+            })
+            .await?;
+        outcome.map_err(|outlasted| {
+            StoreError::transient(
+                operation,
+                BuyerItemContended {
+                    attempts: outlasted.attempts,
+                },
+            )
+        })
+    }
+}
+
+#[async_trait]
+impl OrderPayments for DynamoStore {
+    async fn attach_payment(
+        &self,
+        reservation: &Reservation,
+        payment: &PaymentId,
+    ) -> Result<PaymentAttach, StoreError> {
+        let hold_attribute = item::hold_attribute(&reservation.order_id);
+        let [reserved, legacy_pending] = item::open_hold_values();
+        let attach = self
+            .update_item(item::user_key(&reservation.sale_id, &reservation.user_id))
+            .update_expression("SET #hold.#payment_id = :payment_id, #hold.#payment_state = :open")
+            .condition_expression(format!(
+                "{OPEN_HOLD} AND #hold.#shard = :shard AND attribute_not_exists(#hold.#payment_id)"
+            ))
+            .set_expression_attribute_names(names(&[
+                ("#hold", &hold_attribute),
+                ("#status", STATUS),
+                ("#shard", SHARD),
+                ("#payment_id", PAYMENT_ID),
+                ("#payment_state", PAYMENT_STATE),
+            ]))
+            .set_expression_attribute_values(values([
+                (":payment_id", s(payment.as_str())),
+                (":open", s(PaymentState::Open.name())),
+                reserved,
+                legacy_pending,
+                (":shard", n(reservation.shard)),
+            ]));
+        if self.write_in_turn(ATTACH_PAYMENT, attach).await? {
+            return Ok(PaymentAttach::Attached);
+        }
+        // Refused: the hold records a payment already, is settled, or is not this one.
+        // A payment once recorded stays, so the recorded one answers first, as it did
+        // when the write was refused.
+        let id = &reservation.order_id;
+        Ok(
+            match self
+                .read_hold(ATTACH_PAYMENT, id, &reservation.user_id)
+                .await?
+            {
+                Some(hold) if hold.shard != reservation.shard => PaymentAttach::Unknown,
+                Some(hold) if records(&hold, payment) => PaymentAttach::Attached,
+                Some(Hold {
+                    payment: Some(recorded),
+                    ..
+                }) => PaymentAttach::Taken(recorded.id),
+                Some(hold) if !hold.status.is_open() => PaymentAttach::Settled(hold.status),
+                // An open hold with no payment can only have been missing when the write
+                // was refused: a reserve that landed after it.
+                Some(_) | None => PaymentAttach::Unknown,
+            },
+        )
+    }
+
+    async fn pay_with(
+        &self,
+        reservation: &Reservation,
+        payment: &OrderPayment,
+        now: DateTime<Utc>,
+    ) -> Result<PayOutcome, StoreError> {
+        self.mark_paid(PAY_WITH, reservation, Some(payment), now)
+            .await
+    }
+
+    async fn record_payment(
+        &self,
+        reservation: &Reservation,
+        payment: &OrderPayment,
+    ) -> Result<bool, StoreError> {
+        let hold_attribute = item::hold_attribute(&reservation.order_id);
+        // The payment id names the order's payment once and for all: whatever the hold's
+        // status, the state read is recorded, unless the recorded one is final (a stale
+        // read arriving late must not undo it).
+        let record = self
+            .update_item(item::user_key(&reservation.sale_id, &reservation.user_id))
+            .update_expression("SET #hold.#payment_state = :state")
+            .condition_expression(
+                "#hold.#payment_id = :payment_id AND (#hold.#payment_state = :state \
+                 OR NOT #hold.#payment_state IN (:captured, :cancelled))",
+            )
+            .set_expression_attribute_names(names(&[
+                ("#hold", &hold_attribute),
+                ("#payment_id", PAYMENT_ID),
+                ("#payment_state", PAYMENT_STATE),
+            ]))
+            .set_expression_attribute_values(values([
+                (":state", s(payment.state.name())),
+                (":payment_id", s(payment.id.as_str())),
+                (":captured", s(PaymentState::Captured.name())),
+                (":cancelled", s(PaymentState::Cancelled.name())),
+            ]));
+        self.write_in_turn(RECORD_PAYMENT, record).await
+    }
+
+    async fn record_refund(
+        &self,
+        reservation: &Reservation,
+        payment: &PaymentId,
+    ) -> Result<bool, StoreError> {
+        let hold_attribute = item::hold_attribute(&reservation.order_id);
+        let refunded = s(OrderStatus::Refunded.as_str());
+        let end_hold = built(
+            RECORD_REFUND,
+            self.update(item::user_key(&reservation.sale_id, &reservation.user_id))
+                .update_expression("SET #hold.#status = :refunded")
+                .condition_expression(
+                    "#hold.#status IN (:cancelled, :expired) AND #hold.#payment_id = :payment_id",
+                )
+                .set_expression_attribute_names(names(&[
+                    ("#hold", &hold_attribute),
+                    ("#status", STATUS),
+                    ("#payment_id", PAYMENT_ID),
+                ]))
+                .set_expression_attribute_values(values([
+                    (":refunded", refunded.clone()),
+                    (":cancelled", s(OrderStatus::Cancelled.as_str())),
+                    (":expired", s(OrderStatus::Expired.as_str())),
+                    (":payment_id", s(payment.as_str())),
+                ]))
+                .build(),
+        )?;
+        // The release wrote the order's item: updated, not put, so it keeps the TTL the
+        // release gave it.
+        let record = built(
+            RECORD_REFUND,
+            self.update(item::order_key(&reservation.order_id))
+                .update_expression("SET #status = :refunded")
+                .condition_expression("attribute_exists(#pk)")
+                .set_expression_attribute_names(names(&[("#status", STATUS), ("#pk", PK)]))
+                .set_expression_attribute_values(values([(":refunded", refunded)]))
+                .build(),
+        )?;
+        let items = in_request_order([
+            (refunding::USER_ITEM, transact::update(end_hold)),
+            (refunding::ORDER_ITEM, transact::update(record)),
+        ]);
+        match self.run(RECORD_REFUND, items).await? {
+            Ok(()) => return Ok(true),
+            // Refunded already, not released, or not this payment's order.
+            Err(refusal) if refusal.failed(refunding::USER_ITEM) => {}
+            // A released hold without its order's item contradicts the data model.
+            Err(refusal) => return Err(refusal.unexpected(RECORD_REFUND)),
+        }
+        let id = &reservation.order_id;
+        Ok(self
+            .read_hold(RECORD_REFUND, id, &reservation.user_id)
+            .await?
+            .is_some_and(|hold| hold.status == OrderStatus::Refunded && records(&hold, payment)))
+    }
+
+    /// Read from the holds, as `open_holds` reads them: each hold carries its payment.
+    async fn unsettled_payments(
+        &self,
+        sale: &Sale,
+    ) -> Result<Vec<(Order, Reservation)>, StoreError> {
+        let mut unsettled: Vec<_> = self
+            .read_holds(UNSETTLED_PAYMENTS, sale)
+            .await?
+            .into_iter()
+            .filter(|(order, _)| {
+                order
+                    .payment
+                    .as_ref()
+                    .is_some_and(|payment| payment.needs_settling(order.status))
+            })
+            .collect();
+        unsettled.sort_by(|a, b| a.0.order_id.cmp(&b.0.order_id));
+        Ok(unsettled)
+    }
+}
+
+#[async_trait]
+impl ProviderEvents for DynamoStore {
+    async fn was_processed(&self, event_id: &str) -> Result<bool, StoreError> {
+        Ok(self
+            .get(WAS_PROCESSED, item::event_key(event_id), Some(("#pk", PK)))
+            .await?
+            .is_some())
+    }
+
+    async fn record_processed(
+        &self,
+        event_id: &str,
+        now: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        // The put carries a token of this call: when the SDK resends it after a lost
+        // answer, the refusal's old item holds the same token, and tells this call that
+        // it recorded the event after all.
+        let delivery = format!("{:032x}", rand::random::<u128>());
+        let error = match self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(item::event_item(event_id, &delivery, now)))
+            .condition_expression("attribute_not_exists(#pk)")
+            .set_expression_attribute_names(names(&[("#pk", PK)]))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .send()
+            .await
+        {
+            Ok(_) => return Ok(true),
+            Err(error) => error,
+        };
+        match error.as_service_error() {
+            Some(PutItemError::ConditionalCheckFailedException(refused)) => Ok(refused
+                .item
+                .as_ref()
+                .and_then(|old| old.get(DELIVERY))
+                .is_some_and(|old| old.as_s().is_ok_and(|old| *old == delivery))),
+            _ => Err(store_error(RECORD_PROCESSED, error)),
+        }
+    }
+}

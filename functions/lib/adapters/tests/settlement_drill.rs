@@ -1,0 +1,230 @@
+//! The settlement on the real parts: `DynamoStore` on DynamoDB Local and Stripe's adapter
+//! on localstripe, with a fault injected between them ([`FaultyProvider`]). The drills
+//! of the settlement's hard cases: a capture that fails after the order's pay write won,
+//! and money captured for an order that had expired.
+
+mod support;
+
+use std::sync::Arc;
+
+use flashsale_adapters::DynamoStore;
+use flashsale_adapters::stripe::StripePayments;
+use flashsale_domain::payment::{Payment, PaymentState};
+use flashsale_domain::ports::{OrderBook, PaymentProvider, SaleCatalog, StockLedger, SystemClock};
+use flashsale_domain::sale::SaleStats;
+use flashsale_domain::service::{
+    DEFAULT_TAKE_GRACE, ExpiryService, PaymentService, Reconciler, SettleOutcome,
+};
+use flashsale_domain::testing::{FaultyProvider, ManualClock, ProviderFault};
+use flashsale_domain::{Order, OrderStatus, Reservation, Sale, UserId};
+
+use self::support::stripe::authorise;
+
+struct Drill {
+    store: Arc<DynamoStore>,
+    stripe: Arc<StripePayments>,
+    faults: Arc<FaultyProvider>,
+    payments: Arc<PaymentService>,
+    sale: Sale,
+    buyer: UserId,
+}
+
+impl Drill {
+    async fn new() -> Self {
+        let (store, _, _) = support::store().await;
+        let store = Arc::new(store);
+        let sale = support::sale(2, 1, 1);
+        assert!(store.create_sale(&sale).await.expect("created"));
+        let stripe = Arc::new(support::stripe::stripe().await);
+        let faults = Arc::new(FaultyProvider::new(stripe.clone()));
+        let payments = Arc::new(PaymentService {
+            orders: store.clone(),
+            payments: store.clone(),
+            ledger: store.clone(),
+            provider: faults.clone(),
+            clock: Arc::new(SystemClock),
+        });
+        Self {
+            store,
+            stripe,
+            faults,
+            payments,
+            sale,
+            buyer: support::user("drill-buyer"),
+        }
+    }
+
+    /// A unit reserved, its payment opened through the settlement's `open` and
+    /// confirmed with Stripe's good test card.
+    async fn authorised(&self) -> (Reservation, Payment) {
+        let reservation = support::reservation(&self.sale, &self.buyer, 0);
+        self.store
+            .reserve(&self.sale, 0, &reservation)
+            .await
+            .expect("reserve")
+            .expect("a unit");
+        let payment = self
+            .payments
+            .open(&reservation.order_id, &self.buyer)
+            .await
+            .expect("opened");
+        authorise(&payment).await;
+        assert_eq!(self.at_stripe(&payment).await, PaymentState::Authorised);
+        (reservation, payment)
+    }
+
+    async fn at_stripe(&self, payment: &Payment) -> PaymentState {
+        self.stripe
+            .payment(&payment.id)
+            .await
+            .expect("read")
+            .expect("exists")
+            .state
+    }
+
+    async fn order(&self, reservation: &Reservation) -> Order {
+        self.store
+            .find(&reservation.order_id, &self.buyer)
+            .await
+            .expect("read")
+            .expect("exists")
+            .0
+    }
+
+    async fn stats(&self) -> SaleStats {
+        SaleStats::reconcile(
+            self.sale.stock_total,
+            self.store.count(&self.sale).await.expect("counted"),
+        )
+    }
+
+    fn reconciler(&self) -> Reconciler {
+        Reconciler {
+            catalog: self.store.clone(),
+            orders: self.store.clone(),
+            ledger: self.store.clone(),
+            clock: Arc::new(SystemClock),
+            timer_grace: chrono::Duration::seconds(180),
+            take_grace: DEFAULT_TAKE_GRACE,
+            payments: Some(self.payments.clone()),
+        }
+    }
+}
+
+/// The capture after a won pay write fails, whether Stripe never got it or its answer
+/// was lost: the unit stays sold, the order and the stats show the capture pending, and
+/// the reconciler's next pass captures the money, once.
+#[tokio::test]
+async fn a_capture_that_fails_after_the_pay_write_won_is_captured_once_by_the_next_pass() {
+    for fault in [ProviderFault::NoAnswer, ProviderFault::AnswerLost] {
+        let drill = Drill::new().await;
+        let (reservation, payment) = drill.authorised().await;
+        drill.faults.inject("capture", fault);
+
+        let settled = drill
+            .payments
+            .settle(&reservation.order_id, &drill.buyer)
+            .await
+            .expect("settled");
+        assert_eq!(settled.outcome, SettleOutcome::CapturePending, "{fault:?}");
+        let order = drill.order(&reservation).await;
+        assert_eq!(
+            order.status,
+            OrderStatus::Paid,
+            "{fault:?}: the unit stays sold"
+        );
+        assert_eq!(
+            order.payment.expect("recorded").state,
+            PaymentState::Authorised
+        );
+        let stats = drill.stats().await;
+        assert_eq!(
+            (stats.counts.paid, stats.counts.capture_pending),
+            (1, 1),
+            "{fault:?}: {stats:?}"
+        );
+        assert!(!stats.consistent);
+        let expected_at_stripe = match fault {
+            ProviderFault::NoAnswer => PaymentState::Authorised,
+            ProviderFault::AnswerLost => PaymentState::Captured,
+        };
+        assert_eq!(drill.at_stripe(&payment).await, expected_at_stripe);
+
+        let report = drill.reconciler().run().await.expect("a pass");
+        assert_eq!(
+            (report.payments_settled, report.payment_failures),
+            (1, 0),
+            "{fault:?}: {report:?}"
+        );
+        assert_eq!(
+            report.capture_retries,
+            usize::from(fault == ProviderFault::NoAnswer),
+            "{fault:?}: a capture whose answer was lost is only recorded: {report:?}"
+        );
+        assert_eq!(drill.at_stripe(&payment).await, PaymentState::Captured);
+        let order = drill.order(&reservation).await;
+        assert_eq!(order.status, OrderStatus::Paid);
+        assert_eq!(
+            order.payment.expect("recorded").state,
+            PaymentState::Captured
+        );
+        let stats = drill.stats().await;
+        assert!(stats.consistent, "{fault:?}: {stats:?}");
+        assert_eq!(
+            drill
+                .reconciler()
+                .run()
+                .await
+                .expect("a pass")
+                .payments_settled,
+            0
+        );
+    }
+}
+
+/// Money captured at Stripe for an order the timeout had already expired (a capture
+/// that raced it): the settlement refunds it, once, and the order shows `refunded`.
+#[tokio::test]
+async fn money_captured_for_an_expired_order_is_refunded_once_and_the_order_shows_it() {
+    let drill = Drill::new().await;
+    let (reservation, payment) = drill.authorised().await;
+    let timer = ExpiryService {
+        ledger: drill.store.clone(),
+        // The timer fires at the deadline; the settlement reads the wall clock.
+        clock: Arc::new(ManualClock::new(reservation.expires_at)),
+    };
+    timer.expire(&reservation).await.expect("expired");
+    drill.stripe.capture(&payment.id).await.expect("captured");
+    assert_eq!(drill.at_stripe(&payment).await, PaymentState::Captured);
+
+    let settled = drill
+        .payments
+        .settle_payment(&payment.id)
+        .await
+        .expect("settled");
+    assert_eq!(settled.outcome, SettleOutcome::Refunded);
+    assert!(settled.moves.refunded);
+    let again = drill
+        .payments
+        .settle(&reservation.order_id, &drill.buyer)
+        .await
+        .expect("settled");
+    assert_eq!(again.outcome, SettleOutcome::Refunded);
+    assert!(!again.moves.refunded, "refunded once");
+    let refund = drill.stripe.refund(&payment.id).await.expect("the refund");
+    assert_eq!(refund.amount, 2_500);
+    assert_eq!(
+        drill.order(&reservation).await.status,
+        OrderStatus::Refunded
+    );
+    let stats = drill.stats().await;
+    assert!(stats.consistent, "{stats:?}");
+    assert_eq!(
+        (
+            stats.counts.refunded,
+            stats.counts.expired,
+            stats.counts.available
+        ),
+        (1, 0, 2)
+    );
+}

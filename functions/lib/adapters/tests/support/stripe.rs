@@ -1,0 +1,65 @@
+//! Stripe's side of the tests: Stripe's adapter on the shared localstripe, and the
+//! buyer's steps that Stripe.js takes on the page.
+
+use std::time::Duration;
+
+use flashsale_adapters::stripe::{StripeConfig, StripePayments};
+use flashsale_domain::payment::Payment;
+
+pub const SECRET_KEY: &str = "sk_test_flashsale";
+
+pub async fn endpoint() -> String {
+    flashsale_emulators::shared().await.stripe_endpoint.clone()
+}
+
+pub fn payments(api_base: String, secret_key: &str) -> StripePayments {
+    StripePayments::new(StripeConfig {
+        api_base,
+        secret_key: secret_key.to_owned(),
+        timeout: Duration::from_secs(5),
+    })
+    .expect("the TLS roots load")
+}
+
+pub async fn stripe() -> StripePayments {
+    payments(endpoint().await, SECRET_KEY)
+}
+
+/// The buyer's side: a test card attached and the payment confirmed, as Stripe.js does
+/// on the page. Manual capture leaves it authorised.
+pub async fn authorise(payment: &Payment) {
+    let http = reqwest::Client::new();
+    let base = endpoint().await;
+    let method: serde_json::Value = http
+        .post(format!("{base}/v1/payment_methods"))
+        .bearer_auth(SECRET_KEY)
+        .form(&[
+            ("type", "card"),
+            ("card[number]", "4242424242424242"),
+            ("card[exp_month]", "12"),
+            ("card[exp_year]", "2034"),
+            ("card[cvc]", "123"),
+        ])
+        .send()
+        .await
+        .expect("localstripe answers")
+        .error_for_status()
+        .expect("a card")
+        .json()
+        .await
+        .expect("JSON");
+    let method = method["id"].as_str().expect("an id");
+    for (path, form) in [
+        (String::new(), vec![("payment_method", method)]),
+        ("/confirm".to_owned(), vec![]),
+    ] {
+        http.post(format!("{base}/v1/payment_intents/{}{path}", payment.id))
+            .bearer_auth(SECRET_KEY)
+            .form(&form)
+            .send()
+            .await
+            .expect("localstripe answers")
+            .error_for_status()
+            .expect("the buyer's step is taken");
+    }
+}

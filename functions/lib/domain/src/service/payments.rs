@@ -1,0 +1,373 @@
+//! The buyer's money for an order: opening its one payment, and settling it.
+//!
+//! A settlement is the one place where money and units meet. Every trigger (the page's
+//! "I paid", the provider's webhook, the reconciler) runs the same [`PaymentService::settle`],
+//! which reads the payment from the provider, never from the caller, and then:
+//!
+//! ```text
+//!   order \ payment   open        authorised                 captured
+//!   reserved          wait        pay_with ─won─► capture    pay_with ─won─► done
+//!                                          └lost─► as below             └lost─► as below
+//!   paid              (anomaly)   capture (a pending one)     record it
+//!   cancelled/expired cancel it   cancel it                  refund it, once
+//! ```
+//! The write that marks the order paid is the same conditional write that picks pay
+//! against the timeout and a cancel, so money is captured only for an order that won,
+//! and money that moved for an order that lost goes back. Every provider call is
+//! idempotent, so two settlements racing each other move nothing twice.
+
+use std::sync::Arc;
+
+use crate::error::AppError;
+use crate::ids::{OrderId, UserId};
+use crate::order::{Order, OrderStatus, ReleaseReason, Reservation};
+use crate::payment::{
+    CancelOutcome, CaptureOutcome, OrderPayment, Payment, PaymentId, PaymentState,
+};
+use crate::ports::{
+    Clock, OrderBook, OrderPayments, PayOutcome, PaymentAttach, PaymentProvider, StockLedger,
+};
+
+/// Where an order's money stands after a settlement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SettleOutcome {
+    /// The buyer has not authorised the payment yet; the order is still open.
+    AwaitingBuyer,
+    /// Paid, and the money captured.
+    Paid,
+    /// Paid on our side, the unit sold, but the capture did not go through: a later
+    /// settlement captures it.
+    CapturePending,
+    /// Paid on our side, but the provider will no longer capture the money (the
+    /// authorisation lapsed or was cancelled at the provider): for an operator.
+    CaptureRefused,
+    /// The order ended (`cancelled` or `expired`) before the money: its authorisation is
+    /// released (or the buyer never gave one), and no money moved.
+    Voided(OrderStatus),
+    /// The money moved for an order that had ended, and was given back.
+    Refunded,
+}
+
+/// What one settlement did at the provider: for the metrics, each call counted where it
+/// happened.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MoneyMoves {
+    /// This settlement captured the money.
+    pub captured: bool,
+    /// This settlement asked for a capture of an order already paid on our side: a
+    /// retry of a capture that failed before (whether it went through now or not).
+    pub capture_retried: bool,
+    /// This settlement's capture failed.
+    pub capture_failed: bool,
+    /// This settlement released an authorisation.
+    pub cancelled: bool,
+    /// This settlement refunded captured money.
+    pub refunded: bool,
+}
+
+/// A settlement's result: where the order's money stands, and what this call moved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settled {
+    pub outcome: SettleOutcome,
+    pub moves: MoneyMoves,
+}
+
+/// The buyer's payment of an order, from its opening to its settlement.
+///
+/// A settlement leaves the order's release timer be: the timer fires at the deadline,
+/// finds the order paid and does nothing, and the scheduler deletes it once fired. So
+/// the buyer's answer waits on no scheduler call, and the reconciler, which settles with
+/// the same service, needs no scheduler at all.
+pub struct PaymentService {
+    pub orders: Arc<dyn OrderBook>,
+    pub payments: Arc<dyn OrderPayments>,
+    pub ledger: Arc<dyn StockLedger>,
+    pub provider: Arc<dyn PaymentProvider>,
+    pub clock: Arc<dyn Clock>,
+}
+
+impl PaymentService {
+    /// The buyer's payment of their open order, opened at the provider the first time
+    /// and recorded on the order with a conditional write, so that one order never has
+    /// two payments: a payment opened by a call that lost that write is cancelled, and
+    /// the order's own is answered.
+    pub async fn open(&self, order_id: &OrderId, buyer: &UserId) -> Result<Payment, AppError> {
+        let (order, reservation) = self.owned(order_id, buyer).await?;
+        if !order.status.is_open() {
+            return Err(settled_error(order.status));
+        }
+        if self.clock.now() >= order.expires_at {
+            return Err(AppError::OrderExpired);
+        }
+        if let Some(recorded) = &order.payment {
+            return self.read(&recorded.id).await;
+        }
+        let price = order.price.ok_or(AppError::NotPayable)?;
+        let opened = self.provider.open(order_id, buyer, price).await?;
+        match self
+            .payments
+            .attach_payment(&reservation, &opened.id)
+            .await?
+        {
+            PaymentAttach::Attached => Ok(opened),
+            PaymentAttach::Taken(theirs) => {
+                self.withdraw(&opened).await;
+                self.read(&theirs).await
+            }
+            PaymentAttach::Settled(status) => {
+                self.withdraw(&opened).await;
+                Err(settled_error(status))
+            }
+            PaymentAttach::Unknown => {
+                self.withdraw(&opened).await;
+                Err(AppError::OrderNotFound)
+            }
+        }
+    }
+
+    /// Settles the buyer's order from its payment as the provider has it now: the page's
+    /// "I paid", and the reconciler's.
+    pub async fn settle(&self, order_id: &OrderId, buyer: &UserId) -> Result<Settled, AppError> {
+        let (order, reservation) = self.owned(order_id, buyer).await?;
+        let recorded = order.payment.clone().ok_or(AppError::NoPayment)?;
+        let payment = self.read(&recorded.id).await?;
+        self.settle_with(order, reservation, payment).await
+    }
+
+    /// Settles the order a payment names, from the payment as the provider has it now:
+    /// the webhook's, which knows only the payment. A payment that names no order of
+    /// ours, or an order whose own payment is another, is refused and nothing changes.
+    pub async fn settle_payment(&self, id: &PaymentId) -> Result<Settled, AppError> {
+        let payment = self.read(id).await?;
+        let (Some(order_id), Some(buyer)) = (&payment.order_id, &payment.buyer) else {
+            return Err(AppError::PaymentMismatch);
+        };
+        let (order, reservation) = self.owned(order_id, buyer).await?;
+        if order.payment.as_ref().map(|recorded| &recorded.id) != Some(id) {
+            return Err(AppError::PaymentMismatch);
+        }
+        self.settle_with(order, reservation, payment).await
+    }
+
+    async fn settle_with(
+        &self,
+        order: Order,
+        reservation: Reservation,
+        payment: Payment,
+    ) -> Result<Settled, AppError> {
+        let price = order.price.ok_or(AppError::NotPayable)?;
+        if !payment.is_for(&order.order_id, price.amount(), price.currency().code()) {
+            return Err(AppError::PaymentMismatch);
+        }
+        let settlement = Settlement {
+            service: self,
+            reservation: &reservation,
+            paid_before: order.status == OrderStatus::Paid,
+            moves: MoneyMoves::default(),
+        };
+        settlement.run(order.status, payment).await
+    }
+
+    async fn owned(
+        &self,
+        order_id: &OrderId,
+        buyer: &UserId,
+    ) -> Result<(Order, Reservation), AppError> {
+        self.orders
+            .find(order_id, buyer)
+            .await?
+            .ok_or(AppError::OrderNotFound)
+    }
+
+    async fn read(&self, id: &PaymentId) -> Result<Payment, AppError> {
+        self.provider
+            .payment(id)
+            .await?
+            .ok_or(AppError::PaymentMismatch)
+    }
+
+    /// Cancels a payment this call opened and the order did not take: best effort, since
+    /// a payment nobody records can never be settled, and the provider lets an
+    /// unconfirmed one lapse anyway.
+    async fn withdraw(&self, payment: &Payment) {
+        if let Err(error) = self.provider.cancel(&payment.id).await {
+            tracing::warn!(payment = %payment.id, error = &error as &dyn std::error::Error, "could not cancel a payment the order did not take");
+        }
+    }
+}
+
+/// One settlement of one order: the steps of the table in the module's doc.
+struct Settlement<'a> {
+    service: &'a PaymentService,
+    reservation: &'a Reservation,
+    /// Whether the order was paid before this settlement began: a capture now retries
+    /// one that failed.
+    paid_before: bool,
+    moves: MoneyMoves,
+}
+
+impl Settlement<'_> {
+    async fn run(mut self, status: OrderStatus, payment: Payment) -> Result<Settled, AppError> {
+        let outcome = match status {
+            OrderStatus::Reserved => self.pay_or_end(payment).await?,
+            OrderStatus::Paid => self.finish_paid(payment).await?,
+            OrderStatus::Cancelled | OrderStatus::Expired => {
+                self.give_back(status, payment).await?
+            }
+            OrderStatus::Refunded => SettleOutcome::Refunded,
+        };
+        Ok(Settled {
+            outcome,
+            moves: self.moves,
+        })
+    }
+
+    /// An open order: paid if its payment holds the money and the order wins the race
+    /// against the timeout and a cancel; otherwise as the winner left it.
+    async fn pay_or_end(&mut self, payment: Payment) -> Result<SettleOutcome, AppError> {
+        if !matches!(
+            payment.state,
+            PaymentState::Authorised | PaymentState::Captured
+        ) {
+            // Open: the buyer has not confirmed. Cancelled while the order is open: only
+            // the provider does that (an authorisation that lapsed), and the timeout
+            // ends the order.
+            return Ok(SettleOutcome::AwaitingBuyer);
+        }
+        let service = self.service;
+        let now = service.clock.now();
+        let seen = OrderPayment {
+            id: payment.id.clone(),
+            state: payment.state,
+        };
+        match service
+            .payments
+            .pay_with(self.reservation, &seen, now)
+            .await?
+        {
+            PayOutcome::Paid => self.finish_paid(payment).await,
+            PayOutcome::WindowClosed => {
+                // The timer may lag: the unit goes back now, and the money with it.
+                let status = match service
+                    .ledger
+                    .release(self.reservation, ReleaseReason::Expired, now)
+                    .await?
+                {
+                    crate::ports::Settlement::AlreadySettled(status) => status,
+                    _ => OrderStatus::Expired,
+                };
+                self.after_losing(status, payment).await
+            }
+            PayOutcome::Settled(status) => self.after_losing(status, payment).await,
+            PayOutcome::Unknown => Err(AppError::OrderNotFound),
+        }
+    }
+
+    /// The order's pay write lost, to `status`: a paid order (another settlement won)
+    /// is finished, an ended one gives the money back.
+    async fn after_losing(
+        &mut self,
+        status: OrderStatus,
+        payment: Payment,
+    ) -> Result<SettleOutcome, AppError> {
+        match status {
+            OrderStatus::Paid => self.finish_paid(payment).await,
+            OrderStatus::Refunded => Ok(SettleOutcome::Refunded),
+            ended => self.give_back(ended, payment).await,
+        }
+    }
+
+    /// A paid order: its money captured, once.
+    async fn finish_paid(&mut self, payment: Payment) -> Result<SettleOutcome, AppError> {
+        match payment.state {
+            PaymentState::Captured => {
+                self.record(&payment).await?;
+                Ok(SettleOutcome::Paid)
+            }
+            PaymentState::Authorised => self.capture(payment).await,
+            // Paid with no money held: the buyer's word from before payments, or an
+            // authorisation the provider dropped after our write.
+            PaymentState::Open | PaymentState::Cancelled => {
+                tracing::error!(order_id = %self.reservation.order_id, payment = %payment.id, state = ?payment.state, "a paid order's payment holds no money");
+                Ok(SettleOutcome::CaptureRefused)
+            }
+        }
+    }
+
+    async fn capture(&mut self, payment: Payment) -> Result<SettleOutcome, AppError> {
+        let service = self.service;
+        self.moves.capture_retried = self.paid_before;
+        match service.provider.capture(&payment.id).await {
+            Ok(CaptureOutcome::Captured(captured)) => {
+                self.moves.captured = true;
+                self.record(&captured).await?;
+                Ok(SettleOutcome::Paid)
+            }
+            Ok(CaptureOutcome::NotCapturable(refused)) => {
+                tracing::error!(order_id = %self.reservation.order_id, payment = %refused.id, "the provider refused to capture a paid order's money");
+                self.record(&refused).await?;
+                Ok(SettleOutcome::CaptureRefused)
+            }
+            Err(error) => {
+                self.moves.capture_failed = true;
+                tracing::warn!(order_id = %self.reservation.order_id, payment = %payment.id, error = &error as &dyn std::error::Error, "capture failed; the order stays paid with its capture pending");
+                Ok(SettleOutcome::CapturePending)
+            }
+        }
+    }
+
+    /// An order that ended: no money may stay moved for it.
+    async fn give_back(
+        &mut self,
+        status: OrderStatus,
+        payment: Payment,
+    ) -> Result<SettleOutcome, AppError> {
+        let service = self.service;
+        let payment = match payment.state {
+            PaymentState::Cancelled => payment,
+            PaymentState::Open | PaymentState::Authorised => {
+                match service.provider.cancel(&payment.id).await? {
+                    CancelOutcome::Cancelled(cancelled) => {
+                        self.moves.cancelled = true;
+                        cancelled
+                    }
+                    CancelOutcome::AlreadyCaptured(captured) => captured,
+                }
+            }
+            PaymentState::Captured => payment,
+        };
+        if payment.state != PaymentState::Captured {
+            self.record(&payment).await?;
+            return Ok(SettleOutcome::Voided(status));
+        }
+        // Recorded first, so the stats show the late money until it is back.
+        self.record(&payment).await?;
+        service.provider.refund(&payment.id).await?;
+        self.moves.refunded = true;
+        service
+            .payments
+            .record_refund(self.reservation, &payment.id)
+            .await?;
+        Ok(SettleOutcome::Refunded)
+    }
+
+    async fn record(&self, payment: &Payment) -> Result<(), AppError> {
+        let seen = OrderPayment {
+            id: payment.id.clone(),
+            state: payment.state,
+        };
+        self.service
+            .payments
+            .record_payment(self.reservation, &seen)
+            .await?;
+        Ok(())
+    }
+}
+
+fn settled_error(status: OrderStatus) -> AppError {
+    match status {
+        OrderStatus::Paid => AppError::OrderPaid,
+        OrderStatus::Cancelled => AppError::OrderCancelled,
+        _ => AppError::OrderExpired,
+    }
+}

@@ -1,0 +1,762 @@
+//! The settlement of an order's payment, on the in-memory store and the fake provider:
+//! each case of the settlement's table, the faults a provider plays, and the race of
+//! pay against timeout, cancel and a second settlement, many times over.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use chrono::{DateTime, Duration, TimeZone, Utc};
+use flashsale_domain::payment::{Payment, PaymentState};
+use flashsale_domain::ports::{
+    Clock, OrderBook, OrderPayments, PaymentAttach, PaymentProvider, SaleCatalog, StockLedger,
+};
+use flashsale_domain::sale::SaleStats;
+use flashsale_domain::service::{
+    DEFAULT_TAKE_GRACE, ExpiryService, OrderService, PaymentService, Reconciler, SettleOutcome,
+    Settled,
+};
+use flashsale_domain::testing::{
+    self, FakePaymentProvider, FaultyProvider, InMemoryStore, ManualClock, ProviderFault,
+    RecordingScheduler,
+};
+use flashsale_domain::{AppError, Order, OrderId, OrderStatus, Price, Reservation, Sale, UserId};
+
+fn start() -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 11, 11, 0, 0, 0).unwrap()
+}
+
+struct World {
+    store: Arc<InMemoryStore>,
+    /// The provider's state, and the buyer's side of it.
+    provider: Arc<FakePaymentProvider>,
+    /// The provider as the settlement calls it, with faults to inject.
+    faults: Arc<FaultyProvider>,
+    scheduler: Arc<RecordingScheduler>,
+    clock: Arc<ManualClock>,
+    payments: Arc<PaymentService>,
+    orders: OrderService,
+    /// The release timer's use case, on a clock of its own: it fires at the deadline
+    /// while the settlement's clock still reads a moment before it.
+    expiry: ExpiryService,
+    sale: Sale,
+    buyer: UserId,
+}
+
+impl World {
+    async fn new() -> Self {
+        Self::interleaved(0).await
+    }
+
+    /// A world whose provider calls yield a random number of times for `seed` (none
+    /// for 0).
+    async fn interleaved(seed: u64) -> Self {
+        let store = Arc::new(InMemoryStore::new());
+        let provider = Arc::new(FakePaymentProvider::new());
+        let faults = Arc::new(match seed {
+            0 => FaultyProvider::new(provider.clone()),
+            seed => FaultyProvider::interleaved(provider.clone(), seed),
+        });
+        let scheduler = Arc::new(RecordingScheduler::default());
+        let clock = Arc::new(ManualClock::new(start() + Duration::seconds(1)));
+        let clock_port: Arc<dyn Clock> = clock.clone();
+        let sale = testing::sale(3, 1)
+            .id("pay")
+            .starting_at(start())
+            .payment_window_secs(600)
+            .build();
+        store.create_sale(&sale).await.unwrap();
+        let timer_clock = Arc::new(ManualClock::new(sale.payment_deadline(clock.now())));
+        Self {
+            payments: Arc::new(PaymentService {
+                orders: store.clone(),
+                payments: store.clone(),
+                ledger: store.clone(),
+                provider: faults.clone(),
+                clock: clock_port.clone(),
+            }),
+            orders: OrderService {
+                orders: store.clone(),
+                ledger: store.clone(),
+                scheduler: scheduler.clone(),
+                clock: clock_port,
+            },
+            expiry: ExpiryService {
+                ledger: store.clone(),
+                clock: timer_clock,
+            },
+            store,
+            provider,
+            faults,
+            scheduler,
+            clock,
+            sale,
+            buyer: UserId::parse("alice").unwrap(),
+        }
+    }
+
+    /// A unit reserved for the buyer, with its release timer set.
+    async fn reserved(&self) -> Reservation {
+        self.reserved_for(&self.buyer).await
+    }
+
+    async fn reserved_for(&self, buyer: &UserId) -> Reservation {
+        let now = self.clock.now();
+        let reservation = Reservation {
+            order_id: OrderId::new(self.sale.sale_id.clone()),
+            sale_id: self.sale.sale_id.clone(),
+            user_id: buyer.clone(),
+            shard: 0,
+            created_at: now,
+            expires_at: self.sale.payment_deadline(now),
+            price: self.sale.price,
+        };
+        self.store
+            .reserve(&self.sale, 0, &reservation)
+            .await
+            .unwrap()
+            .unwrap();
+        self.orders.set_release_timer(&reservation).await.unwrap();
+        reservation
+    }
+
+    /// A reserved order whose payment the buyer opened and confirmed with a good card.
+    async fn authorised(&self) -> (Reservation, Payment) {
+        let reservation = self.reserved().await;
+        let payment = self.open(&reservation).await;
+        assert!(self.provider.authorise(&payment.id));
+        (reservation, payment)
+    }
+
+    async fn open(&self, reservation: &Reservation) -> Payment {
+        self.payments
+            .open(&reservation.order_id, &self.buyer)
+            .await
+            .unwrap()
+    }
+
+    async fn settle(&self, reservation: &Reservation) -> Settled {
+        self.payments
+            .settle(&reservation.order_id, &self.buyer)
+            .await
+            .unwrap()
+    }
+
+    async fn order(&self, reservation: &Reservation) -> Order {
+        self.store
+            .find(&reservation.order_id, &self.buyer)
+            .await
+            .unwrap()
+            .unwrap()
+            .0
+    }
+
+    async fn stats(&self) -> SaleStats {
+        SaleStats::reconcile(
+            self.sale.stock_total,
+            self.store.count(&self.sale).await.unwrap(),
+        )
+    }
+
+    /// The reconciler, with this world's store and settlement, its grace as deployed.
+    fn reconciler(&self) -> Reconciler {
+        Reconciler {
+            catalog: self.store.clone(),
+            orders: self.store.clone(),
+            ledger: self.store.clone(),
+            clock: self.clock.clone(),
+            timer_grace: Duration::seconds(180),
+            take_grace: DEFAULT_TAKE_GRACE,
+            payments: Some(self.payments.clone()),
+        }
+    }
+
+    fn moved(&self) -> (usize, usize, usize) {
+        (
+            self.provider.captures.load(Ordering::SeqCst),
+            self.provider.cancellations.load(Ordering::SeqCst),
+            self.provider.refunds.load(Ordering::SeqCst),
+        )
+    }
+}
+
+#[tokio::test]
+async fn an_authorised_payment_pays_the_order_then_captures_the_money_once() {
+    let world = World::new().await;
+    let (reservation, payment) = world.authorised().await;
+    let settled = world.settle(&reservation).await;
+    assert_eq!(settled.outcome, SettleOutcome::Paid);
+    assert!(settled.moves.captured && !settled.moves.capture_retried);
+    let order = world.order(&reservation).await;
+    assert_eq!(order.status, OrderStatus::Paid);
+    assert_eq!(order.payment.unwrap().state, PaymentState::Captured);
+    assert_eq!(
+        world.provider.state_of(&payment.id),
+        Some(PaymentState::Captured)
+    );
+    // The timer stays, fires at the deadline, and leaves the paid order be.
+    assert!(
+        world
+            .scheduler
+            .timers
+            .lock()
+            .unwrap()
+            .contains_key(&reservation.order_id)
+    );
+    assert_eq!(
+        world.expiry.expire(&reservation).await.unwrap(),
+        flashsale_domain::ports::Settlement::AlreadySettled(OrderStatus::Paid)
+    );
+    // Settled again (the webhook after the page): nothing moves twice.
+    let again = world.settle(&reservation).await;
+    assert_eq!(again.outcome, SettleOutcome::Paid);
+    assert!(!again.moves.captured);
+    assert_eq!(world.moved(), (1, 0, 0));
+    let stats = world.stats().await;
+    assert!(stats.consistent, "{stats:?}");
+    assert_eq!((stats.counts.paid, stats.counts.available), (1, 2));
+}
+
+#[tokio::test]
+async fn an_order_has_one_payment_even_once_the_provider_forgot_its_key() {
+    let world = World::new().await;
+    let reservation = world.reserved().await;
+    let first = world.open(&reservation).await;
+    assert_eq!(first.amount, 129_900);
+    assert_eq!(first.currency, "eur");
+    assert_eq!(first.buyer.as_ref(), Some(&world.buyer));
+    world.provider.forget_idempotency_keys();
+    let second = world.open(&reservation).await;
+    assert_eq!(
+        second.id, first.id,
+        "the order's recorded payment, not a new one"
+    );
+    assert_eq!(
+        world.order(&reservation).await.payment.unwrap().id,
+        first.id
+    );
+}
+
+#[tokio::test]
+async fn a_payment_opened_by_a_call_that_lost_the_race_to_record_is_cancelled() {
+    let world = World::new().await;
+    let reservation = world.reserved().await;
+    // Two calls at once, each opening its own payment (the keys forgotten between).
+    let theirs = world
+        .provider
+        .open(
+            &reservation.order_id,
+            &world.buyer,
+            world.sale.price.unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        world
+            .store
+            .attach_payment(&reservation, &theirs.id)
+            .await
+            .unwrap(),
+        PaymentAttach::Attached
+    );
+    world.provider.forget_idempotency_keys();
+    // The order now records a payment, so `open` answers it without opening another.
+    let answered = world.open(&reservation).await;
+    assert_eq!(answered.id, theirs.id);
+    // A payment opened outside the order and never recorded is no order's.
+    let stray = world
+        .provider
+        .open(
+            &reservation.order_id,
+            &world.buyer,
+            world.sale.price.unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_ne!(stray.id, theirs.id);
+    assert!(matches!(
+        world.payments.settle_payment(&stray.id).await,
+        Err(AppError::PaymentMismatch)
+    ));
+}
+
+#[tokio::test]
+async fn no_payment_opens_for_an_order_past_its_window_or_ended() {
+    let world = World::new().await;
+    let reservation = world.reserved().await;
+    world.clock.set(reservation.expires_at);
+    assert!(matches!(
+        world
+            .payments
+            .open(&reservation.order_id, &world.buyer)
+            .await,
+        Err(AppError::OrderExpired)
+    ));
+    let world = World::new().await;
+    let reservation = world.reserved().await;
+    world
+        .orders
+        .cancel(&reservation.order_id, &world.buyer)
+        .await
+        .unwrap();
+    assert!(matches!(
+        world
+            .payments
+            .open(&reservation.order_id, &world.buyer)
+            .await,
+        Err(AppError::OrderCancelled)
+    ));
+    assert!(matches!(
+        world
+            .payments
+            .settle(&reservation.order_id, &world.buyer)
+            .await,
+        Err(AppError::NoPayment)
+    ));
+    let stranger = UserId::parse("mallory").unwrap();
+    assert!(matches!(
+        world.payments.open(&reservation.order_id, &stranger).await,
+        Err(AppError::OrderNotFound)
+    ));
+}
+
+#[tokio::test]
+async fn a_payment_not_yet_confirmed_settles_nothing() {
+    let world = World::new().await;
+    let reservation = world.reserved().await;
+    world.open(&reservation).await;
+    let settled = world.settle(&reservation).await;
+    assert_eq!(settled.outcome, SettleOutcome::AwaitingBuyer);
+    assert_eq!(
+        world.order(&reservation).await.status,
+        OrderStatus::Reserved
+    );
+    assert_eq!(world.moved(), (0, 0, 0));
+}
+
+#[tokio::test]
+async fn when_the_timeout_won_the_authorisation_is_cancelled_and_no_money_moves() {
+    let world = World::new().await;
+    let (reservation, payment) = world.authorised().await;
+    world.expiry.expire(&reservation).await.unwrap();
+    let settled = world.settle(&reservation).await;
+    assert_eq!(settled.outcome, SettleOutcome::Voided(OrderStatus::Expired));
+    assert!(settled.moves.cancelled);
+    assert_eq!(
+        world.provider.state_of(&payment.id),
+        Some(PaymentState::Cancelled)
+    );
+    assert_eq!(world.moved(), (0, 1, 0));
+    let order = world.order(&reservation).await;
+    assert_eq!(order.status, OrderStatus::Expired);
+    assert_eq!(order.payment.unwrap().state, PaymentState::Cancelled);
+    assert!(world.stats().await.consistent);
+}
+
+#[tokio::test]
+async fn a_settlement_after_the_deadline_gives_the_unit_back_without_waiting_for_the_timer() {
+    let world = World::new().await;
+    let (reservation, payment) = world.authorised().await;
+    world.clock.set(reservation.expires_at);
+    let settled = world.settle(&reservation).await;
+    assert_eq!(settled.outcome, SettleOutcome::Voided(OrderStatus::Expired));
+    assert_eq!(
+        world.provider.state_of(&payment.id),
+        Some(PaymentState::Cancelled)
+    );
+    let stats = world.stats().await;
+    assert_eq!((stats.counts.available, stats.counts.expired), (3, 1));
+}
+
+#[tokio::test]
+async fn when_a_cancel_won_the_authorisation_is_cancelled() {
+    let world = World::new().await;
+    let (reservation, _) = world.authorised().await;
+    world
+        .orders
+        .cancel(&reservation.order_id, &world.buyer)
+        .await
+        .unwrap();
+    let settled = world.settle(&reservation).await;
+    assert_eq!(
+        settled.outcome,
+        SettleOutcome::Voided(OrderStatus::Cancelled)
+    );
+    assert_eq!(world.moved(), (0, 1, 0));
+}
+
+#[tokio::test]
+async fn money_captured_for_an_order_that_ended_is_refunded_exactly_once() {
+    let world = World::new().await;
+    world
+        .provider
+        .automatic_capture
+        .store(true, Ordering::SeqCst);
+    let (reservation, payment) = world.authorised().await;
+    world.expiry.expire(&reservation).await.unwrap();
+    // Captured at the provider, expired here: late money, visible until it is back.
+    assert_eq!(
+        world.provider.state_of(&payment.id),
+        Some(PaymentState::Captured)
+    );
+    world.faults.inject("refund", ProviderFault::NoAnswer);
+    assert!(
+        world
+            .payments
+            .settle(&reservation.order_id, &world.buyer)
+            .await
+            .is_err()
+    );
+    let stats = world.stats().await;
+    assert_eq!(stats.counts.refund_pending, 1, "{stats:?}");
+    assert!(!stats.consistent);
+    let settled = world.settle(&reservation).await;
+    assert_eq!(settled.outcome, SettleOutcome::Refunded);
+    assert!(settled.moves.refunded);
+    let again = world.payments.settle_payment(&payment.id).await.unwrap();
+    assert_eq!(again.outcome, SettleOutcome::Refunded);
+    assert_eq!(world.moved(), (1, 0, 1));
+    assert_eq!(
+        world.provider.refund_of(&payment.id).unwrap().amount,
+        129_900
+    );
+    assert_eq!(
+        world.order(&reservation).await.status,
+        OrderStatus::Refunded
+    );
+    let stats = world.stats().await;
+    assert!(stats.consistent, "{stats:?}");
+    assert_eq!((stats.counts.refunded, stats.counts.expired), (1, 0));
+}
+
+#[tokio::test]
+async fn money_captured_automatically_while_the_hold_stands_pays_the_order() {
+    let world = World::new().await;
+    world
+        .provider
+        .automatic_capture
+        .store(true, Ordering::SeqCst);
+    let (reservation, _) = world.authorised().await;
+    let settled = world.settle(&reservation).await;
+    assert_eq!(settled.outcome, SettleOutcome::Paid);
+    assert!(
+        !settled.moves.captured,
+        "the provider moved it, not this settlement"
+    );
+    assert_eq!(world.moved(), (1, 0, 0));
+    assert!(world.stats().await.consistent);
+}
+
+#[tokio::test]
+async fn a_capture_that_fails_leaves_the_unit_sold_and_a_later_settlement_captures_it_once() {
+    for fault in [ProviderFault::NoAnswer, ProviderFault::AnswerLost] {
+        let world = World::new().await;
+        let (reservation, payment) = world.authorised().await;
+        world.faults.inject("capture", fault);
+        let settled = world.settle(&reservation).await;
+        assert_eq!(settled.outcome, SettleOutcome::CapturePending, "{fault:?}");
+        assert!(settled.moves.capture_failed);
+        let order = world.order(&reservation).await;
+        assert_eq!(order.status, OrderStatus::Paid);
+        assert_eq!(order.payment.unwrap().state, PaymentState::Authorised);
+        let stats = world.stats().await;
+        assert_eq!((stats.counts.paid, stats.counts.capture_pending), (1, 1));
+        assert!(!stats.consistent, "a paid order without its money shows");
+        // The timer is gone with the pay write: the unit stays sold.
+        world.expiry.expire(&reservation).await.unwrap();
+        let retried = world.payments.settle_payment(&payment.id).await.unwrap();
+        assert_eq!(retried.outcome, SettleOutcome::Paid);
+        // A capture whose answer was lost moved the money: the retry only records it.
+        assert_eq!(
+            retried.moves.capture_retried,
+            fault == ProviderFault::NoAnswer,
+            "{fault:?}"
+        );
+        assert_eq!(world.moved(), (1, 0, 0), "{fault:?}: captured once");
+        assert!(world.stats().await.consistent);
+    }
+}
+
+#[tokio::test]
+async fn a_payment_for_another_amount_currency_or_order_settles_nothing() {
+    let world = World::new().await;
+    let reservation = world.reserved().await;
+    let wrong_price = Price::new(100, "EUR").unwrap();
+    let wrong = world
+        .provider
+        .open(&reservation.order_id, &world.buyer, wrong_price)
+        .await
+        .unwrap();
+    world
+        .store
+        .attach_payment(&reservation, &wrong.id)
+        .await
+        .unwrap();
+    world.provider.authorise(&wrong.id);
+    assert!(matches!(
+        world
+            .payments
+            .settle(&reservation.order_id, &world.buyer)
+            .await,
+        Err(AppError::PaymentMismatch)
+    ));
+    assert_eq!(
+        world.order(&reservation).await.status,
+        OrderStatus::Reserved
+    );
+    assert_eq!(world.moved(), (0, 0, 0));
+    // Another order's payment, named in a webhook, does not touch this one.
+    let bob = UserId::parse("bob").unwrap();
+    let other = world.reserved_for(&bob).await;
+    let others = world.payments.open(&other.order_id, &bob).await.unwrap();
+    world.provider.authorise(&others.id);
+    let settled = world.payments.settle_payment(&others.id).await.unwrap();
+    assert_eq!(settled.outcome, SettleOutcome::Paid);
+    assert_eq!(
+        world.order(&reservation).await.status,
+        OrderStatus::Reserved
+    );
+}
+
+#[tokio::test]
+async fn the_reconciler_retries_a_pending_capture_at_once_and_settles_the_rest_after_the_window() {
+    let world = World::new().await;
+    let bob = UserId::parse("bob").unwrap();
+    let carol = UserId::parse("carol").unwrap();
+    // Alice paid, but her capture failed.
+    let (captured_later, _) = world.authorised().await;
+    world.faults.inject("capture", ProviderFault::NoAnswer);
+    assert_eq!(
+        world.settle(&captured_later).await.outcome,
+        SettleOutcome::CapturePending
+    );
+    // Bob authorised and closed the tab; Carol opened a payment and never confirmed it.
+    let authorised_only = world.reserved_for(&bob).await;
+    let bobs = world
+        .payments
+        .open(&authorised_only.order_id, &bob)
+        .await
+        .unwrap();
+    world.provider.authorise(&bobs.id);
+    let never_confirmed = world.reserved_for(&carol).await;
+    let carols = world
+        .payments
+        .open(&never_confirmed.order_id, &carol)
+        .await
+        .unwrap();
+
+    let report = world.reconciler().run().await.unwrap();
+    assert_eq!(
+        (
+            report.payments_settled,
+            report.captures,
+            report.capture_retries
+        ),
+        (1, 1, 1),
+        "only the pending capture is due inside the window: {report:?}"
+    );
+    assert_eq!(world.order(&captured_later).await.status, OrderStatus::Paid);
+    assert_eq!(
+        world.provider.state_of(&bobs.id),
+        Some(PaymentState::Authorised),
+        "Bob's page may still settle it"
+    );
+
+    world
+        .clock
+        .set(authorised_only.expires_at + Duration::seconds(180));
+    let report = world.reconciler().run().await.unwrap();
+    assert_eq!(report.expired, 2, "{report:?}");
+    assert_eq!(
+        (
+            report.payments_settled,
+            report.authorisations_cancelled,
+            report.payment_failures
+        ),
+        (2, 2, 0),
+        "{report:?}"
+    );
+    assert_eq!(
+        world.provider.state_of(&bobs.id),
+        Some(PaymentState::Cancelled)
+    );
+    assert_eq!(
+        world.provider.state_of(&carols.id),
+        Some(PaymentState::Cancelled)
+    );
+    assert_eq!(world.moved(), (1, 2, 0));
+    let stats = world.stats().await;
+    assert!(stats.consistent, "{stats:?}");
+    assert_eq!((stats.counts.paid, stats.counts.expired), (1, 2));
+    // Nothing is left to settle: the next pass does nothing.
+    let report = world.reconciler().run().await.unwrap();
+    assert_eq!(report.payments_settled, 0, "{report:?}");
+}
+
+/// One actor of the race: what it does, after how many yields.
+#[derive(Debug, Clone, Copy)]
+enum Actor {
+    /// The page's "I paid".
+    Page,
+    /// The provider's webhook.
+    Webhook,
+    /// The release timer, firing at the deadline.
+    Timeout,
+    /// The buyer cancelling.
+    Cancel,
+}
+
+/// What one run of the race left, once the reconciler's settlement has run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Ending {
+    PaidAndCaptured,
+    ExpiredAuthorisationCancelled,
+    CancelledAuthorisationCancelled,
+    EndedAndRefunded,
+}
+
+/// A small deterministic random source for the race's choices.
+struct Dice(u64);
+
+impl Dice {
+    fn roll(&mut self, sides: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % sides
+    }
+}
+
+async fn yields(count: u64) {
+    for _ in 0..count {
+        tokio::task::yield_now().await;
+    }
+}
+
+async fn run_race(seed: u64) -> Ending {
+    let mut dice = Dice(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let world = World::interleaved(seed).await;
+    let automatic = dice.roll(4) == 0;
+    world
+        .provider
+        .automatic_capture
+        .store(automatic, Ordering::SeqCst);
+    match dice.roll(6) {
+        0 => world.faults.inject("capture", ProviderFault::NoAnswer),
+        1 => world.faults.inject("capture", ProviderFault::AnswerLost),
+        2 => world.faults.inject("cancel", ProviderFault::AnswerLost),
+        3 => world.faults.inject("refund", ProviderFault::AnswerLost),
+        _ => {}
+    }
+    let (reservation, payment) = world.authorised().await;
+    let ender = if dice.roll(2) == 0 {
+        Actor::Timeout
+    } else {
+        Actor::Cancel
+    };
+    let actors = [Actor::Page, Actor::Webhook, ender];
+    let delays: Vec<u64> = actors.iter().map(|_| dice.roll(6)).collect();
+    let runs = actors.iter().zip(delays).map(|(actor, delay)| {
+        let (world, reservation, payment) = (&world, &reservation, &payment);
+        async move {
+            yields(delay).await;
+            // Each may fail on an injected fault: the reconciler's settlement below
+            // is what must leave everything right.
+            match actor {
+                Actor::Page => {
+                    let _ = world
+                        .payments
+                        .settle(&reservation.order_id, &world.buyer)
+                        .await;
+                }
+                Actor::Webhook => {
+                    let _ = world.payments.settle_payment(&payment.id).await;
+                }
+                Actor::Timeout => {
+                    world.expiry.expire(reservation).await.unwrap();
+                }
+                Actor::Cancel => {
+                    let _ = world
+                        .orders
+                        .cancel(&reservation.order_id, &world.buyer)
+                        .await;
+                }
+            }
+        }
+    });
+    futures::future::join_all(runs).await;
+    if !automatic && world.provider.state_of(&payment.id) == Some(PaymentState::Captured) {
+        // Before any repair: we capture only once the order's pay write won.
+        let order = world.order(&reservation).await;
+        assert_eq!(
+            order.status,
+            OrderStatus::Paid,
+            "seed {seed}: captured for {order:?}"
+        );
+    }
+    // The reconciler's pass: a settlement once everyone else is done.
+    world.settle(&reservation).await;
+
+    let order = world.order(&reservation).await;
+    let at_provider = world.provider.state_of(&payment.id).unwrap();
+    let (captures, cancellations, refunds) = world.moved();
+    let stats = world.stats().await;
+    let context = format!("seed {seed}: {order:?}, provider {at_provider:?}, {stats:?}");
+    assert!(stats.consistent, "{context}");
+    assert!(
+        captures <= 1 && refunds <= 1 && cancellations <= 1,
+        "{context}"
+    );
+    match order.status {
+        OrderStatus::Paid => {
+            assert_eq!(at_provider, PaymentState::Captured, "{context}");
+            assert_eq!(
+                order.payment.unwrap().state,
+                PaymentState::Captured,
+                "{context}"
+            );
+            assert_eq!((captures, refunds), (1, 0), "{context}");
+            Ending::PaidAndCaptured
+        }
+        OrderStatus::Refunded => {
+            assert_eq!(at_provider, PaymentState::Captured, "{context}");
+            assert_eq!((captures, refunds), (1, 1), "{context}");
+            Ending::EndedAndRefunded
+        }
+        ended @ (OrderStatus::Expired | OrderStatus::Cancelled) => {
+            assert_eq!(at_provider, PaymentState::Cancelled, "{context}");
+            assert_eq!((captures, refunds), (0, 0), "{context}");
+            if ended == OrderStatus::Expired {
+                Ending::ExpiredAuthorisationCancelled
+            } else {
+                Ending::CancelledAuthorisationCancelled
+            }
+        }
+        OrderStatus::Reserved => panic!("{context}: left open"),
+    }
+}
+
+/// Pay against timeout, against cancel, and the webhook against the page, with the
+/// provider's calls and the actors' starts interleaved differently in each run. Every
+/// order ends paid with its money captured once, or ended with its authorisation
+/// cancelled or its money refunded once: never ended with money kept, never paid
+/// without it.
+#[tokio::test]
+async fn pay_against_timeout_cancel_and_a_second_settlement_always_ends_right() {
+    const RUNS: u64 = 2_000;
+    let mut endings = std::collections::BTreeMap::<Ending, usize>::new();
+    for seed in 1..=RUNS {
+        *endings.entry(run_race(seed).await).or_default() += 1;
+    }
+    eprintln!("{RUNS} races ended: {endings:?}");
+    for ending in [
+        Ending::PaidAndCaptured,
+        Ending::ExpiredAuthorisationCancelled,
+        Ending::CancelledAuthorisationCancelled,
+        Ending::EndedAndRefunded,
+    ] {
+        assert!(
+            endings.get(&ending).copied().unwrap_or(0) > 0,
+            "the race never ended as {ending:?}: {endings:?}"
+        );
+    }
+}
