@@ -12,8 +12,8 @@ use flashsale_domain::ports::{
 };
 use flashsale_domain::sale::SaleStats;
 use flashsale_domain::service::{
-    DEFAULT_TAKE_GRACE, ExpiryService, OrderService, PaymentService, Reconciler, SettleOutcome,
-    Settled,
+    DEFAULT_TAKE_GRACE, EventHandled, ExpiryService, MoneyMoves, OrderService, PaymentService,
+    PaymentWebhook, Reconciler, SettleOutcome, Settled,
 };
 use flashsale_domain::testing::{
     self, FakePaymentProvider, FaultyProvider, InMemoryStore, ManualClock, ProviderFault,
@@ -590,6 +590,100 @@ async fn the_reconciler_retries_a_pending_capture_at_once_and_settles_the_rest_a
     // Nothing is left to settle: the next pass does nothing.
     let report = world.reconciler().run().await.unwrap();
     assert_eq!(report.payments_settled, 0, "{report:?}");
+}
+
+impl World {
+    fn webhook(&self) -> PaymentWebhook {
+        PaymentWebhook {
+            payments: self.payments.clone(),
+            events: self.store.clone(),
+            clock: self.clock.clone(),
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_webhook_settles_each_event_once_however_often_and_in_whatever_order_it_comes() {
+    let world = World::new().await;
+    let (reservation, payment) = world.authorised().await;
+    let webhook = world.webhook();
+    // The authorisation's event settles the order.
+    let first = webhook
+        .handle("evt_authorised", Some(&payment.id))
+        .await
+        .unwrap();
+    assert!(
+        matches!(first, EventHandled::Settled(settled) if settled.outcome == SettleOutcome::Paid),
+        "{first:?}"
+    );
+    // Redelivered: acknowledged, nothing done again.
+    assert_eq!(
+        webhook
+            .handle("evt_authorised", Some(&payment.id))
+            .await
+            .unwrap(),
+        EventHandled::Duplicate
+    );
+    // The capture's own event, and an older one arriving late: each reads the payment
+    // anew, finds it settled, and moves nothing.
+    for late in ["evt_succeeded", "evt_created_long_ago"] {
+        let handled = webhook.handle(late, Some(&payment.id)).await.unwrap();
+        assert!(
+            matches!(handled, EventHandled::Settled(settled) if settled.moves == MoneyMoves::default()),
+            "{late}: {handled:?}"
+        );
+    }
+    assert_eq!(world.moved(), (1, 0, 0));
+    assert_eq!(world.order(&reservation).await.status, OrderStatus::Paid);
+}
+
+#[tokio::test]
+async fn the_webhook_refuses_a_payment_no_order_owns_and_fails_what_it_could_not_do() {
+    let world = World::new().await;
+    let reservation = world.reserved().await;
+    let stray = world
+        .provider
+        .open(
+            &reservation.order_id,
+            &world.buyer,
+            world.sale.price.unwrap(),
+        )
+        .await
+        .unwrap();
+    let webhook = world.webhook();
+    assert_eq!(
+        webhook.handle("evt_stray", Some(&stray.id)).await.unwrap(),
+        EventHandled::Refused
+    );
+    assert_eq!(
+        webhook.handle("evt_stray", Some(&stray.id)).await.unwrap(),
+        EventHandled::Duplicate
+    );
+    let unknown = flashsale_domain::payment::PaymentId::new("pi_nobody");
+    assert_eq!(
+        webhook.handle("evt_unknown", Some(&unknown)).await.unwrap(),
+        EventHandled::Refused
+    );
+    assert_eq!(
+        webhook.handle("evt_customer", None).await.unwrap(),
+        EventHandled::Ignored
+    );
+    // A provider that does not answer fails the event, unrecorded: the redelivery
+    // handles it.
+    let payment = world.open(&reservation).await;
+    world.provider.authorise(&payment.id);
+    world.faults.inject("payment", ProviderFault::NoAnswer);
+    assert!(
+        webhook
+            .handle("evt_later", Some(&payment.id))
+            .await
+            .is_err()
+    );
+    assert!(matches!(
+        webhook.handle("evt_later", Some(&payment.id)).await.unwrap(),
+        EventHandled::Settled(settled) if settled.outcome == SettleOutcome::Paid
+    ));
+    assert_eq!(world.order(&reservation).await.status, OrderStatus::Paid);
 }
 
 /// One actor of the race: what it does, after how many yields.

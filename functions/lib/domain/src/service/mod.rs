@@ -20,7 +20,9 @@ mod sales;
 pub use blocklist::BlocklistService;
 pub use caches::{CachedBlocklist, CachedCatalog};
 pub use orders::{ExpiryService, OrderService, TimerSet};
-pub use payments::{MoneyMoves, PaymentService, SettleOutcome, Settled};
+pub use payments::{
+    EventHandled, MoneyMoves, PaymentService, PaymentWebhook, SettleOutcome, Settled,
+};
 pub use reconciler::{DEFAULT_TAKE_GRACE, ReconcileReport, Reconciler};
 pub use sales::SaleService;
 

@@ -25,7 +25,8 @@ use crate::payment::{
     CancelOutcome, CaptureOutcome, OrderPayment, Payment, PaymentId, PaymentState,
 };
 use crate::ports::{
-    Clock, OrderBook, OrderPayments, PayOutcome, PaymentAttach, PaymentProvider, StockLedger,
+    Clock, OrderBook, OrderPayments, PayOutcome, PaymentAttach, PaymentProvider, ProviderEvents,
+    StockLedger,
 };
 
 /// Where an order's money stands after a settlement.
@@ -193,6 +194,59 @@ impl PaymentService {
         if let Err(error) = self.provider.cancel(&payment.id).await {
             tracing::warn!(payment = %payment.id, error = &error as &dyn std::error::Error, "could not cancel a payment the order did not take");
         }
+    }
+}
+
+/// What the webhook did with one of the provider's events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventHandled {
+    /// The event's payment was settled (see [`Settled`]).
+    Settled(Settled),
+    /// The event was processed before: acknowledged, nothing done again.
+    Duplicate,
+    /// The event names no payment (not one a settlement cares about).
+    Ignored,
+    /// The payment is not one of our orders' own (another amount, currency or order,
+    /// or an order that records another payment): refused, nothing changed, and
+    /// recorded so that its redeliveries are not refused again.
+    Refused,
+}
+
+/// The provider's webhook: each event settles the payment it names, at most once per
+/// event id. The event's copy of the payment is never trusted (events come late and out
+/// of order): the settlement reads the payment anew, so an event is only a reason to
+/// settle now. An event is recorded processed only once handled, so one that failed is
+/// handled again when the provider redelivers it.
+pub struct PaymentWebhook {
+    pub payments: Arc<PaymentService>,
+    pub events: Arc<dyn ProviderEvents>,
+    pub clock: Arc<dyn Clock>,
+}
+
+impl PaymentWebhook {
+    pub async fn handle(
+        &self,
+        event_id: &str,
+        payment: Option<&PaymentId>,
+    ) -> Result<EventHandled, AppError> {
+        if self.events.was_processed(event_id).await? {
+            return Ok(EventHandled::Duplicate);
+        }
+        let handled = match payment {
+            None => EventHandled::Ignored,
+            Some(id) => match self.payments.settle_payment(id).await {
+                Ok(settled) => EventHandled::Settled(settled),
+                Err(AppError::PaymentMismatch | AppError::OrderNotFound) => {
+                    tracing::warn!(event_id, payment = %id, "an event's payment is no order's own");
+                    EventHandled::Refused
+                }
+                Err(error) => return Err(error),
+            },
+        };
+        self.events
+            .record_processed(event_id, self.clock.now())
+            .await?;
+        Ok(handled)
     }
 }
 
