@@ -8,7 +8,8 @@ use axum::http::HeaderMap;
 use flashsale_emulators::proxy::{Counts, Fault, FaultRule, Proxy};
 use serde_json::{Value, json};
 
-/// An upstream that answers 200 with the target it got, or 404 on `/missing`, and counts.
+/// An upstream that answers 200 with the target it got, 404 on `/missing` and 200 after
+/// 3 s on `/slow`, and counts.
 struct Upstream {
     url: String,
     hits: Arc<AtomicU64>,
@@ -22,6 +23,13 @@ async fn upstream() -> Upstream {
         .route(
             "/missing",
             axum::routing::any(|| async { (axum::http::StatusCode::NOT_FOUND, "{}") }),
+        )
+        .route(
+            "/slow",
+            axum::routing::any(|| async {
+                tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+                "{}"
+            }),
         )
         .fallback(move |headers: HeaderMap, body: String| {
             let counter = Arc::clone(&counter);
@@ -113,6 +121,37 @@ async fn requests_are_forwarded_and_counted_by_operation_and_status() {
         .expect("reset");
     assert_eq!(reset.status(), 200);
     assert_eq!(proxy.counts().total(), 0);
+}
+
+/// A caller that hangs up while its request is at the upstream may still have had it
+/// applied there: the proxy counts it once, as `caller_gone`, not never.
+#[tokio::test]
+async fn a_request_whose_caller_hung_up_before_its_answer_is_counted_as_caller_gone() {
+    let upstream = upstream().await;
+    let proxy = Proxy::start(&upstream.url, 0).await.expect("proxy");
+    let impatient = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_millis(300))
+        .build()
+        .expect("a client");
+    let answer = impatient
+        .post(format!("{}/slow", proxy.url()))
+        .header("x-amz-target", TRANSACT)
+        .body(r#"{"TableName":"t"}"#)
+        .send()
+        .await;
+    assert!(answer.is_err_and(|error| error.is_timeout()));
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+    while proxy.counts().total() == 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let counts = proxy.counts();
+    assert_eq!(counts.total(), 1, "{counts:?}");
+    assert_eq!(counts.operations[TRANSACT].by_outcome["caller_gone"], 1);
+    assert_eq!(
+        upstream.hits.load(Ordering::SeqCst),
+        0,
+        "/slow is not the counting route"
+    );
 }
 
 #[tokio::test]

@@ -277,10 +277,11 @@ impl ReservePath {
             .into_iter()
             .find(|path| path.name() == name)
             .ok_or_else(|| {
-                ValidationError::new(
-                    field,
-                    "must be one of \"adaptive\", \"transaction\", \"take_then_hold\"",
-                )
+                let names: Vec<String> = Self::ALL
+                    .iter()
+                    .map(|path| format!("{:?}", path.name()))
+                    .collect();
+                ValidationError::new(field, format!("must be one of {}", names.join(", ")))
             })
     }
 }
