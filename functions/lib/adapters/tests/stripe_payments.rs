@@ -3,8 +3,9 @@
 //! The buyer's side (a card, confirmed on the page by Stripe.js) is played here with
 //! the same API calls Stripe.js makes.
 //!
-//! localstripe ignores `Idempotency-Key`, so what these tests show of "once" is the
-//! adapter's own doing (a capture or cancel asked twice, a refund asked twice).
+//! The local Stripe honours `Idempotency-Key` as Stripe does (infra/stripe), so a capture
+//! or cancel asked twice is answered from the first; a refund asked twice is found by the
+//! adapter's own listing first (Stripe would refuse a second one: already refunded).
 
 mod support;
 
@@ -119,16 +120,21 @@ async fn a_cancelled_payment_stays_cancelled_and_is_not_captured() {
     );
 }
 
-/// Not asked here: capturing it. Stripe refuses that (400), which the adapter answers
-/// `NotCapturable`; localstripe fails with a 500 instead, which is rightly transient. A
-/// settlement reads the payment first and captures only an authorised one.
+/// Capturing it is refused (400, `payment_intent_unexpected_state`), which the adapter
+/// answers `NotCapturable`. A settlement reads the payment first and captures only an
+/// authorised one.
 #[tokio::test]
-async fn a_payment_the_buyer_never_authorised_cancels() {
+async fn a_payment_the_buyer_never_authorised_is_not_captured_and_cancels() {
     let stripe = stripe().await;
     let payment = stripe
         .open(&order(), &buyer(), price(500, "USD"))
         .await
         .expect("opened");
+    let capture = stripe.capture(&payment.id).await.expect("answered");
+    assert!(
+        matches!(&capture, CaptureOutcome::NotCapturable(p) if p.state == PaymentState::Open),
+        "{capture:?}"
+    );
     let cancel = stripe.cancel(&payment.id).await.expect("answered");
     assert!(
         matches!(&cancel, CancelOutcome::Cancelled(p) if p.state == PaymentState::Cancelled),
