@@ -84,14 +84,16 @@ pub struct OrderPayment {
 
 impl OrderPayment {
     /// Whether an order in `status` with this payment still needs a settlement: open
-    /// with a payment (the buyer may authorise it); paid with its money not seen
-    /// captured (the capture is pending); cancelled or expired with its payment not seen
-    /// cancelled (an authorisation to release, or money to give back). A refunded order
-    /// is done.
+    /// with a payment (the buyer may authorise it); paid with its money authorised and
+    /// not yet captured (the capture is pending); cancelled or expired with its payment
+    /// not seen cancelled (an authorisation to release, or money to give back). A
+    /// refunded order is done, and so is a paid one whose money the provider will no
+    /// longer capture (an authorisation that lapsed): no settlement can mend that, the
+    /// stats show it (`capture_pending`) for an operator.
     pub fn needs_settling(&self, status: OrderStatus) -> bool {
         match status {
             OrderStatus::Reserved => true,
-            OrderStatus::Paid => self.state != PaymentState::Captured,
+            OrderStatus::Paid => self.state == PaymentState::Authorised,
             OrderStatus::Cancelled | OrderStatus::Expired => self.state != PaymentState::Cancelled,
             OrderStatus::Refunded => false,
         }
@@ -132,8 +134,11 @@ impl Payment {
 /// What [`crate::ports::PaymentProvider::capture`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CaptureOutcome {
-    /// The money moved, by this call or an earlier one.
+    /// The money moved, by this call.
     Captured(Payment),
+    /// The money had moved before this call (an earlier capture, or the provider's own
+    /// automatic capture): nothing moved now.
+    AlreadyCaptured(Payment),
     /// It cannot be captured: never authorised, or cancelled (by us, or by the
     /// provider once the authorisation lapsed).
     NotCapturable(Payment),
@@ -142,8 +147,10 @@ pub enum CaptureOutcome {
 /// What [`crate::ports::PaymentProvider::cancel`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CancelOutcome {
-    /// No money moved and none will: cancelled by this call or an earlier one.
+    /// No money moved and none will: cancelled by this call.
     Cancelled(Payment),
+    /// Cancelled before this call.
+    AlreadyCancelled(Payment),
     /// The money moved already: only a refund gives it back.
     AlreadyCaptured(Payment),
 }
@@ -156,4 +163,7 @@ pub struct Refund {
     pub payment: PaymentId,
     /// Minor units given back.
     pub amount: u64,
+    /// Whether the call that answered it made it (`false`: an earlier call did, and
+    /// this one moved nothing).
+    pub made_now: bool,
 }

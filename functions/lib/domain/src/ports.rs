@@ -396,9 +396,10 @@ pub trait Blocklist: Send + Sync {
 /// A payment provider: the buyer's money for one order, authorised on the buyer's side
 /// (the page confirms the payment with the provider's script) and moved only by
 /// [`PaymentProvider::capture`], which a settlement calls once the order is paid on our
-/// side. Every call is idempotent: the provider is asked with a key derived from the
-/// order or the payment, so a retried call after an error in doubt (a timeout) acts at
-/// most once. `StoreError::Transient` is a provider that did not answer or asked to slow
+/// side. Every call is idempotent: a retried call after an error in doubt (a timeout)
+/// acts at most once, by a key derived from the order (an opening, a refund) or by the
+/// payment's own state (a capture or a cancel of a payment already captured or
+/// cancelled answers what it is). `StoreError::Transient` is a provider that did not answer or asked to slow
 /// down; `Permanent` is a request it will never take (a wrong key, a malformed id).
 #[async_trait]
 pub trait PaymentProvider: Send + Sync {
@@ -484,7 +485,8 @@ pub trait OrderPayments: Send + Sync {
     ) -> Result<bool, StoreError>;
 
     /// Moves a cancelled or expired order whose payment was captured, and then
-    /// refunded, to `refunded`, atomically with its item, if `payment` is the order's.
+    /// refunded, to `refunded`, atomically with its item, if `payment` is the order's
+    /// and is recorded captured (the settlement records it before it refunds).
     /// Whether the order is `refunded` now (by this call or an earlier one).
     async fn record_refund(
         &self,
@@ -492,9 +494,9 @@ pub trait OrderPayments: Send + Sync {
         payment: &PaymentId,
     ) -> Result<bool, StoreError>;
 
-    /// The sale's orders whose payment a settlement has not finished: open with a
-    /// payment; paid with a payment not recorded captured; cancelled or expired with a
-    /// payment not recorded cancelled. A read for the reconciler, which may lag the
+    /// The sale's orders whose payment a settlement has not finished
+    /// ([`OrderPayment::needs_settling`]): open with a payment; paid with a payment
+    /// recorded authorised; cancelled or expired with a payment not recorded cancelled. A read for the reconciler, which may lag the
     /// latest writes like [`OrderBook::open_holds`]; every settlement reads the order
     /// again and acts only through the conditional writes above.
     async fn unsettled_payments(

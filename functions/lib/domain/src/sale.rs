@@ -7,6 +7,8 @@ use serde::{Deserialize, Serialize};
 use crate::challenge::ChallengeWork;
 use crate::error::ValidationError;
 use crate::ids::{SaleId, UserId};
+use crate::order::OrderStatus;
+use crate::payment::{OrderPayment, PaymentState};
 use crate::price::Price;
 
 pub const MAX_STOCK: u32 = 1_000_000;
@@ -502,10 +504,11 @@ fn gcd(mut a: u32, mut b: u32) -> u32 {
 
 /// Counts of a sale's stock by where it is. Sold stock is `paid`; held stock is
 /// `reserved`; `cancelled`, `expired` and `refunded` are orders whose stock came back
-/// and are counted for reporting only. Two counts say where money and units disagree,
-/// each of which a settlement mends: `capture_pending`, of the `paid` orders, those
-/// whose money is authorised but not yet captured; `refund_pending`, of the cancelled
-/// and expired orders, those whose money was captured and not yet given back.
+/// and are counted for reporting only. Two counts say where money and units disagree:
+/// `capture_pending`, of the `paid` orders, those whose money is not seen captured
+/// (authorised and awaiting its capture, which a settlement retries, or, rarely, no
+/// longer capturable, which an operator must look at); `refund_pending`, of the
+/// cancelled and expired orders, those whose money was captured and not yet given back.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StockCounts {
     pub available: u64,
@@ -519,6 +522,34 @@ pub struct StockCounts {
     pub capture_pending: u64,
     #[serde(default)]
     pub refund_pending: u64,
+}
+
+impl StockCounts {
+    /// Counts one order of the sale, in `status` with `payment` (if one was opened).
+    pub fn add(&mut self, status: OrderStatus, payment: Option<&OrderPayment>) {
+        let counter = match status {
+            OrderStatus::Reserved => &mut self.reserved,
+            OrderStatus::Paid => &mut self.paid,
+            OrderStatus::Cancelled => &mut self.cancelled,
+            OrderStatus::Expired => &mut self.expired,
+            OrderStatus::Refunded => &mut self.refunded,
+        };
+        *counter += 1;
+        let Some(payment) = payment else {
+            return;
+        };
+        match status {
+            OrderStatus::Paid if payment.state != PaymentState::Captured => {
+                self.capture_pending += 1;
+            }
+            OrderStatus::Cancelled | OrderStatus::Expired
+                if payment.state == PaymentState::Captured =>
+            {
+                self.refund_pending += 1;
+            }
+            _ => {}
+        }
+    }
 }
 
 /// The reconciliation the admin sees: every unit is available, held or sold, and no

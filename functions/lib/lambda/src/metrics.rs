@@ -249,22 +249,6 @@ pub struct PaymentMoves {
     pub failures: u64,
 }
 
-impl PaymentMoves {
-    /// One settlement's.
-    pub fn of(settled: &flashsale_domain::service::Settled) -> Self {
-        let moves = settled.moves;
-        Self {
-            settled: 1,
-            captures: u64::from(moves.captured),
-            capture_retries: u64::from(moves.capture_retried),
-            capture_failures: u64::from(moves.capture_failed),
-            authorisations_cancelled: u64::from(moves.cancelled),
-            refunds: u64::from(moves.refunded),
-            failures: 0,
-        }
-    }
-}
-
 /// Payment settlements, as counters (zero counts write nothing).
 pub fn payments(moves: PaymentMoves) {
     for (name, count) in [

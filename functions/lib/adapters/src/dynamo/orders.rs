@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use flashsale_domain::payment::{OrderPayment, PaymentState};
+use flashsale_domain::payment::OrderPayment;
 use flashsale_domain::ports::{OrderBook, PayOutcome};
 use flashsale_domain::sale::StockCounts;
 use flashsale_domain::{Order, OrderId, OrderStatus, Reservation, Sale, StoreError, UserId};
@@ -230,24 +230,7 @@ impl OrderBook for DynamoStore {
             ..StockCounts::default()
         };
         for (order, _) in self.read_holds(COUNT, sale).await? {
-            let counter = match order.status {
-                OrderStatus::Reserved => &mut counts.reserved,
-                OrderStatus::Paid => &mut counts.paid,
-                OrderStatus::Cancelled => &mut counts.cancelled,
-                OrderStatus::Expired => &mut counts.expired,
-                OrderStatus::Refunded => &mut counts.refunded,
-            };
-            *counter += 1;
-            let money = order.payment.as_ref().map(|payment| payment.state);
-            match (order.status, money) {
-                (OrderStatus::Paid, Some(state)) if state != PaymentState::Captured => {
-                    counts.capture_pending += 1;
-                }
-                (OrderStatus::Cancelled | OrderStatus::Expired, Some(PaymentState::Captured)) => {
-                    counts.refund_pending += 1;
-                }
-                _ => {}
-            }
+            counts.add(order.status, order.payment.as_ref());
         }
         Ok(counts)
     }

@@ -194,18 +194,21 @@ impl OrderPayments for DynamoStore {
             self.update(item::user_key(&reservation.sale_id, &reservation.user_id))
                 .update_expression("SET #hold.#status = :refunded")
                 .condition_expression(
-                    "#hold.#status IN (:cancelled, :expired) AND #hold.#payment_id = :payment_id",
+                    "#hold.#status IN (:cancelled, :expired) AND #hold.#payment_id = :payment_id \
+                     AND #hold.#payment_state = :captured",
                 )
                 .set_expression_attribute_names(names(&[
                     ("#hold", &hold_attribute),
                     ("#status", STATUS),
                     ("#payment_id", PAYMENT_ID),
+                    ("#payment_state", PAYMENT_STATE),
                 ]))
                 .set_expression_attribute_values(values([
                     (":refunded", refunded.clone()),
                     (":cancelled", s(OrderStatus::Cancelled.as_str())),
                     (":expired", s(OrderStatus::Expired.as_str())),
                     (":payment_id", s(payment.as_str())),
+                    (":captured", s(PaymentState::Captured.name())),
                 ]))
                 .build(),
         )?;

@@ -3,9 +3,10 @@
 //!
 //! Plain HTTPS on the hyper and rustls builds the AWS SDK already links (the same
 //! crates and features as `aws-smithy-http-client`), so the api bootstrap gains no TLS
-//! stack of its own; the few calls are form-encoded requests with JSON answers. Every
-//! write carries an `Idempotency-Key` derived from the order or the payment, so a retry
-//! after an answer lost in transit is the same request to Stripe.
+//! stack of its own; the few calls are form-encoded requests with JSON answers. An
+//! opening and a refund carry an `Idempotency-Key` derived from the order or the
+//! payment, so a retry after an answer lost in transit is the same request to Stripe; a
+//! capture and a cancel are made once by the payment's state instead (see `act_on`).
 //!
 //! Why not async-stripe: measured side by side on the api bootstrap (x86_64, the
 //! release profile, these five calls linked in), async-stripe 1.0.0-rc.10 made it
@@ -272,11 +273,12 @@ struct StripeRefund {
 }
 
 impl StripeRefund {
-    fn of(self, payment: &PaymentId) -> Refund {
+    fn of(self, payment: &PaymentId, made_now: bool) -> Refund {
         Refund {
             id: self.id,
             payment: payment.clone(),
             amount: self.amount,
+            made_now,
         }
     }
 }
@@ -340,7 +342,9 @@ impl PaymentProvider for StripePayments {
             .act_on("payment_intents.capture", "capture", id)
             .await?;
         match (payment.state, refusal) {
-            (PaymentState::Captured, _) => Ok(CaptureOutcome::Captured(payment)),
+            (PaymentState::Captured, None) => Ok(CaptureOutcome::Captured(payment)),
+            // Refused because it was captured before.
+            (PaymentState::Captured, Some(_)) => Ok(CaptureOutcome::AlreadyCaptured(payment)),
             // Still authorised, the refusal was about the request itself.
             (PaymentState::Authorised, Some(refusal)) => Err(refusal),
             _ => Ok(CaptureOutcome::NotCapturable(payment)),
@@ -351,7 +355,9 @@ impl PaymentProvider for StripePayments {
         let (payment, refusal) = self.act_on("payment_intents.cancel", "cancel", id).await?;
         match (payment.state, refusal) {
             (PaymentState::Captured, _) => Ok(CancelOutcome::AlreadyCaptured(payment)),
-            (PaymentState::Cancelled, _) | (_, None) => Ok(CancelOutcome::Cancelled(payment)),
+            (_, None) => Ok(CancelOutcome::Cancelled(payment)),
+            // Refused because it was cancelled before.
+            (PaymentState::Cancelled, Some(_)) => Ok(CancelOutcome::AlreadyCancelled(payment)),
             (_, Some(refusal)) => Err(refusal),
         }
     }
@@ -370,15 +376,18 @@ impl PaymentProvider for StripePayments {
             Some(&format!("refund-{id}")),
         )
         .await
-        .map(|refund| refund.of(id))
+        .map(|refund| refund.of(id, true))
     }
 }
 
 impl StripePayments {
-    /// POSTs `action` (`capture`, `cancel`) on payment `id`, keyed `{action}-{id}`. A
-    /// refusal as invalid (400: captured before, cancelled, never authorised, or a
-    /// wrong request) answers the payment as it is now, with the refusal: only its
-    /// state tells which, as Stripe's error codes for it differ between its versions.
+    /// POSTs `action` (`capture`, `cancel`) on payment `id`. A refusal as invalid (400:
+    /// captured before, cancelled, never authorised, or a wrong request) answers the
+    /// payment as it is now, with the refusal: only its state tells which, as Stripe's
+    /// error codes for it differ between its versions. No idempotency key: the payment's
+    /// state already makes a second capture or cancel a refusal that reads back the
+    /// first's result, while a key would make Stripe replay a 500 to every retry for 24
+    /// hours, so a capture that failed could not be retried until the next day.
     async fn act_on(
         &self,
         operation: &'static str,
@@ -391,7 +400,7 @@ impl StripePayments {
                 Method::POST,
                 &format!("/v1/payment_intents/{}/{action}", path_segment(id)),
                 &[],
-                Some(&format!("{action}-{id}")),
+                None,
             )
             .await;
         match acted {
@@ -421,7 +430,11 @@ impl StripePayments {
                 None,
             )
             .await?;
-        Ok(list.data.into_iter().map(|refund| refund.of(id)).collect())
+        Ok(list
+            .data
+            .into_iter()
+            .map(|refund| refund.of(id, false))
+            .collect())
     }
 }
 

@@ -156,7 +156,8 @@ fn answer_if_settled(order: &Order, wanted: OrderStatus) -> Option<Result<Order,
     }
 }
 
-fn settled_error(status: OrderStatus) -> AppError {
+/// What a buyer's step on an order that settled as `status` is told.
+pub(super) fn settled_error(status: OrderStatus) -> AppError {
     match status {
         OrderStatus::Paid => AppError::OrderPaid,
         OrderStatus::Cancelled => AppError::OrderCancelled,

@@ -18,6 +18,7 @@
 
 use std::sync::Arc;
 
+use super::orders::settled_error;
 use crate::error::AppError;
 use crate::ids::{OrderId, UserId};
 use crate::order::{Order, OrderStatus, ReleaseReason, Reservation};
@@ -26,7 +27,7 @@ use crate::payment::{
 };
 use crate::ports::{
     Clock, OrderBook, OrderPayments, PayOutcome, PaymentAttach, PaymentProvider, ProviderEvents,
-    StockLedger,
+    Settlement as Release, StockLedger,
 };
 
 /// Where an order's money stands after a settlement.
@@ -55,8 +56,9 @@ pub enum SettleOutcome {
 pub struct MoneyMoves {
     /// This settlement captured the money.
     pub captured: bool,
-    /// This settlement asked for a capture of an order already paid on our side: a
-    /// retry of a capture that failed before (whether it went through now or not).
+    /// This settlement asked for a capture of an order already paid on our side when it
+    /// began: a retry of a capture that failed before, or one still in flight elsewhere
+    /// (whether it went through now or not).
     pub capture_retried: bool,
     /// This settlement's capture failed.
     pub capture_failed: bool,
@@ -174,6 +176,8 @@ impl PaymentService {
         order_id: &OrderId,
         buyer: &UserId,
     ) -> Result<(Order, Reservation), AppError> {
+        // As `OrderService` finds it: written out, so that the IAM check, which reads
+        // the services' calls on their ports, sees this one.
         self.orders
             .find(order_id, buyer)
             .await?
@@ -307,8 +311,9 @@ impl Settlement<'_> {
                     .release(self.reservation, ReleaseReason::Expired, now)
                     .await?
                 {
-                    crate::ports::Settlement::AlreadySettled(status) => status,
-                    _ => OrderStatus::Expired,
+                    Release::Applied => OrderStatus::Expired,
+                    Release::AlreadySettled(status) => status,
+                    Release::Unknown => return Err(AppError::OrderNotFound),
                 };
                 self.after_losing(status, payment).await
             }
@@ -343,6 +348,8 @@ impl Settlement<'_> {
             // authorisation the provider dropped after our write.
             PaymentState::Open | PaymentState::Cancelled => {
                 tracing::error!(order_id = %self.reservation.order_id, payment = %payment.id, state = ?payment.state, "a paid order's payment holds no money");
+                // Recorded, so that no later settlement takes it for a pending capture.
+                self.record(&payment).await?;
                 Ok(SettleOutcome::CaptureRefused)
             }
         }
@@ -354,6 +361,11 @@ impl Settlement<'_> {
         match service.provider.capture(&payment.id).await {
             Ok(CaptureOutcome::Captured(captured)) => {
                 self.moves.captured = true;
+                self.record(&captured).await?;
+                Ok(SettleOutcome::Paid)
+            }
+            // Another settlement's capture got there first.
+            Ok(CaptureOutcome::AlreadyCaptured(captured)) => {
                 self.record(&captured).await?;
                 Ok(SettleOutcome::Paid)
             }
@@ -385,6 +397,7 @@ impl Settlement<'_> {
                         self.moves.cancelled = true;
                         cancelled
                     }
+                    CancelOutcome::AlreadyCancelled(cancelled) => cancelled,
                     CancelOutcome::AlreadyCaptured(captured) => captured,
                 }
             }
@@ -396,8 +409,8 @@ impl Settlement<'_> {
         }
         // Recorded first, so the stats show the late money until it is back.
         self.record(&payment).await?;
-        service.provider.refund(&payment.id).await?;
-        self.moves.refunded = true;
+        let refund = service.provider.refund(&payment.id).await?;
+        self.moves.refunded = refund.made_now;
         service
             .payments
             .record_refund(self.reservation, &payment.id)
@@ -415,13 +428,5 @@ impl Settlement<'_> {
             .record_payment(self.reservation, &seen)
             .await?;
         Ok(())
-    }
-}
-
-fn settled_error(status: OrderStatus) -> AppError {
-    match status {
-        OrderStatus::Paid => AppError::OrderPaid,
-        OrderStatus::Cancelled => AppError::OrderCancelled,
-        _ => AppError::OrderExpired,
     }
 }

@@ -71,8 +71,9 @@ impl ReconcileReport {
 /// pass racing the normal path changes nothing twice.
 ///
 /// With `payments`, each pass also settles the payments left unsettled (see
-/// [`OrderPayments::unsettled_payments`]): a capture that failed, at once; any other
-/// once the order's window has closed `timer_grace` ago (until then the buyer's page
+/// [`OrderPayments::unsettled_payments`]): a paid order whose money is still only
+/// authorised (its capture failed, or is in flight), at once; any other once the
+/// order's window has closed `timer_grace` ago (until then the buyer's page
 /// and the provider's webhook settle it). Through the same [`PaymentService::settle`]
 /// as every other trigger.
 pub struct Reconciler {

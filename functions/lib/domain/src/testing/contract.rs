@@ -1468,6 +1468,14 @@ pub async fn record_refund_moves_a_released_order_with_its_payment_to_refunded_o
         Settlement::Applied
     );
     assert!(
+        !record_refund(store, &cancelled, &bobs).await,
+        "no money recorded captured, so none to have refunded"
+    );
+    assert_eq!(
+        status_of(store, &cancelled).await,
+        Some(OrderStatus::Cancelled)
+    );
+    assert!(
         record_payment(
             store,
             &cancelled,

@@ -613,37 +613,13 @@ impl OrderBook for InMemoryStore {
                 .sum(),
             ..StockCounts::default()
         };
-        let of_sale = |(held, _): &&(Reservation, OrderStatus)| held.sale_id == sale.sale_id;
-        let payment_state = |held: &Reservation| {
-            state
-                .payments
-                .get(&held.order_id)
-                .map(|payment| payment.state)
-        };
-        for (held, status) in state.holds.values().filter(of_sale) {
-            match status {
-                OrderStatus::Reserved => counts.reserved += 1,
-                OrderStatus::Paid => {
-                    counts.paid += 1;
-                    if payment_state(held).is_some_and(|paid| paid != PaymentState::Captured) {
-                        counts.capture_pending += 1;
-                    }
-                }
-                _ => {}
-            }
-        }
-        for (held, status) in state.orders.values().filter(of_sale) {
-            match status {
-                OrderStatus::Cancelled => counts.cancelled += 1,
-                OrderStatus::Expired => counts.expired += 1,
-                OrderStatus::Refunded => counts.refunded += 1,
-                _ => {}
-            }
-            if matches!(status, OrderStatus::Cancelled | OrderStatus::Expired)
-                && payment_state(held) == Some(PaymentState::Captured)
-            {
-                counts.refund_pending += 1;
-            }
+        // Every order of the sale has its hold, in its status now.
+        for (held, status) in state
+            .holds
+            .values()
+            .filter(|(held, _)| held.sale_id == sale.sale_id)
+        {
+            counts.add(*status, state.payments.get(&held.order_id));
         }
         Ok(counts)
     }
@@ -733,7 +709,10 @@ impl OrderPayments for InMemoryStore {
     ) -> Result<bool, StoreError> {
         let mut state = locked(&self.state);
         let id = &reservation.order_id;
-        if !state.payment_is(id, payment) {
+        let captured = state.payments.get(id).is_some_and(|recorded| {
+            &recorded.id == payment && recorded.state == PaymentState::Captured
+        });
+        if !captured {
             return Ok(false);
         }
         match state.holds.get(id).map(|(_, status)| *status) {
@@ -1310,7 +1289,7 @@ impl PaymentProvider for FakePaymentProvider {
                 self.captures.fetch_add(1, Ordering::SeqCst);
                 CaptureOutcome::Captured(fake.payment.clone())
             }
-            PaymentState::Captured => CaptureOutcome::Captured(fake.payment.clone()),
+            PaymentState::Captured => CaptureOutcome::AlreadyCaptured(fake.payment.clone()),
             PaymentState::Open | PaymentState::Cancelled => {
                 CaptureOutcome::NotCapturable(fake.payment.clone())
             }
@@ -1326,7 +1305,7 @@ impl PaymentProvider for FakePaymentProvider {
                 self.cancellations.fetch_add(1, Ordering::SeqCst);
                 CancelOutcome::Cancelled(fake.payment.clone())
             }
-            PaymentState::Cancelled => CancelOutcome::Cancelled(fake.payment.clone()),
+            PaymentState::Cancelled => CancelOutcome::AlreadyCancelled(fake.payment.clone()),
             PaymentState::Captured => CancelOutcome::AlreadyCaptured(fake.payment.clone()),
         })
     }
@@ -1335,7 +1314,10 @@ impl PaymentProvider for FakePaymentProvider {
         let mut state = locked(&self.state);
         let fake = fake_payment(&mut state, "refund", id)?;
         if let Some(refund) = &fake.refund {
-            return Ok(refund.clone());
+            return Ok(Refund {
+                made_now: false,
+                ..refund.clone()
+            });
         }
         if fake.payment.state != PaymentState::Captured {
             // Stripe: a PaymentIntent with no successful charge has nothing to refund.
@@ -1348,6 +1330,7 @@ impl PaymentProvider for FakePaymentProvider {
             id: format!("re_fake_{}", id.as_str()),
             payment: id.clone(),
             amount: fake.payment.amount,
+            made_now: true,
         };
         fake.refund = Some(refund.clone());
         self.refunds.fetch_add(1, Ordering::SeqCst);
