@@ -51,7 +51,6 @@ use super::item::{
 use super::requests::{Consistency, ShardPart, Written, built, corrupt, names, values};
 use super::transact::{self, Attempted, in_request_order, transact_once};
 use super::{DynamoStore, Inconsistency, InvalidRequest, ReserveStart};
-use crate::retry::Attempt;
 
 const RESERVE: &str = "dynamodb.reserve";
 const AVAILABILITY: &str = "dynamodb.availability";
@@ -423,19 +422,11 @@ impl DynamoStore {
             ]))
             .set_expression_attribute_values(values([(":one", n(1))]));
         // A reserve's transaction holds the shard for its round trip: the give-back
-        // waits its turn (jittered, bounded), as the writes off the hot path do. Resending
-        // is safe: once applied, the condition refuses it.
-        let outcome = self
-            .contention
-            .until_uncontended(operation, || async {
-                Ok(match self.write(operation, give_back.clone()).await? {
-                    Written::Done => Attempt::Finished(true),
-                    Written::Refused(_) => Attempt::Finished(false),
-                    Written::Contended => Attempt::Contended(()),
-                })
-            })
-            .await?;
-        outcome.map_err(|_| StoreError::transient(operation, ShardContended { shard }))
+        // waits its turn, as the writes off the hot path do. Resending is safe: once
+        // applied, the condition refuses it.
+        self.write_in_turn(operation, give_back)
+            .await?
+            .map_err(|_| StoreError::transient(operation, ShardContended { shard }))
     }
 
     /// Undoes a take whose hold was refused. Failing to is the reserve's failure, not a

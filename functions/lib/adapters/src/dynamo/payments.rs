@@ -19,10 +19,9 @@ use super::DynamoStore;
 use super::item::{
     self, DELIVERY, Hold, OPEN_HOLD, PAYMENT_ID, PAYMENT_STATE, PK, SHARD, STATUS, n, s,
 };
-use super::requests::{Written, built, names, values};
+use super::requests::{built, names, values};
 use super::transact::{self, in_request_order};
 use crate::classify::store_error;
-use crate::retry::Attempt;
 
 const ATTACH_PAYMENT: &str = "dynamodb.attach_payment";
 const PAY_WITH: &str = "dynamodb.pay_with";
@@ -56,34 +55,23 @@ fn records(hold: &Hold, payment: &PaymentId) -> bool {
 }
 
 impl DynamoStore {
-    /// Sends a conditional write on a buyer's item, waiting its turn (jittered, bounded)
-    /// behind the transactions that settle the buyer's holds, as the writes off the hot
-    /// path do. Whether it applied; `false`: its condition refused it. Resending is safe
-    /// for each write here: once applied, its condition refuses it or it applies the
-    /// same again.
-    async fn write_in_turn(
+    /// [`DynamoStore::write_in_turn`] on a buyer's item: contention that outlasts the
+    /// retries is [`BuyerItemContended`].
+    async fn write_on_buyer_item(
         &self,
         operation: &'static str,
         update: UpdateItemFluentBuilder,
     ) -> Result<bool, StoreError> {
-        let outcome = self
-            .contention
-            .until_uncontended(operation, || async {
-                Ok(match self.write(operation, update.clone()).await? {
-                    Written::Done => Attempt::Finished(true),
-                    Written::Refused(_) => Attempt::Finished(false),
-                    Written::Contended => Attempt::Contended(()),
-                })
+        self.write_in_turn(operation, update)
+            .await?
+            .map_err(|outlasted| {
+                StoreError::transient(
+                    operation,
+                    BuyerItemContended {
+                        attempts: outlasted.attempts,
+                    },
+                )
             })
-            .await?;
-        outcome.map_err(|outlasted| {
-            StoreError::transient(
-                operation,
-                BuyerItemContended {
-                    attempts: outlasted.attempts,
-                },
-            )
-        })
     }
 }
 
@@ -116,7 +104,7 @@ impl OrderPayments for DynamoStore {
                 legacy_pending,
                 (":shard", n(reservation.shard)),
             ]));
-        if self.write_in_turn(ATTACH_PAYMENT, attach).await? {
+        if self.write_on_buyer_item(ATTACH_PAYMENT, attach).await? {
             return Ok(PaymentAttach::Attached);
         }
         // Refused: the hold records a payment already, is settled, or is not this one.
@@ -179,7 +167,7 @@ impl OrderPayments for DynamoStore {
                 (":captured", s(PaymentState::Captured.name())),
                 (":cancelled", s(PaymentState::Cancelled.name())),
             ]));
-        self.write_in_turn(RECORD_PAYMENT, record).await
+        self.write_on_buyer_item(RECORD_PAYMENT, record).await
     }
 
     async fn record_refund(

@@ -15,6 +15,9 @@ use super::item::{self, AVAILABLE, GSI1, Hold, Item, ItemError, PK, STATUS, TAKE
 use super::transact::{Refusal, count_conflict, transact};
 use super::{CorruptItem, DynamoStore, Inconsistency, UnprocessedKeys};
 use crate::classify::store_error;
+#[cfg(doc)]
+use crate::retry::RetryPolicy;
+use crate::retry::{Attempt, Outlasted};
 
 /// `#placeholder` -> attribute name, for `ExpressionAttributeNames`.
 pub(super) fn names(pairs: &[(&str, &str)]) -> Option<HashMap<String, String>> {
@@ -124,6 +127,28 @@ impl DynamoStore {
             .update_item()
             .table_name(&self.table)
             .set_key(Some(key))
+    }
+
+    /// Sends a conditional `UpdateItem` as [`DynamoStore::write`] does, waiting its turn
+    /// (jittered, bounded: [`RetryPolicy::until_uncontended`]) behind a transaction that
+    /// holds the item, as the writes off the hot path do. Whether it applied (`false`:
+    /// its condition refused it), or contention outlasted the tries. Only for a write
+    /// that is safe to resend: once applied, its condition refuses it or it applies the
+    /// same again.
+    pub(super) async fn write_in_turn(
+        &self,
+        operation: &'static str,
+        update: UpdateItemFluentBuilder,
+    ) -> Result<Result<bool, Outlasted<()>>, StoreError> {
+        self.contention
+            .until_uncontended(operation, || async {
+                Ok(match self.write(operation, update.clone()).await? {
+                    Written::Done => Attempt::Finished(true),
+                    Written::Refused(_) => Attempt::Finished(false),
+                    Written::Contended => Attempt::Contended(()),
+                })
+            })
+            .await
     }
 
     /// Sends a conditional `UpdateItem`. The SDK's own retries resend the same request,
