@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use flashsale_domain::ports::OrderBook;
-use flashsale_e2e::Harness;
+use flashsale_e2e::{Harness, eventually};
 use flashsale_load::surge::{self, SurgePlan};
 use flashsale_load::{ApiClient, ApiResponse};
 use futures::stream::{self, StreamExt};
@@ -152,12 +152,18 @@ async fn when_fewer_buyers_than_items_arrive_every_buyer_gets_one() {
     let report = surge_on(&harness, "surge-few", 8, buyers, buyers).await;
     assert_eq!(report.reserved_count(), buyers, "{report}");
     assert!(report.buyers_with_more_than_one().is_empty());
-    let left: i64 = harness
-        .shard_availability("surge-few", 8)
-        .await
-        .iter()
-        .sum();
-    assert_eq!(left, i64::from(STOCK) - 90);
+    // A grab whose buyer was answered 503 by the gateway may still be giving back the
+    // take its retry on another shard superseded when the surge ends (a fresh CI run read
+    // 9 units left for a moment): the stock settles a moment later.
+    eventually(Duration::from_secs(20), || async {
+        let left: i64 = harness
+            .shard_availability("surge-few", 8)
+            .await
+            .iter()
+            .sum();
+        (left == i64::from(STOCK) - 90).then_some(()).ok_or(left)
+    })
+    .await;
     let stats = harness.stats("surge-few").await;
     assert_eq!(stats["consistent"], true, "{stats}");
 }
