@@ -586,7 +586,13 @@ impl GrabService {
             if !doubted && attempt == Attempt::First {
                 return Ok(ControlFlow::Break(GrabOutcome::SoldOut(SoldOutBy::Gate)));
             }
-            if let Some(held) = self.resume(walk.order_id(), walk.user).await? {
+            // A doubted take elsewhere than the hold is no one's: it goes back now, or
+            // the unit waits for the reconciler while the sale looks sold out.
+            let held = match walk.tally.doubt.shard {
+                Some(doubted) => self.held_after_all(walk, doubted).await?,
+                None => self.resume(walk.order_id(), walk.user).await?,
+            };
+            if let Some(held) = held {
                 return Ok(ControlFlow::Break(GrabOutcome::Resumed(held)));
             }
             if !doubted {

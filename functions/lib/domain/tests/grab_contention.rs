@@ -121,6 +121,22 @@ impl World {
             .sum()
     }
 
+    /// Reserves `order` on `shard` in the store itself, as a request this test does not
+    /// play would.
+    async fn hold(&self, order: &OrderId, user: &UserId, shard: u16) {
+        let reservation = flashsale_domain::Reservation {
+            order_id: order.clone(),
+            sale_id: self.sale.sale_id.clone(),
+            user_id: user.clone(),
+            shard,
+            created_at: start(),
+            expires_at: self.sale.payment_deadline(start()),
+            price: self.sale.price,
+        };
+        let reserved = self.store.reserve(&self.sale, shard, &reservation).await;
+        assert!(matches!(reserved, Ok(Ok(()))), "{reserved:?}");
+    }
+
     fn order_of(&self, user: &str) -> Vec<u16> {
         self.sale
             .shard_order(&UserId::parse(user).unwrap())
@@ -346,22 +362,19 @@ async fn a_take_whose_hold_never_landed_is_finished_by_the_buyers_next_request_n
     assert!(world.no_stray_takes().await);
 }
 
-#[tokio::test]
-async fn a_path_whose_grab_gave_up_in_doubt_goes_back_to_that_shard_first_not_to_a_stocked_one() {
-    // Alice's first shard is contended, and the reserve on her second is lost twice:
-    // her grab answers 503, with a take of hers perhaps on that second shard.
-    let world = World::new(8, 4, [Contend, FailBefore, FailBefore]).await;
+/// Alice's first shard is contended, and the reserve on her second is lost twice: her
+/// grab answers 503, with a take of hers perhaps on that second shard. The lost reserve
+/// did take its unit, late; the hold never landed. Her id, path and order.
+async fn alice_gave_up_in_doubt(world: &World) -> (UserId, String, OrderId) {
     let order = world.order_of("alice");
     let alice = UserId::parse("alice").unwrap();
     let (token, order_id) = world.path_of(&alice).await;
-    let token = token.as_str();
     let first = world
         .grabs
-        .grab(&world.sale.sale_id, token, &alice, Attempt::First)
+        .grab(&world.sale.sale_id, &token, &alice, Attempt::First)
         .await;
     assert!(first.outcome.is_err_and(|error| error.is_retryable()));
     assert_eq!(world.ledger.tried(), [order[0], order[1], order[1]]);
-    // The lost reserve did take its unit, late; the hold never landed.
     world.store.leave_take(
         &world.sale,
         Take {
@@ -371,6 +384,15 @@ async fn a_path_whose_grab_gave_up_in_doubt_goes_back_to_that_shard_first_not_to
             taken_at: start(),
         },
     );
+    (alice, token, order_id)
+}
+
+#[tokio::test]
+async fn a_path_whose_grab_gave_up_in_doubt_goes_back_to_that_shard_first_not_to_a_stocked_one() {
+    let world = World::new(8, 4, [Contend, FailBefore, FailBefore]).await;
+    let (alice, token, _) = alice_gave_up_in_doubt(&world).await;
+    let order = world.order_of("alice");
+    let token = token.as_str();
 
     // Her client sends the path again, as curl would, without the retry header. Her
     // first shard has stock, but a unit taken there would be a second one: the grab
@@ -384,6 +406,38 @@ async fn a_path_whose_grab_gave_up_in_doubt_goes_back_to_that_shard_first_not_to
     assert_eq!(again.reserves, 1);
     assert_eq!(world.ledger.tried()[3..], [order[1]]);
     assert_eq!(world.available(), 7, "one unit, taken once");
+    assert!(world.no_stray_takes().await);
+}
+
+#[tokio::test]
+async fn a_path_back_from_doubt_after_its_sale_sold_out_gives_back_the_take_its_twin_superseded() {
+    // Meanwhile the other send of her double click held her order on a third shard, and
+    // the rest of the stock sold.
+    let world = World::new(4, 4, [Contend, FailBefore, FailBefore]).await;
+    let (alice, token, order_id) = alice_gave_up_in_doubt(&world).await;
+    let order = world.order_of("alice");
+    let token = token.as_str();
+    world.hold(&order_id, &alice, order[2]).await;
+    for (shard, buyer) in [(order[0], "bob"), (order[3], "carol")] {
+        let buyer = UserId::parse(buyer).unwrap();
+        let (_, their_order) = world.path_of(&buyer).await;
+        world.hold(&their_order, &buyer, shard).await;
+    }
+    let states = world.store.shard_states(&world.sale).await.unwrap();
+    world.grabs.gate.apply(&world.sale.sale_id, states, start());
+
+    // Her client's retry: the gate calls the sale sold out, and her order is held. She
+    // is told so, and the take on the shard her grab doubted goes back for the next
+    // buyer rather than waiting for the reconciler.
+    let again = world
+        .grabs
+        .grab(&world.sale.sale_id, token, &alice, Attempt::Retry)
+        .await;
+    match &again.outcome {
+        Ok(GrabOutcome::Resumed(reservation)) => assert_eq!(reservation.shard, order[2]),
+        other => panic!("expected her held order, got {other:?}"),
+    }
+    assert_eq!(world.available(), 1, "the superseded take is back");
     assert!(world.no_stray_takes().await);
 }
 
