@@ -1,7 +1,6 @@
 //! The api function: every HTTP route but the grab's. The public sale page, sale
 //! administration, the blocklist, and the buyer's own orders (read, pay, cancel).
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
 use flashsale_adapters::breaker::BreakerPolicy;
@@ -9,18 +8,23 @@ use flashsale_adapters::{DynamoStore, EventBridgeScheduler};
 use flashsale_domain::ports::{
     Blocklist, Clock, OrderBook, ReleaseScheduler, SaleCatalog, StockLedger, SystemClock,
 };
-use flashsale_domain::service::{BlocklistService, CachedCatalog, OrderService, SaleService};
+use flashsale_domain::service::{
+    BlocklistService, CachedCatalog, OrderService, PaymentService, PaymentWebhook, SaleService,
+};
 use flashsale_domain::{SaleDraft, UserId};
 use flashsale_lambda::caller::{DEFAULT_ADMIN_CLAIM, DEFAULT_ADMIN_GROUP};
 use flashsale_lambda::{
     AdminRule, ApiError, CachePolicy, CallBudget, Caller, Clients, Env, FromEnv, Function,
-    ensure_within_limit, json, json_body, order_id_param, respond, route_key, sale_id_param,
-    user_of,
+    PaymentsInitError, StripeKeys, ensure_within_limit, json, json_body, order_id_param, respond,
+    route_key, sale_id_param, user_of,
 };
 use lambda_http::http::header::{HeaderValue, LOCATION};
 use lambda_http::http::{Response, StatusCode};
 use lambda_http::{Body, Request};
 use serde::Serialize;
+
+mod payments;
+pub use payments::PaymentPorts;
 
 /// The routes this function serves, exactly as the API declares them.
 pub const GET_SALE_ROUTE: &str = "GET /sales/{sale_id}";
@@ -29,6 +33,10 @@ pub const SALE_STATS_ROUTE: &str = "GET /admin/sales/{sale_id}/stats";
 pub const GET_ORDER_ROUTE: &str = "GET /orders/{order_id}";
 pub const PAY_ORDER_ROUTE: &str = "POST /orders/{order_id}/pay";
 pub const CANCEL_ORDER_ROUTE: &str = "POST /orders/{order_id}/cancel";
+pub const OPEN_PAYMENT_ROUTE: &str = "POST /orders/{order_id}/payment";
+pub const CONFIRM_PAYMENT_ROUTE: &str = "POST /orders/{order_id}/payment/confirm";
+/// Stripe's, without the JWT authorizer: the signature is its authentication.
+pub const STRIPE_WEBHOOK_ROUTE: &str = "POST /payments/stripe/webhook";
 pub const BLOCK_USER_ROUTE: &str = "PUT /admin/blocklist/{user_id}";
 pub const UNBLOCK_USER_ROUTE: &str = "DELETE /admin/blocklist/{user_id}";
 pub const LIST_BLOCKLIST_ROUTE: &str = "GET /admin/blocklist";
@@ -63,10 +71,15 @@ pub struct Config {
     pub admin: AdminRule,
     /// When DynamoDB's circuit breaker opens, and for how long.
     pub breaker: BreakerPolicy,
+    /// The Secrets Manager secret of the Stripe keys ([`StripeKeys`]). Without it the
+    /// deployment takes no card payments, and the payment routes answer `payments_off`.
+    pub stripe_secret_arn: Option<String>,
+    /// Stripe's API (`https://api.stripe.com`), or a local fake's.
+    pub stripe_api_base: String,
 }
 
 impl FromEnv for Config {
-    /// `ADMIN_CLAIM` and `ADMIN_GROUP` are optional.
+    /// `ADMIN_CLAIM`, `ADMIN_GROUP` and `STRIPE_SECRET_ARN` are optional.
     fn read(env: &Env<'_>) -> Self {
         Self {
             table_name: env.required("TABLE_NAME"),
@@ -80,6 +93,8 @@ impl FromEnv for Config {
                     .unwrap_or_else(|| DEFAULT_ADMIN_GROUP.to_owned()),
             },
             breaker: env.breaker_policy(),
+            stripe_secret_arn: env.optional("STRIPE_SECRET_ARN"),
+            stripe_api_base: env.required("STRIPE_API_BASE"),
         }
     }
 }
@@ -93,6 +108,8 @@ pub struct Ports {
     pub scheduler: Arc<dyn ReleaseScheduler>,
     pub clock: Arc<dyn Clock>,
     pub blocklist: Arc<dyn Blocklist>,
+    /// `None`: no payment provider, no card payments.
+    pub payments: Option<PaymentPorts>,
 }
 
 /// What the handler needs, built once per process.
@@ -100,17 +117,33 @@ pub struct Deps {
     sales: SaleService,
     orders: OrderService,
     blocklist: BlocklistService,
+    payments: Option<payments::Payments>,
     admin: AdminRule,
 }
 
 impl Deps {
     /// DynamoDB for sales, stock and orders, behind a circuit breaker so that pay and
     /// cancel fail fast on a failing table; Scheduler only to delete release timers
-    /// (this function never creates one, so it has no release target).
-    pub fn new(config: &Config, clients: &Clients) -> Self {
+    /// (this function never creates one, so it has no release target); Stripe with
+    /// `stripe`'s keys, if given.
+    pub fn new(
+        config: &Config,
+        clients: &Clients,
+        stripe: Option<&StripeKeys>,
+    ) -> Result<Self, PaymentsInitError> {
         let dynamodb = clients.dynamodb_behind(config.breaker);
         let store = Arc::new(DynamoStore::new(dynamodb.clone(), &config.table_name));
-        Self::from_ports(
+        let payments = match stripe {
+            Some(keys) => Some(PaymentPorts {
+                payments: store.clone(),
+                events: store.clone(),
+                provider: Arc::new(keys.provider(&config.stripe_api_base)?),
+                publishable_key: keys.publishable_key.clone(),
+                webhook_secret: keys.webhook_secret.clone(),
+            }),
+            None => None,
+        };
+        Ok(Self::from_ports(
             config,
             Ports {
                 catalog: Arc::new(CachedCatalog::new(
@@ -126,11 +159,32 @@ impl Deps {
                 )),
                 clock: Arc::new(SystemClock),
                 blocklist: store,
+                payments,
             },
-        )
+        ))
     }
 
     pub fn from_ports(config: &Config, ports: Ports) -> Self {
+        let payments = ports.payments.map(|wired| {
+            let service = Arc::new(PaymentService {
+                orders: ports.orders.clone(),
+                payments: wired.payments,
+                ledger: ports.ledger.clone(),
+                provider: wired.provider,
+                clock: ports.clock.clone(),
+            });
+            payments::Payments {
+                webhook: PaymentWebhook {
+                    payments: service.clone(),
+                    events: wired.events,
+                    clock: ports.clock.clone(),
+                },
+                service,
+                clock: ports.clock.clone(),
+                publishable_key: wired.publishable_key,
+                webhook_secret: wired.webhook_secret,
+            }
+        });
         Self {
             sales: SaleService {
                 catalog: ports.catalog,
@@ -147,6 +201,7 @@ impl Deps {
             blocklist: BlocklistService {
                 blocklist: ports.blocklist,
             },
+            payments,
             admin: config.admin.clone(),
         }
     }
@@ -157,11 +212,17 @@ impl Function for Deps {
     type Event = Request;
     type Output = Response<Body>;
     type Error = lambda_http::Error;
-    type InitError = Infallible;
+    type InitError = PaymentsInitError;
     const SDK_BUDGET: CallBudget = SDK_BUDGET;
 
-    async fn init(config: &Config, clients: &Clients) -> Result<Self, Infallible> {
-        Ok(Self::new(config, clients))
+    /// The cold start, as deployed: reads the Stripe keys from Secrets Manager if the
+    /// deployment takes card payments (once; an unreadable or malformed secret fails
+    /// the start with its reason logged), then builds everything else.
+    async fn init(config: &Config, clients: &Clients) -> Result<Self, PaymentsInitError> {
+        let stripe =
+            flashsale_lambda::stripe_keys::read_if_on(config.stripe_secret_arn.as_deref(), clients)
+                .await?;
+        Self::new(config, clients, stripe.as_ref())
     }
 
     async fn handle(&self, request: Request) -> Result<Response<Body>, lambda_http::Error> {
@@ -188,6 +249,9 @@ async fn route(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
         GET_ORDER_ROUTE => get_order(deps, req).await,
         PAY_ORDER_ROUTE => pay_order(deps, req).await,
         CANCEL_ORDER_ROUTE => cancel_order(deps, req).await,
+        OPEN_PAYMENT_ROUTE => payments::open_payment(deps, req).await,
+        CONFIRM_PAYMENT_ROUTE => payments::confirm_payment(deps, req).await,
+        STRIPE_WEBHOOK_ROUTE => payments::stripe_webhook(deps, req).await,
         BLOCK_USER_ROUTE => block_user(deps, req).await,
         UNBLOCK_USER_ROUTE => unblock_user(deps, req).await,
         LIST_BLOCKLIST_ROUTE => list_blocklist(deps, req).await,

@@ -1,10 +1,11 @@
 //! The api function through its handler, with API Gateway events built from the
 //! `events/api-*.json` fixtures, and the domain's in-memory fakes.
 
-use std::collections::HashMap;
+mod support;
+
 use std::sync::Arc;
 
-use chrono::{DateTime, Duration, TimeZone, Utc};
+use chrono::{DateTime, Duration, Utc};
 use flashsale_api::{Config, Deps, Ports, handler};
 use flashsale_domain::ports::{Blocklist, Clock, OrderBook, SaleCatalog, StockLedger};
 use flashsale_domain::testing;
@@ -17,22 +18,9 @@ use flashsale_lambda::{ConfigError, FromEnv as _, MAX_BODY_BYTES};
 use lambda_http::Body;
 use lambda_http::http::Response;
 use serde_json::{Value, json};
+use support::{config, starts_at};
 
 const SALE: &str = "phone-launch";
-
-fn starts_at() -> DateTime<Utc> {
-    Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap()
-}
-
-fn config() -> Config {
-    let vars: HashMap<&str, &str> = [
-        ("TABLE_NAME", "flashsale-test"),
-        ("SCHEDULE_GROUP_NAME", "flashsale-test-releases"),
-    ]
-    .into_iter()
-    .collect();
-    Config::from_lookup(|var| vars.get(var).map(|v| (*v).to_owned())).unwrap()
-}
 
 fn sale_id() -> SaleId {
     SaleId::parse(SALE).unwrap()
@@ -70,6 +58,7 @@ impl World {
                 scheduler: scheduler.clone(),
                 clock: clock.clone(),
                 blocklist: blocklist.clone(),
+                payments: None,
             },
         );
         Self {
@@ -1088,7 +1077,11 @@ async fn a_failing_blocklist_store_is_unavailable_with_retry_after() {
 #[test]
 fn config_defaults_the_admin_rule() {
     let config = Config::from_lookup(|var| {
-        matches!(var, "TABLE_NAME" | "SCHEDULE_GROUP_NAME").then(|| "x".to_owned())
+        matches!(
+            var,
+            "TABLE_NAME" | "SCHEDULE_GROUP_NAME" | "STRIPE_API_BASE"
+        )
+        .then(|| "x".to_owned())
     })
     .unwrap();
     assert_eq!(config.admin.claim, "cognito:groups");

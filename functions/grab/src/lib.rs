@@ -30,10 +30,10 @@ use flashsale_domain::token::GrabTokenSigner;
 use flashsale_domain::{OrderId, OrderStatus, Price};
 use flashsale_lambda::metrics;
 use flashsale_lambda::{
-    ApiError, CachePolicy, CallBudget, Clients, Env, FromEnv, Function, ensure_within_limit, json,
-    json_body, respond, route_key, sale_id_param, user_of,
+    ApiError, CachePolicy, CallBudget, Clients, Env, FromEnv, Function, SecretsManagerSecret,
+    ensure_within_limit, json, json_body, respond, route_key, sale_id_param, user_of,
 };
-pub use grab_key::{GRAB_KEY_BUDGET, GrabKeyError, SecretsManagerKey};
+pub use grab_key::GrabKeyError;
 use lambda_http::http::header::{HeaderValue, LOCATION};
 use lambda_http::http::{Response, StatusCode};
 use lambda_http::{Body, Request};
@@ -189,9 +189,8 @@ impl Function for Deps {
     /// one time this process does; a missing, unreadable or weak one fails the start
     /// with its reason logged), then builds everything else.
     async fn init(config: &Config, clients: &Clients) -> Result<Self, GrabKeyError> {
-        let signer = SecretsManagerKey::new(clients.sdk_config(), &config.grab_token_secret_arn)
-            .signer()
-            .await?;
+        let key = SecretsManagerSecret::new(clients.sdk_config(), &config.grab_token_secret_arn);
+        let signer = grab_key::signer(&key).await?;
         Ok(Self::new(config, signer, clients))
     }
 

@@ -26,7 +26,7 @@ use flashsale_domain::ports::SaleCatalog;
 use flashsale_domain::{Price, ReservePath, Sale, SaleId};
 use flashsale_grab::{Config, Deps, GrabKeyError, RETRY_ATTEMPT_HEADER, handler};
 use flashsale_lambda::testing::{ApiEvent, body_json, error_code};
-use flashsale_lambda::{FromEnv as _, cold_start};
+use flashsale_lambda::{FromEnv as _, SecretError, cold_start};
 use lambda_http::Body;
 use lambda_http::http::{HeaderValue, Response};
 
@@ -137,19 +137,6 @@ async fn create_queue(client: &aws_sdk_sqs::Client) -> String {
         .expect("a queue url")
 }
 
-/// A secret holding `value`, as the stack's `GrabTokenSecret`; its ARN.
-async fn create_secret(client: &aws_sdk_secretsmanager::Client, value: &str) -> String {
-    client
-        .create_secret()
-        .name(format!("grab-key-{}", flashsale_emulators::unique_suffix()))
-        .secret_string(value)
-        .send()
-        .await
-        .expect("create the secret")
-        .arn
-        .expect("a secret ARN")
-}
-
 /// The grab's configuration on the emulators, with the key in `secret_arn`.
 fn config(table: &str, queue_url: &str, secret_arn: &str) -> Config {
     let vars: HashMap<&str, &str> = [
@@ -204,7 +191,10 @@ impl Stack {
                 .unwrap()
         );
 
-        let secret_arn = create_secret(&aws_sdk_secretsmanager::Client::new(&plain), SECRET).await;
+        let secret_arn = flashsale_emulators::shared()
+            .await
+            .secret_holding(SECRET)
+            .await;
         let config = config(&table, &queue_url, &secret_arn);
         let counter = CountingClient::new();
         let counted = plain.into_builder().http_client(counter.clone()).build();
@@ -413,11 +403,11 @@ async fn the_grab_token_secret_is_read_once_at_init_and_never_by_a_request() {
 
 #[tokio::test]
 async fn a_weak_or_missing_secret_fails_the_cold_start_naming_it() {
-    let plain = flashsale_emulators::shared().await.sdk_config().await;
-    let secrets = aws_sdk_secretsmanager::Client::new(&plain);
+    let emulators = flashsale_emulators::shared().await;
+    let plain = emulators.sdk_config().await;
     let queue_url = "http://127.0.0.1:9/000000000000/unused.fifo";
 
-    let weak_arn = create_secret(&secrets, "too-short").await;
+    let weak_arn = emulators.secret_holding("too-short").await;
     let weak = cold_start::<Deps>(&config("unused", queue_url, &weak_arn), &plain).await;
     assert!(
         matches!(&weak, Err(GrabKeyError::Weak { arn, .. }) if *arn == weak_arn),
@@ -431,7 +421,7 @@ async fn a_weak_or_missing_secret_fails_the_cold_start_naming_it() {
         panic!("a secret that does not exist was read");
     };
     assert!(
-        matches!(&error, GrabKeyError::Unreadable { arn, .. } if *arn == gone_arn),
+        matches!(&error, GrabKeyError::Secret(SecretError::Unreadable { arn, .. }) if *arn == gone_arn),
         "{error:?}"
     );
     let reason = flashsale_lambda::failure::error_chain(&error);

@@ -31,11 +31,9 @@ use flashsale_domain::testing;
 use flashsale_domain::testing::{InMemoryBlocklist, InMemoryStore, ManualClock, RecordingQueue};
 use flashsale_domain::token::GrabTokenSigner;
 use flashsale_domain::{ReleaseReason, Reservation, Sale, SaleId};
-use flashsale_grab::{
-    Config, Deps, GRAB_KEY_BUDGET, GrabKeyError, Ports, REQUEST_DEADLINE, SDK_BUDGET, handler,
-};
+use flashsale_grab::{Config, Deps, GrabKeyError, Ports, REQUEST_DEADLINE, SDK_BUDGET, handler};
 use flashsale_lambda::testing::{ApiEvent, body_json, error_code};
-use flashsale_lambda::{Clients, FromEnv as _, cold_start};
+use flashsale_lambda::{Clients, FromEnv as _, SECRET_BUDGET, SecretError, cold_start};
 use lambda_http::Body;
 use lambda_http::http::Response;
 use tokio::time::Instant;
@@ -124,12 +122,12 @@ async fn when_secrets_manager_never_answers_the_cold_start_fails_within_the_init
     let failed = cold_start::<Deps>(&config(), &stalled_aws()).await;
 
     assert!(
-        matches!(&failed, Err(GrabKeyError::Unreadable { arn, .. }) if arn == SECRET_ARN),
+        matches!(&failed, Err(GrabKeyError::Secret(SecretError::Unreadable { arn, .. })) if arn == SECRET_ARN),
         "{:?}",
         failed.err()
     );
     assert!(
-        started.elapsed() <= GRAB_KEY_BUDGET.operation,
+        started.elapsed() <= SECRET_BUDGET.operation,
         "gave up after {:?}",
         started.elapsed()
     );

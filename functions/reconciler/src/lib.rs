@@ -9,7 +9,6 @@
 //! finds them again: the invocation still succeeds, and says so at error level. Only a
 //! pass that could not run at all fails the invocation.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
 use chrono::Duration;
@@ -19,7 +18,9 @@ use flashsale_domain::ports::{Clock, OrderBook, SaleCatalog, StockLedger, System
 use flashsale_domain::service::{PaymentService, ReconcileReport, Reconciler, SaleService};
 use flashsale_lambda::failure::{diagnostic, error_chain};
 use flashsale_lambda::metrics::PaymentMoves;
-use flashsale_lambda::{CallBudget, Clients, Env, FromEnv, Function};
+use flashsale_lambda::{
+    CallBudget, Clients, Env, FromEnv, Function, PaymentsInitError, StripeKeys,
+};
 use lambda_runtime::Diagnostic;
 use serde_json::Value;
 
@@ -60,6 +61,11 @@ pub struct Config {
     pub timer_grace: Duration,
     /// See [`DEFAULT_TAKE_GRACE_SECS`].
     pub take_grace: Duration,
+    /// The Secrets Manager secret of the Stripe keys, where the deployment takes card
+    /// payments: the passes then settle the payments left unsettled.
+    pub stripe_secret_arn: Option<String>,
+    /// Stripe's API, or a local fake's.
+    pub stripe_api_base: String,
 }
 
 impl FromEnv for Config {
@@ -69,6 +75,8 @@ impl FromEnv for Config {
             table_name: env.required("TABLE_NAME"),
             timer_grace: seconds("RECONCILE_TIMER_GRACE_SECS", DEFAULT_TIMER_GRACE_SECS),
             take_grace: seconds("RECONCILE_TAKE_GRACE_SECS", DEFAULT_TAKE_GRACE_SECS),
+            stripe_secret_arn: env.optional("STRIPE_SECRET_ARN"),
+            stripe_api_base: env.required("STRIPE_API_BASE"),
         }
     }
 }
@@ -93,21 +101,34 @@ pub struct Deps {
 
 impl Deps {
     /// DynamoDB for sales and holds, and the wall clock. The catalog is not cached:
-    /// the pass lists sales once per run.
-    pub fn new(config: &Config, clients: &Clients) -> Self {
+    /// the pass lists sales once per run. Stripe with `stripe`'s keys, if given.
+    pub fn new(
+        config: &Config,
+        clients: &Clients,
+        stripe: Option<&StripeKeys>,
+    ) -> Result<Self, PaymentsInitError> {
         let store = Arc::new(DynamoStore::new(clients.dynamodb(), &config.table_name));
-        Self::from_ports(
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let payments = match stripe {
+            Some(keys) => Some(Arc::new(PaymentService {
+                orders: store.clone(),
+                payments: store.clone(),
+                ledger: store.clone(),
+                provider: Arc::new(keys.provider(&config.stripe_api_base)?),
+                clock: clock.clone(),
+            })),
+            None => None,
+        };
+        Ok(Self::from_ports(
             config,
             Ports {
                 catalog: store.clone(),
                 orders: store.clone(),
                 ledger: store,
-                clock: Arc::new(SystemClock),
-                // No function reaches a payment provider yet (its keys come with the
-                // card payment's template), so no order has a payment to settle.
-                payments: None,
+                clock,
+                payments,
             },
-        )
+        ))
     }
 
     pub fn from_ports(config: &Config, ports: Ports) -> Self {
@@ -171,11 +192,16 @@ impl Function for Deps {
     type Event = Value;
     type Output = Value;
     type Error = ReconcileError;
-    type InitError = Infallible;
+    type InitError = PaymentsInitError;
     const SDK_BUDGET: CallBudget = SDK_BUDGET;
 
-    async fn init(config: &Config, clients: &Clients) -> Result<Self, Infallible> {
-        Ok(Self::new(config, clients))
+    /// Reads the Stripe keys first if the deployment takes card payments (see the
+    /// api's cold start).
+    async fn init(config: &Config, clients: &Clients) -> Result<Self, PaymentsInitError> {
+        let stripe =
+            flashsale_lambda::stripe_keys::read_if_on(config.stripe_secret_arn.as_deref(), clients)
+                .await?;
+        Self::new(config, clients, stripe.as_ref())
     }
 
     async fn handle(&self, event: Value) -> Result<Value, ReconcileError> {

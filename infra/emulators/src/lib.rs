@@ -217,6 +217,20 @@ impl Emulators {
         sdk_config_for(self.endpoints()).await
     }
 
+    /// A new secret in moto's Secrets Manager holding `value`, under a unique name: its
+    /// ARN.
+    pub async fn secret_holding(&self, value: &str) -> String {
+        aws_sdk_secretsmanager::Client::new(&self.sdk_config().await)
+            .create_secret()
+            .name(format!("secret-{}", unique_suffix()))
+            .secret_string(value)
+            .send()
+            .await
+            .expect("create the secret")
+            .arn
+            .expect("a secret ARN")
+    }
+
     /// The three endpoints, as the SDK configuration takes them.
     pub fn endpoints(&self) -> LocalEndpoints {
         LocalEndpoints {

@@ -46,6 +46,9 @@ fn functions() -> [Function; 5] {
                 ("OrderService", "get"),
                 ("OrderService", "pay"),
                 ("OrderService", "cancel"),
+                ("PaymentService", "open"),
+                ("PaymentService", "settle"),
+                ("PaymentWebhook", "handle"),
                 ("BlocklistService", "block_user"),
                 ("BlocklistService", "unblock_user"),
                 ("BlocklistService", "blocked_users"),
@@ -321,8 +324,14 @@ fn the_grab_token_key_is_a_generated_secret_no_deployer_supplies() {
     }
 }
 
+/// Each secret a function may read: the env var that names it, and the stack's secret.
+const SECRETS: [(&str, &str); 2] = [
+    ("GRAB_TOKEN_SECRET_ARN", "GrabTokenSecret"),
+    ("STRIPE_SECRET_ARN", "StripeKeysSecret"),
+];
+
 #[test]
-fn only_the_functions_that_sign_grab_paths_may_read_the_grab_token_secret() {
+fn only_the_functions_that_read_a_secret_may_read_it_and_only_that_one() {
     for f in functions() {
         let (_, own, generated, _) = role_of(f.logical_id);
         let readers: Vec<&Statement> = own
@@ -330,8 +339,12 @@ fn only_the_functions_that_sign_grab_paths_may_read_the_grab_token_secret() {
             .chain(&generated)
             .filter(|s| s.actions.iter().any(|a| a.starts_with("secretsmanager:")))
             .collect();
-        let reads_the_key = f.env_vars.contains(&"GRAB_TOKEN_SECRET_ARN");
-        if !reads_the_key {
+        let (vars, secrets): (Vec<&str>, BTreeSet<String>) = SECRETS
+            .iter()
+            .filter(|(var, _)| f.env_vars.contains(var))
+            .map(|(var, secret)| (*var, (*secret).to_owned()))
+            .unzip();
+        if vars.is_empty() {
             assert!(
                 readers.is_empty(),
                 "{} may read secrets it never asks for",
@@ -340,7 +353,10 @@ fn only_the_functions_that_sign_grab_paths_may_read_the_grab_token_secret() {
             continue;
         }
         let [statement] = readers.as_slice() else {
-            panic!("{}: one statement reads the key: {readers:?}", f.logical_id);
+            panic!(
+                "{}: one statement reads its secrets: {readers:?}",
+                f.logical_id
+            );
         };
         assert_eq!(statement.effect, Effect::Allow);
         assert_eq!(statement.actions, ["secretsmanager:GetSecretValue"]);
@@ -350,13 +366,12 @@ fn only_the_functions_that_sign_grab_paths_may_read_the_grab_token_secret() {
             .flat_map(stack::references)
             .collect();
         assert_eq!(
-            named,
-            ["GrabTokenSecret".to_owned()].into(),
-            "{}: exactly the grab-token secret",
+            named, secrets,
+            "{}: exactly the secrets its environment may name",
             f.logical_id
         );
         assert_eq!(
-            referenced_by_env(f.logical_id, &["GRAB_TOKEN_SECRET_ARN"]),
+            referenced_by_env(f.logical_id, &vars),
             named,
             "{}: the secret it may read is the one its environment names",
             f.logical_id
@@ -511,6 +526,16 @@ fn actions_reached_by(f: &Function) -> BTreeSet<String> {
     let own = code_of(&[&format!("{}/src", package_dir_relative(f.package))]);
     let all: BTreeSet<String> = own.functions.keys().cloned().collect();
     actions.extend(actions_of_calls(&sdk_calls(&own, &all)));
+    // The cold start's shared secret reader, used directly or to read the Stripe keys:
+    // a function that uses it makes its calls.
+    if ["SecretsManagerSecret::new(", "stripe_keys::read_if_on("]
+        .iter()
+        .any(|use_of_it| own.mentions_anywhere(use_of_it))
+    {
+        let reader = code_of(&["functions/lib/lambda/src/secret.rs"]);
+        let all: BTreeSet<String> = reader.functions.keys().cloned().collect();
+        actions.extend(actions_of_calls(&sdk_calls(&reader, &all)));
+    }
     actions
 }
 
@@ -717,7 +742,7 @@ fn each_permission_names_only_the_resources_the_function_is_configured_with() {
                 }
                 Some("scheduler") => referenced_by_env(f.logical_id, &["SCHEDULE_GROUP_NAME"]),
                 Some("secretsmanager") => {
-                    referenced_by_env(f.logical_id, &["GRAB_TOKEN_SECRET_ARN"])
+                    referenced_by_env(f.logical_id, &SECRETS.map(|(var, _)| var))
                 }
                 Some("iam") => {
                     assert_eq!(
@@ -987,7 +1012,7 @@ fn every_function_deploys_gradually_and_rolls_back_on_its_own_alarms() {
 // ------------------------------------------------------------------ API and event source
 
 #[test]
-fn every_route_except_the_public_sale_page_requires_the_jwt_authorizer() {
+fn every_route_except_the_public_sale_page_and_stripes_webhook_requires_the_jwt_authorizer() {
     let body = &stack().expanded_resource("HttpApi")["Properties"]["Body"];
     let paths = body["paths"].as_object().expect("routes in the API body");
     let mut seen = 0;
@@ -995,7 +1020,10 @@ fn every_route_except_the_public_sale_page_requires_the_jwt_authorizer() {
         for (method, operation) in methods.as_object().expect("methods") {
             seen += 1;
             let route = format!("{} {path}", method.to_uppercase());
-            let expected = if route == "GET /sales/{sale_id}" {
+            // The webhook's Stripe-Signature is checked by the function instead.
+            let expected = if ["GET /sales/{sale_id}", "POST /payments/stripe/webhook"]
+                .contains(&route.as_str())
+            {
                 json!([{"NONE": []}])
             } else {
                 json!([{"JwtAuthorizer": []}])
@@ -1003,7 +1031,7 @@ fn every_route_except_the_public_sale_page_requires_the_jwt_authorizer() {
             assert_eq!(operation["security"], expected, "{route}");
         }
     }
-    assert_eq!(seen, 12, "the twelve routes of the HTTP API contract");
+    assert_eq!(seen, 15, "the fifteen routes of the HTTP API contract");
     let jwt =
         &body["components"]["securitySchemes"]["JwtAuthorizer"]["x-amazon-apigateway-authorizer"];
     assert_eq!(jwt["type"], "jwt");

@@ -192,13 +192,18 @@ pub enum AppError {
     NotYetDue,
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The payment provider failed or did not answer (its own failure, or ours to reach
+    /// it): kept apart from the store's, so a buyer is told the payment is unavailable
+    /// rather than the service broken.
+    #[error("the payment provider failed")]
+    Provider(#[source] StoreError),
 }
 
 impl AppError {
     /// Whether an event source should deliver the same event again.
     pub fn is_retryable(&self) -> bool {
         match self {
-            Self::Store(err) => err.is_retryable(),
+            Self::Store(err) | Self::Provider(err) => err.is_retryable(),
             Self::NotYetDue => true,
             _ => false,
         }

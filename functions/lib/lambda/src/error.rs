@@ -54,6 +54,16 @@ pub enum ApiError {
         #[source]
         source: serde_json::Error,
     },
+    /// A provider's webhook whose signature does not verify (missing, forged, or stale):
+    /// nothing in it is read or written.
+    #[error("the webhook's signature does not verify: {0}")]
+    WebhookSignature(#[source] flashsale_adapters::stripe::webhook::SignatureError),
+    /// A signed webhook body that is not an event.
+    #[error("the webhook's body is not a Stripe event")]
+    NotAnEvent,
+    /// A payment route on a deployment given no payment provider.
+    #[error("this deployment takes no card payments")]
+    PaymentsOff,
     #[error(transparent)]
     App(#[from] AppError),
 }
@@ -74,6 +84,9 @@ impl ApiError {
                 (StatusCode::UNAUTHORIZED, "unauthorized")
             }
             Self::RouteNotFound { .. } => (StatusCode::NOT_FOUND, "not_found"),
+            Self::WebhookSignature(_) => (StatusCode::BAD_REQUEST, "invalid_signature"),
+            Self::NotAnEvent => (StatusCode::BAD_REQUEST, "invalid_event"),
+            Self::PaymentsOff => (StatusCode::NOT_FOUND, "payments_off"),
             Self::DeadlineExceeded(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             Self::Encode { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
             Self::App(err) => app_status_and_code(err),
@@ -93,9 +106,12 @@ impl ApiError {
         matches!(
             self,
             Self::DeadlineExceeded(_)
-                | Self::App(AppError::Store(
-                    StoreError::Transient { .. } | StoreError::Unavailable { .. }
-                ))
+                | Self::App(
+                    AppError::Store(StoreError::Transient { .. } | StoreError::Unavailable { .. })
+                        | AppError::Provider(
+                            StoreError::Transient { .. } | StoreError::Unavailable { .. }
+                        )
+                )
         )
     }
 
@@ -153,6 +169,8 @@ fn app_status_and_code(err: &AppError) -> (StatusCode, &'static str) {
         AppError::NotPayable => (StatusCode::CONFLICT, "not_payable"),
         AppError::NoPayment => (StatusCode::CONFLICT, "no_payment"),
         AppError::PaymentMismatch => (StatusCode::CONFLICT, "payment_mismatch"),
+        // Whatever the provider's trouble, the buyer can only wait: never a 5xx of ours.
+        AppError::Provider(_) => (StatusCode::SERVICE_UNAVAILABLE, "payment_unavailable"),
         AppError::Forbidden => (StatusCode::FORBIDDEN, "forbidden"),
         AppError::Blocked => (StatusCode::FORBIDDEN, "blocked"),
         // Only the release function's use case answers this; reaching HTTP means a
@@ -206,6 +224,11 @@ mod tests {
             (AppError::NotPayable, 409, "not_payable"),
             (AppError::NoPayment, 409, "no_payment"),
             (AppError::PaymentMismatch, 409, "payment_mismatch"),
+            (
+                AppError::Provider(StoreError::permanent("stripe.open", Boom)),
+                503,
+                "payment_unavailable",
+            ),
             (AppError::Forbidden, 403, "forbidden"),
             (AppError::Blocked, 403, "blocked"),
             (

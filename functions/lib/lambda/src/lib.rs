@@ -20,6 +20,8 @@ pub mod metrics;
 pub mod response;
 pub mod route;
 pub mod sdk;
+pub mod secret;
+pub mod stripe_keys;
 pub mod telemetry;
 /// Fixture-built events for tests, behind the `testing` feature (see the domain's).
 #[cfg(any(test, feature = "testing"))]
@@ -33,3 +35,5 @@ pub use function::{Function, cold_start, serve, serve_http};
 pub use response::{CachePolicy, json, respond};
 pub use route::{order_id_param, path_param, route_key, sale_id_param};
 pub use sdk::{CallBudget, Clients};
+pub use secret::{SECRET_BUDGET, SecretError, SecretsManagerSecret};
+pub use stripe_keys::{PaymentsInitError, StripeKeys};

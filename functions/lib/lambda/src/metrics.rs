@@ -74,6 +74,10 @@ pub const PAYMENT_AUTHORISATIONS_CANCELLED: &str = "payment_authorisations_cance
 pub const PAYMENT_REFUNDS: &str = "payment_refunds";
 /// Settlements that failed (the next trigger, or the reconciler, tries again).
 pub const PAYMENT_SETTLE_FAILURES: &str = "payment_settle_failures";
+/// Provider events refused: signed, but about a payment that is no order's own (another
+/// amount, currency or order). Any is worth a look: a misconfigured integration, or a
+/// forged payment that got hold of the signing secret.
+pub const PAYMENT_EVENTS_REFUSED: &str = "payment_events_refused";
 /// Units of a sale by state, as last counted by the reconciler (gauges).
 pub const STOCK_AVAILABLE: &str = "stock_available";
 pub const STOCK_RESERVED: &str = "stock_reserved";
@@ -125,6 +129,7 @@ pub fn describe() {
         ),
         (PAYMENT_REFUNDS, "late money refunded"),
         (PAYMENT_SETTLE_FAILURES, "payment settlements failed"),
+        (PAYMENT_EVENTS_REFUSED, "provider events refused"),
     ] {
         describe_counter!(name, Unit::Count, what);
     }
@@ -247,6 +252,26 @@ pub struct PaymentMoves {
     pub authorisations_cancelled: u64,
     pub refunds: u64,
     pub failures: u64,
+}
+
+impl PaymentMoves {
+    /// One settlement that ended, and the money it moved.
+    pub fn of_one(moves: &flashsale_domain::service::MoneyMoves) -> Self {
+        Self {
+            settled: 1,
+            captures: u64::from(moves.captured),
+            capture_retries: u64::from(moves.capture_retried),
+            capture_failures: u64::from(moves.capture_failed),
+            authorisations_cancelled: u64::from(moves.cancelled),
+            refunds: u64::from(moves.refunded),
+            failures: 0,
+        }
+    }
+}
+
+/// A provider event refused as no order's own.
+pub fn payment_event_refused() {
+    counter!(PAYMENT_EVENTS_REFUSED).increment(1);
 }
 
 /// Payment settlements, as counters (zero counts write nothing).

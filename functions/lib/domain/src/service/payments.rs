@@ -50,6 +50,20 @@ pub enum SettleOutcome {
     Refunded,
 }
 
+impl SettleOutcome {
+    /// The outcome as the API names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::AwaitingBuyer => "awaiting_buyer",
+            Self::Paid => "paid",
+            Self::CapturePending => "capture_pending",
+            Self::CaptureRefused => "capture_refused",
+            Self::Voided(_) => "voided",
+            Self::Refunded => "refunded",
+        }
+    }
+}
+
 /// What one settlement did at the provider: for the metrics, each call counted where it
 /// happened.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -106,7 +120,11 @@ impl PaymentService {
             return self.read(&recorded.id).await;
         }
         let price = order.price.ok_or(AppError::NotPayable)?;
-        let opened = self.provider.open(order_id, buyer, price).await?;
+        let opened = self
+            .provider
+            .open(order_id, buyer, price)
+            .await
+            .map_err(AppError::Provider)?;
         match self
             .payments
             .attach_payment(&reservation, &opened.id)
@@ -187,7 +205,8 @@ impl PaymentService {
     async fn read(&self, id: &PaymentId) -> Result<Payment, AppError> {
         self.provider
             .payment(id)
-            .await?
+            .await
+            .map_err(AppError::Provider)?
             .ok_or(AppError::PaymentMismatch)
     }
 
@@ -392,7 +411,12 @@ impl Settlement<'_> {
         let payment = match payment.state {
             PaymentState::Cancelled => payment,
             PaymentState::Open | PaymentState::Authorised => {
-                match service.provider.cancel(&payment.id).await? {
+                match service
+                    .provider
+                    .cancel(&payment.id)
+                    .await
+                    .map_err(AppError::Provider)?
+                {
                     CancelOutcome::Cancelled(cancelled) => {
                         self.moves.cancelled = true;
                         cancelled
@@ -409,7 +433,11 @@ impl Settlement<'_> {
         }
         // Recorded first, so the stats show the late money until it is back.
         self.record(&payment).await?;
-        let refund = service.provider.refund(&payment.id).await?;
+        let refund = service
+            .provider
+            .refund(&payment.id)
+            .await
+            .map_err(AppError::Provider)?;
         self.moves.refunded = refund.made_now;
         service
             .payments
