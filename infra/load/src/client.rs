@@ -314,6 +314,30 @@ impl ApiClient {
             .await
     }
 
+    /// Opens (or gets again) the order's card payment, retrying a busy answer: the
+    /// order has one payment however often it is asked.
+    pub async fn open_payment(
+        &self,
+        user: &str,
+        order_id: &str,
+    ) -> Result<ApiResponse, ClientError> {
+        let path = format!("/orders/{order_id}/payment");
+        self.retrying(|_| self.send(Method::POST, &path, Some(user), None))
+            .await
+    }
+
+    /// Settles the order from its payment at Stripe, retrying a busy answer (a
+    /// settlement moves money at most once however often it runs).
+    pub async fn confirm_payment(
+        &self,
+        user: &str,
+        order_id: &str,
+    ) -> Result<ApiResponse, ClientError> {
+        let path = format!("/orders/{order_id}/payment/confirm");
+        self.retrying(|_| self.send(Method::POST, &path, Some(user), None))
+            .await
+    }
+
     /// Cancels, retrying a busy answer (cancelling is idempotent too).
     pub async fn cancel(&self, user: &str, order_id: &str) -> Result<ApiResponse, ClientError> {
         let path = format!("/orders/{order_id}/cancel");

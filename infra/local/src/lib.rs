@@ -21,6 +21,7 @@ pub mod dispatch;
 pub mod edge;
 pub mod esm;
 pub mod lambda;
+pub mod local_stripe;
 pub mod metrics;
 pub mod model;
 pub mod provision;

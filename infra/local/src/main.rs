@@ -139,7 +139,13 @@ fn print_banner(stack: &LocalStack) {
     out.push_str(&format!("  Metrics    {}/local/metrics\n", stack.api_url));
     out.push_str(&format!("  DynamoDB   {}\n", stack.dynamodb_endpoint));
     out.push_str(&format!("  SQS        {}\n", stack.sqs_endpoint));
-    out.push_str(&format!("  Scheduler  {}\n\n", stack.moto_endpoint));
+    out.push_str(&format!("  Scheduler  {}\n", stack.moto_endpoint));
+    if let Some(stripe) = &stack.stripe_endpoint {
+        out.push_str(&format!(
+            "  Stripe     {stripe} (card payments; webhook registered, test cards: 4242 4242 4242 4242 pays, 4000 0000 0000 0002 is declined)\n"
+        ));
+    }
+    out.push('\n');
     for resource in &stack.provisioned.resources {
         out.push_str(&format!(
             "  {:<30} {:<32} {}\n",

@@ -17,6 +17,7 @@ use crate::auth::{LocalJwt, TokenError};
 use crate::dispatch::{self, DispatchError};
 use crate::esm::{self, PollerSettings};
 use crate::lambda::{AsyncRetryTiming, LambdaFunction, LambdaService};
+use crate::local_stripe;
 use crate::model::{ModelError, RouteAuth, StackModel};
 use crate::provision::{self, Clients, ProvisionError, ProvisionReport};
 use crate::resolve::{ParamValue, StackContext};
@@ -49,6 +50,8 @@ pub enum StackError {
     Dispatch(#[from] DispatchError),
     #[error("function override {0} is not a function of the template")]
     UnknownOverride(String),
+    #[error("the local Stripe could not be wired to the stack")]
+    LocalStripe(#[from] local_stripe::LocalStripeError),
     #[error("could not listen on {addr}")]
     Bind {
         addr: SocketAddr,
@@ -171,6 +174,8 @@ pub struct LocalStack {
     pub dynamodb_endpoint: String,
     pub moto_endpoint: String,
     pub sqs_endpoint: String,
+    /// The local Stripe the stack's card payments go through, if it takes them.
+    pub stripe_endpoint: Option<String>,
     lambda: LambdaService,
     jwt: LocalJwt,
     shutdown: watch::Sender<bool>,
@@ -229,6 +234,12 @@ impl LocalStack {
             (_, Some(running)) => running.endpoints(),
             (_, None) => unreachable!("a shared or owned set was started above"),
         };
+        // The local Stripe of emulators this stack started or shares; none behind the
+        // drills' proxies, which name only the AWS emulators.
+        let stripe_endpoint = match (&options.emulators, emulators.as_ref().or(shared)) {
+            (EmulatorSource::Endpoints(_), _) | (_, None) => None,
+            (_, Some(running)) => Some(running.stripe_endpoint.clone()),
+        };
         let dynamodb_endpoint = endpoints.dynamodb.clone();
         let moto_endpoint = endpoints.moto.clone();
         let sqs_endpoint = endpoints.sqs.clone();
@@ -239,19 +250,34 @@ impl LocalStack {
         let sdk_config = flashsale_emulators::sdk_config_for(endpoints).await;
 
         let template = Template::expand(&options.template, &options.parameter_overrides)?;
+        // Card payments through the local Stripe: parameters SAM does not read (they
+        // reach the functions through `Ref` and `Fn::If`), so the expansion stands.
+        let parameter_overrides = match &stripe_endpoint {
+            Some(endpoint) => local_stripe::with_card_payments(
+                &options.parameter_overrides,
+                |name| template.parameters.contains_key(name),
+                endpoint,
+            ),
+            None => options.parameter_overrides.clone(),
+        };
         let context = StackContext {
             stack_name: options.stack_name.clone(),
             region: REGION.to_owned(),
             account_id: ACCOUNT_ID.to_owned(),
             sqs_endpoint: sqs_endpoint.clone(),
         };
-        let model = Arc::new(StackModel::build(
-            &template,
-            context,
-            &options.parameter_overrides,
-        )?);
+        let model = Arc::new(StackModel::build(&template, context, &parameter_overrides)?);
         let clients = Clients::new(&sdk_config);
         let provisioned = provision::provision(&model, &clients).await?;
+        // Before any function's cold start reads the keys.
+        let webhook_secret = match &stripe_endpoint {
+            Some(_) if local_stripe::takes_card_payments(&model) => {
+                let secret = local_stripe::new_webhook_secret();
+                local_stripe::put_keys(&clients.secretsmanager, &model, &secret).await?;
+                Some(secret)
+            }
+            _ => None,
+        };
 
         if let Some(unknown) = options
             .function_overrides
@@ -290,6 +316,9 @@ impl LocalStack {
             .local_addr()
             .map_err(|source| StackError::Bind { addr, source })?;
         let api_url = format!("http://{local_addr}");
+        if let (Some(stripe), Some(secret)) = (&stripe_endpoint, &webhook_secret) {
+            local_stripe::register_webhook(stripe, &model.stack_name, &api_url, secret).await?;
+        }
 
         let mut tasks = Vec::new();
         let router = Arc::new(Gateway::new(lambda.clone(), jwt.clone()))
@@ -359,6 +388,7 @@ impl LocalStack {
             dynamodb_endpoint,
             moto_endpoint,
             sqs_endpoint,
+            stripe_endpoint: webhook_secret.and(stripe_endpoint),
             lambda,
             jwt,
             shutdown,

@@ -1,0 +1,215 @@
+//! Card payments end to end, over HTTP: the local stack with its local Stripe
+//! (localstripe, made faithful by our launcher). The buyer's order is paid with Stripe's
+//! test cards as the page's Stripe.js confirms them (the publishable key and the client
+//! secret, no secret key), settled by the page's confirm call or by the webhook the local
+//! Stripe sends, and money that comes after the deadline moves nothing.
+
+use std::time::Duration;
+
+use flashsale_e2e::{Harness, eventually};
+use reqwest::StatusCode;
+use serde_json::Value;
+
+const GOOD_CARD: &str = "4242424242424242";
+const DECLINED_CARD: &str = "4000000000000002";
+
+/// The local Stripe, as the page and the operator see it.
+struct LocalStripe {
+    base: String,
+    http: reqwest::Client,
+}
+
+impl LocalStripe {
+    fn of(harness: &Harness) -> Self {
+        Self {
+            base: harness
+                .stack
+                .stripe_endpoint
+                .clone()
+                .expect("the local stack takes card payments through its local Stripe"),
+            http: reqwest::Client::new(),
+        }
+    }
+
+    /// The page confirms the payment with `card` typed in, as Stripe.js does: the
+    /// publishable key and the client secret the API answered, nothing else.
+    async fn page_confirm(&self, payment: &Value, card: &str) -> (StatusCode, Value) {
+        let field = |name: &str| payment[name].as_str().expect(name).to_owned();
+        let response = self
+            .http
+            .post(format!(
+                "{}/v1/payment_intents/{}/confirm",
+                self.base,
+                field("payment_id")
+            ))
+            .form(&[
+                ("key", field("publishable_key").as_str()),
+                ("client_secret", field("client_secret").as_str()),
+                ("payment_method_data[type]", "card"),
+                ("payment_method_data[card][number]", card),
+                ("payment_method_data[card][exp_month]", "12"),
+                ("payment_method_data[card][exp_year]", "2034"),
+                ("payment_method_data[card][cvc]", "123"),
+            ])
+            .send()
+            .await
+            .expect("the local Stripe answers");
+        let status = response.status();
+        (status, response.json().await.expect("JSON"))
+    }
+
+    /// The PaymentIntent's status, as the operator reads it in Stripe's dashboard.
+    async fn status_of(&self, payment: &Value) -> String {
+        let id = payment["payment_id"].as_str().expect("payment_id");
+        let intent: Value = self
+            .http
+            .get(format!("{}/v1/payment_intents/{id}", self.base))
+            .bearer_auth(flashsale_local::local_stripe::SECRET_KEY)
+            .send()
+            .await
+            .expect("the local Stripe answers")
+            .json()
+            .await
+            .expect("JSON");
+        intent["status"].as_str().unwrap_or_default().to_owned()
+    }
+}
+
+/// The page's confirm call: the order after its settlement (200).
+async fn settled_by_the_page(harness: &Harness, buyer: &str, order_id: &str) -> Value {
+    let settled = harness
+        .api
+        .confirm_payment(buyer, order_id)
+        .await
+        .expect("confirm answers");
+    assert_eq!(settled.status, StatusCode::OK, "{}", settled.body);
+    settled.body
+}
+
+/// A buyer holding one unit of a fresh sale, and the payment the API opened for it.
+async fn a_held_order_with_its_payment(
+    harness: &Harness,
+    sale_id: &str,
+    window_secs: u32,
+) -> (String, String, Value) {
+    harness.active_sale(sale_id, 5, 1, window_secs).await;
+    let buyer = harness.user(&format!("{sale_id}-buyer"));
+    let (order_id, _) = harness.grab_ok(&buyer, sale_id).await;
+    let opened = harness
+        .api
+        .open_payment(&buyer, &order_id)
+        .await
+        .expect("open answers");
+    assert_eq!(opened.status, StatusCode::OK, "{}", opened.body);
+    assert_eq!(opened.body["amount"], 129_900);
+    assert_eq!(opened.body["currency"], "eur");
+    (buyer, order_id, opened.body)
+}
+
+#[tokio::test]
+async fn a_buyer_pays_with_a_good_card_and_the_money_is_captured_once_the_order_is_paid() {
+    let harness = Harness::start("card-paid").await;
+    let (buyer, order_id, payment) =
+        a_held_order_with_its_payment(&harness, "card-paid", 600).await;
+    let stripe = LocalStripe::of(&harness);
+
+    let (status, confirmed) = stripe.page_confirm(&payment, GOOD_CARD).await;
+    assert_eq!(status, StatusCode::OK, "{confirmed:#}");
+    assert_eq!(
+        confirmed["status"], "requires_capture",
+        "authorised, not yet taken"
+    );
+
+    let settled = settled_by_the_page(&harness, &buyer, &order_id).await;
+    assert_eq!(settled["status"], "paid");
+    // The page's call and the webhook race to settle; each says what it found, and
+    // the money moved once.
+    assert_eq!(stripe.status_of(&payment).await, "succeeded", "captured");
+    let stats = harness.stats("card-paid").await;
+    assert_eq!(stats["paid"], 1, "{stats}");
+    assert_eq!(stats["consistent"], true, "{stats}");
+}
+
+#[tokio::test]
+async fn the_webhook_alone_settles_a_payment_the_page_never_reported() {
+    let harness = Harness::start("card-webhook").await;
+    let (buyer, order_id, payment) =
+        a_held_order_with_its_payment(&harness, "card-webhook", 600).await;
+    let stripe = LocalStripe::of(&harness);
+    let (status, confirmed) = stripe.page_confirm(&payment, GOOD_CARD).await;
+    assert_eq!(status, StatusCode::OK, "{confirmed:#}");
+    // The tab closed before the page's confirm call: Stripe's event settles it.
+    harness
+        .wait_for_status(&buyer, &order_id, "paid", Duration::from_secs(30))
+        .await;
+    eventually(Duration::from_secs(30), || async {
+        let now = stripe.status_of(&payment).await;
+        (now == "succeeded").then_some(()).ok_or(now)
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_declined_card_leaves_the_order_awaiting_payment() {
+    let harness = Harness::start("card-declined").await;
+    let (buyer, order_id, payment) =
+        a_held_order_with_its_payment(&harness, "card-declined", 600).await;
+    let stripe = LocalStripe::of(&harness);
+    let (status, declined) = stripe.page_confirm(&payment, DECLINED_CARD).await;
+    assert_eq!(status, StatusCode::PAYMENT_REQUIRED, "{declined:#}");
+    assert_eq!(declined["error"]["code"], "card_declined");
+
+    let settled = settled_by_the_page(&harness, &buyer, &order_id).await;
+    assert_eq!(settled["settlement"], "awaiting_buyer");
+    assert_eq!(settled["status"], "reserved");
+    // The buyer tries again with a good card, within the window.
+    let (status, _) = stripe.page_confirm(&payment, GOOD_CARD).await;
+    assert_eq!(status, StatusCode::OK);
+    let paid = settled_by_the_page(&harness, &buyer, &order_id).await;
+    assert_eq!(paid["status"], "paid", "{paid}");
+}
+
+#[tokio::test]
+async fn a_card_confirmed_after_the_deadline_moves_no_money() {
+    let harness = Harness::start("card-late").await;
+    let (buyer, order_id, payment) = a_held_order_with_its_payment(&harness, "card-late", 2).await;
+    // Past the deadline; the release timer may or may not have fired yet: the
+    // settlement decides against the deadline either way.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let stripe = LocalStripe::of(&harness);
+    let (status, confirmed) = stripe.page_confirm(&payment, GOOD_CARD).await;
+    assert_eq!(status, StatusCode::OK, "{confirmed:#}");
+
+    let settled = settled_by_the_page(&harness, &buyer, &order_id).await;
+    assert_eq!(settled["status"], "expired");
+    eventually(Duration::from_secs(30), || async {
+        let now = stripe.status_of(&payment).await;
+        (now == "canceled").then_some(()).ok_or(now)
+    })
+    .await;
+    let stats = harness.stats("card-late").await;
+    assert_eq!(stats["paid"], 0, "{stats}");
+    assert_eq!(stats["consistent"], true, "{stats}");
+}
+
+#[tokio::test]
+async fn the_webhook_route_needs_no_token_but_a_stripe_signature() {
+    let harness = Harness::start("card-forged").await;
+    let event = serde_json::json!({
+        "id": "evt_forged",
+        "type": "payment_intent.amount_capturable_updated",
+        "data": {"object": {"id": "pi_forged", "object": "payment_intent"}},
+    });
+    for signature in [None, Some("t=1,v1=00"), Some("nonsense")] {
+        let mut request = reqwest::Client::new()
+            .post(format!("{}/payments/stripe/webhook", harness.stack.api_url))
+            .json(&event);
+        if let Some(signature) = signature {
+            request = request.header("stripe-signature", signature);
+        }
+        let response = request.send().await.expect("the API answers");
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{signature:?}");
+        let body: Value = response.json().await.expect("JSON");
+        assert_eq!(body["error"], "invalid_signature", "{signature:?}: {body}");
+    }
+}
