@@ -6,74 +6,11 @@
 
 use std::time::Duration;
 
-use flashsale_e2e::{Harness, eventually};
+use flashsale_e2e::{GOOD_CARD, Harness, LocalStripe, eventually};
 use reqwest::StatusCode;
 use serde_json::Value;
 
-const GOOD_CARD: &str = "4242424242424242";
 const DECLINED_CARD: &str = "4000000000000002";
-
-/// The local Stripe, as the page and the operator see it.
-struct LocalStripe {
-    base: String,
-    http: reqwest::Client,
-}
-
-impl LocalStripe {
-    fn of(harness: &Harness) -> Self {
-        Self {
-            base: harness
-                .stack
-                .stripe_endpoint
-                .clone()
-                .expect("the local stack takes card payments through its local Stripe"),
-            http: reqwest::Client::new(),
-        }
-    }
-
-    /// The page confirms the payment with `card` typed in, as Stripe.js does: the
-    /// publishable key and the client secret the API answered, nothing else.
-    async fn page_confirm(&self, payment: &Value, card: &str) -> (StatusCode, Value) {
-        let field = |name: &str| payment[name].as_str().expect(name).to_owned();
-        let response = self
-            .http
-            .post(format!(
-                "{}/v1/payment_intents/{}/confirm",
-                self.base,
-                field("payment_id")
-            ))
-            .form(&[
-                ("key", field("publishable_key").as_str()),
-                ("client_secret", field("client_secret").as_str()),
-                ("payment_method_data[type]", "card"),
-                ("payment_method_data[card][number]", card),
-                ("payment_method_data[card][exp_month]", "12"),
-                ("payment_method_data[card][exp_year]", "2034"),
-                ("payment_method_data[card][cvc]", "123"),
-            ])
-            .send()
-            .await
-            .expect("the local Stripe answers");
-        let status = response.status();
-        (status, response.json().await.expect("JSON"))
-    }
-
-    /// The PaymentIntent's status, as the operator reads it in Stripe's dashboard.
-    async fn status_of(&self, payment: &Value) -> String {
-        let id = payment["payment_id"].as_str().expect("payment_id");
-        let intent: Value = self
-            .http
-            .get(format!("{}/v1/payment_intents/{id}", self.base))
-            .bearer_auth(flashsale_local::local_stripe::SECRET_KEY)
-            .send()
-            .await
-            .expect("the local Stripe answers")
-            .json()
-            .await
-            .expect("JSON");
-        intent["status"].as_str().unwrap_or_default().to_owned()
-    }
-}
 
 /// The page's confirm call: the order after its settlement (200).
 async fn settled_by_the_page(harness: &Harness, buyer: &str, order_id: &str) -> Value {

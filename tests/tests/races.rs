@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use flashsale_e2e::Harness;
+use flashsale_e2e::{GOOD_CARD, Harness, LocalStripe, eventually};
 use futures::future::join_all;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -147,6 +147,100 @@ async fn pay_against_the_timeout_has_exactly_one_winner_every_time() {
     assert_eq!(
         stats["available"], timeout_wins,
         "each expired unit came back once: {stats}"
+    );
+    assert_eq!(stats["consistent"], true, "{stats}");
+}
+
+/// Card payments against the timeout, through the local Stripe: around each order's
+/// deadline its owner's card is confirmed at Stripe and the page asks for the
+/// settlement, while the timer's event is delivered right at the deadline and Stripe's
+/// webhook settles too. Whoever wins, money and unit agree: paid and captured, or expired
+/// with the authorisation released (or the money refunded, were it captured).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_card_payment_against_the_timeout_and_the_webhook_ends_right_every_time() {
+    const ORDERS: usize = 40;
+    let harness = Harness::start("card-race").await;
+    harness.active_sale("card-race", ORDERS as u32, 4, 15).await;
+    let orders = open_orders(&harness, "card-race", ORDERS).await;
+    let stripe = LocalStripe::of(&harness);
+    let payments = join_all(orders.iter().map(|order| async {
+        let opened = harness
+            .api
+            .open_payment(&order.user, &order.order_id)
+            .await
+            .expect("open answers");
+        assert_eq!(opened.status, StatusCode::OK, "{}", opened.body);
+        opened.body
+    }))
+    .await;
+
+    let races = orders
+        .iter()
+        .zip(&payments)
+        .enumerate()
+        .map(|(n, (order, payment))| {
+            let (harness, stripe) = (&harness, &stripe);
+            async move {
+                // The card's confirmation at Stripe and the settlement each take a
+                // round trip before the pay write, and Stripe (localstripe: one Python
+                // process) takes the 40 confirmations of the second one after another:
+                // starting from a second before the deadline to the deadline puts the
+                // writes on both sides of it.
+                let offset =
+                    chrono::Duration::milliseconds(i64::try_from(n % 21).unwrap() * 50 - 1000);
+                let until = |at: chrono::DateTime<chrono::Utc>| {
+                    (at - chrono::Utc::now()).to_std().unwrap_or_default()
+                };
+                let pay = async {
+                    tokio::time::sleep(until(order.expires_at + offset)).await;
+                    let (status, confirmed) = stripe.page_confirm(payment, GOOD_CARD).await;
+                    assert_eq!(status, StatusCode::OK, "{confirmed:#}");
+                    harness
+                        .api
+                        .confirm_payment(&order.user, &order.order_id)
+                        .await
+                        .expect("confirm answers")
+                };
+                let fire = async {
+                    tokio::time::sleep(until(order.expires_at)).await;
+                    release(harness, &order.timer).await
+                };
+                let (settled, _) = tokio::join!(pay, fire);
+                assert_eq!(settled.status, StatusCode::OK, "{}", settled.body);
+            }
+        });
+    join_all(races).await;
+
+    // The webhook may still be settling: each order ends in one of the agreed pairs.
+    let mut ends = std::collections::BTreeMap::<(String, String), usize>::new();
+    for (order, payment) in orders.iter().zip(&payments) {
+        let end = eventually(Duration::from_secs(60), || async {
+            let status = harness.order_status(&order.user, &order.order_id).await;
+            let intent = stripe.status_of(payment).await;
+            let agreed = matches!(
+                (status.as_str(), intent.as_str()),
+                ("paid", "succeeded") | ("expired", "canceled") | ("refunded", "succeeded")
+            );
+            agreed
+                .then(|| (status.clone(), intent.clone()))
+                .ok_or((status, intent))
+        })
+        .await;
+        *ends.entry(end).or_default() += 1;
+    }
+    eprintln!("card payment vs timeout and webhook, {ORDERS} races: {ends:?}");
+    let count = |status: &str| -> usize {
+        ends.iter()
+            .filter(|((end, _), _)| end == status)
+            .map(|(_, n)| n)
+            .sum()
+    };
+    let stats = harness.stats("card-race").await;
+    assert_eq!(stats["paid"], count("paid"), "{stats}");
+    assert_eq!(
+        stats["expired"].as_u64().unwrap() + stats["refunded"].as_u64().unwrap(),
+        (count("expired") + count("refunded")) as u64,
+        "{stats}"
     );
     assert_eq!(stats["consistent"], true, "{stats}");
 }
