@@ -45,6 +45,9 @@ SCREENSHOT_SCRATCH = ROOT / "target" / "browser-screenshots"
 PHONE = {"width": 412, "height": 800}
 DESKTOP = {"width": 1100, "height": 1000}
 
+# The local stack's Stripe test key (infra/local/src/local_stripe.rs).
+LOCAL_STRIPE_SECRET_KEY = "sk_test_flashsale_local"
+
 # The origin of the identity provider that test_sale_page's sign-in test plays.
 IDP_ORIGIN = "https://idp.example.test"
 
@@ -69,6 +72,7 @@ class LocalStack:
         self.binary = binary
         self.process = None
         self.url = None
+        self.stripe_url = None
         self.output = []
 
     def start(self):
@@ -82,6 +86,7 @@ class LocalStack:
                 "--dynamodb-port", "0",
                 "--moto-port", "0",
                 "--sqs-port", "0",
+                "--stripe-port", "0",
                 "--parameter-overrides",
                 "GrabThrottleRateLimit=60", "GrabThrottleBurstLimit=30",
                 # The identity provider the sign-in test plays: the pages' policy lets
@@ -101,6 +106,9 @@ class LocalStack:
             # Keeps reading for the whole run, so the pipe never fills and blocks it.
             for line in self.process.stdout:
                 self.output.append(line)
+                stripe = re.search(r"Stripe\s+(http://\S+)", line)
+                if stripe:
+                    self.stripe_url = stripe.group(1)
                 match = re.search(r"HTTP API\s+(http://\S+)", line)
                 if match and not found.is_set():
                     self.url = match.group(1)
@@ -153,6 +161,17 @@ class LocalStack:
                 return status, body, attempt
             attempt += 1
             time.sleep(min(2.0, 0.2 * attempt))
+
+    def payment_of(self, order_id):
+        """The order's PaymentIntent as the local Stripe has it (the operator's view in
+        Stripe's dashboard), found by the order id its metadata carries."""
+        request = urllib.request.Request(f"{self.stripe_url}/v1/payment_intents?limit=100")
+        request.add_header("authorization", f"Bearer {LOCAL_STRIPE_SECRET_KEY}")
+        with urllib.request.urlopen(request, timeout=30) as response:
+            intents = json.loads(response.read())["data"]
+        found = [i for i in intents if i.get("metadata", {}).get("order_id") == order_id]
+        assert len(found) == 1, f"{len(found)} payments name {order_id}"
+        return found[0]
 
     def token(self, user_id, admin=False):
         status, body = self.call("POST", "/local/token", body={"user_id": user_id, "admin": admin})

@@ -17,6 +17,9 @@ from playwright.sync_api import expect
 EXPIRY_DEADLINE_MS = 240_000
 # An order awaiting payment: the grab's hold is the order, reserved until it settles.
 OPEN_ORDER = re.compile(r"^reserved$")
+# Stripe's test cards.
+GOOD_CARD = "4242424242424242"
+DECLINED_CARD = "4000000000000002"
 
 
 def buyer_page(open_page, stack, sale_id, user=None, **kwargs):
@@ -98,10 +101,18 @@ def test_a_buyer_buys_and_pays(open_page, stack):
     assert_accessible(page, "an order awaiting payment")
     screenshot(page, "awaiting-payment")
     page.locator("#pay").click()
+    fill_card(page, GOOD_CARD)
+    assert_accessible(page, "the card form")
+    screenshot(page, "card-form")
+    page.locator("#pay-card").click()
     expect(status).to_have_attribute("data-status", "paid")
     expect(page.locator("#pay")).to_be_hidden()
+    expect(page.locator("#card-form")).to_be_hidden()
     expect(page.get_by_test_id("order-price")).to_have_text("Paid: €1,299.00")
     screenshot(page, "paid")
+    # The money moved only once the order was paid: captured at Stripe, for the price.
+    payment = stack.payment_of(page.locator("#order-id").inner_text())
+    assert (payment["status"], payment["amount"], payment["currency"]) == ("succeeded", 129900, "eur"), payment
     # Units are left, but this buyer bought all one buyer may (1): the page says so
     # instead of offering a grab that can only be refused.
     expect(page.locator("#buy")).to_be_disabled()
@@ -109,6 +120,39 @@ def test_a_buyer_buys_and_pays(open_page, stack):
     assert_accessible(page, "a buyer at the per-user limit")
     stats = stack.stats(sale_id)
     assert (stats["paid"], stats["available"], stats["consistent"]) == (1, 4, True), stats
+
+
+def fill_card(page, number):
+    """Types a card into Stripe's card Element, as a buyer does."""
+    expect(page.locator("#card-form")).to_be_visible()
+    page.get_by_label("Card number").fill(number)
+    page.get_by_label("Expiry month (MM)").fill("12")
+    page.get_by_label("Expiry year (YY)").fill("34")
+    page.get_by_label("Security code (CVC)").fill("123")
+    page.get_by_label("Postal code").fill("75001")
+    expect(page.locator("#pay-card")).to_have_text("Pay €1,299.00")
+
+
+def test_a_declined_card_is_said_so_and_the_order_still_awaits_payment(open_page, stack):
+    sale_id, _ = stack.create_sale(stock=5, prefix="declined")
+    page = buyer_page(open_page, stack, sale_id)
+    page.locator("#buy").click()
+    status = page.locator("#order-status")
+    expect(status).to_have_attribute("data-status", "reserved")
+    page.locator("#pay").click()
+    fill_card(page, DECLINED_CARD)
+    page.locator("#pay-card").click()
+    expect(page.locator("#card-message")).to_have_text(re.compile("declined", re.IGNORECASE))
+    expect(status).to_have_attribute("data-status", "reserved")
+    assert_accessible(page, "a declined card")
+    screenshot(page, "card-declined")
+    # Another card, within the window: paid.
+    fill_card(page, GOOD_CARD)
+    page.locator("#pay-card").click()
+    expect(status).to_have_attribute("data-status", "paid")
+    expect(page.locator("#card-message")).to_be_hidden()
+    stats = stack.stats(sale_id)
+    assert (stats["paid"], stats["consistent"]) == (1, True), stats
 
 
 def test_a_price_is_shown_with_its_own_currencys_decimals(open_page, stack):

@@ -9,9 +9,10 @@
 
 import { $, call, formatDuration, formatPrice, humanMessage, isRetryable, sleep, untilAnswered } from "./api.js";
 import { completeProviderSignIn, currentSession, renderSignIn } from "./auth.js";
+import { openCardForm, takesCards } from "./card.js";
 import { ServerClock, servedFromCache } from "./clock.js";
 
-const FINAL = new Set(["paid", "cancelled", "expired"]);
+const FINAL = new Set(["paid", "cancelled", "expired", "refunded"]);
 const MAX_GRAB_ATTEMPTS = 40;
 
 /** From `?sale=`, read once the provider's sign-in answer is off the address. */
@@ -35,6 +36,10 @@ const ui = {
   payCountdown: $("#pay-countdown"),
   pay: $("#pay"),
   cancel: $("#cancel"),
+  cardForm: $("#card-form"),
+  cardField: $("#card-field"),
+  cardMessage: $("#card-message"),
+  payCard: $("#pay-card"),
 };
 
 const state = {
@@ -50,6 +55,8 @@ const state = {
   /** A grab answered limit_reached: this buyer holds or bought all one buyer may. */
   atLimit: false,
   enabledOnce: false,
+  /** The open card form (card.js), while the buyer pays by card. */
+  card: null,
 };
 
 function say(text, kind = "info") {
@@ -359,6 +366,7 @@ function updateOrder(order) {
 }
 
 function endOrder() {
+  closeCard();
   following = null;
   sessionStorage.removeItem(orderKey());
   state.order = null;
@@ -371,6 +379,7 @@ const ORDER_TEXT = {
   paid: "Paid - it is yours!",
   expired: "Expired - the payment window closed and the unit went back on sale",
   cancelled: "Cancelled - the unit went back on sale",
+  refunded: "Refunded - your payment came after the order ended, and was given back",
 };
 
 function renderOrder(now) {
@@ -391,8 +400,68 @@ function renderOrder(now) {
     // Rounded down: the deadline is already the window rounded up to a whole second
     // (the release timer's precision), and rounding up again showed 1:01 for a minute.
     left > 0 ? `Pay within ${formatDuration(left, Math.floor)}` : "The payment window has closed; releasing the unit...";
-  ui.pay.hidden = ui.cancel.hidden = !open;
-  ui.pay.disabled = ui.cancel.disabled = !open || left <= 0 || ui.pay.dataset.busy === "1";
+  const busy = ui.pay.dataset.busy === "1";
+  ui.pay.hidden = !open || !!state.card;
+  ui.cancel.hidden = !open;
+  ui.pay.disabled = ui.cancel.disabled = !open || left <= 0 || busy;
+  ui.cardForm.hidden = !open || !state.card;
+  ui.payCard.disabled = !open || left <= 0 || busy;
+  if (state.card && order.price) ui.payCard.textContent = `Pay ${formatPrice(order.price)}`;
+  if (!open && state.card) closeCard();
+}
+
+function sayOnCard(text) {
+  ui.cardMessage.textContent = text || "";
+  ui.cardMessage.hidden = !text;
+}
+
+function closeCard() {
+  state.card?.close();
+  state.card = null;
+  sayOnCard("");
+}
+
+/** The Pay button, where the deployment takes cards: the order's payment and the card form. */
+async function openCard() {
+  const order = state.order;
+  if (!order || state.card) return;
+  ui.pay.dataset.busy = "1";
+  render();
+  const form = await openCardForm(order.order_id, state.session.token, ui.cardField);
+  delete ui.pay.dataset.busy;
+  if (form.error) {
+    say(humanMessage(form.error), "error");
+    following = null;
+    followOrder(order.order_id);
+  } else if (state.order?.order_id === order.order_id) {
+    state.card = form;
+  } else {
+    form.close();
+  }
+  render();
+}
+
+/** The card form's button: Stripe confirms the card, then the API settles the order. */
+async function payByCard() {
+  const order = state.order;
+  const form = state.card;
+  if (!order || !form) return;
+  ui.pay.dataset.busy = "1";
+  sayOnCard("");
+  render();
+  const { cardError, settled } = await form.pay();
+  delete ui.pay.dataset.busy;
+  if (!settled.ok) {
+    say(humanMessage(settled), "error");
+  } else {
+    updateOrder(settled.data);
+    if (settled.data.settlement === "voided") {
+      say("The payment window closed before your payment went through; no money was taken.", "error");
+    } else if (cardError && settled.data.status === "reserved") {
+      sayOnCard(cardError);
+    }
+  }
+  render();
 }
 
 async function settle(action) {
@@ -423,6 +492,7 @@ async function settle(action) {
 // ---------------------------------------------------------------- start
 
 async function signedInChanged() {
+  closeCard();
   state.session = await currentSession();
   following = null;
   state.order = null;
@@ -449,7 +519,9 @@ async function main() {
     return;
   }
   ui.buy.addEventListener("click", buy);
-  ui.pay.addEventListener("click", () => settle("pay"));
+  const cards = await takesCards();
+  ui.pay.addEventListener("click", () => (cards ? openCard() : settle("pay")));
+  ui.payCard.addEventListener("click", payByCard);
   ui.cancel.addEventListener("click", () => settle("cancel"));
   await signedInChanged();
   pollStatus();

@@ -1,6 +1,6 @@
 //! Card payments on the local stack. With a local Stripe among the emulators (the
 //! patched localstripe `flashsale-emulators` starts), the stack runs the template with
-//! `CardPayments=stripe` and `StripeApiBase` pointed at it, puts test keys into the
+//! `CardPayments=stripe` and `StripeApiBase` and `StripeJsOrigin` pointed at it, puts test keys into the
 //! template's Stripe keys secret before any function starts, and registers its webhook
 //! endpoint with the local Stripe once the API listens: what an operator does by hand
 //! on AWS (docs/deploy.md), done at every start because localstripe keeps webhooks in
@@ -14,11 +14,17 @@ use crate::resolve::ParamValue;
 /// The template's parameters this module sets, unless the caller set them.
 pub const CARD_PAYMENTS: &str = "CardPayments";
 pub const STRIPE_API_BASE: &str = "StripeApiBase";
+pub const STRIPE_JS_ORIGIN: &str = "StripeJsOrigin";
 /// The template's secret of the keys.
 pub const KEYS_SECRET: &str = "StripeKeysSecret";
 /// Test keys: localstripe takes any key of the right kind.
 pub const SECRET_KEY: &str = "sk_test_flashsale_local";
 pub const PUBLISHABLE_KEY: &str = "pk_test_flashsale_local";
+/// Stripe.js, as the local Stripe serves it: the pages' `config.json` names it.
+pub fn stripe_js(endpoint: &str) -> String {
+    format!("{endpoint}/js.stripe.com/v3/")
+}
+
 /// Where Stripe delivers events, under the API.
 pub const WEBHOOK_PATH: &str = "/payments/stripe/webhook";
 
@@ -48,7 +54,11 @@ pub fn with_card_payments(
     endpoint: &str,
 ) -> BTreeMap<String, String> {
     let mut overrides = overrides.clone();
-    for (name, value) in [(CARD_PAYMENTS, "stripe"), (STRIPE_API_BASE, endpoint)] {
+    for (name, value) in [
+        (CARD_PAYMENTS, "stripe"),
+        (STRIPE_API_BASE, endpoint),
+        (STRIPE_JS_ORIGIN, endpoint),
+    ] {
         if declared(name) {
             overrides
                 .entry(name.to_owned())

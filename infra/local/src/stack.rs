@@ -320,14 +320,18 @@ impl LocalStack {
             local_stripe::register_webhook(stripe, &model.stack_name, &api_url, secret).await?;
         }
 
+        let mut pages = static_files::Pages::new(
+            static_files::pages_dir_for(&options.template),
+            &model.page_headers,
+        )?;
+        if let (Some(stripe), Some(_)) = (&stripe_endpoint, &webhook_secret) {
+            pages = pages.with_config("stripe_js", local_stripe::stripe_js(stripe));
+        }
         let mut tasks = Vec::new();
         let router = Arc::new(Gateway::new(lambda.clone(), jwt.clone()))
             .router()
             .layer(axum::middleware::from_fn_with_state(
-                Arc::new(static_files::Pages::new(
-                    static_files::pages_dir_for(&options.template),
-                    &model.page_headers,
-                )?),
+                Arc::new(pages),
                 static_files::serve_pages,
             ));
         let mut server_shutdown = shutdown_rx.clone();

@@ -24,6 +24,9 @@ use http::{HeaderName, HeaderValue, Method, StatusCode, header};
 pub struct Pages {
     root: PathBuf,
     headers: Vec<(HeaderName, HeaderValue)>,
+    /// Values the local stack adds to `config.json`, as a deployment writes its own
+    /// (the local Stripe's Stripe.js, say).
+    config: serde_json::Map<String, serde_json::Value>,
 }
 
 /// A page header the template names that is not a valid HTTP header.
@@ -51,9 +54,37 @@ impl Pages {
                 ))
             })
             .collect::<Result<_, _>>()?;
-        Ok(Self { root, headers })
+        Ok(Self {
+            root,
+            headers,
+            config: serde_json::Map::new(),
+        })
+    }
+
+    /// These pages with `key` set to `value` in the `config.json` they serve.
+    pub fn with_config(mut self, key: &str, value: impl Into<serde_json::Value>) -> Self {
+        self.config.insert(key.to_owned(), value.into());
+        self
+    }
+
+    /// `config.json` as read, with the local values over it; other files as read.
+    fn configured(&self, path: &Path, bytes: Vec<u8>) -> Vec<u8> {
+        if self.config.is_empty() || path != self.root.join(CONFIG) {
+            return bytes;
+        }
+        match serde_json::from_slice::<serde_json::Value>(&bytes) {
+            Ok(serde_json::Value::Object(mut config)) => {
+                config.extend(self.config.clone());
+                serde_json::to_vec(&config).unwrap_or(bytes)
+            }
+            // Not an object: served as it is, for the page to report.
+            _ => bytes,
+        }
     }
 }
+
+/// The pages' configuration file.
+const CONFIG: &str = "config.json";
 
 /// The folder of the pages next to a template: `web/`.
 pub fn pages_dir_for(template: &Path) -> PathBuf {
@@ -118,6 +149,7 @@ pub async fn serve_pages(
     let Ok(bytes) = tokio::fs::read(&path).await else {
         return next.run(request).await;
     };
+    let bytes = pages.configured(&path, bytes);
     let length = bytes.len();
     let body = if request.method() == Method::HEAD {
         Body::empty()

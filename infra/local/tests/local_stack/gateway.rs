@@ -164,12 +164,19 @@ async fn the_pages_carry_the_templates_security_headers() {
             .and_then(|value| value.to_str().ok())
             .map(str::to_owned)
     };
+    // Stripe's origins are the local Stripe's here (the stack's StripeJsOrigin and
+    // StripeApiBase), as a deployed stack's are Stripe's own.
+    let stripe = stack
+        .stripe_endpoint
+        .as_deref()
+        .expect("card payments through the local Stripe");
     assert_eq!(
-        header("content-security-policy").as_deref(),
-        Some(
-            "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; \
-             connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
-        )
+        header("content-security-policy"),
+        Some(format!(
+            "default-src 'none'; script-src 'self' {stripe}; style-src 'self'; img-src 'self'; \
+             connect-src 'self' {stripe}; frame-src {stripe} https://hooks.stripe.com; \
+             form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
+        ))
     );
     assert_eq!(
         header("strict-transport-security").as_deref(),
@@ -188,4 +195,20 @@ async fn the_pages_carry_the_templates_security_headers() {
         .expect("an API answer");
     assert!(api.headers().get("content-security-policy").is_none());
     stack.shutdown().await;
+}
+
+/// The pages' `config.json` names the local Stripe's Stripe.js, as a deployment's names
+/// Stripe's: the sale page loads its card form from there.
+#[tokio::test]
+async fn the_pages_config_names_the_local_stripes_stripe_js() {
+    let stack = start(options("gw-page-config")).await;
+    let config: serde_json::Value = reqwest::get(format!("{}/config.json", stack.api_url))
+        .await
+        .expect("config.json")
+        .json()
+        .await
+        .expect("JSON");
+    let stripe = stack.stripe_endpoint.as_deref().expect("a local Stripe");
+    assert_eq!(config["stripe_js"], format!("{stripe}/js.stripe.com/v3/"));
+    assert_eq!(config["auth"], "local", "the file's own values stay");
 }
