@@ -155,6 +155,25 @@ def test_a_declined_card_is_said_so_and_the_order_still_awaits_payment(open_page
     assert (stats["paid"], stats["consistent"]) == (1, True), stats
 
 
+def test_a_card_cannot_be_paid_once_the_window_closed_and_no_money_moves(open_page, stack):
+    sale_id, _ = stack.create_sale(stock=1, payment_timeout_secs=5, prefix="latecard")
+    page = buyer_page(open_page, stack, sale_id)
+    page.locator("#buy").click()
+    status = page.locator("#order-status")
+    expect(status).to_have_attribute("data-status", "reserved")
+    page.locator("#pay").click()
+    fill_card(page, GOOD_CARD)
+    # The buyer hesitates past the deadline: the form's button shuts with the window,
+    # and the form goes once the order is released.
+    expect(page.locator("#pay-card")).to_be_disabled(timeout=15_000)
+    expect(page.locator("#pay-countdown")).to_contain_text("The payment window has closed")
+    expect(status).to_have_attribute("data-status", "expired", timeout=EXPIRY_DEADLINE_MS)
+    expect(page.locator("#card-form")).to_be_hidden()
+    payment = stack.payment_of(page.locator("#order-id").inner_text())
+    assert payment["status"] in ("requires_payment_method", "canceled"), payment
+    assert payment.get("amount_received", 0) == 0, payment
+
+
 def test_a_price_is_shown_with_its_own_currencys_decimals(open_page, stack):
     # JPY has no minor unit and BHD three (ISO 4217): the amounts are in those units.
     for price, shown in [
