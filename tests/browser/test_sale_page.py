@@ -20,6 +20,7 @@ OPEN_ORDER = re.compile(r"^reserved$")
 # Stripe's test cards.
 GOOD_CARD = "4242424242424242"
 DECLINED_CARD = "4000000000000002"
+AUTHENTICATION_CARD = "4000002500003155"
 
 
 def buyer_page(open_page, stack, sale_id, user=None, **kwargs):
@@ -153,6 +154,28 @@ def test_a_declined_card_is_said_so_and_the_order_still_awaits_payment(open_page
     expect(page.locator("#card-message")).to_be_hidden()
     stats = stack.stats(sale_id)
     assert (stats["paid"], stats["consistent"]) == (1, True), stats
+
+
+def test_a_card_that_asks_for_authentication_pays_only_once_the_buyer_completes_it(open_page, stack):
+    sale_id, _ = stack.create_sale(stock=5, prefix="threeds")
+    page = buyer_page(open_page, stack, sale_id)
+    page.locator("#buy").click()
+    status = page.locator("#order-status")
+    expect(status).to_have_attribute("data-status", "reserved")
+    page.locator("#pay").click()
+    fill_card(page, AUTHENTICATION_CARD)
+    page.locator("#pay-card").click()
+    # Stripe.js's authentication step (the local Stripe's stand-in for the bank's page).
+    page.get_by_role("button", name="Fail authentication").click()
+    expect(page.locator("#card-message")).not_to_be_empty()
+    expect(page.locator("#card-message")).to_be_visible()
+    expect(status).to_have_attribute("data-status", "reserved")
+    fill_card(page, AUTHENTICATION_CARD)
+    page.locator("#pay-card").click()
+    page.get_by_role("button", name="Complete authentication").click()
+    expect(status).to_have_attribute("data-status", "paid")
+    payment = stack.payment_of(page.locator("#order-id").inner_text())
+    assert payment["status"] == "succeeded", payment
 
 
 def test_a_card_cannot_be_paid_once_the_window_closed_and_no_money_moves(open_page, stack):
