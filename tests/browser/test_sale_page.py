@@ -179,7 +179,8 @@ def test_a_card_that_asks_for_authentication_pays_only_once_the_buyer_completes_
 
 
 def test_a_card_cannot_be_paid_once_the_window_closed_and_no_money_moves(open_page, stack):
-    sale_id, _ = stack.create_sale(stock=1, payment_timeout_secs=5, prefix="latecard")
+    # Long enough to open the form and type the card on a loaded machine.
+    sale_id, _ = stack.create_sale(stock=1, payment_timeout_secs=20, prefix="latecard")
     page = buyer_page(open_page, stack, sale_id)
     page.locator("#buy").click()
     status = page.locator("#order-status")
@@ -188,7 +189,7 @@ def test_a_card_cannot_be_paid_once_the_window_closed_and_no_money_moves(open_pa
     fill_card(page, GOOD_CARD)
     # The buyer hesitates past the deadline: the form's button shuts with the window,
     # and the form goes once the order is released.
-    expect(page.locator("#pay-card")).to_be_disabled(timeout=15_000)
+    expect(page.locator("#pay-card")).to_be_disabled(timeout=60_000)
     expect(page.locator("#pay-countdown")).to_contain_text("The payment window has closed")
     expect(status).to_have_attribute("data-status", "expired", timeout=EXPIRY_DEADLINE_MS)
     expect(page.locator("#card-form")).to_be_hidden()

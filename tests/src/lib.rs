@@ -631,11 +631,10 @@ impl LocalStripe {
         (status, response.json().await.expect("JSON"))
     }
 
-    /// The PaymentIntent's status, as the operator reads it in Stripe's dashboard.
-    pub async fn status_of(&self, payment: &Value) -> String {
+    /// The PaymentIntent, as the operator reads it in Stripe's dashboard.
+    pub async fn intent(&self, payment: &Value) -> Value {
         let id = payment["payment_id"].as_str().expect("payment_id");
-        let intent: Value = self
-            .http
+        self.http
             .get(format!("{}/v1/payment_intents/{id}", self.base))
             .bearer_auth(flashsale_local::local_stripe::SECRET_KEY)
             .send()
@@ -643,7 +642,12 @@ impl LocalStripe {
             .expect("the local Stripe answers")
             .json()
             .await
-            .expect("JSON");
+            .expect("JSON")
+    }
+
+    /// The PaymentIntent's status.
+    pub async fn status_of(&self, payment: &Value) -> String {
+        let intent = self.intent(payment).await;
         intent["status"].as_str().unwrap_or_default().to_owned()
     }
 }

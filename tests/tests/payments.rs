@@ -62,6 +62,20 @@ async fn a_buyer_pays_with_a_good_card_and_the_money_is_captured_once_the_order_
     // The page's call and the webhook race to settle; each says what it found, and
     // the money moved once.
     assert_eq!(stripe.status_of(&payment).await, "succeeded", "captured");
+    // One charge, captured whole, nothing given back.
+    let intent = stripe.intent(&payment).await;
+    let charges = &intent["charges"];
+    assert_eq!(charges["total_count"], 1, "{intent:#}");
+    let charge = &charges["data"][0];
+    assert_eq!(
+        (
+            &charge["captured"],
+            &charge["amount"],
+            &charge["amount_refunded"]
+        ),
+        (&Value::Bool(true), &Value::from(129_900), &Value::from(0)),
+        "{intent:#}"
+    );
     let stats = harness.stats("card-paid").await;
     assert_eq!(stats["paid"], 1, "{stats}");
     assert_eq!(stats["consistent"], true, "{stats}");

@@ -427,8 +427,14 @@ async function openCard() {
   if (!order || state.card) return;
   ui.pay.dataset.busy = "1";
   render();
-  const form = await openCardForm(order.order_id, state.session.token, ui.cardField);
-  delete ui.pay.dataset.busy;
+  let form;
+  try {
+    form = await openCardForm(order.order_id, state.session.token, ui.cardField);
+  } catch (error) {
+    form = { error: { ok: false, status: 0, data: { message: error.message } } };
+  } finally {
+    delete ui.pay.dataset.busy;
+  }
   if (form.error) {
     say(humanMessage(form.error), "error");
     following = null;
@@ -449,8 +455,21 @@ async function payByCard() {
   ui.pay.dataset.busy = "1";
   sayOnCard("");
   render();
-  const { cardError, settled } = await form.pay();
-  delete ui.pay.dataset.busy;
+  let outcome;
+  try {
+    outcome = await form.pay();
+  } catch (error) {
+    // Stripe.js itself failed (a network error): nothing settled, the buyer may try again.
+    outcome = { cardError: error.message || "The payment could not be sent. Try again.", settled: null };
+  } finally {
+    delete ui.pay.dataset.busy;
+  }
+  const { cardError, settled } = outcome;
+  if (!settled) {
+    sayOnCard(cardError);
+    render();
+    return;
+  }
   if (!settled.ok) {
     say(humanMessage(settled), "error");
   } else {

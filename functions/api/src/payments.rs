@@ -65,6 +65,23 @@ struct Received<'a> {
     outcome: &'static str,
 }
 
+/// `result`, a failed settlement counted as one (`payment_settle_failures`): the page's
+/// next call, Stripe's redelivery or the reconciler tries again.
+fn counted<T>(result: Result<T, flashsale_domain::AppError>) -> Result<T, ApiError> {
+    result.map_err(|error| {
+        if matches!(
+            error,
+            flashsale_domain::AppError::Store(_) | flashsale_domain::AppError::Provider(_)
+        ) {
+            metrics::payments(PaymentMoves {
+                failures: 1,
+                ..PaymentMoves::default()
+            });
+        }
+        ApiError::from(error)
+    })
+}
+
 fn payments(deps: &Deps) -> Result<&Payments, ApiError> {
     deps.payments.as_ref().ok_or(ApiError::PaymentsOff)
 }
@@ -101,7 +118,7 @@ pub(crate) async fn confirm_payment(
     let payments = payments(deps)?;
     let user = user_of(req)?;
     let order_id = order_id_param(req)?;
-    let settled = payments.service.settle(&order_id, &user).await?;
+    let settled = counted(payments.service.settle(&order_id, &user).await)?;
     metrics::payments(PaymentMoves::of_one(&settled.moves));
     tracing::info!(%order_id, outcome = settled.outcome.name(), "payment settled");
     let order = deps.orders.get(&order_id, &user).await?;
@@ -135,10 +152,12 @@ pub(crate) async fn stripe_webhook(deps: &Deps, req: &Request) -> Result<Respons
     )
     .map_err(ApiError::WebhookSignature)?;
     let event = webhook::event(payload).ok_or(ApiError::NotAnEvent)?;
-    let handled = payments
-        .webhook
-        .handle(&event.id, event.payment.as_ref())
-        .await?;
+    let handled = counted(
+        payments
+            .webhook
+            .handle(&event.id, event.payment.as_ref())
+            .await,
+    )?;
     let outcome = match &handled {
         EventHandled::Settled(settled) => {
             metrics::payments(PaymentMoves::of_one(&settled.moves));

@@ -78,6 +78,15 @@ async fn the_keys_are_read_at_the_cold_start_and_a_bad_secret_fails_it_naming_wh
 
     let not_json = secret_holding("sk_test_1").await;
     let error = start(&not_json).await.err().expect("not JSON");
+    let quoted = secret_holding(r#""sk_test_quoted""#).await;
+    let string = start(&quoted)
+        .await
+        .err()
+        .expect("a JSON string, not an object");
+    assert!(
+        !flashsale_lambda::failure::error_chain(&string).contains("sk_test_quoted"),
+        "the value stays out of the error: {string:?}"
+    );
     assert!(
         matches!(&error, PaymentsInitError::Keys { arn, .. } if *arn == not_json),
         "{error:?}"

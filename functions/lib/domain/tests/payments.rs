@@ -698,6 +698,24 @@ async fn the_webhook_refuses_a_payment_no_order_owns_and_fails_what_it_could_not
         webhook.handle("evt_customer", None).await.unwrap(),
         EventHandled::Ignored
     );
+    // A payment of the same Stripe account for an order this stack never had (another
+    // stack's, say): not refused, not counted, ignored.
+    let elsewhere = world
+        .provider
+        .open(
+            &flashsale_domain::OrderId::new(flashsale_domain::SaleId::parse("elsewhere").unwrap()),
+            &world.buyer,
+            world.sale.price.unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        webhook
+            .handle("evt_elsewhere", Some(&elsewhere.id))
+            .await
+            .unwrap(),
+        EventHandled::Ignored
+    );
     // A provider that does not answer fails the event, unrecorded: the redelivery
     // handles it.
     let payment = world.open(&reservation).await;

@@ -64,7 +64,8 @@ pub const RECONCILER_FAILED_SALES: &str = "reconciler_failed_sales";
 pub const PAYMENTS_SETTLED: &str = "payments_settled";
 /// Payments whose money a settlement captured.
 pub const PAYMENT_CAPTURES: &str = "payment_captures";
-/// Captures asked again of orders paid on our side whose earlier capture failed.
+/// Captures asked of orders already paid when their settlement began: a retry after a
+/// failed capture, or a second trigger racing the first (only one moves money).
 pub const PAYMENT_CAPTURE_RETRIES: &str = "payment_capture_retries";
 /// Captures that failed: the order stays paid with its capture pending.
 pub const PAYMENT_CAPTURE_FAILURES: &str = "payment_capture_failures";

@@ -39,13 +39,16 @@ impl std::fmt::Debug for StripeKeys {
 pub enum PaymentsInitError {
     #[error(transparent)]
     Secret(#[from] SecretError),
+    /// Only where the JSON went wrong: serde's own message can quote the value, which
+    /// may be a key.
     #[error(
-        "the Stripe secret {arn} is not a JSON object of secret_key, publishable_key and webhook_secret"
+        "the Stripe secret {arn} is not a JSON object of secret_key, publishable_key and webhook_secret ({category:?} error at line {line}, column {column})"
     )]
     Keys {
         arn: String,
-        #[source]
-        source: serde_json::Error,
+        category: serde_json::error::Category,
+        line: usize,
+        column: usize,
     },
     /// A key is empty or not of its kind (a publishable key where the secret key goes,
     /// say): the secret still holds the template's shape, or was filled in wrong.
@@ -63,10 +66,12 @@ impl StripeKeys {
     /// The keys `secret` holds.
     pub async fn read(secret: &SecretsManagerSecret) -> Result<Self, PaymentsInitError> {
         let arn = secret.arn();
-        let keys: Self = serde_json::from_slice(&secret.value().await?).map_err(|source| {
+        let keys: Self = serde_json::from_slice(&secret.value().await?).map_err(|error| {
             PaymentsInitError::Keys {
                 arn: arn.to_owned(),
-                source,
+                category: error.classify(),
+                line: error.line(),
+                column: error.column(),
             }
         })?;
         keys.checked()

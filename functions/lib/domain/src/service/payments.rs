@@ -161,7 +161,7 @@ impl PaymentService {
     pub async fn settle_payment(&self, id: &PaymentId) -> Result<Settled, AppError> {
         let payment = self.read(id).await?;
         let (Some(order_id), Some(buyer)) = (&payment.order_id, &payment.buyer) else {
-            return Err(AppError::PaymentMismatch);
+            return Err(AppError::OrderNotFound);
         };
         let (order, reservation) = self.owned(order_id, buyer).await?;
         if order.payment.as_ref().map(|recorded| &recorded.id) != Some(id) {
@@ -227,10 +227,11 @@ pub enum EventHandled {
     Settled(Settled),
     /// The event was processed before: acknowledged, nothing done again.
     Duplicate,
-    /// The event names no payment (not one a settlement cares about).
+    /// The event names no payment (not one a settlement cares about), or a payment
+    /// that names no order of ours (Stripe sends every event of the account).
     Ignored,
-    /// The payment is not one of our orders' own (another amount, currency or order,
-    /// or an order that records another payment): refused, nothing changed, and
+    /// The payment names one of our orders but is not its own (another amount or
+    /// currency, or the order records another payment): refused, nothing changed, and
     /// recorded so that its redeliveries are not refused again.
     Refused,
 }
@@ -259,8 +260,15 @@ impl PaymentWebhook {
             None => EventHandled::Ignored,
             Some(id) => match self.payments.settle_payment(id).await {
                 Ok(settled) => EventHandled::Settled(settled),
-                Err(AppError::PaymentMismatch | AppError::OrderNotFound) => {
-                    tracing::warn!(event_id, payment = %id, "an event's payment is no order's own");
+                // Stripe sends an account's every event to every endpoint: a payment
+                // that names no order of this stack's (another stack or product on the
+                // account) is none of its business.
+                Err(AppError::OrderNotFound) => {
+                    tracing::info!(event_id, payment = %id, "an event about no order of ours; ignored");
+                    EventHandled::Ignored
+                }
+                Err(AppError::PaymentMismatch) => {
+                    tracing::warn!(event_id, payment = %id, "an event's payment is not its order's own");
                     EventHandled::Refused
                 }
                 Err(error) => return Err(error),
