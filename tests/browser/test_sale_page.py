@@ -123,6 +123,16 @@ def test_a_buyer_buys_and_pays(open_page, stack):
     assert (stats["paid"], stats["available"], stats["consistent"]) == (1, 4, True), stats
 
 
+def card_form_of_a_held_order(open_page, stack, sale_id):
+    """A buyer who holds a unit of the sale and pressed Pay: the page, and its order status."""
+    page = buyer_page(open_page, stack, sale_id)
+    page.locator("#buy").click()
+    status = page.locator("#order-status")
+    expect(status).to_have_attribute("data-status", "reserved")
+    page.locator("#pay").click()
+    return page, status
+
+
 def fill_card(page, number):
     """Types a card into Stripe's card Element, as a buyer does."""
     expect(page.locator("#card-form")).to_be_visible()
@@ -136,11 +146,7 @@ def fill_card(page, number):
 
 def test_a_declined_card_is_said_so_and_the_order_still_awaits_payment(open_page, stack):
     sale_id, _ = stack.create_sale(stock=5, prefix="declined")
-    page = buyer_page(open_page, stack, sale_id)
-    page.locator("#buy").click()
-    status = page.locator("#order-status")
-    expect(status).to_have_attribute("data-status", "reserved")
-    page.locator("#pay").click()
+    page, status = card_form_of_a_held_order(open_page, stack, sale_id)
     fill_card(page, DECLINED_CARD)
     page.locator("#pay-card").click()
     expect(page.locator("#card-message")).to_have_text(re.compile("declined", re.IGNORECASE))
@@ -158,11 +164,7 @@ def test_a_declined_card_is_said_so_and_the_order_still_awaits_payment(open_page
 
 def test_a_card_that_asks_for_authentication_pays_only_once_the_buyer_completes_it(open_page, stack):
     sale_id, _ = stack.create_sale(stock=5, prefix="threeds")
-    page = buyer_page(open_page, stack, sale_id)
-    page.locator("#buy").click()
-    status = page.locator("#order-status")
-    expect(status).to_have_attribute("data-status", "reserved")
-    page.locator("#pay").click()
+    page, status = card_form_of_a_held_order(open_page, stack, sale_id)
     fill_card(page, AUTHENTICATION_CARD)
     page.locator("#pay-card").click()
     # Stripe.js's authentication step (the local Stripe's stand-in for the bank's page).
@@ -181,11 +183,7 @@ def test_a_card_that_asks_for_authentication_pays_only_once_the_buyer_completes_
 def test_a_card_cannot_be_paid_once_the_window_closed_and_no_money_moves(open_page, stack):
     # Long enough to open the form and type the card on a loaded machine.
     sale_id, _ = stack.create_sale(stock=1, payment_timeout_secs=20, prefix="latecard")
-    page = buyer_page(open_page, stack, sale_id)
-    page.locator("#buy").click()
-    status = page.locator("#order-status")
-    expect(status).to_have_attribute("data-status", "reserved")
-    page.locator("#pay").click()
+    page, status = card_form_of_a_held_order(open_page, stack, sale_id)
     fill_card(page, GOOD_CARD)
     # The buyer hesitates past the deadline: the form's button shuts with the window,
     # and the form goes once the order is released.
