@@ -275,11 +275,14 @@ fuzz-api: tools $(SCHEMATHESIS) debug-build
 API ?= http://127.0.0.1:$(API_PORT)
 LOAD_REPORT ?= target/load/report.json
 LOAD_ARGS ?= --stock 100 --shards 8 --buyers 1500 --attempts 2000 --pay-ratio 0.5
+# Where the run's card payments are confirmed: the local Stripe `make run` starts.
+# Against a deployed test-mode stack: STRIPE_API=https://api.stripe.com.
+STRIPE_API ?= http://127.0.0.1:8420
 
 .PHONY: load
 load:
 	cargo run --release -p flashsale-load --bin flashsale-load -- \
-	  --api $(API) --report $(LOAD_REPORT) $(LOAD_ARGS)
+	  --api $(API) --stripe-api $(STRIPE_API) --report $(LOAD_REPORT) $(LOAD_ARGS)
 
 ## --- bench (issue 7) ---------------------------------------------------------------
 

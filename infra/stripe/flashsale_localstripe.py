@@ -17,6 +17,8 @@ once the server listens: localstripe keeps webhooks in memory, so every start re
 
 import argparse
 import asyncio
+import hashlib
+import hmac
 import importlib
 import json
 import logging
@@ -33,6 +35,7 @@ import localstripe
 from localstripe import resources
 from localstripe.errors import UserError
 from localstripe.resources import Charge, Event, List, PaymentIntent, PaymentMethod, Refund
+from localstripe import webhooks
 from localstripe.webhooks import schedule_webhook
 
 # The patches reach into localstripe's internals as this version has them.
@@ -287,6 +290,7 @@ def confirm_with_a_payment_method():
 
 
 def patch_resources():
+    each_endpoint_gets_its_events_on_its_own()
     announce_authorisation()
     announce_failed_authentication()
     capture_only_what_awaits_capture()
@@ -459,7 +463,59 @@ def stripe_js_confirms_the_card(server):
     server.app.middlewares.append(stripe_js)
 
 
+# How long one delivery may take before it counts as failed. Stripe: "If Stripe doesn't
+# quickly receive a 2xx response status code for an event, we mark the event as failed".
+WEBHOOK_TIMEOUT = aiohttp.ClientTimeout(total=10)
+
+
+def each_endpoint_gets_its_events_on_its_own():
+    """Stripe delivers an event to each of the account's endpoints independently, and fails a
+    delivery that is not answered quickly. localstripe posts to its endpoints one after another,
+    each post waiting up to aiohttp's five minutes: one slow or vanished endpoint (a local stack
+    of a test that ended) held up every other stack's events. Each endpoint now gets its own
+    post, bounded by WEBHOOK_TIMEOUT."""
+    async def deliver(webhook, event, payload, signed_payload):
+        signature = hmac.new(webhook.secret.encode('utf-8'), signed_payload,
+                             hashlib.sha256).hexdigest()
+        headers = {'Content-Type': 'application/json; charset=utf-8',
+                   'Stripe-Signature': 't=%d,v1=%s' % (event.created, signature)}
+        logger = logging.getLogger('aiohttp.access')
+        try:
+            async with aiohttp.ClientSession(timeout=WEBHOOK_TIMEOUT) as session:
+                async with session.post(webhook.url, data=payload, headers=headers) as r:
+                    logger.info('webhook "%s" to %s answered %d', event.type, webhook.url,
+                                r.status)
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            logger.info('webhook "%s" to %s failed: %r', event.type, webhook.url, e)
+
+    async def send_webhook(event):
+        payload = json.dumps(event._export(), indent=2, sort_keys=True).encode('utf-8')
+        signed_payload = b'%d.%s' % (event.created, payload)
+        await asyncio.sleep(1)
+        endpoints = [webhook for webhook in list(webhooks._webhooks.values())
+                     if webhook.events is None or event.type in webhook.events]
+        await asyncio.gather(*(deliver(webhook, event, payload, signed_payload)
+                               for webhook in endpoints))
+
+    # schedule_webhook, imported by name everywhere, looks this up when it runs.
+    webhooks._send_webhook = send_webhook
+
+
+def webhooks_can_be_removed(server):
+    """Stripe's `DELETE /v1/webhook_endpoints/{id}` removes an endpoint. localstripe registers
+    webhooks with its own `POST /_config/webhooks/{id}` and has no way to remove one: a local
+    stack that stops removes its own with `DELETE` on the same path, so that a local Stripe
+    shared by many stacks posts only to endpoints that are there."""
+    async def remove_webhook(request):
+        id = request.match_info['id']
+        removed = webhooks._webhooks.pop(id, None) is not None
+        return web.json_response({'id': id, 'deleted': removed})
+
+    server.app.router.add_delete('/_config/webhooks/{id}', remove_webhook)
+
+
 def patch_server(server):
+    webhooks_can_be_removed(server)
     publishable_key_with_client_secret(server)
     json_errors(server)
     idempotent_requests(server)

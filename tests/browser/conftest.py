@@ -269,7 +269,7 @@ def open_page(browser, stack):
     contexts = []
     pages = []
 
-    def open_(path, viewport=PHONE, init_script=None):
+    def open_(path, viewport=PHONE, init_script=None, prepare=None):
         # One locale, so that prices read the same on every machine: "€1,299.00".
         context = browser.new_context(viewport=viewport, device_scale_factor=1, locale="en-US")
         contexts.append(context)
@@ -282,6 +282,8 @@ def open_page(browser, stack):
         context.add_init_script(CSP_RECORDER)
         if init_script:
             context.add_init_script(init_script)
+        if prepare:
+            prepare(context)
         page = context.new_page()
         page.goto(stack.url + path)
         pages.append(page)

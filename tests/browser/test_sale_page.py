@@ -123,6 +123,27 @@ def test_a_buyer_buys_and_pays(open_page, stack):
     assert (stats["paid"], stats["available"], stats["consistent"]) == (1, 4, True), stats
 
 
+def test_a_shop_that_takes_no_cards_offers_no_pay_and_says_the_order_is_held(open_page, stack):
+    """A deployment without card payments: its config.json names no Stripe.js."""
+    def without_cards(context):
+        def strip_stripe_js(route):
+            response = route.fetch()
+            config = response.json()
+            config.pop("stripe_js", None)
+            route.fulfill(response=response, json=config)
+
+        context.route("**/config.json", strip_stripe_js)
+
+    sale_id, _ = stack.create_sale(stock=2, prefix="nocards")
+    page = buyer_page(open_page, stack, sale_id, prepare=without_cards)
+    page.locator("#buy").click()
+    expect(page.locator("#order-status")).to_have_attribute("data-status", "reserved")
+    expect(page.locator("#no-payments")).to_be_visible()
+    expect(page.locator("#pay")).to_be_hidden()
+    expect(page.locator("#cancel")).to_be_visible()
+    assert_accessible(page, "an order held where the shop takes no cards")
+
+
 def card_form_of_a_held_order(open_page, stack, sale_id):
     """A buyer who holds a unit of the sale and pressed Pay: the page, and its order status."""
     page = buyer_page(open_page, stack, sale_id)

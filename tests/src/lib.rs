@@ -115,6 +115,7 @@ impl Harness {
                 dynamodb: proxy.url(),
                 ..emulators.endpoints()
             });
+            options.stripe_endpoint = Some(emulators.stripe_endpoint.clone());
             dynamodb_proxy = Some(Arc::new(proxy));
             own_reads = Some(emulators.sdk_config().await);
         }
@@ -157,6 +158,38 @@ impl Harness {
 
     pub fn user(&self, name: &str) -> String {
         self.stack.token(name, false).expect("a user token")
+    }
+
+    /// Pays the buyer's order by card as the page does: [`Harness::card_confirmed`],
+    /// then the settlement. The settlement's answer, or the opening's when it refused
+    /// (an order no longer open).
+    pub async fn pay_by_card(&self, buyer: &str, order_id: &str) -> ApiResponse {
+        if let Err(refused) = self.card_confirmed(buyer, order_id).await {
+            return refused;
+        }
+        self.api
+            .confirm_payment(buyer, order_id)
+            .await
+            .expect("the settlement answers")
+    }
+
+    /// Opens the order's payment and confirms it at the local Stripe with a good card,
+    /// as the page's Stripe.js does once, however often the buyer clicks after. The
+    /// opening's answer when it refused (an order no longer open).
+    pub async fn card_confirmed(&self, buyer: &str, order_id: &str) -> Result<(), ApiResponse> {
+        let opened = self
+            .api
+            .open_payment(buyer, order_id)
+            .await
+            .expect("opening a payment answers");
+        if opened.status != StatusCode::OK {
+            return Err(opened);
+        }
+        let (status, confirmed) = LocalStripe::of(self)
+            .page_confirm(&opened.body, GOOD_CARD)
+            .await;
+        assert_eq!(status, StatusCode::OK, "{confirmed:#}");
+        Ok(())
     }
 
     pub fn table(&self) -> &str {

@@ -369,7 +369,8 @@ async fn another_users_order_is_404_whatever_is_asked() {
     harness.wait_for_orders_opened("not-yours", 1).await;
     for (method, path) in [
         (Method::GET, format!("/orders/{order_id}")),
-        (Method::POST, format!("/orders/{order_id}/pay")),
+        (Method::POST, format!("/orders/{order_id}/payment")),
+        (Method::POST, format!("/orders/{order_id}/payment/confirm")),
         (Method::POST, format!("/orders/{order_id}/cancel")),
     ] {
         assert_refused_without_writing(

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 
-use flashsale_e2e::{CONSUMER_LAG, Harness};
+use flashsale_e2e::{CONSUMER_LAG, Harness, assert_error};
 use flashsale_emulators::LocalEndpoints;
 use flashsale_emulators::proxy::{ConflictMode, Counts, Fault, FaultRule, Proxy, ProxyOptions};
 use flashsale_load::ApiResponse;
@@ -341,6 +341,8 @@ impl Rig {
             sqs: sqs.url(),
             moto: scheduler.url(),
         });
+        // Stripe is not AWS's: not proxied, neither faulted nor counted.
+        options.stripe_endpoint = Some(emulators.stripe_endpoint.clone());
         let stack = flashsale_local::LocalStack::start(options)
             .await
             .expect("the local stack starts");
@@ -510,6 +512,14 @@ async fn buyer(harness: &Harness, drill: &Drill, sale_id: &str, n: usize) -> Buy
             ready.then(|| status.clone()).ok_or(status)
         })
         .await;
+        if n.is_multiple_of(3) && opened != "expired" {
+            // A paying buyer's card, confirmed at Stripe before the clicks that settle.
+            if let Err(refused) = harness.card_confirmed(&token, &order_id).await {
+                assert_error(&refused, StatusCode::CONFLICT, "order_expired");
+                report.orders.push((order_id, Told::Expired));
+                continue;
+            }
+        }
         let settle = || settle_once(harness, drill, &token, &order_id, n, &opened);
         let told = if drill.double_settle {
             let (first, second) = futures::future::join(settle(), settle()).await;
@@ -527,7 +537,8 @@ async fn buyer(harness: &Harness, drill: &Drill, sale_id: &str, n: usize) -> Buy
     report
 }
 
-/// The buyer's one move on an open order: pay, cancel or nothing, by the buyer's number.
+/// The buyer's one move on an open order: pay (its card confirmed already), cancel or
+/// nothing, by the buyer's number.
 async fn settle_once(
     harness: &Harness,
     drill: &Drill,
@@ -539,12 +550,19 @@ async fn settle_once(
     match (n % 3, opened) {
         (_, "expired") | (2, _) => Told::Nothing,
         (0, _) => {
-            let paid = harness.api.pay(token, order_id).await.expect("pay answers");
-            match (paid.status, paid.error_code()) {
-                (StatusCode::OK, _) => Told::Paid,
-                (StatusCode::CONFLICT, Some("order_expired")) => Told::Expired,
+            // The page's card was confirmed at Stripe before (once); the buyer's click
+            // asks for the settlement.
+            let paid = harness
+                .api
+                .confirm_payment(token, order_id)
+                .await
+                .expect("the settlement answers");
+            match (paid.status, paid.str_field("status")) {
+                (StatusCode::OK, Some("paid")) => Told::Paid,
+                // The window closed before the card: the settlement voided it.
+                (StatusCode::OK, Some("expired")) => Told::Expired,
                 _ => panic!(
-                    "{}: pay answered {}: {}",
+                    "{}: paying answered {}: {}",
                     drill.name, paid.status, paid.body
                 ),
             }

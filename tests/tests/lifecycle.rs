@@ -1,14 +1,14 @@
 //! An order's life through the local stack: the grab's hold is the order, `reserved`
 //! until it settles; the consumer (run by the SQS event source emulation) sets its
-//! timer and writes nothing; then pay, cancel or the timer (fired by the Scheduler
-//! emulation) ends it.
+//! timer and writes nothing; then a card payment, cancel or the timer (fired by the
+//! Scheduler emulation) ends it.
 
 use flashsale_e2e::{CONSUMER_LAG, Harness, assert_error};
 use flashsale_load::client::sale_price;
 use reqwest::StatusCode;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_paid_order_is_settled_and_its_timer_is_gone() {
+async fn a_paid_order_is_settled_and_its_timer_changes_nothing() {
     let harness = Harness::start("pay").await;
     // A window long enough that the timer's minute is still ahead when it is looked
     // at: it cannot have fired yet, so its presence and its deletion are both real.
@@ -27,23 +27,27 @@ async fn a_paid_order_is_settled_and_its_timer_is_gone() {
     price["decimals"] = 2.into();
     assert_eq!(order.body["price"], price, "{}", order.body);
 
-    let paid = harness.api.pay(&alice, &order_id).await.unwrap();
+    let paid = harness.pay_by_card(&alice, &order_id).await;
     assert_eq!(paid.status, StatusCode::OK, "{}", paid.body);
     assert_eq!(paid.str_field("status"), Some("paid"));
+    assert_eq!(paid.str_field("settlement"), Some("paid"), "captured");
     assert_eq!(paid.body["price"], price, "paid at that price");
     assert!(paid.body.get("expired_at").is_none(), "{}", paid.body);
-    let again = harness.api.pay(&alice, &order_id).await.unwrap();
+    let again = harness
+        .api
+        .confirm_payment(&alice, &order_id)
+        .await
+        .unwrap();
     assert_eq!(
         (again.status, again.str_field("status")),
         (StatusCode::OK, Some("paid"))
     );
-    assert!(
-        harness.release_timer_input(&order_id).await.is_none(),
-        "paying deletes the timer"
-    );
+    // A settlement leaves the timer be: it finds the order paid and does nothing.
+    assert!(harness.release_timer_input(&order_id).await.is_some());
 
-    // The timer fired anyway (a delete that lost a race), long before its minute: the
-    // release refuses to act before the deadline, with an error Lambda retries later.
+    // The timer fires early (the Scheduler may, within its minute), long before its
+    // minute here: the release refuses to act before the deadline, with an error
+    // Lambda retries later.
     let early = harness
         .stack
         .lambda()
@@ -108,7 +112,7 @@ async fn an_unpaid_order_expires_on_time_and_its_unit_can_be_grabbed_again() {
     })
     .await;
 
-    let late_pay = harness.api.pay(&alice, &order_id).await.unwrap();
+    let late_pay = harness.pay_by_card(&alice, &order_id).await;
     assert_error(&late_pay, StatusCode::CONFLICT, "order_expired");
     let stats = harness.stats("expire").await;
     assert_eq!(
@@ -148,7 +152,7 @@ async fn cancelling_returns_the_unit_at_once() {
         (again.status, again.str_field("status")),
         (StatusCode::OK, Some("cancelled"))
     );
-    let pay = harness.api.pay(&alice, &order_id).await.unwrap();
+    let pay = harness.pay_by_card(&alice, &order_id).await;
     assert_error(&pay, StatusCode::CONFLICT, "order_cancelled");
 
     // The consumer may get the message after the cancel: it must not revive the order.

@@ -56,6 +56,11 @@ const MESSAGES = {
   order_expired: "The payment window closed; the unit went back on sale.",
   order_cancelled: "This order was cancelled.",
   order_paid: "This order is already paid.",
+  payments_off: "This shop takes no payments yet: your order is held until its deadline.",
+  payment_unavailable: "The card payment service did not answer. Nothing was charged; try again.",
+  no_payment: "Open the card form and pay first.",
+  payment_mismatch: "This payment does not match the order. Contact support.",
+  not_payable: "This order has no price and cannot be paid.",
   unavailable: "The service is busy right now. Retrying shortly.",
   // The edge's limits per buyer and per network (WAF), which say how long to wait.
   rate_limited: "Too many tries from you or your network just now. Waiting, then trying again.",

@@ -34,6 +34,7 @@ const ui = {
   orderId: $("#order-id"),
   orderPrice: $("#order-price"),
   payCountdown: $("#pay-countdown"),
+  noPayments: $("#no-payments"),
   pay: $("#pay"),
   cancel: $("#cancel"),
   cardForm: $("#card-form"),
@@ -57,6 +58,8 @@ const state = {
   enabledOnce: false,
   /** The open card form (card.js), while the buyer pays by card. */
   card: null,
+  /** Whether this deployment takes card payments (its config.json names Stripe.js). */
+  takesCards: false,
 };
 
 function say(text, kind = "info") {
@@ -401,7 +404,9 @@ function renderOrder(now) {
     // (the release timer's precision), and rounding up again showed 1:01 for a minute.
     left > 0 ? `Pay within ${formatDuration(left, Math.floor)}` : "The payment window has closed; releasing the unit...";
   const busy = ui.pay.dataset.busy === "1";
-  ui.pay.hidden = !open || !!state.card;
+  // A deployment without card payments holds the order until its deadline: no Pay.
+  ui.pay.hidden = !open || !!state.card || !state.takesCards;
+  ui.noPayments.hidden = !open || state.takesCards;
   ui.cancel.hidden = !open;
   ui.pay.disabled = ui.cancel.disabled = !open || left <= 0 || busy;
   ui.cardForm.hidden = !open || !state.card;
@@ -483,14 +488,14 @@ async function payByCard() {
   render();
 }
 
-async function settle(action) {
+async function cancel() {
   const order = state.order;
   if (!order) return;
   ui.pay.dataset.busy = "1";
   render();
-  // Pay and cancel are idempotent: a busy answer is simply asked again.
+  // Cancelling is idempotent: a busy answer is simply asked again.
   const result = await untilAnswered(() =>
-    call(`/orders/${encodeURIComponent(order.order_id)}/${action}`, {
+    call(`/orders/${encodeURIComponent(order.order_id)}/cancel`, {
       method: "POST",
       token: state.session.token,
     }),
@@ -538,10 +543,10 @@ async function main() {
     return;
   }
   ui.buy.addEventListener("click", buy);
-  const cards = await takesCards();
-  ui.pay.addEventListener("click", () => (cards ? openCard() : settle("pay")));
+  state.takesCards = await takesCards();
+  ui.pay.addEventListener("click", openCard);
   ui.payCard.addEventListener("click", payByCard);
-  ui.cancel.addEventListener("click", () => settle("cancel"));
+  ui.cancel.addEventListener("click", cancel);
   await signedInChanged();
   pollStatus();
   setInterval(render, 200);

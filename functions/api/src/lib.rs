@@ -31,7 +31,6 @@ pub const GET_SALE_ROUTE: &str = "GET /sales/{sale_id}";
 pub const CREATE_SALE_ROUTE: &str = "POST /admin/sales";
 pub const SALE_STATS_ROUTE: &str = "GET /admin/sales/{sale_id}/stats";
 pub const GET_ORDER_ROUTE: &str = "GET /orders/{order_id}";
-pub const PAY_ORDER_ROUTE: &str = "POST /orders/{order_id}/pay";
 pub const CANCEL_ORDER_ROUTE: &str = "POST /orders/{order_id}/cancel";
 pub const OPEN_PAYMENT_ROUTE: &str = "POST /orders/{order_id}/payment";
 pub const CONFIRM_PAYMENT_ROUTE: &str = "POST /orders/{order_id}/payment/confirm";
@@ -247,7 +246,6 @@ async fn route(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
         CREATE_SALE_ROUTE => create_sale(deps, req).await,
         SALE_STATS_ROUTE => sale_stats(deps, req).await,
         GET_ORDER_ROUTE => get_order(deps, req).await,
-        PAY_ORDER_ROUTE => pay_order(deps, req).await,
         CANCEL_ORDER_ROUTE => cancel_order(deps, req).await,
         OPEN_PAYMENT_ROUTE => payments::open_payment(deps, req).await,
         CONFIRM_PAYMENT_ROUTE => payments::confirm_payment(deps, req).await,
@@ -363,15 +361,6 @@ async fn get_order(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiErro
     let user = user_of(req)?;
     let order_id = order_id_param(req)?;
     let order = deps.orders.get(&order_id, &user).await?;
-    json(StatusCode::OK, &order, CachePolicy::NoStore)
-}
-
-async fn pay_order(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
-    let user = user_of(req)?;
-    let order_id = order_id_param(req)?;
-    let order = deps.orders.pay(&order_id, &user).await?;
-    tracing::info!(%order_id, "paid");
-    flashsale_lambda::metrics::order_step(flashsale_lambda::metrics::ORDERS_PAID, &order.sale_id);
     json(StatusCode::OK, &order, CachePolicy::NoStore)
 }
 

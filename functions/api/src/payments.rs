@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use flashsale_adapters::stripe::webhook::{self, SignatureError};
 use flashsale_domain::ports::{Clock, OrderPayments, PaymentProvider, ProviderEvents};
-use flashsale_domain::service::{EventHandled, PaymentService, PaymentWebhook};
+use flashsale_domain::service::{EventHandled, PaymentService, PaymentWebhook, Settled};
 use flashsale_domain::{Order, OrderId};
 use flashsale_lambda::metrics::{self, PaymentMoves};
 use flashsale_lambda::{ApiError, CachePolicy, json, order_id_param, user_of};
@@ -82,6 +82,14 @@ fn counted<T>(result: Result<T, flashsale_domain::AppError>) -> Result<T, ApiErr
     })
 }
 
+/// What a settlement moved, and the order it sold if it did.
+fn count_moves(settled: &Settled) {
+    metrics::payments(PaymentMoves::of_one(&settled.moves));
+    if settled.moves.paid {
+        metrics::order_step(metrics::ORDERS_PAID, settled.order_id.sale_id());
+    }
+}
+
 fn payments(deps: &Deps) -> Result<&Payments, ApiError> {
     deps.payments.as_ref().ok_or(ApiError::PaymentsOff)
 }
@@ -119,7 +127,7 @@ pub(crate) async fn confirm_payment(
     let user = user_of(req)?;
     let order_id = order_id_param(req)?;
     let settled = counted(payments.service.settle(&order_id, &user).await)?;
-    metrics::payments(PaymentMoves::of_one(&settled.moves));
+    count_moves(&settled);
     tracing::info!(%order_id, outcome = settled.outcome.name(), "payment settled");
     let order = deps.orders.get(&order_id, &user).await?;
     json(
@@ -160,7 +168,7 @@ pub(crate) async fn stripe_webhook(deps: &Deps, req: &Request) -> Result<Respons
     )?;
     let outcome = match &handled {
         EventHandled::Settled(settled) => {
-            metrics::payments(PaymentMoves::of_one(&settled.moves));
+            count_moves(settled);
             settled.outcome.name()
         }
         EventHandled::Duplicate => "duplicate",

@@ -7,10 +7,10 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Duration, Utc};
 use flashsale_api::{Config, Deps, Ports, handler};
-use flashsale_domain::ports::{Blocklist, Clock, OrderBook, SaleCatalog, StockLedger};
+use flashsale_domain::ports::{Blocklist, Clock, OrderBook, PayOutcome, SaleCatalog, StockLedger};
 use flashsale_domain::testing;
 use flashsale_domain::testing::{
-    FailingLedger, InMemoryBlocklist, InMemoryStore, ManualClock, RecordingScheduler,
+    FailingLedger, InMemoryBlocklist, InMemoryStore, ManualClock, RecordingScheduler, pay_by_card,
 };
 use flashsale_domain::{OrderId, Reservation, Sale, SaleId, UserId};
 use flashsale_lambda::testing::{ApiEvent, body_json, error_code, fixture};
@@ -120,6 +120,13 @@ impl World {
             .unwrap()
             .insert(reservation.order_id.clone(), reservation.clone());
         reservation
+    }
+
+    /// The order paid by card, as a settlement marks it (the card routes' own tests are
+    /// in payment_routes.rs).
+    async fn pay(&self, reservation: &Reservation) {
+        let paid = pay_by_card(self.store.as_ref(), reservation, self.clock.now()).await;
+        assert_eq!(paid.unwrap(), PayOutcome::Paid);
     }
 
     async fn call(&self, event: ApiEvent) -> Response<Body> {
@@ -545,7 +552,7 @@ async fn every_route_answers_an_oversize_body_with_payload_too_large() {
     for fixture in [
         "api-get-sale.json",
         "api-get-order.json",
-        "api-pay-order.json",
+        "api-open-payment.json",
         "api-cancel-order.json",
         "api-sale-stats.json",
     ] {
@@ -688,9 +695,7 @@ async fn an_admin_sees_stats_that_reconcile() {
     world.reserve("user-alice").await;
     world.with_timer("user-bob").await;
     let paid = world.with_timer("user-carol").await;
-    world
-        .order_call("api-pay-order.json", "user-carol", &paid.order_id)
-        .await;
+    world.pay(&paid).await;
     let cancelled = world.reserve("user-dave").await;
     world
         .order_call("api-cancel-order.json", "user-dave", &cancelled.order_id)
@@ -779,113 +784,6 @@ async fn another_users_order_is_not_found_like_a_missing_one() {
     assert_eq!(error_code(&response), "order_not_found");
 }
 
-// ---- POST /orders/{order_id}/pay ----------------------------------------------------
-
-#[tokio::test]
-async fn paying_an_open_order_marks_it_paid_and_forgets_its_timer() {
-    let world = World::with_sale().await;
-    let reservation = world.with_timer("user-alice").await;
-
-    let response = world
-        .order_call("api-pay-order.json", "user-alice", &reservation.order_id)
-        .await;
-    assert_eq!(response.status(), 200);
-    let paid = body_json(&response);
-    assert_eq!(paid["status"], "paid");
-    assert_eq!(
-        paid["price"],
-        json!({"amount": 129_900, "currency": "EUR", "decimals": 2}),
-        "paid at the price it was reserved at"
-    );
-    assert_eq!(world.status_of(&reservation).await, "paid");
-    assert!(!world.has_timer(&reservation));
-    assert_eq!(world.available().await, 99);
-}
-
-#[tokio::test]
-async fn paying_a_reserved_order_before_the_consumer_opened_it_works_too() {
-    let world = World::with_sale().await;
-    let reservation = world.reserve("user-alice").await;
-    let response = world
-        .order_call("api-pay-order.json", "user-alice", &reservation.order_id)
-        .await;
-    assert_eq!(response.status(), 200);
-    assert_eq!(body_json(&response)["status"], "paid");
-}
-
-#[tokio::test]
-async fn paying_twice_answers_paid_twice() {
-    let world = World::with_sale().await;
-    let reservation = world.with_timer("user-alice").await;
-    for _ in 0..2 {
-        let response = world
-            .order_call("api-pay-order.json", "user-alice", &reservation.order_id)
-            .await;
-        assert_eq!(response.status(), 200);
-        assert_eq!(body_json(&response)["status"], "paid");
-    }
-    assert_eq!(world.available().await, 99);
-}
-
-#[tokio::test]
-async fn paying_after_the_window_closed_is_order_expired_and_the_stock_is_back() {
-    let world = World::with_sale().await;
-    let reservation = world.with_timer("user-alice").await;
-    world
-        .clock
-        .set(reservation.expires_at + Duration::seconds(1));
-
-    let response = world
-        .order_call("api-pay-order.json", "user-alice", &reservation.order_id)
-        .await;
-    assert_eq!(response.status(), 409);
-    assert_eq!(error_code(&response), "order_expired");
-    assert_eq!(world.status_of(&reservation).await, "expired");
-    assert_eq!(world.available().await, 100);
-
-    // The order says when its unit came back: the release that the refused pay made.
-    let response = world
-        .order_call("api-get-order.json", "user-alice", &reservation.order_id)
-        .await;
-    assert_eq!(response.status(), 200);
-    let body = body_json(&response);
-    assert_eq!(body["status"], "expired");
-    assert_eq!(
-        body["expired_at"],
-        json!(reservation.expires_at + Duration::seconds(1)),
-        "{body}"
-    );
-}
-
-#[tokio::test]
-async fn paying_a_cancelled_order_is_order_cancelled() {
-    let world = World::with_sale().await;
-    let reservation = world.with_timer("user-alice").await;
-    world
-        .order_call("api-cancel-order.json", "user-alice", &reservation.order_id)
-        .await;
-
-    let response = world
-        .order_call("api-pay-order.json", "user-alice", &reservation.order_id)
-        .await;
-    assert_eq!(response.status(), 409);
-    assert_eq!(error_code(&response), "order_cancelled");
-    assert_eq!(world.available().await, 100);
-}
-
-#[tokio::test]
-async fn nobody_pays_another_users_order() {
-    let world = World::with_sale().await;
-    let reservation = world.with_timer("user-alice").await;
-    let response = world
-        .order_call("api-pay-order.json", "user-bob", &reservation.order_id)
-        .await;
-    assert_eq!(response.status(), 404);
-    assert_eq!(error_code(&response), "order_not_found");
-    assert_eq!(world.status_of(&reservation).await, "reserved");
-    assert!(world.has_timer(&reservation));
-}
-
 // ---- POST /orders/{order_id}/cancel -------------------------------------------------
 
 #[tokio::test]
@@ -907,9 +805,7 @@ async fn cancelling_returns_the_stock_at_once_and_is_idempotent() {
 async fn cancelling_a_paid_order_is_order_paid_and_keeps_the_sale() {
     let world = World::with_sale().await;
     let reservation = world.with_timer("user-alice").await;
-    world
-        .order_call("api-pay-order.json", "user-alice", &reservation.order_id)
-        .await;
+    world.pay(&reservation).await;
 
     let response = world
         .order_call("api-cancel-order.json", "user-alice", &reservation.order_id)
@@ -937,11 +833,7 @@ async fn nobody_cancels_another_users_order() {
 async fn order_routes_need_a_verified_caller() {
     let world = World::with_sale().await;
     let reservation = world.with_timer("user-alice").await;
-    for fixture in [
-        "api-get-order.json",
-        "api-pay-order.json",
-        "api-cancel-order.json",
-    ] {
+    for fixture in ["api-get-order.json", "api-cancel-order.json"] {
         let response = world
             .call(
                 ApiEvent::fixture(fixture)

@@ -9,8 +9,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Duration, Utc};
 use flashsale_adapters::stripe::webhook;
 use flashsale_api::{
-    CONFIRM_PAYMENT_ROUTE, Deps, OPEN_PAYMENT_ROUTE, PaymentPorts, Ports, STRIPE_WEBHOOK_ROUTE,
-    handler,
+    CONFIRM_PAYMENT_ROUTE, Deps, OPEN_PAYMENT_ROUTE, PaymentPorts, Ports, handler,
 };
 use flashsale_domain::payment::{PaymentId, PaymentState};
 use flashsale_domain::ports::{Clock, OrderBook, PaymentProvider, SaleCatalog, StockLedger};
@@ -113,7 +112,7 @@ impl World {
         reservation: &Reservation,
     ) -> Response<Body> {
         self.call(
-            ApiEvent::fixture("api-pay-order.json")
+            ApiEvent::fixture("api-open-payment.json")
                 .route(route)
                 .path_param("order_id", &reservation.order_id.to_string())
                 .user(user),
@@ -154,9 +153,7 @@ impl World {
         .to_string();
         let signature = webhook::sign(payload.as_bytes(), secret, signed_at.timestamp());
         self.call(
-            ApiEvent::fixture("api-pay-order.json")
-                .route(STRIPE_WEBHOOK_ROUTE)
-                .anonymous()
+            ApiEvent::fixture("api-stripe-webhook.json")
                 .header("stripe-signature", &signature)
                 .body(payload),
         )
@@ -166,9 +163,8 @@ impl World {
     /// A webhook call with no Stripe-Signature at all.
     async fn deliver_unsigned(&self) -> Response<Body> {
         self.call(
-            ApiEvent::fixture("api-pay-order.json")
-                .route(STRIPE_WEBHOOK_ROUTE)
-                .anonymous()
+            ApiEvent::fixture("api-stripe-webhook.json")
+                .without_header("stripe-signature")
                 .body("{}"),
         )
         .await

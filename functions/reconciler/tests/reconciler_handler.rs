@@ -236,7 +236,9 @@ async fn a_hold_no_timer_released_goes_back_to_stock_after_the_default_timer_gra
 async fn a_paid_order_is_never_touched() {
     let world = World::new().await;
     let paid = world.strand("user-alice");
-    world.store.pay(&paid, world.clock.now()).await.unwrap();
+    testing::pay_by_card(&*world.store, &paid, world.clock.now())
+        .await
+        .unwrap();
     world.clock.set(paid.expires_at + Duration::days(1));
 
     let report = world.run().await;

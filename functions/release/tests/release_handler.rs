@@ -167,9 +167,7 @@ async fn the_timer_of_a_paid_order_changes_nothing() {
     world
         .clock
         .set(world.reservation.expires_at - Duration::seconds(1));
-    world
-        .store
-        .pay(&world.reservation, world.clock.now())
+    testing::pay_by_card(&*world.store, &world.reservation, world.clock.now())
         .await
         .unwrap();
     world.clock.set(world.reservation.expires_at);
@@ -304,9 +302,7 @@ async fn a_buyer_paying_while_the_early_release_waits_wins_and_the_release_chang
                 .unwrap(),
         )
         .await;
-        world
-            .store
-            .pay(&world.reservation, clock.now())
+        testing::pay_by_card(&*world.store, &world.reservation, clock.now())
             .await
             .unwrap()
     };

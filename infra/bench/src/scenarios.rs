@@ -36,6 +36,8 @@ pub struct Session {
     pub(crate) admin: String,
     /// Unique per run, in every sale and buyer name, so runs on one table never meet.
     pub(crate) run: String,
+    /// The local Stripe, where a buyer's page confirms a card.
+    pub(crate) stripe_endpoint: String,
 }
 
 /// What one request got.
@@ -81,7 +83,30 @@ impl Session {
                 .map_err(|e| ScenarioError::Unexpected(format!("HTTP client: {e}")))?,
             admin,
             run: flashsale_emulators::unique_suffix(),
+            stripe_endpoint: stack.stripe_endpoint.clone(),
         })
+    }
+
+    /// Confirms an opened payment at the local Stripe as the page's Stripe.js does (its
+    /// publishable key and client secret) with Stripe's test card; whether Stripe
+    /// authorised it.
+    async fn confirm_test_card(&self, opened: &Value) -> bool {
+        let field = |name: &str| opened.get(name).and_then(Value::as_str).unwrap_or_default();
+        let confirmed = self
+            .http
+            .post(format!(
+                "{}/v1/payment_intents/{}/confirm",
+                self.stripe_endpoint,
+                field("payment_id")
+            ))
+            .form(&[
+                ("key", field("publishable_key")),
+                ("client_secret", field("client_secret")),
+                ("payment_method", "pm_card_visa"),
+            ])
+            .send()
+            .await;
+        confirmed.is_ok_and(|response| response.status().is_success())
     }
 
     /// Creates an active sale; answers its id.
@@ -449,8 +474,9 @@ pub struct SurgeLatencyReport {
 }
 
 /// Each buyer loads the sale page, fetches a grab path, grabs, reads the order until it
-/// is held (awaiting payment from the grab on) and pays; every call's latency is kept
-/// under its route.
+/// is held (awaiting payment from the grab on) and pays by card (opens the payment,
+/// confirms it at the local Stripe, settles); every call of ours is kept under its
+/// route.
 pub async fn route_latencies(
     session: &Session,
     buyers: usize,
@@ -516,10 +542,20 @@ pub async fn route_latencies(
                     };
                     let read = keep("GET /orders/{id}", read);
                     if read.get("status").and_then(Value::as_str) == Some("reserved") {
-                        if let Some(paid) =
-                            one(Method::POST, format!("/orders/{order_id}/pay")).await
+                        let Some(opened) =
+                            one(Method::POST, format!("/orders/{order_id}/payment")).await
+                        else {
+                            return;
+                        };
+                        let opened = keep("POST /orders/{id}/payment", opened);
+                        // The page's Stripe.js confirms the card at Stripe (not ours, so
+                        // not measured), then the page asks for the settlement.
+                        if session.confirm_test_card(&opened).await
+                            && let Some(settled) =
+                                one(Method::POST, format!("/orders/{order_id}/payment/confirm"))
+                                    .await
                         {
-                            keep("POST /orders/{id}/pay", paid);
+                            keep("POST /orders/{id}/payment/confirm", settled);
                         }
                         return;
                     }

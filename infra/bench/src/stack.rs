@@ -65,6 +65,8 @@ pub struct BenchStack {
     /// The emulators' own endpoints (uncounted), for tools that measure them raw.
     pub dynamodb_endpoint: String,
     pub moto_endpoint: String,
+    /// The local Stripe, where a buyer's page confirms a card.
+    pub stripe_endpoint: String,
     /// In front of DynamoDB Local.
     pub dynamodb: Proxy,
     /// In front of the SQS emulator.
@@ -105,7 +107,7 @@ impl BenchStack {
             .env("FLASHSALE_DYNAMODB_ENDPOINT", dynamodb.url())
             .env("FLASHSALE_MOTO_ENDPOINT", moto.url())
             .env("FLASHSALE_SQS_ENDPOINT", sqs.url())
-            // Nothing the bench measures pays; Stripe is reused, not proxied.
+            // Stripe is reused, not proxied: its calls are not AWS's.
             .env("FLASHSALE_STRIPE_ENDPOINT", &emulators.stripe_endpoint)
             .env("RUST_LOG", "warn");
         let local = GuardedChild::spawn(command, &log)?;
@@ -114,6 +116,7 @@ impl BenchStack {
             api_url: format!("http://127.0.0.1:{api_port}"),
             dynamodb_endpoint: emulators.dynamodb_endpoint.clone(),
             moto_endpoint: emulators.moto_endpoint.clone(),
+            stripe_endpoint: emulators.stripe_endpoint.clone(),
             dynamodb,
             sqs,
             moto,

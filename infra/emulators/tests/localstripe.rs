@@ -3,8 +3,9 @@
 //! manual-capture payment arrive signed; what Stripe refuses is refused, in Stripe's error
 //! shape; an `Idempotency-Key` answers its first answer again; Stripe's test cards behave
 //! as Stripe documents them when the page confirms them with the publishable key and the
-//! client secret, directly and through the fake Stripe.js; and the launcher registers its
-//! webhook at start.
+//! client secret, directly and through the fake Stripe.js; each webhook endpoint gets its
+//! events on its own, and one can be removed; and the launcher registers its webhook at
+//! start.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -199,6 +200,42 @@ fn secret(intent: &Value) -> &str {
     intent["client_secret"].as_str().expect("a client secret")
 }
 
+/// Registers the webhook `id` at `url` on `stripe`, as the launcher and a local stack do.
+async fn register(stripe: &Stripe, id: &str, url: &str) {
+    let registered = stripe
+        .http
+        .post(format!("{}/_config/webhooks/{id}", stripe.base))
+        .form(&[("url", url), ("secret", WEBHOOK_SECRET)])
+        .send()
+        .await
+        .expect("localstripe answers");
+    assert_eq!(registered.status(), StatusCode::OK);
+}
+
+/// A webhook endpoint on loopback that reads what it is sent and never answers: a stack
+/// stuck, or gone with its port taken. Whether Stripe's side has closed the connection.
+async fn never_answering() -> (String, Arc<std::sync::atomic::AtomicBool>) {
+    use tokio::io::AsyncReadExt as _;
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a loopback port");
+    let url = format!("http://{}/webhook", listener.local_addr().expect("bound"));
+    let closed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = Arc::clone(&closed);
+    tokio::spawn(async move {
+        while let Ok((mut connection, _)) = listener.accept().await {
+            let flag = Arc::clone(&flag);
+            tokio::spawn(async move {
+                let mut buffer = [0_u8; 4096];
+                while matches!(connection.read(&mut buffer).await, Ok(n) if n > 0) {}
+                flag.store(true, std::sync::atomic::Ordering::SeqCst);
+            });
+        }
+    });
+    (url, closed)
+}
+
 /// A webhook endpoint on loopback that keeps every request it gets.
 struct Receiver {
     url: String,
@@ -230,19 +267,17 @@ impl Receiver {
     /// Registered on `stripe`, as the launcher does at start.
     async fn registered(stripe: &Stripe) -> Self {
         let receiver = Self::start().await;
-        let registered = stripe
-            .http
-            .post(format!(
-                "{}/_config/webhooks/test-{}",
-                stripe.base,
-                unique_suffix()
-            ))
-            .form(&[("url", receiver.url.as_str()), ("secret", WEBHOOK_SECRET)])
-            .send()
-            .await
-            .expect("localstripe answers");
-        assert_eq!(registered.status(), StatusCode::OK);
+        register(stripe, &format!("test-{}", unique_suffix()), &receiver.url).await;
         receiver
+    }
+
+    /// Whether any event about payment `intent` came.
+    fn got_any_about(&self, intent: &str) -> bool {
+        self.got
+            .lock()
+            .expect("not poisoned")
+            .iter()
+            .any(|(_, body)| String::from_utf8_lossy(body).contains(intent))
     }
 
     /// The event `kind` about payment `intent`, once it has come: its signature verified
@@ -328,6 +363,59 @@ async fn each_step_of_a_manual_capture_payment_sends_its_event_signed() {
     let intent = object("payment_intent.payment_failed", &declined).await;
     assert_eq!(intent["status"], "requires_payment_method");
     assert_eq!(intent["last_payment_error"]["code"], "card_declined");
+}
+
+#[tokio::test]
+async fn an_endpoint_that_never_answers_holds_up_no_other_endpoints_events() {
+    let stripe = Stripe::shared().await;
+    let (stuck, closed) = never_answering().await;
+    register(&stripe, &format!("stuck-{}", unique_suffix()), &stuck).await;
+    let receiver = Receiver::registered(&stripe).await;
+
+    let paid = stripe.authorised().await;
+    receiver
+        .event(
+            "payment_intent.amount_capturable_updated",
+            id(&paid),
+            WEBHOOK_SECRET,
+        )
+        .await;
+    // Delivered while the stuck endpoint's post is still waiting for its answer: not
+    // after it, as localstripe alone delivers.
+    assert!(!closed.load(std::sync::atomic::Ordering::SeqCst));
+}
+
+#[tokio::test]
+async fn a_removed_webhook_gets_no_more_events() {
+    let stripe = Stripe::shared().await;
+    let removed = Receiver::start().await;
+    let removed_id = format!("removed-{}", unique_suffix());
+    register(&stripe, &removed_id, &removed.url).await;
+    let kept = Receiver::registered(&stripe).await;
+    let remove = || async {
+        let answer = stripe
+            .http
+            .delete(format!("{}/_config/webhooks/{removed_id}", stripe.base))
+            .send()
+            .await
+            .expect("localstripe answers");
+        assert_eq!(answer.status(), StatusCode::OK);
+        answer.json::<Value>().await.expect("JSON")
+    };
+    assert_eq!(remove().await["deleted"], true);
+    assert_eq!(remove().await["deleted"], false, "removed already");
+
+    let paid = stripe.authorised().await;
+    kept.event(
+        "payment_intent.amount_capturable_updated",
+        id(&paid),
+        WEBHOOK_SECRET,
+    )
+    .await;
+    // Every endpoint's post starts at once: had the removed one been sent the event, it
+    // would have it by now too.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!removed.got_any_about(id(&paid)));
 }
 
 #[tokio::test]

@@ -306,12 +306,47 @@ impl ApiClient {
             .await
     }
 
-    /// Pays, retrying a busy answer: paying is idempotent, so the answer that ends the
-    /// retries tells the order's fate even if an earlier attempt committed unseen.
-    pub async fn pay(&self, user: &str, order_id: &str) -> Result<ApiResponse, ClientError> {
-        let path = format!("/orders/{order_id}/pay");
-        self.retrying(|_| self.send(Method::POST, &path, Some(user), None))
+    /// Pays the order by card as a buyer's page does: opens its payment, confirms it at
+    /// Stripe (`stripe_api`) with the publishable key and client secret the API
+    /// answered and Stripe's test card `pm_card_visa` (so a test-mode deployment only),
+    /// then asks the API to settle. Answers the settlement's answer, or the opening's
+    /// when it refused (`order_expired`: paid too late).
+    pub async fn pay_by_card(
+        &self,
+        user: &str,
+        order_id: &str,
+        stripe_api: &str,
+    ) -> Result<ApiResponse, ClientError> {
+        let opened = self.open_payment(user, order_id).await?;
+        if opened.status != StatusCode::OK {
+            return Ok(opened);
+        }
+        let field = |name: &str| opened.str_field(name).unwrap_or_default();
+        let path = format!(
+            "{stripe_api}/v1/payment_intents/{}/confirm",
+            field("payment_id")
+        );
+        let http_error = |source| ClientError::Http {
+            path: path.clone(),
+            source,
+        };
+        let confirmed = self
+            .http
+            .post(&path)
+            .form(&[
+                ("key", field("publishable_key")),
+                ("client_secret", field("client_secret")),
+                ("payment_method", "pm_card_visa"),
+            ])
+            .send()
             .await
+            .map_err(http_error)?;
+        let status = confirmed.status();
+        if status != StatusCode::OK {
+            let body = confirmed.json().await.unwrap_or_default();
+            return Err(ClientError::Unexpected { path, status, body });
+        }
+        self.confirm_payment(user, order_id).await
     }
 
     /// Opens (or gets again) the order's card payment, retrying a busy answer: the

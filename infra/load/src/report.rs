@@ -23,6 +23,8 @@ pub struct RunConfig {
     pub retries: u32,
     pub payment_timeout_secs: u32,
     pub pay_ratio: f64,
+    /// Stripe's API, where the run confirms its card payments.
+    pub stripe_api: String,
     pub await_expiry: bool,
     pub token_source: String,
     /// The sale's challenge (derivations at most), solved by the tool before every
@@ -120,7 +122,8 @@ pub struct Routes {
     pub grab: Percentiles,
     /// A grab attempt from its first request to its final answer, retries included.
     pub grab_attempt: Percentiles,
-    /// `POST /orders/{id}/pay`, when the run pays.
+    /// A card payment, when the run pays: `POST /orders/{id}/payment`, Stripe's
+    /// confirm, then `POST /orders/{id}/payment/confirm`.
     pub pay: Percentiles,
 }
 

@@ -65,6 +65,12 @@ async fn the_load_tool_reports_plots_and_passes_its_audit() {
             "16",
             "--pay-ratio",
             "0.4",
+            "--stripe-api",
+            harness
+                .stack
+                .stripe_endpoint
+                .as_deref()
+                .expect("the local stack's Stripe"),
         ],
     )
     .await;

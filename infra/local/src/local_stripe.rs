@@ -112,6 +112,33 @@ pub async fn put_keys(
     Ok(())
 }
 
+/// Removes the stack `id`'s webhook from the local Stripe at `stripe` (our launcher's
+/// `DELETE /_config/webhooks/{id}`), so that a local Stripe shared by many stacks posts
+/// only to stacks that are up. From any context, a `Drop` included: on a thread of its
+/// own, for at most two seconds; a local Stripe already gone is fine.
+pub fn unregister_webhook(stripe: &str, id: &str) {
+    let url = format!("{stripe}/_config/webhooks/{id}");
+    let removed = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        runtime.block_on(async {
+            reqwest::Client::new()
+                .delete(&url)
+                .timeout(std::time::Duration::from_secs(2))
+                .send()
+                .await
+                .and_then(reqwest::Response::error_for_status)
+                .map(drop)
+                .map_err(std::io::Error::other)
+        })
+    })
+    .join();
+    if let Ok(Err(error)) = removed {
+        tracing::debug!(%error, "the webhook was not removed from the local Stripe");
+    }
+}
+
 /// Registers `api_url`'s webhook path with the local Stripe at `stripe`, under the
 /// stack's own id: stacks sharing one local Stripe each get every event, and ignore
 /// (refuse) the payments that are not theirs.

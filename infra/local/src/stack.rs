@@ -86,6 +86,9 @@ pub struct StackOptions {
     /// Like `sam deploy --parameter-overrides`.
     pub parameter_overrides: BTreeMap<String, String>,
     pub emulators: EmulatorSource,
+    /// The local Stripe, when `emulators` names endpoints (shared or owned emulators
+    /// bring their own): the stack then takes card payments through it.
+    pub stripe_endpoint: Option<String>,
     /// HS256 key of local tokens; random when `None`.
     pub jwt_secret: Option<Vec<u8>>,
     /// Implementations replacing the template's functions, by logical id (tests inject
@@ -126,6 +129,7 @@ impl StackOptions {
             api_port: 0,
             parameter_overrides: BTreeMap::new(),
             emulators: EmulatorSource::Shared,
+            stripe_endpoint: None,
             jwt_secret: None,
             function_overrides: BTreeMap::new(),
             async_retry: AsyncRetryTiming::default(),
@@ -234,10 +238,10 @@ impl LocalStack {
             (_, Some(running)) => running.endpoints(),
             (_, None) => unreachable!("a shared or owned set was started above"),
         };
-        // The local Stripe of emulators this stack started or shares; none behind the
-        // drills' proxies, which name only the AWS emulators.
+        // The local Stripe of emulators this stack started or shares, or the one named
+        // beside endpoints (which name only the AWS emulators).
         let stripe_endpoint = match (&options.emulators, emulators.as_ref().or(shared)) {
-            (EmulatorSource::Endpoints(_), _) | (_, None) => None,
+            (EmulatorSource::Endpoints(_), _) | (_, None) => options.stripe_endpoint.clone(),
             (_, Some(running)) => Some(running.stripe_endpoint.clone()),
         };
         let dynamodb_endpoint = endpoints.dynamodb.clone();
@@ -446,7 +450,15 @@ impl LocalStack {
 
     /// Stops serving and polling, waits for in-flight work (bounded), then stops the
     /// emulators this stack started.
+    /// The stack's webhook off the local Stripe, once.
+    fn unregister_webhook(&mut self) {
+        if let Some(stripe) = self.stripe_endpoint.take() {
+            local_stripe::unregister_webhook(&stripe, &self.model.stack_name);
+        }
+    }
+
     pub async fn shutdown(mut self) {
+        self.unregister_webhook();
         let _ = self.shutdown.send(true);
         for task in self.tasks.drain(..) {
             let abort = task.abort_handle();
@@ -463,6 +475,7 @@ impl LocalStack {
 
 impl Drop for LocalStack {
     fn drop(&mut self) {
+        self.unregister_webhook();
         let _ = self.shutdown.send(true);
         for task in self.tasks.drain(..) {
             task.abort();

@@ -14,10 +14,10 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use chrono::{Duration, Utc};
 use flashsale_adapters::{ContentionExhausted, CorruptItem, DynamoStore, ItemError, ReserveMode};
 use flashsale_domain::ports::{
-    OrderBook, PayOutcome, ReserveRefusal, SaleCatalog, Settlement, StockLedger,
+    OrderBook, OrderPayments, PayOutcome, ReserveRefusal, SaleCatalog, Settlement, StockLedger,
 };
 use flashsale_domain::sale::StockCounts;
-use flashsale_domain::testing::InMemoryStore;
+use flashsale_domain::testing::{InMemoryStore, pay_by_card};
 use flashsale_domain::{
     OrderStatus, ReleaseReason, Reservation, ReservePath, Sale, SaleId, StoreError, UserId,
 };
@@ -327,7 +327,9 @@ async fn after_a_release_the_same_order_id_answers_already_held_and_writes_nothi
         Err(ReserveRefusal::AlreadyHeld)
     );
     assert_eq!(
-        store.pay(&expired, now).await.expect("pay"),
+        pay_by_card(&store, &expired, now)
+            .await
+            .expect("pay by card"),
         PayOutcome::Settled(OrderStatus::Expired)
     );
     assert_eq!(store.open_holds(&sale).await.expect("open holds"), vec![]);
@@ -684,7 +686,7 @@ async fn play_holds_of_every_status<S>(
     other_hold: &Reservation,
 ) -> Vec<Reservation>
 where
-    S: SaleCatalog + StockLedger + OrderBook,
+    S: SaleCatalog + StockLedger + OrderBook + OrderPayments,
 {
     assert!(store.create_sale(sale).await.expect("create the sale"));
     assert!(
@@ -708,7 +710,9 @@ where
     let now = Utc::now();
     for paid in [2, 3] {
         assert_eq!(
-            store.pay(&holds[paid], now).await.expect("pay"),
+            pay_by_card(store, &holds[paid], now)
+                .await
+                .expect("pay by card"),
             PayOutcome::Paid
         );
     }
@@ -939,7 +943,9 @@ async fn orders_an_earlier_version_opened_read_as_reserved_and_settle_as_ever() 
     assert_eq!(store.open_holds(&sale).await.expect("open holds").len(), 2);
 
     assert_eq!(
-        store.pay(&paying, Utc::now()).await.expect("pay"),
+        pay_by_card(&store, &paying, Utc::now())
+            .await
+            .expect("pay by card"),
         PayOutcome::Paid
     );
     assert_eq!(

@@ -309,7 +309,7 @@ pub trait StockLedger: Send + Sync {
     async fn return_take(&self, take: &Take, now: DateTime<Utc>) -> Result<TakeReturn, StoreError>;
 }
 
-/// What `OrderBook::pay` found.
+/// What [`OrderPayments::pay_with`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PayOutcome {
     /// Paid by this call or an earlier one.
@@ -318,6 +318,7 @@ pub enum PayOutcome {
     Settled(OrderStatus),
     /// The hold is still open but its payment window has closed.
     WindowClosed,
+    /// There is no such hold, or the payment is not the order's.
     Unknown,
 }
 
@@ -325,14 +326,6 @@ pub enum PayOutcome {
 /// from the moment it is reserved; nothing writes it again until it settles.
 #[async_trait]
 pub trait OrderBook: Send + Sync {
-    /// Marks an open order paid if its window is still open at `now`, atomically with
-    /// its hold. Idempotent: paying a paid order answers `Paid` again.
-    async fn pay(
-        &self,
-        reservation: &Reservation,
-        now: DateTime<Utc>,
-    ) -> Result<PayOutcome, StoreError>;
-
     /// The user's order and the reservation behind it, read consistently. Another
     /// user's order is `None`, exactly like a missing one.
     async fn find(
@@ -464,9 +457,9 @@ pub trait OrderPayments: Send + Sync {
     /// The money's side of pay against timeout: marks the open hold `paid` with
     /// `payment` in its state (`authorised`: its capture is pending; `captured`),
     /// atomically with the order's item, if the window is still open at `now` and
-    /// `payment` is the order's. The same condition as [`OrderBook::pay`], so exactly
-    /// one of this, a cancel and the timeout wins. Idempotent: an order paid already
-    /// answers `Paid`.
+    /// `payment` is the order's. One conditional write on the hold, as a cancel's and
+    /// the timeout's are, so exactly one of this, a cancel and the timeout wins.
+    /// Idempotent: an order paid already answers `Paid`.
     async fn pay_with(
         &self,
         reservation: &Reservation,

@@ -185,6 +185,7 @@ async fn an_authorised_payment_pays_the_order_then_captures_the_money_once() {
     let (reservation, payment) = world.authorised().await;
     let settled = world.settle(&reservation).await;
     assert_eq!(settled.outcome, SettleOutcome::Paid);
+    assert!(settled.moves.paid, "this settlement sold the unit");
     assert!(settled.moves.captured && !settled.moves.capture_retried);
     let order = world.order(&reservation).await;
     assert_eq!(order.status, OrderStatus::Paid);
@@ -643,7 +644,7 @@ async fn the_webhook_settles_each_event_once_however_often_and_in_whatever_order
         .await
         .unwrap();
     assert!(
-        matches!(first, EventHandled::Settled(settled) if settled.outcome == SettleOutcome::Paid),
+        matches!(&first, EventHandled::Settled(settled) if settled.outcome == SettleOutcome::Paid && settled.order_id == reservation.order_id),
         "{first:?}"
     );
     // Redelivered: acknowledged, nothing done again.
@@ -659,7 +660,7 @@ async fn the_webhook_settles_each_event_once_however_often_and_in_whatever_order
     for late in ["evt_succeeded", "evt_created_long_ago"] {
         let handled = webhook.handle(late, Some(&payment.id)).await.unwrap();
         assert!(
-            matches!(handled, EventHandled::Settled(settled) if settled.moves == MoneyMoves::default()),
+            matches!(&handled, EventHandled::Settled(settled) if settled.moves == MoneyMoves::default()),
             "{late}: {handled:?}"
         );
     }
@@ -716,6 +717,14 @@ async fn the_webhook_refuses_a_payment_no_order_owns_and_fails_what_it_could_not
             .unwrap(),
         EventHandled::Ignored
     );
+    // Nothing of ours changed, so nothing was recorded either: a stack sharing a Stripe
+    // account writes nothing for the others' events.
+    for ignored in ["evt_customer", "evt_elsewhere"] {
+        assert!(
+            !webhook.events.was_processed(ignored).await.unwrap(),
+            "{ignored}"
+        );
+    }
     // A provider that does not answer fails the event, unrecorded: the redelivery
     // handles it.
     let payment = world.open(&reservation).await;

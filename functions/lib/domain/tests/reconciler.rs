@@ -5,7 +5,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use chrono::{DateTime, Duration, TimeZone, Utc};
 use flashsale_domain::error::StoreError;
-use flashsale_domain::ports::{Clock, OrderBook, PayOutcome, SaleCatalog, StockLedger, Take};
+use flashsale_domain::ports::{Clock, OrderBook, SaleCatalog, StockLedger, Take};
 use flashsale_domain::sale::StockCounts;
 use flashsale_domain::service::{ReconcileReport, Reconciler};
 use flashsale_domain::testing;
@@ -131,14 +131,6 @@ struct UnreadableSale {
 
 #[async_trait]
 impl OrderBook for UnreadableSale {
-    async fn pay(
-        &self,
-        reservation: &Reservation,
-        now: DateTime<Utc>,
-    ) -> Result<PayOutcome, StoreError> {
-        self.store.pay(reservation, now).await
-    }
-
     async fn find(
         &self,
         order_id: &OrderId,

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use chrono::{DateTime, Duration, TimeZone, Utc};
 use flashsale_domain::challenge::ChallengeRefusal;
 use flashsale_domain::gate::SoldOutGate;
-use flashsale_domain::ports::{Clock, Settlement};
+use flashsale_domain::ports::{Clock, PayOutcome, Settlement};
 use flashsale_domain::sale::MAX_ABANDONED_HOLDS;
 use flashsale_domain::service::{
     Attempt, BlocklistService, CachedBlocklist, ContentionPolicy, ExpiryService, GrabService,
@@ -481,37 +481,7 @@ async fn the_consumer_sets_one_timer_however_often_it_is_delivered_and_writes_no
 }
 
 #[tokio::test]
-async fn paying_settles_the_order_and_forgets_its_timer() {
-    let world = World::new();
-    let sale = world.sale(5, 1, 1).await;
-    world.clock.set(start());
-    let reservation = world.grab(&sale, "a").await.unwrap();
-    world.orders.set_release_timer(&reservation).await.unwrap();
-    let paid = world
-        .orders
-        .pay(&reservation.order_id, &user("a"))
-        .await
-        .unwrap();
-    assert_eq!(paid.status, OrderStatus::Paid);
-    // Paying twice is fine; the timer is gone; a late timer changes nothing.
-    world
-        .orders
-        .pay(&reservation.order_id, &user("a"))
-        .await
-        .unwrap();
-    assert!(world.scheduler.timers.lock().unwrap().is_empty());
-    world.clock.advance(Duration::hours(1));
-    assert_eq!(
-        world.expiry.expire(&reservation).await.unwrap(),
-        Settlement::AlreadySettled(OrderStatus::Paid)
-    );
-    let stats = world.sales.stats(&sale).await.unwrap();
-    assert_eq!((stats.counts.paid, stats.counts.available), (1, 4));
-    assert!(stats.consistent);
-}
-
-#[tokio::test]
-async fn a_grabbed_order_is_sold_at_the_sales_price_from_the_grab_to_the_payment() {
+async fn a_grabbed_order_keeps_the_sales_price_from_the_grab_to_its_settlement() {
     let world = World::new();
     let sale = world
         .create_sale(testing::sale(3, 1).priced(1_299, "JPY"))
@@ -535,12 +505,15 @@ async fn a_grabbed_order_is_sold_at_the_sales_price_from_the_grab_to_the_payment
         .await
         .unwrap();
     assert_eq!(order.price, Some(price));
-    let paid = world
+    let cancelled = world
         .orders
-        .pay(&reservation.order_id, &user("a"))
+        .cancel(&reservation.order_id, &user("a"))
         .await
         .unwrap();
-    assert_eq!((paid.status, paid.price), (OrderStatus::Paid, Some(price)));
+    assert_eq!(
+        (cancelled.status, cancelled.price),
+        (OrderStatus::Cancelled, Some(price))
+    );
 }
 
 #[tokio::test]
@@ -591,7 +564,7 @@ async fn an_unpaid_order_expires_and_its_stock_comes_back_once() {
     );
     assert_eq!(world.store.shard_available(&sale, 0), 1);
     assert!(matches!(
-        world.orders.pay(&reservation.order_id, &user("a")).await,
+        world.orders.cancel(&reservation.order_id, &user("a")).await,
         Err(AppError::OrderExpired)
     ));
     // The buyer may try again, as the limit counts only held and bought units.
@@ -600,7 +573,7 @@ async fn an_unpaid_order_expires_and_its_stock_comes_back_once() {
 }
 
 #[tokio::test]
-async fn paying_after_the_window_closed_expires_the_order_at_once() {
+async fn cancelling_after_the_window_closed_expires_the_order_at_once() {
     let world = World::new();
     let sale = world.sale(1, 1, 1).await;
     world.clock.set(start());
@@ -609,11 +582,18 @@ async fn paying_after_the_window_closed_expires_the_order_at_once() {
     world
         .clock
         .set(reservation.expires_at + Duration::seconds(1));
+    // The timer may lag: the unit comes back now, expired rather than cancelled.
     assert!(matches!(
-        world.orders.pay(&reservation.order_id, &user("a")).await,
+        world.orders.cancel(&reservation.order_id, &user("a")).await,
         Err(AppError::OrderExpired)
     ));
     assert_eq!(world.store.shard_available(&sale, 0), 1);
+    let order = world
+        .orders
+        .get(&reservation.order_id, &user("a"))
+        .await
+        .unwrap();
+    assert_eq!(order.status, OrderStatus::Expired);
 }
 
 #[tokio::test]
@@ -652,11 +632,12 @@ async fn a_paid_order_cannot_be_cancelled() {
     let sale = world.sale(1, 1, 1).await;
     world.clock.set(start());
     let reservation = world.grab(&sale, "a").await.unwrap();
-    world
-        .orders
-        .pay(&reservation.order_id, &user("a"))
-        .await
-        .unwrap();
+    assert_eq!(
+        testing::pay_by_card(&*world.store, &reservation, world.clock.now())
+            .await
+            .unwrap(),
+        PayOutcome::Paid
+    );
     assert!(matches!(
         world.orders.cancel(&reservation.order_id, &user("a")).await,
         Err(AppError::OrderPaid)
@@ -674,11 +655,6 @@ async fn another_users_order_is_not_found() {
         world
             .orders
             .get(&reservation.order_id, &user("b"))
-            .await
-            .map(|_| ()),
-        world
-            .orders
-            .pay(&reservation.order_id, &user("b"))
             .await
             .map(|_| ()),
         world

@@ -58,8 +58,8 @@ fn a_request_without_verified_claims_is_unauthorized() {
 
 #[test]
 fn routes_and_path_parameters_come_from_the_route_key() {
-    let req = ApiEvent::fixture("api-pay-order.json").into_request();
-    assert_eq!(route_key(&req), "POST /orders/{order_id}/pay");
+    let req = ApiEvent::fixture("api-open-payment.json").into_request();
+    assert_eq!(route_key(&req), "POST /orders/{order_id}/payment");
     assert_eq!(
         order_id_param(&req).unwrap().to_string(),
         "phone-launch.01JGZ7T2W6S8M1Q4X9V0B3C5DE"

@@ -73,9 +73,14 @@ struct SurgeArgs {
     /// The sale's payment window.
     #[arg(long, default_value_t = 900)]
     payment_timeout: u32,
-    /// Share of the reserved orders to pay (0 to 1).
+    /// Share of the reserved orders to pay (0 to 1), by card through Stripe with its
+    /// test card: the deployment must take card payments in test mode.
     #[arg(long, default_value_t = 0.0)]
     pay_ratio: f64,
+    /// Stripe's API, where the page's Stripe.js would confirm the card: the local
+    /// Stripe under `make run`.
+    #[arg(long, default_value = "https://api.stripe.com")]
+    stripe_api: String,
     /// Wait until every unpaid unit has lapsed back, then audit available = stock - paid.
     /// Use a short --payment-timeout: timers fire within the minute after the deadline.
     #[arg(long)]
@@ -207,6 +212,7 @@ async fn run_surge(args: SurgeArgs) -> Result<bool, Box<dyn std::error::Error>> 
             retries: args.retries,
             payment_timeout_secs: args.payment_timeout,
             pay_ratio: args.pay_ratio,
+            stripe_api: args.stripe_api.trim_end_matches('/').to_owned(),
             await_expiry: args.await_expiry,
             token_source,
             challenge_work: args.challenge,

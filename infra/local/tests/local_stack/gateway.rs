@@ -212,3 +212,24 @@ async fn the_pages_config_names_the_local_stripes_stripe_js() {
     assert_eq!(config["stripe_js"], format!("{stripe}/js.stripe.com/v3/"));
     assert_eq!(config["auth"], "local", "the file's own values stay");
 }
+
+/// A stack that stops takes its webhook off the local Stripe it shares with others, so
+/// that Stripe posts only to stacks that are up.
+#[tokio::test]
+async fn a_stack_that_stops_removes_its_webhook_from_the_local_stripe() {
+    let options = options("gw-webhook-gone");
+    let id = options.stack_name.clone();
+    let stack = start(options).await;
+    let stripe = stack.stripe_endpoint.clone().expect("a local Stripe");
+    stack.shutdown().await;
+    // Removing it again finds nothing: the stack's own removal came first.
+    let again: serde_json::Value = reqwest::Client::new()
+        .delete(format!("{stripe}/_config/webhooks/{id}"))
+        .send()
+        .await
+        .expect("the local Stripe answers")
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(again["deleted"], false, "{again}");
+}

@@ -18,7 +18,6 @@ use super::item::{
 use super::requests::{Consistency, built, corrupt, names, values};
 use super::transact::{self, in_request_order};
 
-const PAY: &str = "dynamodb.pay";
 const FIND: &str = "dynamodb.find";
 const COUNT: &str = "dynamodb.count";
 const OPEN_HOLDS: &str = "dynamodb.open_holds";
@@ -26,7 +25,7 @@ const OPEN_HOLDS: &str = "dynamodb.open_holds";
 /// Stats buckets queried at once when reading a sale's holds.
 const BUCKET_QUERIES_IN_FLIGHT: usize = 16;
 
-/// The transaction items of `pay` and `pay_with`.
+/// The transaction items of `pay_with`.
 mod paying {
     /// Marks the hold on the user's item paid.
     pub(super) const USER_ITEM: usize = 0;
@@ -88,54 +87,48 @@ impl DynamoStore {
 }
 
 impl DynamoStore {
-    /// Marks an open hold paid, atomically with the order's item, if its window is open
-    /// at `now`: `pay`, and with `payment` (which must be the order's, and whose state
-    /// is recorded) [`OrderPayments::pay_with`]. One conditional write decides between
-    /// this, a cancel and the timeout; a refusal is read back to say which won.
+    /// Marks an open hold paid with `payment` (which must be the order's, and whose
+    /// state is recorded), atomically with the order's item, if its window is open at
+    /// `now`: [`OrderPayments::pay_with`]. One conditional write decides between this,
+    /// a cancel and the timeout; a refusal is read back to say which won.
+    ///
+    /// [`OrderPayments::pay_with`]: flashsale_domain::ports::OrderPayments::pay_with
     pub(super) async fn mark_paid(
         &self,
         operation: &'static str,
         reservation: &Reservation,
-        payment: Option<&OrderPayment>,
+        payment: &OrderPayment,
         now: DateTime<Utc>,
     ) -> Result<PayOutcome, StoreError> {
         let hold_attribute = item::hold_attribute(&reservation.order_id);
         let [reserved, legacy_pending] = item::open_hold_values();
-        let mut condition =
-            format!("{OPEN_HOLD} AND #hold.#expires > :now AND #hold.#shard = :shard");
-        let mut update = "SET #hold.#status = :paid".to_owned();
-        let mut attribute_names = vec![
-            ("#hold", hold_attribute.as_str()),
-            ("#status", STATUS),
-            ("#expires", EXPIRES_AT_MS),
-            ("#shard", SHARD),
-        ];
-        let mut attribute_values = vec![
-            (":paid", s(OrderStatus::Paid.as_str())),
-            reserved,
-            legacy_pending,
-            (":now", n(now.timestamp_millis())),
-            (":shard", n(reservation.shard)),
-        ];
-        if let Some(payment) = payment {
-            condition.push_str(" AND #hold.#payment_id = :payment_id");
-            update.push_str(", #hold.#payment_state = :payment_state");
-            attribute_names.extend([
-                ("#payment_id", PAYMENT_ID),
-                ("#payment_state", PAYMENT_STATE),
-            ]);
-            attribute_values.extend([
-                (":payment_id", s(payment.id.as_str())),
-                (":payment_state", s(payment.state.name())),
-            ]);
-        }
         let settle_hold = built(
             operation,
             self.update(item::user_key(&reservation.sale_id, &reservation.user_id))
-                .update_expression(update)
-                .condition_expression(condition)
-                .set_expression_attribute_names(names(&attribute_names))
-                .set_expression_attribute_values(values(attribute_values))
+                .update_expression(
+                    "SET #hold.#status = :paid, #hold.#payment_state = :payment_state",
+                )
+                .condition_expression(format!(
+                    "{OPEN_HOLD} AND #hold.#expires > :now AND #hold.#shard = :shard \
+                     AND #hold.#payment_id = :payment_id"
+                ))
+                .set_expression_attribute_names(names(&[
+                    ("#hold", hold_attribute.as_str()),
+                    ("#status", STATUS),
+                    ("#expires", EXPIRES_AT_MS),
+                    ("#shard", SHARD),
+                    ("#payment_id", PAYMENT_ID),
+                    ("#payment_state", PAYMENT_STATE),
+                ]))
+                .set_expression_attribute_values(values([
+                    (":paid", s(OrderStatus::Paid.as_str())),
+                    reserved,
+                    legacy_pending,
+                    (":now", n(now.timestamp_millis())),
+                    (":shard", n(reservation.shard)),
+                    (":payment_id", s(payment.id.as_str())),
+                    (":payment_state", s(payment.state.name())),
+                ]))
                 .build(),
         )?;
         let record = self.settle_order_item(operation, reservation, OrderStatus::Paid, now)?;
@@ -152,11 +145,9 @@ impl DynamoStore {
         }
         let id = &reservation.order_id;
         let paid_with = |hold: &item::Hold| {
-            payment.is_none_or(|payment| {
-                hold.payment
-                    .as_ref()
-                    .is_some_and(|recorded| recorded.id == payment.id)
-            })
+            hold.payment
+                .as_ref()
+                .is_some_and(|recorded| recorded.id == payment.id)
         };
         Ok(
             match self.read_hold(operation, id, &reservation.user_id).await? {
@@ -181,14 +172,6 @@ impl DynamoStore {
 
 #[async_trait]
 impl OrderBook for DynamoStore {
-    async fn pay(
-        &self,
-        reservation: &Reservation,
-        now: DateTime<Utc>,
-    ) -> Result<PayOutcome, StoreError> {
-        self.mark_paid(PAY, reservation, None, now).await
-    }
-
     async fn find(
         &self,
         order_id: &OrderId,

@@ -136,8 +136,7 @@ impl OrderPayments for DynamoStore {
         payment: &OrderPayment,
         now: DateTime<Utc>,
     ) -> Result<PayOutcome, StoreError> {
-        self.mark_paid(PAY_WITH, reservation, Some(payment), now)
-            .await
+        self.mark_paid(PAY_WITH, reservation, payment, now).await
     }
 
     async fn record_payment(

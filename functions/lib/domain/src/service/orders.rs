@@ -1,11 +1,12 @@
-//! Orders after the grab: the consumer's timer, pay, cancel, and the timeout.
+//! Orders after the grab: the consumer's timer, cancel, and the timeout. Paying is
+//! [`super::PaymentService`]'s.
 
 use std::sync::Arc;
 
 use crate::error::AppError;
 use crate::ids::{OrderId, UserId};
 use crate::order::{Order, OrderStatus, ReleaseReason, Reservation};
-use crate::ports::{Clock, OrderBook, PayOutcome, ReleaseScheduler, Settlement, StockLedger};
+use crate::ports::{Clock, OrderBook, ReleaseScheduler, Settlement, StockLedger};
 
 /// What the consumer's step left behind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,7 +17,7 @@ pub enum TimerSet {
     AlreadySettled(OrderStatus),
 }
 
-/// Orders after the grab: the consumer, the owner's pay and cancel, and the timeout.
+/// Orders after the grab: the consumer, the owner's cancel, and the timeout.
 pub struct OrderService {
     pub orders: Arc<dyn OrderBook>,
     pub ledger: Arc<dyn StockLedger>,
@@ -64,35 +65,9 @@ impl OrderService {
         }
     }
 
-    pub async fn pay(&self, order_id: &OrderId, user: &UserId) -> Result<Order, AppError> {
-        let (order, reservation) = self.owned(order_id, user).await?;
-        if let Some(answer) = answer_if_settled(&order, OrderStatus::Paid) {
-            return answer;
-        }
-        match self.orders.pay(&reservation, self.clock.now()).await? {
-            PayOutcome::Paid => {
-                self.forget_timer(order_id).await;
-                Ok(Order {
-                    status: OrderStatus::Paid,
-                    ..order
-                })
-            }
-            PayOutcome::WindowClosed => {
-                // The timer may lag; the buyer must not wait on it to learn the outcome,
-                // and the unit should be grabbable again now.
-                self.ledger
-                    .release(&reservation, ReleaseReason::Expired, self.clock.now())
-                    .await?;
-                Err(AppError::OrderExpired)
-            }
-            PayOutcome::Settled(status) => Err(settled_error(status)),
-            PayOutcome::Unknown => Err(AppError::OrderNotFound),
-        }
-    }
-
     pub async fn cancel(&self, order_id: &OrderId, user: &UserId) -> Result<Order, AppError> {
         let (order, reservation) = self.owned(order_id, user).await?;
-        if let Some(answer) = answer_if_settled(&order, OrderStatus::Cancelled) {
+        if let Some(answer) = answer_if_settled(&order) {
             return answer;
         }
         let now = self.clock.now();
@@ -145,12 +120,12 @@ impl ExpiryService {
     }
 }
 
-/// The answer to pay or cancel (`wanted`) of an order read consistently, if it is
-/// settled: a settled order never moves again, so no write can change the answer (a
-/// retried call, or one after the timer fired). `None` while the order is open.
-fn answer_if_settled(order: &Order, wanted: OrderStatus) -> Option<Result<Order, AppError>> {
+/// The answer to a cancel of an order read consistently, if it is settled: a settled
+/// order never moves again, so no write can change the answer (a retried call, or one
+/// after the timer fired). `None` while the order is open.
+fn answer_if_settled(order: &Order) -> Option<Result<Order, AppError>> {
     match order.status {
-        status if status == wanted => Some(Ok(order.clone())),
+        OrderStatus::Cancelled => Some(Ok(order.clone())),
         status if !status.is_open() => Some(Err(settled_error(status))),
         _ => None,
     }

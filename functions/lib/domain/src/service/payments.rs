@@ -68,6 +68,8 @@ impl SettleOutcome {
 /// happened.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct MoneyMoves {
+    /// This settlement found the order open and marked it paid: the unit is sold.
+    pub paid: bool,
     /// This settlement captured the money.
     pub captured: bool,
     /// This settlement asked for a capture of an order already paid on our side when it
@@ -83,8 +85,10 @@ pub struct MoneyMoves {
 }
 
 /// A settlement's result: where the order's money stands, and what this call moved.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settled {
+    /// The order settled: the webhook's caller knows only the payment.
+    pub order_id: OrderId,
     pub outcome: SettleOutcome,
     pub moves: MoneyMoves,
 }
@@ -221,7 +225,7 @@ impl PaymentService {
 }
 
 /// What the webhook did with one of the provider's events.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EventHandled {
     /// The event's payment was settled (see [`Settled`]).
     Settled(Settled),
@@ -240,7 +244,7 @@ pub enum EventHandled {
 /// event id. The event's copy of the payment is never trusted (events come late and out
 /// of order): the settlement reads the payment anew, so an event is only a reason to
 /// settle now. An event is recorded processed only once handled, so one that failed is
-/// handled again when the provider redelivers it.
+/// handled again when the provider redelivers it; an ignored one is not recorded at all.
 pub struct PaymentWebhook {
     pub payments: Arc<PaymentService>,
     pub events: Arc<dyn ProviderEvents>,
@@ -274,9 +278,13 @@ impl PaymentWebhook {
                 Err(error) => return Err(error),
             },
         };
-        self.events
-            .record_processed(event_id, self.clock.now())
-            .await?;
+        // An ignored event changed nothing of ours, so there is nothing to do twice:
+        // it writes nothing either (every stack on a Stripe account gets every event).
+        if handled != EventHandled::Ignored {
+            self.events
+                .record_processed(event_id, self.clock.now())
+                .await?;
+        }
         Ok(handled)
     }
 }
@@ -302,6 +310,7 @@ impl Settlement<'_> {
             OrderStatus::Refunded => SettleOutcome::Refunded,
         };
         Ok(Settled {
+            order_id: self.reservation.order_id.clone(),
             outcome,
             moves: self.moves,
         })
@@ -330,7 +339,10 @@ impl Settlement<'_> {
             .pay_with(self.reservation, &seen, now)
             .await?
         {
-            PayOutcome::Paid => self.finish_paid(payment).await,
+            PayOutcome::Paid => {
+                self.moves.paid = true;
+                self.finish_paid(payment).await
+            }
             PayOutcome::WindowClosed => {
                 // The timer may lag: the unit goes back now, and the money with it.
                 let status = match service
@@ -371,8 +383,8 @@ impl Settlement<'_> {
                 Ok(SettleOutcome::Paid)
             }
             PaymentState::Authorised => self.capture(payment).await,
-            // Paid with no money held: the buyer's word from before payments, or an
-            // authorisation the provider dropped after our write.
+            // Paid with no money held: an authorisation the provider dropped after our
+            // write.
             PaymentState::Open | PaymentState::Cancelled => {
                 tracing::error!(order_id = %self.reservation.order_id, payment = %payment.id, state = ?payment.state, "a paid order's payment holds no money");
                 // Recorded, so that no later settlement takes it for a pending capture.

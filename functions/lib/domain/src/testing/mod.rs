@@ -177,7 +177,7 @@ struct State {
     abandoned: HashMap<(SaleId, UserId), u32>,
     /// The open or paid holds, by order.
     holds: HashMap<OrderId, (Reservation, OrderStatus)>,
-    /// Order items: created by the consumer, pay or release.
+    /// Order items: created by the consumer, `pay_with` or release.
     orders: HashMap<OrderId, (Reservation, OrderStatus)>,
     /// When each expired order's release committed.
     expired_at: HashMap<OrderId, DateTime<Utc>>,
@@ -529,33 +529,6 @@ impl StockLedger for InMemoryStore {
 
 #[async_trait]
 impl OrderBook for InMemoryStore {
-    async fn pay(
-        &self,
-        reservation: &Reservation,
-        now: DateTime<Utc>,
-    ) -> Result<PayOutcome, StoreError> {
-        let mut state = locked(&self.state);
-        let id = &reservation.order_id;
-        match state.holds.get_mut(id) {
-            Some((_, OrderStatus::Paid)) => Ok(PayOutcome::Paid),
-            Some((held, status)) if status.is_open() => {
-                if now >= held.expires_at {
-                    return Ok(PayOutcome::WindowClosed);
-                }
-                *status = OrderStatus::Paid;
-                let held = held.clone();
-                state.orders.insert(id.clone(), (held, OrderStatus::Paid));
-                Ok(PayOutcome::Paid)
-            }
-            _ => Ok(state
-                .orders
-                .get(id)
-                .map_or(PayOutcome::Unknown, |(_, status)| {
-                    PayOutcome::Settled(*status)
-                })),
-        }
-    }
-
     async fn find(
         &self,
         order_id: &OrderId,
@@ -766,6 +739,31 @@ impl ProviderEvents for InMemoryStore {
             .processed_events
             .insert(event_id.to_owned()))
     }
+}
+
+/// Pays the order by card, as a settlement does once the buyer's money moved: attaches
+/// a payment named after the order (`pi_card_<order id>`,
+/// [`OrderPayments::attach_payment`]), or takes the payment the order records already,
+/// and marks the order paid with it, captured ([`OrderPayments::pay_with`]), at `now`.
+/// `pay_with` is asked whatever the attach answered, so the answer is the order's:
+/// `Paid` (by this call or an earlier one), `WindowClosed`, `Settled(status)` for a
+/// released order, `Unknown` for no hold. A call whose window closed leaves the payment
+/// attached to the still open order.
+pub async fn pay_by_card<S: OrderPayments + ?Sized>(
+    store: &S,
+    reservation: &Reservation,
+    now: DateTime<Utc>,
+) -> Result<PayOutcome, StoreError> {
+    let card = PaymentId::new(format!("pi_card_{}", reservation.order_id));
+    let id = match store.attach_payment(reservation, &card).await? {
+        PaymentAttach::Taken(recorded) => recorded,
+        PaymentAttach::Attached | PaymentAttach::Settled(_) | PaymentAttach::Unknown => card,
+    };
+    let payment = OrderPayment {
+        id,
+        state: PaymentState::Captured,
+    };
+    store.pay_with(reservation, &payment, now).await
 }
 
 /// Pauses that do not wait, each recorded.
