@@ -14,8 +14,8 @@ use flashsale_domain::service::{
 use flashsale_domain::{SaleDraft, UserId};
 use flashsale_lambda::caller::{DEFAULT_ADMIN_CLAIM, DEFAULT_ADMIN_GROUP};
 use flashsale_lambda::{
-    AdminRule, ApiError, CachePolicy, CallBudget, Caller, Clients, Env, FromEnv, Function,
-    PaymentsInitError, StripeKeys, ensure_within_limit, json, json_body, order_id_param, respond,
+    AdminRule, ApiError, CachePolicy, CallBudget, Caller, CardPayments, Clients, Env, FromEnv,
+    Function, PaymentsInitError, ensure_within_limit, json, json_body, order_id_param, respond,
     route_key, sale_id_param, user_of,
 };
 use lambda_http::http::header::{HeaderValue, LOCATION};
@@ -70,7 +70,7 @@ pub struct Config {
     pub admin: AdminRule,
     /// When DynamoDB's circuit breaker opens, and for how long.
     pub breaker: BreakerPolicy,
-    /// The Secrets Manager secret of the Stripe keys ([`StripeKeys`]). Without it the
+    /// The Secrets Manager secret of the Stripe keys ([`flashsale_lambda::StripeKeys`]). Without it the
     /// deployment takes no card payments, and the payment routes answer `payments_off`.
     pub stripe_secret_arn: Option<String>,
     /// Stripe's API (`https://api.stripe.com`), or a local fake's.
@@ -107,8 +107,17 @@ pub struct Ports {
     pub scheduler: Arc<dyn ReleaseScheduler>,
     pub clock: Arc<dyn Clock>,
     pub blocklist: Arc<dyn Blocklist>,
-    /// `None`: no payment provider, no card payments.
-    pub payments: Option<PaymentPorts>,
+    pub payments: PaymentWiring,
+}
+
+/// How the api takes card payments.
+pub enum PaymentWiring {
+    /// No provider: the payment routes answer 404 `payments_off`.
+    Off,
+    On(PaymentPorts),
+    /// A provider whose keys are unusable ([`CardPayments::Misconfigured`]): the payment
+    /// routes answer 503 `payment_unavailable`, each counted in `payments_misconfigured`.
+    Misconfigured,
 }
 
 /// What the handler needs, built once per process.
@@ -116,31 +125,32 @@ pub struct Deps {
     sales: SaleService,
     orders: OrderService,
     blocklist: BlocklistService,
-    payments: Option<payments::Payments>,
+    payments: payments::PaymentRoutes,
     admin: AdminRule,
 }
 
 impl Deps {
     /// DynamoDB for sales, stock and orders, behind a circuit breaker so that pay and
     /// cancel fail fast on a failing table; Scheduler only to delete release timers
-    /// (this function never creates one, so it has no release target); Stripe with
-    /// `stripe`'s keys, if given.
+    /// (this function never creates one, so it has no release target); Stripe as the
+    /// cold start found its keys.
     pub fn new(
         config: &Config,
         clients: &Clients,
-        stripe: Option<&StripeKeys>,
+        card_payments: &CardPayments,
     ) -> Result<Self, PaymentsInitError> {
         let dynamodb = clients.dynamodb_behind(config.breaker);
         let store = Arc::new(DynamoStore::new(dynamodb.clone(), &config.table_name));
-        let payments = match stripe {
-            Some(keys) => Some(PaymentPorts {
+        let payments = match card_payments {
+            CardPayments::Off => PaymentWiring::Off,
+            CardPayments::On(keys) => PaymentWiring::On(PaymentPorts {
                 payments: store.clone(),
                 events: store.clone(),
                 provider: Arc::new(keys.provider(&config.stripe_api_base)?),
                 publishable_key: keys.publishable_key.clone(),
                 webhook_secret: keys.webhook_secret.clone(),
             }),
-            None => None,
+            CardPayments::Misconfigured(_) => PaymentWiring::Misconfigured,
         };
         Ok(Self::from_ports(
             config,
@@ -164,26 +174,30 @@ impl Deps {
     }
 
     pub fn from_ports(config: &Config, ports: Ports) -> Self {
-        let payments = ports.payments.map(|wired| {
-            let service = Arc::new(PaymentService {
-                orders: ports.orders.clone(),
-                payments: wired.payments,
-                ledger: ports.ledger.clone(),
-                provider: wired.provider,
-                clock: ports.clock.clone(),
-            });
-            payments::Payments {
-                webhook: PaymentWebhook {
-                    payments: service.clone(),
-                    events: wired.events,
+        let payments = match ports.payments {
+            PaymentWiring::Off => payments::PaymentRoutes::Off,
+            PaymentWiring::Misconfigured => payments::PaymentRoutes::Misconfigured,
+            PaymentWiring::On(wired) => {
+                let service = Arc::new(PaymentService {
+                    orders: ports.orders.clone(),
+                    payments: wired.payments,
+                    ledger: ports.ledger.clone(),
+                    provider: wired.provider,
                     clock: ports.clock.clone(),
-                },
-                service,
-                clock: ports.clock.clone(),
-                publishable_key: wired.publishable_key,
-                webhook_secret: wired.webhook_secret,
+                });
+                payments::PaymentRoutes::On(payments::Payments {
+                    webhook: PaymentWebhook {
+                        payments: service.clone(),
+                        events: wired.events,
+                        clock: ports.clock.clone(),
+                    },
+                    service,
+                    clock: ports.clock.clone(),
+                    publishable_key: wired.publishable_key,
+                    webhook_secret: wired.webhook_secret,
+                })
             }
-        });
+        };
         Self {
             sales: SaleService {
                 catalog: ports.catalog,
@@ -215,13 +229,14 @@ impl Function for Deps {
     const SDK_BUDGET: CallBudget = SDK_BUDGET;
 
     /// The cold start, as deployed: reads the Stripe keys from Secrets Manager if the
-    /// deployment takes card payments (once; an unreadable or malformed secret fails
-    /// the start with its reason logged), then builds everything else.
+    /// deployment takes card payments (once; a secret that cannot be read fails the
+    /// start, one without usable keys only the payment routes), then builds everything
+    /// else.
     async fn init(config: &Config, clients: &Clients) -> Result<Self, PaymentsInitError> {
-        let stripe =
+        let card_payments =
             flashsale_lambda::stripe_keys::read_if_on(config.stripe_secret_arn.as_deref(), clients)
                 .await?;
-        Self::new(config, clients, stripe.as_ref())
+        Self::new(config, clients, &card_payments)
     }
 
     async fn handle(&self, request: Request) -> Result<Response<Body>, lambda_http::Error> {

@@ -26,6 +26,13 @@ pub struct PaymentPorts {
     pub webhook_secret: String,
 }
 
+/// The payment routes, as the cold start wired them.
+pub(crate) enum PaymentRoutes {
+    Off,
+    On(Payments),
+    Misconfigured,
+}
+
 /// The payment routes' use cases.
 pub struct Payments {
     pub(crate) service: Arc<PaymentService>,
@@ -91,7 +98,14 @@ fn count_moves(settled: &Settled) {
 }
 
 fn payments(deps: &Deps) -> Result<&Payments, ApiError> {
-    deps.payments.as_ref().ok_or(ApiError::PaymentsOff)
+    match &deps.payments {
+        PaymentRoutes::On(payments) => Ok(payments),
+        PaymentRoutes::Off => Err(ApiError::PaymentsOff),
+        PaymentRoutes::Misconfigured => {
+            metrics::payments_misconfigured();
+            Err(ApiError::PaymentsMisconfigured)
+        }
+    }
 }
 
 /// `POST /orders/{order_id}/payment`: the buyer's open order's PaymentIntent, opened the

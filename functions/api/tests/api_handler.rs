@@ -6,7 +6,7 @@ mod support;
 use std::sync::Arc;
 
 use chrono::{DateTime, Duration, Utc};
-use flashsale_api::{Config, Deps, Ports, handler};
+use flashsale_api::{Config, Deps, PaymentWiring, Ports, handler};
 use flashsale_domain::ports::{Blocklist, Clock, OrderBook, PayOutcome, SaleCatalog, StockLedger};
 use flashsale_domain::testing;
 use flashsale_domain::testing::{
@@ -58,7 +58,7 @@ impl World {
                 scheduler: scheduler.clone(),
                 clock: clock.clone(),
                 blocklist: blocklist.clone(),
-                payments: None,
+                payments: PaymentWiring::Off,
             },
         );
         Self {

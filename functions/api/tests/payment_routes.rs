@@ -9,7 +9,8 @@ use std::sync::Arc;
 use chrono::{DateTime, Duration, Utc};
 use flashsale_adapters::stripe::webhook;
 use flashsale_api::{
-    CONFIRM_PAYMENT_ROUTE, Deps, OPEN_PAYMENT_ROUTE, PaymentPorts, Ports, handler,
+    CANCEL_ORDER_ROUTE, CONFIRM_PAYMENT_ROUTE, Deps, GET_ORDER_ROUTE, OPEN_PAYMENT_ROUTE,
+    PaymentPorts, PaymentWiring, Ports, handler,
 };
 use flashsale_domain::payment::{PaymentId, PaymentState};
 use flashsale_domain::ports::{Clock, OrderBook, PaymentProvider, SaleCatalog, StockLedger};
@@ -27,6 +28,16 @@ use support::{config, starts_at};
 const WEBHOOK_SECRET: &str = "whsec_flashsale_test";
 const PUBLISHABLE_KEY: &str = "pk_test_flashsale";
 
+/// How the deployment's payment provider came up.
+#[derive(Clone, Copy)]
+enum Provider {
+    Wired,
+    /// No Stripe secret: no card payments.
+    Off,
+    /// A Stripe secret without usable keys.
+    Misconfigured,
+}
+
 struct World {
     deps: Deps,
     store: Arc<InMemoryStore>,
@@ -39,11 +50,11 @@ struct World {
 
 impl World {
     async fn new() -> Self {
-        Self::wired(true).await
+        Self::wired(Provider::Wired).await
     }
 
-    /// A priced sale, started a minute ago; the payment ports only if `with_provider`.
-    async fn wired(with_provider: bool) -> Self {
+    /// A priced sale, started a minute ago, and the payment routes wired as `provider`.
+    async fn wired(provider_wiring: Provider) -> Self {
         let store = Arc::new(InMemoryStore::new());
         let provider = Arc::new(FakePaymentProvider::new());
         let faults = Arc::new(FaultyProvider::new(provider.clone()));
@@ -64,13 +75,17 @@ impl World {
                 scheduler: Arc::new(RecordingScheduler::default()),
                 clock: clock.clone(),
                 blocklist: Arc::new(InMemoryBlocklist::new()),
-                payments: with_provider.then(|| PaymentPorts {
-                    payments: store.clone(),
-                    events: store.clone(),
-                    provider: faults.clone(),
-                    publishable_key: PUBLISHABLE_KEY.to_owned(),
-                    webhook_secret: WEBHOOK_SECRET.to_owned(),
-                }),
+                payments: match provider_wiring {
+                    Provider::Wired => PaymentWiring::On(PaymentPorts {
+                        payments: store.clone(),
+                        events: store.clone(),
+                        provider: faults.clone(),
+                        publishable_key: PUBLISHABLE_KEY.to_owned(),
+                        webhook_secret: WEBHOOK_SECRET.to_owned(),
+                    }),
+                    Provider::Off => PaymentWiring::Off,
+                    Provider::Misconfigured => PaymentWiring::Misconfigured,
+                },
             },
         );
         Self {
@@ -195,7 +210,7 @@ fn pair(settlement: &str, status: &str) -> (String, String) {
 
 #[tokio::test]
 async fn a_deployment_without_a_provider_answers_payments_off_and_writes_nothing() {
-    let world = World::wired(false).await;
+    let world = World::wired(Provider::Off).await;
     let reservation = world.reserve("alice").await;
     for route in [OPEN_PAYMENT_ROUTE, CONFIRM_PAYMENT_ROUTE] {
         let response = world.order_route(route, "alice", &reservation).await;
@@ -211,6 +226,44 @@ async fn a_deployment_without_a_provider_answers_payments_off_and_writes_nothing
     let unsigned = world.deliver_unsigned().await;
     assert_eq!(error_code(&unsigned), "invalid_signature");
     assert_eq!(world.status_of(&reservation).await, OrderStatus::Reserved);
+}
+
+/// A Stripe secret without usable keys fails only the payments: each payment call is
+/// 503 `payment_unavailable` with nothing written (the webhook's too, so Stripe delivers
+/// it again once the keys are fixed), while orders are read and cancelled as ever.
+#[tokio::test]
+async fn a_stripe_secret_without_usable_keys_fails_only_the_payments_with_a_503() {
+    let world = World::wired(Provider::Misconfigured).await;
+    let reservation = world.reserve("alice").await;
+    for route in [OPEN_PAYMENT_ROUTE, CONFIRM_PAYMENT_ROUTE] {
+        let response = world.order_route(route, "alice", &reservation).await;
+        assert_eq!(response.status(), 503, "{route}");
+        assert_eq!(error_code(&response), "payment_unavailable", "{route}");
+    }
+    let payment = PaymentId::new("pi_any");
+    let response = world
+        .deliver("evt_1", &payment, WEBHOOK_SECRET, world.clock.now())
+        .await;
+    assert_eq!(response.status(), 503);
+    assert_eq!(error_code(&response), "payment_unavailable");
+    let (order, _) = world
+        .store
+        .find(&reservation.order_id, &reservation.user_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(order.status, OrderStatus::Reserved);
+    assert!(order.payment.is_none(), "no payment opened: {order:?}");
+
+    let read = world
+        .order_route(GET_ORDER_ROUTE, "alice", &reservation)
+        .await;
+    assert_eq!(read.status(), 200);
+    let cancelled = world
+        .order_route(CANCEL_ORDER_ROUTE, "alice", &reservation)
+        .await;
+    assert_eq!(cancelled.status(), 200);
+    assert_eq!(world.status_of(&reservation).await, OrderStatus::Cancelled);
 }
 
 #[tokio::test]

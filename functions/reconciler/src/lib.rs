@@ -19,7 +19,7 @@ use flashsale_domain::service::{PaymentService, ReconcileReport, Reconciler, Sal
 use flashsale_lambda::failure::{diagnostic, error_chain};
 use flashsale_lambda::metrics::PaymentMoves;
 use flashsale_lambda::{
-    CallBudget, Clients, Env, FromEnv, Function, PaymentsInitError, StripeKeys,
+    CallBudget, CardPayments, Clients, Env, FromEnv, Function, PaymentsInitError,
 };
 use lambda_runtime::Diagnostic;
 use serde_json::Value;
@@ -90,34 +90,40 @@ pub struct Ports {
     pub clock: Arc<dyn Clock>,
     /// The settlement of payments left unsettled, where a payment provider is wired.
     pub payments: Option<Arc<PaymentService>>,
+    /// The deployment takes card payments but its Stripe secret holds no usable keys
+    /// ([`CardPayments::Misconfigured`]): no payment is settled (`payments` is `None`),
+    /// and each pass says so, counted in `payments_misconfigured`, while it still
+    /// repairs holds.
+    pub payments_misconfigured: bool,
 }
 
 /// What the handler needs, built once per process.
 pub struct Deps {
     reconciler: Reconciler,
+    payments_misconfigured: bool,
     /// Counts each sale's stock for the gauges after a pass.
     sales: SaleService,
 }
 
 impl Deps {
     /// DynamoDB for sales and holds, and the wall clock. The catalog is not cached:
-    /// the pass lists sales once per run. Stripe with `stripe`'s keys, if given.
+    /// the pass lists sales once per run. Stripe as the cold start found its keys.
     pub fn new(
         config: &Config,
         clients: &Clients,
-        stripe: Option<&StripeKeys>,
+        card_payments: &CardPayments,
     ) -> Result<Self, PaymentsInitError> {
         let store = Arc::new(DynamoStore::new(clients.dynamodb(), &config.table_name));
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-        let payments = match stripe {
-            Some(keys) => Some(Arc::new(PaymentService {
+        let payments = match card_payments {
+            CardPayments::On(keys) => Some(Arc::new(PaymentService {
                 orders: store.clone(),
                 payments: store.clone(),
                 ledger: store.clone(),
                 provider: Arc::new(keys.provider(&config.stripe_api_base)?),
                 clock: clock.clone(),
             })),
-            None => None,
+            CardPayments::Off | CardPayments::Misconfigured(_) => None,
         };
         Ok(Self::from_ports(
             config,
@@ -127,6 +133,7 @@ impl Deps {
                 ledger: store,
                 clock,
                 payments,
+                payments_misconfigured: matches!(card_payments, CardPayments::Misconfigured(_)),
             },
         ))
     }
@@ -148,6 +155,7 @@ impl Deps {
                 take_grace: config.take_grace,
                 payments: ports.payments,
             },
+            payments_misconfigured: ports.payments_misconfigured,
         }
     }
 }
@@ -198,10 +206,10 @@ impl Function for Deps {
     /// Reads the Stripe keys first if the deployment takes card payments (see the
     /// api's cold start).
     async fn init(config: &Config, clients: &Clients) -> Result<Self, PaymentsInitError> {
-        let stripe =
+        let card_payments =
             flashsale_lambda::stripe_keys::read_if_on(config.stripe_secret_arn.as_deref(), clients)
                 .await?;
-        Self::new(config, clients, stripe.as_ref())
+        Self::new(config, clients, &card_payments)
     }
 
     async fn handle(&self, event: Value) -> Result<Value, ReconcileError> {
@@ -217,6 +225,14 @@ pub async fn handler(deps: &Deps, _event: Value) -> Result<Value, ReconcileError
 }
 
 async fn reconcile(deps: &Deps) -> Result<ReconcileReport, ReconcileError> {
+    if deps.payments_misconfigured {
+        // Every pass, not only the cold start's log line: the alarm stays up until the
+        // secret is fixed and the containers have started again.
+        flashsale_lambda::metrics::payments_misconfigured();
+        tracing::error!(
+            "payments left unsettled are not settled: the Stripe secret holds no usable keys"
+        );
+    }
     let report = match deps.reconciler.run().await {
         Ok(report) => report,
         Err(source) => {

@@ -49,6 +49,23 @@ impl World {
         Self::build(&default_config(), None).await
     }
 
+    /// A deployment whose Stripe secret holds no usable keys: no payment settlement.
+    async fn misconfigured() -> Self {
+        let mut world = Self::new().await;
+        world.deps = Deps::from_ports(
+            &default_config(),
+            Ports {
+                catalog: world.store.clone(),
+                orders: world.store.clone(),
+                ledger: world.store.clone(),
+                clock: world.clock.clone(),
+                payments: None,
+                payments_misconfigured: true,
+            },
+        );
+        world
+    }
+
     /// A sale of 10 units in one shard, open from `start()` for an hour with a
     /// ten-minute payment window; the clock at `start()`.
     async fn build(config: &Config, catalog: Option<Arc<dyn SaleCatalog>>) -> Self {
@@ -74,6 +91,7 @@ impl World {
                     provider: provider.clone(),
                     clock: clock.clone(),
                 })),
+                payments_misconfigured: false,
             },
         );
         Self {
@@ -183,6 +201,40 @@ async fn a_pass_releases_an_authorised_order_left_past_its_window_and_releases_i
         Some(PaymentState::Cancelled)
     );
     assert_eq!(world.run().await.payments_settled, 0, "settled once");
+}
+
+/// A Stripe secret without usable keys stops only the payments: the pass still gives
+/// back the overdue hold, and leaves its payment for a pass with keys.
+#[tokio::test]
+async fn without_usable_stripe_keys_a_pass_still_repairs_holds_and_settles_no_payment() {
+    let world = World::misconfigured().await;
+    let lost = world.strand("user-alice");
+    let payment = world
+        .provider
+        .open(&lost.order_id, &lost.user_id, world.sale.price.unwrap())
+        .await
+        .unwrap();
+    world
+        .store
+        .attach_payment(&lost, &payment.id)
+        .await
+        .unwrap();
+    assert!(world.provider.authorise(&payment.id));
+    world.clock.set(lost.expires_at + Duration::seconds(181));
+
+    let report = world.run().await;
+    assert_eq!(
+        (report.expired, report.payments_settled),
+        (1, 0),
+        "{report:?}"
+    );
+    assert_eq!(world.status(&lost).await, OrderStatus::Expired);
+    assert_eq!(world.available(), 10);
+    assert_eq!(
+        world.provider.state_of(&payment.id),
+        Some(PaymentState::Authorised),
+        "left for a pass with keys"
+    );
 }
 
 #[tokio::test]

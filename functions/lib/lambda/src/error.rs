@@ -64,6 +64,10 @@ pub enum ApiError {
     /// A payment route on a deployment given no payment provider.
     #[error("this deployment takes no card payments")]
     PaymentsOff,
+    /// A payment route on a deployment whose Stripe secret holds no usable keys: an
+    /// operator's to fix (alarmed); nothing was charged.
+    #[error("card payments are unavailable right now; nothing was charged")]
+    PaymentsMisconfigured,
     #[error(transparent)]
     App(#[from] AppError),
 }
@@ -87,6 +91,7 @@ impl ApiError {
             Self::WebhookSignature(_) => (StatusCode::BAD_REQUEST, "invalid_signature"),
             Self::NotAnEvent => (StatusCode::BAD_REQUEST, "invalid_event"),
             Self::PaymentsOff => (StatusCode::NOT_FOUND, "payments_off"),
+            Self::PaymentsMisconfigured => (StatusCode::SERVICE_UNAVAILABLE, "payment_unavailable"),
             Self::DeadlineExceeded(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             Self::Encode { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
             Self::App(err) => app_status_and_code(err),

@@ -36,4 +36,4 @@ pub use response::{CachePolicy, json, respond};
 pub use route::{order_id_param, path_param, route_key, sale_id_param};
 pub use sdk::{CallBudget, Clients};
 pub use secret::{SECRET_BUDGET, SecretError, SecretsManagerSecret};
-pub use stripe_keys::{PaymentsInitError, StripeKeys};
+pub use stripe_keys::{CardPayments, PaymentsInitError, StripeKeys};

@@ -79,6 +79,7 @@ pub const PAYMENT_SETTLE_FAILURES: &str = "payment_settle_failures";
 /// amount, currency or order). Any is worth a look: a misconfigured integration, or a
 /// forged payment that got hold of the signing secret.
 pub const PAYMENT_EVENTS_REFUSED: &str = "payment_events_refused";
+pub const PAYMENTS_MISCONFIGURED: &str = "payments_misconfigured";
 /// Units of a sale by state, as last counted by the reconciler (gauges).
 pub const STOCK_AVAILABLE: &str = "stock_available";
 pub const STOCK_RESERVED: &str = "stock_reserved";
@@ -131,6 +132,10 @@ pub fn describe() {
         (PAYMENT_REFUNDS, "late money refunded"),
         (PAYMENT_SETTLE_FAILURES, "payment settlements failed"),
         (PAYMENT_EVENTS_REFUSED, "provider events refused"),
+        (
+            PAYMENTS_MISCONFIGURED,
+            "payment calls and passes refused for a Stripe secret without usable keys",
+        ),
     ] {
         describe_counter!(name, Unit::Count, what);
     }
@@ -273,6 +278,12 @@ impl PaymentMoves {
 /// A provider event refused as no order's own.
 pub fn payment_event_refused() {
     counter!(PAYMENT_EVENTS_REFUSED).increment(1);
+}
+
+/// A payment call, or a reconciler pass's settlements, refused because the Stripe
+/// secret holds no usable keys.
+pub fn payments_misconfigured() {
+    counter!(PAYMENTS_MISCONFIGURED).increment(1);
 }
 
 /// Payment settlements, as counters (zero counts write nothing).

@@ -33,8 +33,10 @@ impl std::fmt::Debug for StripeKeys {
     }
 }
 
-/// Why the payments could not be set up. Each fails the cold start: a deployment told
-/// to take card payments never answers as if it took none.
+/// Why the payments could not be set up. A secret that cannot be read, or a Stripe
+/// client that cannot be built, fails the cold start (Lambda starts it again on the next
+/// request: a throttled or timed-out read heals that way). A secret read whole that holds
+/// no usable keys is [`CardPayments::Misconfigured`] instead: contained to the payments.
 #[derive(Debug, thiserror::Error)]
 pub enum PaymentsInitError {
     #[error(transparent)]
@@ -112,16 +114,39 @@ impl StripeKeys {
     }
 }
 
-/// The keys `arn` names, if the deployment takes card payments (`arn` given).
+/// What a cold start found for card payments.
+#[derive(Debug)]
+pub enum CardPayments {
+    /// No Stripe secret configured: the deployment takes no card payments.
+    Off,
+    On(StripeKeys),
+    /// The secret was read, but holds no usable keys: still the template's shape, or
+    /// filled in wrong. Contained: the payment routes answer 503 and the reconciler
+    /// settles no payments, counted in `payments_misconfigured` (alarmed) on each, while
+    /// grabs, orders and cancels, and the reconciler's repairs of holds, go on.
+    /// Fixing the secret takes effect as containers start.
+    Misconfigured(PaymentsInitError),
+}
+
+/// What the secret `arn` names holds, if the deployment takes card payments (`arn`
+/// given). Fails only when the secret cannot be read at all.
 pub async fn read_if_on(
     arn: Option<&str>,
     clients: &Clients,
-) -> Result<Option<StripeKeys>, PaymentsInitError> {
-    match arn {
-        Some(arn) => {
-            let secret = SecretsManagerSecret::new(clients.sdk_config(), arn);
-            Ok(Some(StripeKeys::read(&secret).await?))
+) -> Result<CardPayments, PaymentsInitError> {
+    let Some(arn) = arn else {
+        return Ok(CardPayments::Off);
+    };
+    let secret = SecretsManagerSecret::new(clients.sdk_config(), arn);
+    match StripeKeys::read(&secret).await {
+        Ok(keys) => Ok(CardPayments::On(keys)),
+        Err(unreadable @ PaymentsInitError::Secret(_)) => Err(unreadable),
+        Err(misconfigured) => {
+            tracing::error!(
+                error = %misconfigured,
+                "card payments are unavailable until the Stripe secret is fixed; everything else runs"
+            );
+            Ok(CardPayments::Misconfigured(misconfigured))
         }
-        None => Ok(None),
     }
 }
