@@ -6,7 +6,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use chrono::{DateTime, Duration, TimeZone, Utc};
 use flashsale_domain::error::StoreError;
-use flashsale_domain::payment::PaymentState;
+use flashsale_domain::payment::{Payment, PaymentState};
 use flashsale_domain::ports::{Clock, OrderBook, OrderPayments, PaymentProvider, SaleCatalog};
 use flashsale_domain::service::{PaymentService, ReconcileReport};
 use flashsale_domain::testing;
@@ -119,6 +119,21 @@ impl World {
         reservation
     }
 
+    /// A stranded reservation whose buyer's card was authorised, and the clock past its
+    /// window and the timer grace: the pass's to release, money and all.
+    async fn strand_authorised(&self, user: &str) -> (Reservation, Payment) {
+        let lost = self.strand(user);
+        let payment = self
+            .provider
+            .open(&lost.order_id, &lost.user_id, self.sale.price.unwrap())
+            .await
+            .unwrap();
+        self.store.attach_payment(&lost, &payment.id).await.unwrap();
+        assert!(self.provider.authorise(&payment.id));
+        self.clock.set(lost.expires_at + Duration::seconds(181));
+        (lost, payment)
+    }
+
     async fn run(&self) -> ReconcileReport {
         report(
             handler(&self.deps, fixture("reconciler.json"))
@@ -170,19 +185,7 @@ fn report(answer: Value) -> ReconcileReport {
 #[tokio::test]
 async fn a_pass_releases_an_authorised_order_left_past_its_window_and_releases_its_money() {
     let world = World::new().await;
-    let lost = world.strand("user-alice");
-    let payment = world
-        .provider
-        .open(&lost.order_id, &lost.user_id, world.sale.price.unwrap())
-        .await
-        .unwrap();
-    world
-        .store
-        .attach_payment(&lost, &payment.id)
-        .await
-        .unwrap();
-    assert!(world.provider.authorise(&payment.id));
-    world.clock.set(lost.expires_at + Duration::seconds(181));
+    let (lost, payment) = world.strand_authorised("user-alice").await;
 
     let report = world.run().await;
     assert_eq!(report.expired, 1, "{report:?}");
@@ -208,19 +211,7 @@ async fn a_pass_releases_an_authorised_order_left_past_its_window_and_releases_i
 #[tokio::test]
 async fn without_usable_stripe_keys_a_pass_still_repairs_holds_and_settles_no_payment() {
     let world = World::misconfigured().await;
-    let lost = world.strand("user-alice");
-    let payment = world
-        .provider
-        .open(&lost.order_id, &lost.user_id, world.sale.price.unwrap())
-        .await
-        .unwrap();
-    world
-        .store
-        .attach_payment(&lost, &payment.id)
-        .await
-        .unwrap();
-    assert!(world.provider.authorise(&payment.id));
-    world.clock.set(lost.expires_at + Duration::seconds(181));
+    let (lost, payment) = world.strand_authorised("user-alice").await;
 
     let report = world.run().await;
     assert_eq!(
