@@ -475,6 +475,8 @@ def test_the_admin_creates_a_sale_and_watches_the_stats_move(open_page, stack):
     expect(page.locator("#price-preview")).to_have_text("4999 USD minor units")
     form.locator("[name=stock]").fill("3")
     form.locator("[name=starts_in]").fill("0")
+    # Open the longest of the session's sales: the first in the list, latest-ending first.
+    form.locator("[name=open_for]").fill("6000")
     form.locator("[name=reserve]").select_option("take_then_hold")
     with page.expect_response(
         lambda r: r.url.endswith("/admin/sales") and r.request.method == "POST" and r.status == 201
@@ -484,6 +486,12 @@ def test_the_admin_creates_a_sale_and_watches_the_stats_move(open_page, stack):
     expect(page.get_by_test_id("buyer-link")).to_have_attribute("href", re.compile(f"sale={sale_id}$"))
     expect(page.locator("#admin-message")).to_have_text(f"Created sale {sale_id} at $49.99.")
     expect(page.get_by_test_id("stats-price")).to_have_text("$49.99")
+    # The list of sales has it first, with its status, its stock and its page.
+    row = page.locator("#sales tr").first
+    expect(row).to_have_attribute("data-sale", sale_id)
+    expect(row.locator("td").nth(1)).to_have_text("Live")
+    expect(row.locator("td").nth(2)).to_have_text("3 of 3")
+    expect(row.get_by_role("link", name="Console launch")).to_have_attribute("href", re.compile(f"sale={sale_id}$"))
     status, view = stack.call("GET", f"/sales/{sale_id}")
     assert status == 200 and view["price"] == {"amount": 4999, "currency": "USD", "decimals": 2}, view
     available = page.locator("td[data-count=available]")

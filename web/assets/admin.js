@@ -1,5 +1,5 @@
-// The admin console: create a sale, watch its stock by state live (with a small inline
-// SVG chart and the reconciliation flag), block and unblock users.
+// The admin console: create a sale, list the sales, watch one's stock by state live
+// (with a small inline SVG chart and the reconciliation flag), block and unblock users.
 
 import { $, call, formatPrice, humanMessage, sleep, untilAnswered } from "./api.js";
 import { completeProviderSignIn, currentSession, renderSignIn } from "./auth.js";
@@ -99,6 +99,7 @@ async function createSale(event) {
   created.hidden = false;
   $("#watch").elements.sale_id.value = sale.sale_id;
   watch(sale.sale_id);
+  loadSales();
 }
 
 // ---------------------------------------------------------------- stats
@@ -168,6 +169,62 @@ function drawChart(points) {
   svg.dataset.points = String(points.length);
 }
 
+// ---------------------------------------------------------------- sales
+
+const SALES_PER_PAGE = 20;
+const SALE_STATUS = { upcoming: "Upcoming", active: "Live", sold_out: "Sold out", ended: "Ended" };
+let salesCursor = null;
+
+/** The first page of sales again, or with `more` the next one after those shown. */
+async function loadSales(more = false) {
+  const body = $("#sales");
+  const query = new URLSearchParams({ limit: String(SALES_PER_PAGE) });
+  if (more && salesCursor) query.set("cursor", salesCursor);
+  const result = await untilAnswered(() => call(`/admin/sales?${query}`, { token: session?.token }));
+  if (!result.ok) return say(humanMessage(result), "error");
+  if (!more) body.replaceChildren();
+  for (const sale of result.data.sales) body.append(saleRow(sale));
+  if (!body.children.length) {
+    const row = body.insertRow();
+    const cell = row.insertCell();
+    cell.colSpan = 5;
+    cell.className = "muted";
+    cell.textContent = "No sales yet.";
+  }
+  salesCursor = result.data.next_cursor || null;
+  $("#sales-more").hidden = !salesCursor;
+}
+
+function saleRow(sale) {
+  const row = document.createElement("tr");
+  row.dataset.sale = sale.sale_id;
+  const name = row.insertCell();
+  const page = document.createElement("a");
+  page.href = new URL(`./?sale=${encodeURIComponent(sale.sale_id)}`, location.href).toString();
+  page.textContent = sale.name;
+  const id = document.createElement("small");
+  id.className = "muted";
+  id.textContent = ` ${sale.sale_id}`;
+  name.append(page, id);
+  const status = row.insertCell();
+  status.textContent = SALE_STATUS[sale.status] || sale.status;
+  status.dataset.status = sale.status;
+  row.insertCell().textContent = `${sale.stock_available} of ${sale.stock_total}`;
+  row.insertCell().textContent = new Date(sale.ends_at).toLocaleString();
+  const actions = row.insertCell();
+  const stats = document.createElement("button");
+  stats.type = "button";
+  stats.className = "secondary";
+  stats.textContent = "Watch";
+  stats.setAttribute("aria-label", `Watch ${sale.name} (${sale.sale_id})`);
+  stats.addEventListener("click", () => {
+    $("#watch").elements.sale_id.value = sale.sale_id;
+    watch(sale.sale_id);
+  });
+  actions.append(stats);
+  return row;
+}
+
 // ---------------------------------------------------------------- blocklist
 
 async function loadBlocklist() {
@@ -215,7 +272,7 @@ async function signedInChanged() {
   session = await currentSession();
   watching = null;
   requireAdmin();
-  if (session?.admin) await loadBlocklist();
+  if (session?.admin) await Promise.all([loadSales(), loadBlocklist()]);
 }
 
 async function main() {
@@ -228,6 +285,8 @@ async function main() {
     event.preventDefault();
     watch(event.target.elements.sale_id.value.trim());
   });
+  $("#sales-refresh").addEventListener("click", () => loadSales());
+  $("#sales-more").addEventListener("click", () => loadSales(true));
   $("#block").addEventListener("submit", (event) => {
     event.preventDefault();
     setBlocked(event.target.elements.user_id.value.trim(), true);

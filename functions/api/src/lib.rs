@@ -1,5 +1,6 @@
 //! The api function: every HTTP route but the grab's. The public sale page, sale
-//! administration, the blocklist, and the buyer's own orders (read, pay, cancel).
+//! administration, the blocklist, and the buyer's own orders (read, pay by card,
+//! cancel).
 
 use std::sync::Arc;
 
@@ -11,7 +12,7 @@ use flashsale_domain::ports::{
 use flashsale_domain::service::{
     BlocklistService, CachedCatalog, OrderService, PaymentService, PaymentWebhook, SaleService,
 };
-use flashsale_domain::{SaleDraft, UserId};
+use flashsale_domain::{AppError, SaleCursor, SaleDraft, UserId, ValidationError};
 use flashsale_lambda::caller::{DEFAULT_ADMIN_CLAIM, DEFAULT_ADMIN_GROUP};
 use flashsale_lambda::{
     AdminRule, ApiError, CachePolicy, CallBudget, Caller, CardPayments, Clients, Env, FromEnv,
@@ -20,7 +21,7 @@ use flashsale_lambda::{
 };
 use lambda_http::http::header::{HeaderValue, LOCATION};
 use lambda_http::http::{Response, StatusCode};
-use lambda_http::{Body, Request};
+use lambda_http::{Body, Request, RequestExt as _};
 use serde::Serialize;
 
 mod payments;
@@ -29,6 +30,7 @@ pub use payments::PaymentPorts;
 /// The routes this function serves, exactly as the API declares them.
 pub const GET_SALE_ROUTE: &str = "GET /sales/{sale_id}";
 pub const CREATE_SALE_ROUTE: &str = "POST /admin/sales";
+pub const LIST_SALES_ROUTE: &str = "GET /admin/sales";
 pub const SALE_STATS_ROUTE: &str = "GET /admin/sales/{sale_id}/stats";
 pub const GET_ORDER_ROUTE: &str = "GET /orders/{order_id}";
 pub const CANCEL_ORDER_ROUTE: &str = "POST /orders/{order_id}/cancel";
@@ -259,6 +261,7 @@ async fn route(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
     match route_key(req).as_str() {
         GET_SALE_ROUTE => get_sale(deps, req).await,
         CREATE_SALE_ROUTE => create_sale(deps, req).await,
+        LIST_SALES_ROUTE => list_sales(deps, req).await,
         SALE_STATS_ROUTE => sale_stats(deps, req).await,
         GET_ORDER_ROUTE => get_order(deps, req).await,
         CANCEL_ORDER_ROUTE => cancel_order(deps, req).await,
@@ -304,6 +307,36 @@ async fn create_sale(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiEr
         response.headers_mut().insert(LOCATION, location);
     }
     Ok(response)
+}
+
+/// Sales per page of `GET /admin/sales` when the caller does not say, and the most a
+/// caller may ask for: each sale on a page costs a read of its shards.
+const SALES_PER_PAGE: usize = 20;
+const MAX_SALES_PER_PAGE: usize = 100;
+
+async fn list_sales(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
+    admin(deps, req)?;
+    let query = req.query_string_parameters();
+    let limit = match query.first("limit") {
+        None => SALES_PER_PAGE,
+        Some(raw) => raw
+            .parse()
+            .ok()
+            .filter(|limit| (1..=MAX_SALES_PER_PAGE).contains(limit))
+            .ok_or_else(|| {
+                AppError::Invalid(ValidationError::new(
+                    "limit",
+                    format!("must be a whole number from 1 to {MAX_SALES_PER_PAGE}"),
+                ))
+            })?,
+    };
+    let after = query
+        .first("cursor")
+        .map(SaleCursor::parse)
+        .transpose()
+        .map_err(AppError::Invalid)?;
+    let list = deps.sales.list(after.as_ref(), limit).await?;
+    json(StatusCode::OK, &list, CachePolicy::NoStore)
 }
 
 async fn sale_stats(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {

@@ -687,6 +687,97 @@ async fn a_transient_store_failure_is_unavailable_with_retry_after() {
     assert_eq!(response.headers()["cache-control"], "no-store");
 }
 
+// ---- GET /admin/sales -----------------------------------------------------------------
+
+/// `GET /admin/sales` with `limit` and `cursor`, as the admin.
+async fn list_page(world: &World, limit: Option<&str>, cursor: Option<&str>) -> Response<Body> {
+    world
+        .call(
+            ApiEvent::fixture("api-list-sales.json")
+                .query("limit", limit)
+                .query("cursor", cursor),
+        )
+        .await
+}
+
+#[tokio::test]
+async fn an_admin_pages_through_every_sale_latest_ending_first_each_with_its_status() {
+    let world = World::new();
+    // (id, starts, ends) after the start of `starts_at()`; the clock is a minute in.
+    let hours = Duration::hours;
+    for (id, starts, ends) in [
+        ("ended", hours(-48), hours(-1)),
+        ("active-a", hours(0), hours(24)),
+        ("active-b", hours(0), hours(48)),
+        ("upcoming", hours(24), hours(72)),
+    ] {
+        let sale = testing::sale(3, 1)
+            .id(id)
+            .starting_at(starts_at() + starts)
+            .with(|draft| draft.ends_at = starts_at() + ends)
+            .build();
+        assert!(world.store.create_sale(&sale).await.unwrap());
+    }
+
+    let first = list_page(&world, Some("3"), None).await;
+    assert_eq!(first.status(), 200);
+    let first = body_json(&first);
+    let listed = |page: &Value| -> Vec<(String, String, u64)> {
+        page["sales"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|sale| {
+                (
+                    sale["sale_id"].as_str().unwrap().to_owned(),
+                    sale["status"].as_str().unwrap().to_owned(),
+                    sale["stock_available"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(
+        listed(&first),
+        [
+            ("upcoming".to_owned(), "upcoming".to_owned(), 3),
+            ("active-b".to_owned(), "active".to_owned(), 3),
+            ("active-a".to_owned(), "active".to_owned(), 3),
+        ],
+        "{first}"
+    );
+    let cursor = first["next_cursor"].as_str().expect("a next page");
+    let last = body_json(&list_page(&world, Some("3"), Some(cursor)).await);
+    assert_eq!(
+        listed(&last),
+        [("ended".to_owned(), "ended".to_owned(), 3)],
+        "{last}"
+    );
+    assert!(last.get("next_cursor").is_none(), "the last page: {last}");
+    // Without a limit, the default page holds them all.
+    let all = body_json(&list_page(&world, None, None).await);
+    assert_eq!(all["sales"].as_array().unwrap().len(), 4);
+}
+
+#[tokio::test]
+async fn a_bad_page_request_is_invalid_input_and_only_admins_list_sales() {
+    let world = World::with_sale().await;
+    for limit in ["0", "101", "-1", "ten", ""] {
+        let response = list_page(&world, Some(limit), None).await;
+        assert_eq!(response.status(), 400, "limit {limit:?}");
+        assert_eq!(error_code(&response), "invalid_input", "limit {limit:?}");
+    }
+    for cursor in ["garbage", "1.2", "1.2.not a sale"] {
+        let response = list_page(&world, None, Some(cursor)).await;
+        assert_eq!(response.status(), 400, "cursor {cursor:?}");
+        assert_eq!(error_code(&response), "invalid_input", "cursor {cursor:?}");
+    }
+    let response = world
+        .call(ApiEvent::fixture("api-list-sales.json").without_claim("cognito:groups"))
+        .await;
+    assert_eq!(response.status(), 403);
+    assert_eq!(error_code(&response), "forbidden");
+}
+
 // ---- GET /admin/sales/{sale_id}/stats ---------------------------------------------
 
 #[tokio::test]

@@ -11,7 +11,9 @@ use flashsale_domain::ports::{Clock, OrderBook, OrderPayments, PaymentProvider, 
 use flashsale_domain::service::{PaymentService, ReconcileReport};
 use flashsale_domain::testing;
 use flashsale_domain::testing::{FakePaymentProvider, InMemoryStore, ManualClock};
-use flashsale_domain::{AppError, OrderId, OrderStatus, Reservation, Sale, SaleId, UserId};
+use flashsale_domain::{
+    AppError, OrderId, OrderStatus, Reservation, Sale, SaleCursor, SaleId, SalePage, UserId,
+};
 use flashsale_lambda::testing::fixture;
 use flashsale_lambda::{ConfigError, FromEnv};
 use flashsale_reconciler::{Config, Deps, Ports, ReconcileError, handler};
@@ -422,6 +424,14 @@ impl SaleCatalog for UnreachableCatalog {
 
     async fn find_sale(&self, _sale_id: &SaleId) -> Result<Option<Sale>, StoreError> {
         unreachable!("the reconciler lists sales, it does not look them up")
+    }
+
+    async fn list_sales(
+        &self,
+        _after: Option<&SaleCursor>,
+        _limit: usize,
+    ) -> Result<SalePage, StoreError> {
+        unreachable!("the reconciler lists the sales still ending, not pages of them")
     }
 
     async fn sales_ending_after(&self, _cutoff: DateTime<Utc>) -> Result<Vec<Sale>, StoreError> {

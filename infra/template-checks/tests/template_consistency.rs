@@ -41,6 +41,7 @@ fn functions() -> [Function; 5] {
             env_vars: flashsale_api::Config::env_vars(),
             use_cases: &[
                 ("SaleService", "create"),
+                ("SaleService", "list"),
                 ("SaleService", "view"),
                 ("SaleService", "stats"),
                 ("OrderService", "get"),
@@ -1030,7 +1031,7 @@ fn every_route_except_the_public_sale_page_and_stripes_webhook_requires_the_jwt_
             assert_eq!(operation["security"], expected, "{route}");
         }
     }
-    assert_eq!(seen, 14, "the fourteen routes of the HTTP API contract");
+    assert_eq!(seen, 15, "the fifteen routes of the HTTP API contract");
     let jwt =
         &body["components"]["securitySchemes"]["JwtAuthorizer"]["x-amazon-apigateway-authorizer"];
     assert_eq!(jwt["type"], "jwt");

@@ -25,4 +25,6 @@ pub use error::{AppError, StoreError, ValidationError, WriteOutcome};
 pub use ids::{OrderId, SaleId, UserId};
 pub use order::{Order, OrderStatus, ReleaseReason, Reservation};
 pub use price::{Currency, Price};
-pub use sale::{ReservePath, Sale, SaleDraft, SalePhase, SaleStats, SaleView};
+pub use sale::{
+    ReservePath, Sale, SaleCursor, SaleDraft, SaleList, SalePage, SalePhase, SaleStats, SaleView,
+};

@@ -13,7 +13,7 @@ use crate::ids::{OrderId, SaleId, UserId};
 use crate::order::{Order, OrderStatus, ReleaseReason, Reservation};
 use crate::payment::{CancelOutcome, CaptureOutcome, OrderPayment, Payment, PaymentId, Refund};
 use crate::price::Price;
-use crate::sale::{Sale, StockCounts};
+use crate::sale::{Sale, SaleCursor, SalePage, StockCounts};
 
 /// The time. A port so tests can stand still or jump.
 pub trait Clock: Send + Sync {
@@ -85,6 +85,16 @@ pub trait SaleCatalog: Send + Sync {
     /// a just-created sale by the index's propagation delay, which only delays its
     /// first reconciliation.
     async fn sales_ending_after(&self, cutoff: DateTime<Utc>) -> Result<Vec<Sale>, StoreError>;
+
+    /// One page of every sale, the latest-ending first, then by id (descending): at
+    /// most `limit` (at least one), starting after `after` when given. A read for
+    /// admins; on AWS, of an index that may lag a just-created sale by its propagation
+    /// delay. Sales are immutable, so pages read at different times never disagree.
+    async fn list_sales(
+        &self,
+        after: Option<&SaleCursor>,
+        limit: usize,
+    ) -> Result<SalePage, StoreError>;
 }
 
 /// The orders a shard recorded as holding its units, at one moment, by fingerprint:

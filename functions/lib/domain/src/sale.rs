@@ -623,6 +623,67 @@ impl SaleView {
     }
 }
 
+/// Where a listing of sales goes on from: the last sale of the page before, by its
+/// place in the order latest-ending first, then by id. Opaque to clients, written
+/// `{seconds}.{nanoseconds}.{sale_id}` of that sale's end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SaleCursor {
+    pub ends_at: DateTime<Utc>,
+    pub sale_id: SaleId,
+}
+
+impl SaleCursor {
+    /// The cursor that goes on after `sale`.
+    pub fn after(sale: &Sale) -> Self {
+        Self {
+            ends_at: sale.ends_at,
+            sale_id: sale.sale_id.clone(),
+        }
+    }
+
+    /// A cursor a client sent back, as [`SaleCursor::encode`] wrote it.
+    pub fn parse(raw: &str) -> Result<Self, ValidationError> {
+        let invalid = || ValidationError::new("cursor", "is not a cursor this API answered");
+        let mut parts = raw.splitn(3, '.');
+        let (Some(seconds), Some(nanos), Some(sale_id)) =
+            (parts.next(), parts.next(), parts.next())
+        else {
+            return Err(invalid());
+        };
+        let seconds: i64 = seconds.parse().map_err(|_| invalid())?;
+        let nanos: u32 = nanos.parse().map_err(|_| invalid())?;
+        let ends_at = DateTime::from_timestamp(seconds, nanos).ok_or_else(invalid)?;
+        let sale_id = SaleId::parse(sale_id).map_err(|_| invalid())?;
+        Ok(Self { ends_at, sale_id })
+    }
+
+    pub fn encode(&self) -> String {
+        format!(
+            "{}.{}.{}",
+            self.ends_at.timestamp(),
+            self.ends_at.timestamp_subsec_nanos(),
+            self.sale_id
+        )
+    }
+}
+
+/// One page of sales, the latest-ending first, and where the next one starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SalePage {
+    pub sales: Vec<Sale>,
+    /// `None` on the last page.
+    pub next: Option<SaleCursor>,
+}
+
+/// A page of the admin console's list of sales: each as its page shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SaleList {
+    pub sales: Vec<SaleView>,
+    /// Asks for the next page (`?cursor=`); absent on the last.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::{Value, json};
@@ -917,6 +978,26 @@ mod tests {
             let sale = Sale::from_draft(draft(stock, None)).unwrap();
             let most = (0..sale.shards).map(|shard| sale.shard_stock(shard)).max();
             assert!(most <= Some(MAX_UNITS_PER_SHARD), "{stock}: {most:?}");
+        }
+    }
+
+    #[test]
+    fn a_sale_cursor_reads_back_what_it_wrote_and_nothing_else() {
+        let sale = crate::testing::sale(1, 1).id("phone").build();
+        let cursor = SaleCursor::after(&sale);
+        assert_eq!(SaleCursor::parse(&cursor.encode()), Ok(cursor));
+        for bad in [
+            "",
+            "1767225600",
+            "1767225600.0",
+            "x.0.phone",
+            "1767225600.x.phone",
+            "1767225600.0.not a sale id",
+            "1767225600.5000000000.phone",
+            "99999999999999999.0.phone",
+        ] {
+            let error = SaleCursor::parse(bad).expect_err(bad);
+            assert_eq!(error.field, "cursor", "{bad}");
         }
     }
 }

@@ -48,6 +48,40 @@ impl ApiEvent {
 
     /// Sets a path parameter and rewrites `rawPath` and `requestContext.http.path` from
     /// the route key, as API Gateway would have produced them.
+    /// A query parameter, as API Gateway passes it (parsed, and in `rawQueryString`);
+    /// `None` removes it.
+    pub fn query(mut self, name: &str, value: Option<&str>) -> Self {
+        let params = &mut self.0["queryStringParameters"];
+        if !params.is_object() {
+            *params = json!({});
+        }
+        if let Value::Object(params) = params {
+            match value {
+                Some(value) => params.insert(name.to_owned(), json!(value)),
+                None => params.remove(name),
+            };
+            // Percent-encoded, as a client sends it: API Gateway decodes the parsed copy.
+            let encoded = |text: &str| -> String {
+                text.bytes()
+                    .map(|byte| match byte {
+                        b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                            char::from(byte).to_string()
+                        }
+                        _ => format!("%{byte:02X}"),
+                    })
+                    .collect()
+            };
+            let raw: Vec<String> = params
+                .iter()
+                .map(|(name, value)| {
+                    format!("{name}={}", encoded(value.as_str().unwrap_or_default()))
+                })
+                .collect();
+            self.0["rawQueryString"] = json!(raw.join("&"));
+        }
+        self
+    }
+
     pub fn path_param(mut self, name: &str, value: &str) -> Self {
         self.0["pathParameters"][name] = json!(value);
         self.rebuild_path();

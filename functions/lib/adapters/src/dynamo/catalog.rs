@@ -6,15 +6,16 @@ use async_trait::async_trait;
 use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck};
 use chrono::{DateTime, Utc};
 use flashsale_domain::ports::SaleCatalog;
-use flashsale_domain::{Sale, SaleId, StoreError};
+use flashsale_domain::{Sale, SaleCursor, SaleId, SalePage, StoreError};
 
 use super::DynamoStore;
-use super::item::{self, CLAIM_TOKEN, GSI1_PK, GSI1_SK, PK, s};
+use super::item::{self, CLAIM_TOKEN, GSI1, GSI1_PK, GSI1_SK, PK, s};
 use super::requests::{built, corrupt, names, values};
 use super::transact::{self, in_request_order};
 
 const CREATE_SALE: &str = "dynamodb.create_sale";
 const FIND_SALE: &str = "dynamodb.find_sale";
+const LIST_SALES: &str = "dynamodb.list_sales";
 const SALES_ENDING_AFTER: &str = "dynamodb.sales_ending_after";
 
 /// The most items one `TransactWriteItems` may hold (DynamoDB's limit).
@@ -211,5 +212,47 @@ impl SaleCatalog for DynamoStore {
         .await?;
         sales.sort_by(|a, b| a.sale_id.cmp(&b.sale_id));
         Ok(sales)
+    }
+
+    /// One query of the sales' `gsi1` partition, newest end first, asking for one sale
+    /// more than the page: whether it came says whether there is a next page.
+    async fn list_sales(
+        &self,
+        after: Option<&SaleCursor>,
+        limit: usize,
+    ) -> Result<SalePage, StoreError> {
+        let limit = limit.max(1);
+        let asked = i32::try_from(limit + 1).unwrap_or(i32::MAX);
+        let output = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .index_name(GSI1)
+            .key_condition_expression("#gsi1pk = :sales")
+            .set_expression_attribute_names(names(&[("#gsi1pk", GSI1_PK)]))
+            .set_expression_attribute_values(values([(":sales", item::sales_gsi_pk())]))
+            .scan_index_forward(false)
+            .limit(asked)
+            .set_exclusive_start_key(after.map(item::sale_index_key))
+            .send()
+            .await
+            .map_err(|error| crate::classify::store_error(LIST_SALES, error))?;
+        let more = output.last_evaluated_key().is_some();
+        let mut sales = output
+            .items()
+            .iter()
+            .map(|found| item::parse_sale(found).map_err(|error| corrupt(LIST_SALES, found, error)))
+            .collect::<Result<Vec<_>, _>>()?;
+        // More than the page came: the next page starts after the page's last. Fewer,
+        // with a key to go on from (the query's 1 MB page ended first): after the last.
+        let next = if sales.len() > limit {
+            sales.truncate(limit);
+            sales.last().map(SaleCursor::after)
+        } else if more {
+            sales.last().map(SaleCursor::after)
+        } else {
+            None
+        };
+        Ok(SalePage { sales, next })
     }
 }

@@ -14,8 +14,8 @@ use flashsale_domain::order::UnknownStatus;
 use flashsale_domain::payment::{OrderPayment, PaymentId, PaymentState};
 use flashsale_domain::ports::{PROCESSED_EVENT_RETENTION, Take};
 use flashsale_domain::{
-    Order, OrderId, OrderStatus, Price, ReleaseReason, Reservation, ReservePath, Sale, SaleId,
-    UserId, ValidationError,
+    Order, OrderId, OrderStatus, Price, ReleaseReason, Reservation, ReservePath, Sale, SaleCursor,
+    SaleId, UserId, ValidationError,
 };
 
 pub(crate) type Item = HashMap<String, AttributeValue>;
@@ -295,7 +295,23 @@ fn sortable_time(value: DateTime<Utc>) -> String {
 /// The sale meta item's `gsi1sk`: its end first, so `gsi1sk >= sales_ending_from(t)`
 /// finds the sales ending at or after `t` (up to the clamping of [`sortable_time`]).
 fn sale_gsi_sk(sale: &Sale) -> String {
-    format!("{}#{}", sortable_time(sale.ends_at), sale.sale_id)
+    sale_gsi_sk_of(sale.ends_at, &sale.sale_id)
+}
+
+fn sale_gsi_sk_of(ends_at: DateTime<Utc>, sale_id: &SaleId) -> String {
+    format!("{}#{}", sortable_time(ends_at), sale_id)
+}
+
+/// The index key of the sale `cursor` names: where a page of the sales' `gsi1`
+/// partition, read newest end first, goes on from (`ExclusiveStartKey`).
+pub(crate) fn sale_index_key(cursor: &SaleCursor) -> Item {
+    let mut item = sale_key(&cursor.sale_id);
+    item.insert(GSI1_PK.to_owned(), sales_gsi_pk());
+    item.insert(
+        GSI1_SK.to_owned(),
+        s(sale_gsi_sk_of(cursor.ends_at, &cursor.sale_id)),
+    );
+    item
 }
 
 /// The lowest `gsi1sk` of a sale ending at or after `cutoff`: a bare time sorts before

@@ -11,7 +11,7 @@ use chrono::{DateTime, Duration, Utc};
 use crate::error::StoreError;
 use crate::ids::{SaleId, UserId};
 use crate::ports::{Blocklist, SaleCatalog};
-use crate::sale::Sale;
+use crate::sale::{Sale, SaleCursor, SalePage};
 
 /// A [`SaleCatalog`] that remembers the sales it has found. Sales never change after
 /// creation, so the grab path reads each sale from the store once per process. A sale
@@ -88,6 +88,14 @@ impl<C: SaleCatalog> SaleCatalog for CachedCatalog<C> {
 
     async fn sales_ending_after(&self, cutoff: DateTime<Utc>) -> Result<Vec<Sale>, StoreError> {
         self.inner.sales_ending_after(cutoff).await
+    }
+
+    async fn list_sales(
+        &self,
+        after: Option<&SaleCursor>,
+        limit: usize,
+    ) -> Result<SalePage, StoreError> {
+        self.inner.list_sales(after, limit).await
     }
 
     async fn find_sale(&self, sale_id: &SaleId) -> Result<Option<Sale>, StoreError> {
@@ -247,6 +255,14 @@ mod tests {
 
         async fn sales_ending_after(&self, cutoff: DateTime<Utc>) -> Result<Vec<Sale>, StoreError> {
             self.store.sales_ending_after(cutoff).await
+        }
+
+        async fn list_sales(
+            &self,
+            after: Option<&SaleCursor>,
+            limit: usize,
+        ) -> Result<SalePage, StoreError> {
+            self.store.list_sales(after, limit).await
         }
     }
 

@@ -16,7 +16,7 @@ use crate::ports::{
     Blocklist, OrderBook, OrderPayments, PayOutcome, PaymentAttach, ProviderEvents, ReserveRefusal,
     SaleCatalog, Settlement, ShardTakers, StockLedger, Take, TakeReturn,
 };
-use crate::sale::{MAX_ABANDONED_HOLDS, Sale, SaleStats, StockCounts};
+use crate::sale::{MAX_ABANDONED_HOLDS, Sale, SaleCursor, SaleStats, StockCounts};
 use crate::testing::{InMemoryStore, pay_by_card, sale};
 
 /// Leaves a take no hold accounts for, as a reserve that died between its take and its
@@ -47,6 +47,7 @@ macro_rules! contract_tests {
         $crate::contract_tests!(@store $subject;
             creating_an_existing_sale_answers_false_and_changes_nothing,
             sales_ending_after_returns_the_sales_ending_at_or_after_the_cutoff,
+            list_sales_pages_through_every_sale_latest_ending_first,
             reserve_takes_one_unit_and_records_a_reserved_hold,
             reserve_never_oversells_and_refuses_an_empty_shard_naming_its_takers,
             reserve_over_the_per_user_limit_is_refused_as_limit_reached_and_takes_nothing,
@@ -373,6 +374,63 @@ pub async fn sales_ending_after_returns_the_sales_ending_at_or_after_the_cutoff<
         Vec::<Sale>::new(),
         "no sale ends after the last one"
     );
+}
+
+/// `SaleCatalog::list_sales`: every sale once, the latest-ending first and then by id
+/// (descending), in pages of at most the limit, the last page saying so.
+pub async fn list_sales_pages_through_every_sale_latest_ending_first<S: Store>(store: &S) {
+    let starts = during(&sale(1, 1).build());
+    let ends = [
+        ("ends-first", Duration::days(1)),
+        ("ends-last", Duration::days(9)),
+        ("ties-a", Duration::days(5)),
+        ("ties-b", Duration::days(5)),
+        (
+            "ends-a-nanosecond-later",
+            Duration::days(5) + Duration::nanoseconds(1),
+        ),
+    ];
+    for (id, after) in ends {
+        let made = sale(2, 1)
+            .id(id)
+            .starting_at(starts)
+            .with(|draft| draft.ends_at = starts + after)
+            .build();
+        created(store, &made).await;
+    }
+    let expected = [
+        "ends-last",
+        "ends-a-nanosecond-later",
+        "ties-b",
+        "ties-a",
+        "ends-first",
+    ];
+    for limit in [1, 2, 4, 5, 50] {
+        let (mut listed, mut after, mut pages) = (Vec::new(), None, 0);
+        loop {
+            let page = store
+                .list_sales(after.as_ref(), limit)
+                .await
+                .expect("list sales");
+            assert!(page.sales.len() <= limit, "{limit}: {page:?}");
+            listed.extend(page.sales.iter().map(|sale| sale.sale_id.to_string()));
+            pages += 1;
+            // What a client sends back is the cursor as the API writes it.
+            match page.next {
+                Some(next) => after = Some(SaleCursor::parse(&next.encode()).expect("a cursor")),
+                None => break,
+            }
+            assert!(pages <= expected.len(), "{limit}: no end to the pages");
+        }
+        assert_eq!(listed, expected, "limit {limit}");
+        assert_eq!(
+            pages,
+            expected.len().div_ceil(limit),
+            "limit {limit}: no empty last page"
+        );
+    }
+    let first = store.list_sales(None, 0).await.expect("list sales");
+    assert_eq!(first.sales.len(), 1, "a limit of 0 lists one");
 }
 
 /// `StockLedger::reserve` takes one unit of its shard and records a `reserved` hold,

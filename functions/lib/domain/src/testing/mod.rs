@@ -24,7 +24,9 @@ use crate::ports::{
     Settlement, ShardState, ShardTakers, StockLedger, Take, TakeReturn,
 };
 use crate::price::Price;
-use crate::sale::{MAX_ABANDONED_HOLDS, PriceDraft, Sale, SaleDraft, StockCounts};
+use crate::sale::{
+    MAX_ABANDONED_HOLDS, PriceDraft, Sale, SaleCursor, SaleDraft, SalePage, StockCounts,
+};
 
 /// A sale for a test, in place of a `SaleDraft` literal in each: `stock` units on
 /// `shards` shards of the sale `phone-launch` ("Phone launch") at 1,299.00 EUR, an
@@ -337,6 +339,32 @@ impl SaleCatalog for InMemoryStore {
             .collect();
         sales.sort_by(|a, b| a.sale_id.cmp(&b.sale_id));
         Ok(sales)
+    }
+
+    async fn list_sales(
+        &self,
+        after: Option<&SaleCursor>,
+        limit: usize,
+    ) -> Result<SalePage, StoreError> {
+        // DynamoDB's order on the index's sort key, `{end}#{id}`: the end, then the id's
+        // bytes; descending.
+        let place = |ends_at: DateTime<Utc>, sale_id: &SaleId| (ends_at, sale_id.to_string());
+        let mut sales: Vec<Sale> = locked(&self.state)
+            .sales
+            .values()
+            .filter(|sale| {
+                after.is_none_or(|cursor| {
+                    place(sale.ends_at, &sale.sale_id) < place(cursor.ends_at, &cursor.sale_id)
+                })
+            })
+            .cloned()
+            .collect();
+        sales.sort_by_key(|sale| std::cmp::Reverse(place(sale.ends_at, &sale.sale_id)));
+        let limit = limit.max(1);
+        let more = sales.len() > limit;
+        sales.truncate(limit);
+        let next = more.then(|| sales.last().map(SaleCursor::after)).flatten();
+        Ok(SalePage { sales, next })
     }
 }
 
