@@ -5,17 +5,26 @@ use flashsale_e2e::{Harness, assert_error};
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
 
+/// One page, asked again while the API answers busy (a loaded DynamoDB Local): a read
+/// is safe to repeat.
 async fn page(harness: &Harness, token: &str, query: &str) -> flashsale_load::ApiResponse {
-    harness
-        .api
-        .send_raw(
-            Method::GET,
-            &format!("/admin/sales?{query}"),
-            Some(token),
-            None,
-        )
-        .await
-        .expect("the API answers")
+    let path = format!("/admin/sales?{query}");
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let answer = harness
+            .api
+            .send_raw(Method::GET, &path, Some(token), None)
+            .await
+            .expect("the API answers");
+        let busy = matches!(
+            answer.status,
+            StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS
+        );
+        if !busy || tokio::time::Instant::now() > deadline {
+            return answer;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
 }
 
 fn ids(page: &Value) -> Vec<&str> {

@@ -174,13 +174,17 @@ function drawChart(points) {
 const SALES_PER_PAGE = 20;
 const SALE_STATUS = { upcoming: "Upcoming", active: "Live", sold_out: "Sold out", ended: "Ended" };
 let salesCursor = null;
+let salesAsked = 0;
 
 /** The first page of sales again, or with `more` the next one after those shown. */
 async function loadSales(more = false) {
   const body = $("#sales");
   const query = new URLSearchParams({ limit: String(SALES_PER_PAGE) });
   if (more && salesCursor) query.set("cursor", salesCursor);
+  // Only the latest request draws: an older answer arriving last would undo a newer one.
+  const asked = ++salesAsked;
   const result = await untilAnswered(() => call(`/admin/sales?${query}`, { token: session?.token }));
+  if (asked !== salesAsked) return;
   if (!result.ok) return say(humanMessage(result), "error");
   if (!more) body.replaceChildren();
   for (const sale of result.data.sales) body.append(saleRow(sale));

@@ -67,7 +67,8 @@ pub const SDK_BUDGET: CallBudget = CallBudget {
 #[derive(Debug, Clone)]
 pub struct Config {
     pub table_name: String,
-    /// The group of the release schedules that pay and cancel delete.
+    /// The group of the release schedules that a cancel deletes (a paid order's timer
+    /// fires, finds it paid and does nothing).
     pub schedule_group_name: String,
     pub admin: AdminRule,
     /// When DynamoDB's circuit breaker opens, and for how long.

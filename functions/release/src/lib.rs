@@ -1,7 +1,7 @@
 //! The release function: the target of each order's one-time Scheduler schedule. The
 //! event is the schedule's `Target.Input`, the order's [`Reservation`] as JSON. When the
 //! payment window has closed, the unit goes back to its shard and the order becomes
-//! `expired`, unless pay or cancel got there first.
+//! `expired`, unless a card payment's settlement or a cancel got there first.
 //!
 //! Scheduler fires with minute precision, so the order's schedule is set for a minute
 //! that ends by the deadline plus a few seconds (see

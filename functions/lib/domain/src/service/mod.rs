@@ -3,7 +3,7 @@
 //!
 //! - `sales`: sale administration and the public page;
 //! - `blocklist`: the admins' blocklist;
-//! - `orders`: the consumer's timer, the owner's pay and cancel, the timeout;
+//! - `orders`: the consumer's timer, the owner's read and cancel, the timeout;
 //! - `payments`: the buyer's payment of an order, opened once and settled;
 //! - `reconciler`: the safety net under the happy path;
 //! - `caches`: the per-process caches the grab reads instead of the store.
