@@ -13,7 +13,7 @@ use flashsale_domain::testing::{
     FailingLedger, InMemoryBlocklist, InMemoryStore, ManualClock, RecordingScheduler, pay_by_card,
 };
 use flashsale_domain::{OrderId, Reservation, Sale, SaleId, UserId};
-use flashsale_lambda::testing::{ApiEvent, body_json, error_code, fixture};
+use flashsale_lambda::testing::{ApiEvent, assert_refused, body_json, error_code, fixture};
 use flashsale_lambda::{ConfigError, FromEnv as _, MAX_BODY_BYTES};
 use lambda_http::Body;
 use lambda_http::http::Response;
@@ -254,8 +254,7 @@ async fn creating_an_existing_sale_is_sale_exists_and_changes_nothing() {
     body["stock"] = json!(50);
 
     let response = world.create(&body).await;
-    assert_eq!(response.status(), 409);
-    assert_eq!(error_code(&response), "sale_exists");
+    assert_refused(&response, 409, "sale_exists");
     let sale = world.store.find_sale(&sale_id()).await.unwrap().unwrap();
     assert_eq!(sale.stock_total, 100);
     assert_eq!(world.available().await, 99);
@@ -571,8 +570,7 @@ async fn an_oversize_sale_body_is_payload_too_large_and_writes_nothing() {
     let response = world
         .call(ApiEvent::fixture("api-create-sale.json").body(body))
         .await;
-    assert_eq!(response.status(), 413);
-    assert_eq!(error_code(&response), "payload_too_large");
+    assert_refused(&response, 413, "payload_too_large");
     assert!(!world.sale_exists().await);
 }
 
@@ -591,8 +589,7 @@ async fn a_non_admin_cannot_create_a_sale_and_nothing_is_written() {
     let wrong_group = ApiEvent::fixture("api-create-sale.json").claim("cognito:groups", "[buyers]");
     for event in [user, wrong_group] {
         let response = world.call(event).await;
-        assert_eq!(response.status(), 403);
-        assert_eq!(error_code(&response), "forbidden");
+        assert_refused(&response, 403, "forbidden");
     }
     // Even an invalid body answers forbidden: non-admins learn nothing about bodies.
     let response = world
@@ -612,8 +609,7 @@ async fn an_anonymous_caller_cannot_create_a_sale() {
     let response = world
         .call(ApiEvent::fixture("api-create-sale.json").anonymous())
         .await;
-    assert_eq!(response.status(), 401);
-    assert_eq!(error_code(&response), "unauthorized");
+    assert_refused(&response, 401, "unauthorized");
     assert!(!world.sale_exists().await);
 }
 
@@ -681,8 +677,7 @@ async fn a_transient_store_failure_is_unavailable_with_retry_after() {
     let world = World::with_ledger(Some(Arc::new(FailingLedger { transient: true })));
     world.create_sale_in_store(10, 1).await;
     let response = world.call(ApiEvent::fixture("api-get-sale.json")).await;
-    assert_eq!(response.status(), 503);
-    assert_eq!(error_code(&response), "unavailable");
+    assert_refused(&response, 503, "unavailable");
     assert_eq!(response.headers()["retry-after"], "1");
     assert_eq!(response.headers()["cache-control"], "no-store");
 }
@@ -774,8 +769,7 @@ async fn a_bad_page_request_is_invalid_input_and_only_admins_list_sales() {
     let response = world
         .call(ApiEvent::fixture("api-list-sales.json").without_claim("cognito:groups"))
         .await;
-    assert_eq!(response.status(), 403);
-    assert_eq!(error_code(&response), "forbidden");
+    assert_refused(&response, 403, "forbidden");
 }
 
 // ---- GET /admin/sales/{sale_id}/stats ---------------------------------------------
@@ -817,8 +811,7 @@ async fn stats_are_for_admins_only() {
     let response = world
         .call(ApiEvent::fixture("api-sale-stats.json").without_claim("cognito:groups"))
         .await;
-    assert_eq!(response.status(), 403);
-    assert_eq!(error_code(&response), "forbidden");
+    assert_refused(&response, 403, "forbidden");
 
     let response = world
         .call(ApiEvent::fixture("api-sale-stats.json").anonymous())
@@ -830,8 +823,7 @@ async fn stats_are_for_admins_only() {
 async fn stats_of_an_unknown_sale_are_sale_not_found() {
     let world = World::new();
     let response = world.call(ApiEvent::fixture("api-sale-stats.json")).await;
-    assert_eq!(response.status(), 404);
-    assert_eq!(error_code(&response), "sale_not_found");
+    assert_refused(&response, 404, "sale_not_found");
 }
 
 // ---- GET /orders/{order_id} -------------------------------------------------------
@@ -866,8 +858,7 @@ async fn another_users_order_is_not_found_like_a_missing_one() {
     let missing = OrderId::new(sale_id());
     for (user, order_id) in [("user-bob", &alices.order_id), ("user-alice", &missing)] {
         let response = world.order_call("api-get-order.json", user, order_id).await;
-        assert_eq!(response.status(), 404);
-        assert_eq!(error_code(&response), "order_not_found");
+        assert_refused(&response, 404, "order_not_found");
     }
     let response = world
         .call(ApiEvent::fixture("api-get-order.json").path_param("order_id", "garbage"))
@@ -901,8 +892,7 @@ async fn cancelling_a_paid_order_is_order_paid_and_keeps_the_sale() {
     let response = world
         .order_call("api-cancel-order.json", "user-alice", &reservation.order_id)
         .await;
-    assert_eq!(response.status(), 409);
-    assert_eq!(error_code(&response), "order_paid");
+    assert_refused(&response, 409, "order_paid");
     assert_eq!(world.status_of(&reservation).await, "paid");
     assert_eq!(world.available().await, 99);
 }
@@ -914,8 +904,7 @@ async fn nobody_cancels_another_users_order() {
     let response = world
         .order_call("api-cancel-order.json", "user-bob", &reservation.order_id)
         .await;
-    assert_eq!(response.status(), 404);
-    assert_eq!(error_code(&response), "order_not_found");
+    assert_refused(&response, 404, "order_not_found");
     assert_eq!(world.status_of(&reservation).await, "reserved");
     assert_eq!(world.available().await, 99);
 }

@@ -19,7 +19,7 @@ use flashsale_domain::testing::{
 };
 use flashsale_domain::testing::{InMemoryBlocklist, RecordingScheduler};
 use flashsale_domain::{OrderStatus, Price, Reservation, Sale, UserId};
-use flashsale_lambda::testing::{ApiEvent, body_json, error_code};
+use flashsale_lambda::testing::{ApiEvent, assert_refused, body_json, error_code};
 use lambda_http::Body;
 use lambda_http::http::Response;
 use serde_json::json;
@@ -244,8 +244,7 @@ async fn a_stripe_secret_without_usable_keys_fails_only_the_payments_with_a_503(
     let response = world
         .deliver("evt_1", &payment, WEBHOOK_SECRET, world.clock.now())
         .await;
-    assert_eq!(response.status(), 503);
-    assert_eq!(error_code(&response), "payment_unavailable");
+    assert_refused(&response, 503, "payment_unavailable");
     let (order, _) = world
         .store
         .find(&reservation.order_id, &reservation.user_id)
@@ -288,8 +287,7 @@ async fn the_buyer_gets_one_payment_for_the_order_with_its_client_secret_and_the
     let other = world
         .order_route(OPEN_PAYMENT_ROUTE, "mallory", &reservation)
         .await;
-    assert_eq!(other.status(), 404);
-    assert_eq!(error_code(&other), "order_not_found");
+    assert_refused(&other, 404, "order_not_found");
 }
 
 #[tokio::test]
@@ -297,8 +295,7 @@ async fn confirming_settles_from_the_provider_not_from_the_page() {
     let world = World::new().await;
     let reservation = world.reserve("alice").await;
     let unopened = world.confirm(&reservation).await;
-    assert_eq!(unopened.status(), 409);
-    assert_eq!(error_code(&unopened), "no_payment");
+    assert_refused(&unopened, 409, "no_payment");
 
     let payment = world.open(&reservation).await;
     // The page says it paid; the card was not confirmed.
@@ -413,8 +410,7 @@ async fn a_forged_or_stale_webhook_is_refused_with_nothing_written() {
         (WEBHOOK_SECRET, now - Duration::minutes(6)),
     ] {
         let refused = world.deliver("evt_1", &payment, secret, signed_at).await;
-        assert_eq!(refused.status(), 400);
-        assert_eq!(error_code(&refused), "invalid_signature");
+        assert_refused(&refused, 400, "invalid_signature");
     }
     let unsigned = world.deliver_unsigned().await;
     assert_eq!(error_code(&unsigned), "invalid_signature");
@@ -471,8 +467,7 @@ async fn a_provider_that_does_not_answer_is_payment_unavailable_and_nothing_is_r
     let response = world
         .order_route(OPEN_PAYMENT_ROUTE, "alice", &reservation)
         .await;
-    assert_eq!(response.status(), 503);
-    assert_eq!(error_code(&response), "payment_unavailable");
+    assert_refused(&response, 503, "payment_unavailable");
     assert!(response.headers().contains_key("retry-after"));
     let unopened = world.confirm(&reservation).await;
     assert_eq!(

@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 
 use flashsale_api::{Config, Deps, handler};
-use flashsale_lambda::testing::{ApiEvent, error_code};
+use flashsale_lambda::testing::{ApiEvent, assert_refused};
 use flashsale_lambda::{
     CardPayments, Clients, FromEnv as _, PaymentsInitError, SecretError, cold_start,
 };
@@ -121,6 +121,5 @@ async fn the_keys_are_read_at_the_cold_start_and_a_bad_secret_is_named_and_conta
     )
     .await
     .unwrap();
-    assert_eq!(response.status(), 503);
-    assert_eq!(error_code(&response), "payment_unavailable");
+    assert_refused(&response, 503, "payment_unavailable");
 }

@@ -208,3 +208,11 @@ pub fn error_code(response: &Response<Body>) -> String {
         .unwrap_or_else(|| panic!("no error code in {:?}", response.body()))
         .to_owned()
 }
+
+/// That `response` is the refusal `status` with the error code `code`, the body shown
+/// if not.
+pub fn assert_refused(response: &Response<Body>, status: u16, code: &str) {
+    let body = String::from_utf8_lossy(response.body());
+    assert_eq!(response.status(), status, "{body}");
+    assert_eq!(error_code(response), code, "{body}");
+}
