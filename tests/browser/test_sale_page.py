@@ -523,6 +523,65 @@ def test_the_admin_creates_a_sale_and_watches_the_stats_move(open_page, stack):
     assert scalper not in stack.call_until_answered("GET", "/admin/blocklist", token=admin)[1]["users"]
 
 
+def test_the_operator_pauses_a_live_sale_buyers_see_it_paused_then_resumes_and_ends_it(open_page, stack):
+    sale_id, _ = stack.create_sale(stock=3, prefix="paused")
+    buyer = buyer_page(open_page, stack, sale_id)
+    expect(buyer.locator("#buy")).to_have_text("Buy now")
+
+    console = open_page("/admin.html", viewport=DESKTOP)
+    expect(console.get_by_test_id("signin-user")).to_be_visible()
+    sign_in(console, "ops", admin=True)
+    console.locator("#watch [name=sale_id]").fill(sale_id)
+    console.locator("#watch button").click()
+    state = console.get_by_test_id("control-state")
+    expect(state).to_have_text("open")
+    expect(console.locator("#audit li")).to_have_text(["Never paused or ended."])
+
+    console.locator("#pause").click()
+    expect(state).to_have_text("paused")
+    expect(console.locator("#resume")).to_be_enabled()
+    expect(console.locator("#pause")).to_be_disabled()
+    expect(console.locator("#audit li").first).to_have_attribute("data-action", "pause")
+    expect(console.locator("#audit li").first).to_contain_text("paused by ops")
+    assert_accessible(console, "the console with a paused sale")
+    # The buyer's page follows on its next poll of the sale: paused, no button to press.
+    expect(buyer.locator("#sale-status")).to_have_text("Paused")
+    expect(buyer.locator("#buy")).to_be_disabled()
+    expect(buyer.locator("#buy")).to_have_text("Paused")
+    assert_accessible(buyer, "the sale page of a paused sale")
+    screenshot(buyer, "paused")
+
+    console.locator("#resume").click()
+    expect(state).to_have_text("open")
+    expect(buyer.locator("#buy")).to_have_text("Buy now")
+    # The grab function's copy of the sale may still say paused for up to a refresh
+    # (2 s): the page then shows it paused until its next poll, and the buyer presses
+    # again once the button is back.
+    status = buyer.locator("#order-status")
+    deadline = time.monotonic() + 60
+    while True:
+        expect(buyer.locator("#buy")).to_be_enabled()
+        buyer.locator("#buy").click()
+        try:
+            expect(status).to_have_text("Awaiting payment", timeout=5_000)
+            break
+        except AssertionError:
+            assert time.monotonic() < deadline, "the resumed sale never sold"
+
+    console.once("dialog", lambda dialog: dialog.accept())
+    console.locator("#end").click()
+    expect(state).to_have_text("ended")
+    for action in ("pause", "resume", "end"):
+        expect(console.locator(f"#{action}")).to_be_disabled()
+    expect(console.locator("#audit li")).to_have_count(3)
+    actions = [item.get_attribute("data-action") for item in console.locator("#audit li").all()]
+    assert actions == ["end", "resume", "pause"], actions
+    expect(buyer.locator("#sale-status")).to_have_text("Ended")
+    admin = stack.token("ops", admin=True)
+    stats = stack.call_until_answered("GET", f"/admin/sales/{sale_id}/stats", token=admin)[1]
+    assert (stats["reserved"], stats["available"], stats["consistent"]) == (1, 2, True), stats
+
+
 def test_deployed_sign_in_is_the_authorization_code_flow_with_pkce_and_no_secret(open_page, stack):
     """The OIDC provider is played by route interception: it checks what the page sends
     and hands back an ID token the local authorizer accepts."""

@@ -110,7 +110,8 @@ async function watch(saleId) {
   const points = [];
   $("#stats").hidden = false;
   $("#stats-sale").textContent = saleId;
-  showPrice(saleId, token);
+  showSaleHead(saleId, token);
+  loadAudit(saleId, token);
   while (watching === token) {
     const result = await call(`/admin/sales/${encodeURIComponent(saleId)}/stats`, { token: session?.token });
     if (watching !== token) return;
@@ -127,12 +128,70 @@ async function watch(saleId) {
   }
 }
 
-/** The watched sale's price, from its public page (a sale never changes). */
-async function showPrice(saleId, token) {
+/** The watched sale's price and whether it sells, from its public page. */
+async function showSaleHead(saleId, token) {
   const tag = $("#stats-price");
   tag.textContent = "";
+  showControl(null);
   const result = await untilAnswered(() => call(`/sales/${encodeURIComponent(saleId)}`));
-  if (watching === token && result.ok) tag.textContent = formatPrice(result.data.price);
+  if (watching !== token || !result.ok) return;
+  tag.textContent = formatPrice(result.data.price);
+  const control = { paused: "paused", ended: "ended" }[result.data.status] || "open";
+  showControl(control);
+}
+
+// ---------------------------------------------------------------- pause, resume, end
+
+const CONTROL_TEXT = { open: "open", paused: "paused", ended: "ended" };
+const ACTION_DONE = { pause: "paused", resume: "resumed", end: "ended" };
+
+/** The watched sale's control, and the buttons that can change it (none while unknown). */
+function showControl(control) {
+  $("#control-state").textContent = control ? CONTROL_TEXT[control] : "...";
+  $("#control-state").dataset.control = control || "";
+  $("#pause").disabled = control !== "open";
+  $("#resume").disabled = control !== "paused";
+  $("#end").disabled = control !== "open" && control !== "paused";
+}
+
+async function controlSale(action) {
+  const saleId = $("#stats-sale").textContent;
+  if (!saleId) return;
+  if (action === "end" && !confirm(`End ${saleId} now? Nothing reopens an ended sale.`)) return;
+  // A repeat changes nothing, so a busy answer is simply asked again.
+  const result = await untilAnswered(() =>
+    call(`/admin/sales/${encodeURIComponent(saleId)}/${action}`, { method: "POST", token: session?.token }),
+  );
+  if (!result.ok) return say(humanMessage(result), "error");
+  showControl(result.data.control);
+  say(result.data.changed ? `${saleId} ${ACTION_DONE[action]}.` : `${saleId} was ${result.data.control} already.`);
+  await Promise.all([loadAudit(saleId, watching), loadSales()]);
+}
+
+/** Who paused, resumed or ended the watched sale, and when, newest first. */
+async function loadAudit(saleId, token) {
+  const list = $("#audit");
+  const result = await untilAnswered(() =>
+    call(`/admin/sales/${encodeURIComponent(saleId)}/audit`, { token: session?.token }),
+  );
+  if (watching !== token) return;
+  list.replaceChildren();
+  if (!result.ok) return say(humanMessage(result), "error");
+  if (!result.data.entries.length) {
+    const li = document.createElement("li");
+    li.className = "muted";
+    li.textContent = "Never paused or ended.";
+    list.append(li);
+  }
+  for (const entry of result.data.entries) {
+    const li = document.createElement("li");
+    li.dataset.action = entry.action;
+    const when = document.createElement("time");
+    when.dateTime = entry.at;
+    when.textContent = new Date(entry.at).toLocaleString();
+    li.append(when, ` ${ACTION_DONE[entry.action]} by ${entry.by}`);
+    list.append(li);
+  }
 }
 
 function showStats(stats) {
@@ -172,7 +231,7 @@ function drawChart(points) {
 // ---------------------------------------------------------------- sales
 
 const SALES_PER_PAGE = 20;
-const SALE_STATUS = { upcoming: "Upcoming", active: "Live", sold_out: "Sold out", ended: "Ended" };
+const SALE_STATUS = { upcoming: "Upcoming", active: "Live", paused: "Paused", sold_out: "Sold out", ended: "Ended" };
 let salesCursor = null;
 let salesAsked = 0;
 
@@ -291,6 +350,9 @@ async function main() {
   });
   $("#sales-refresh").addEventListener("click", () => loadSales());
   $("#sales-more").addEventListener("click", () => loadSales(true));
+  for (const action of ["pause", "resume", "end"]) {
+    $(`#${action}`).addEventListener("click", () => controlSale(action));
+  }
   $("#block").addEventListener("submit", (event) => {
     event.preventDefault();
     setBlocked(event.target.elements.user_id.value.trim(), true);

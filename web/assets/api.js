@@ -45,6 +45,7 @@ const MESSAGES = {
   sale_exists: "A sale with this id already exists. Pick another id.",
   not_started: "The sale has not started yet. Hold on, the button opens at the start.",
   ended: "The sale has ended.",
+  sale_paused: "The shop has paused this sale. Hold on: the button comes back when it resumes.",
   sold_out: "Sold out. Every unit is taken; if one is released, the button comes back.",
   limit_reached: "You already hold or bought as many as one buyer may in this sale.",
   invalid_token: "This purchase link is not valid for you any more. Try again.",

@@ -153,6 +153,7 @@ function saleLabel(now) {
   const startsAt = Date.parse(sale.starts_at);
   const endsAt = Date.parse(sale.ends_at);
   if (sale.status === "ended" || now >= endsAt) return { status: "ended", text: "Ended" };
+  if (sale.status === "paused") return { status: "paused", text: "Paused" };
   if (now < startsAt) return { status: "upcoming", text: "Starts soon" };
   if (state.soldOut) return { status: "sold_out", text: "Sold out" };
   return { status: "active", text: "On sale now" };
@@ -193,6 +194,8 @@ function render() {
         ? "Sold out"
         : label.status === "ended"
           ? "Sale ended"
+        : label.status === "paused"
+          ? "Paused"
           : limited
             ? (state.sale?.per_user_limit ? `Limit reached: ${state.sale.per_user_limit} per buyer` : "Limit reached")
           : !state.session
@@ -316,6 +319,12 @@ function grabFailed(result) {
     state.soldOutAt = clock.now();
   }
   if (result.data?.error === "limit_reached") state.atLimit = true;
+  // Paused: the button waits for the status poll to say the sale is back, rather than
+  // offering a grab that can only be refused again.
+  if (result.data?.error === "sale_paused" && state.sale) {
+    state.sale = { ...state.sale, status: "paused" };
+    pollNow();
+  }
   say(humanMessage(result), result.data?.error === "sold_out" ? "info" : "error");
   render();
 }

@@ -12,7 +12,7 @@ use flashsale_domain::ports::{
 use flashsale_domain::service::{
     BlocklistService, CachedCatalog, OrderService, PaymentService, PaymentWebhook, SaleService,
 };
-use flashsale_domain::{AppError, SaleCursor, SaleDraft, UserId, ValidationError};
+use flashsale_domain::{AppError, SaleAction, SaleCursor, SaleDraft, UserId, ValidationError};
 use flashsale_lambda::caller::{DEFAULT_ADMIN_CLAIM, DEFAULT_ADMIN_GROUP};
 use flashsale_lambda::{
     AdminRule, ApiError, CachePolicy, CallBudget, Caller, CardPayments, Clients, Env, FromEnv,
@@ -32,6 +32,10 @@ pub const GET_SALE_ROUTE: &str = "GET /sales/{sale_id}";
 pub const CREATE_SALE_ROUTE: &str = "POST /admin/sales";
 pub const LIST_SALES_ROUTE: &str = "GET /admin/sales";
 pub const SALE_STATS_ROUTE: &str = "GET /admin/sales/{sale_id}/stats";
+pub const PAUSE_SALE_ROUTE: &str = "POST /admin/sales/{sale_id}/pause";
+pub const RESUME_SALE_ROUTE: &str = "POST /admin/sales/{sale_id}/resume";
+pub const END_SALE_ROUTE: &str = "POST /admin/sales/{sale_id}/end";
+pub const SALE_AUDIT_ROUTE: &str = "GET /admin/sales/{sale_id}/audit";
 pub const GET_ORDER_ROUTE: &str = "GET /orders/{order_id}";
 pub const CANCEL_ORDER_ROUTE: &str = "POST /orders/{order_id}/cancel";
 pub const OPEN_PAYMENT_ROUTE: &str = "POST /orders/{order_id}/payment";
@@ -73,6 +77,8 @@ pub struct Config {
     pub admin: AdminRule,
     /// When DynamoDB's circuit breaker opens, and for how long.
     pub breaker: BreakerPolicy,
+    /// How long the sale page answers a sale from memory before rereading its control.
+    pub sale_refresh: std::time::Duration,
     /// The Secrets Manager secret of the Stripe keys ([`flashsale_lambda::StripeKeys`]). Without it the
     /// deployment takes no card payments, and the payment routes answer `payments_off`.
     pub stripe_secret_arn: Option<String>,
@@ -95,6 +101,7 @@ impl FromEnv for Config {
                     .unwrap_or_else(|| DEFAULT_ADMIN_GROUP.to_owned()),
             },
             breaker: env.breaker_policy(),
+            sale_refresh: env.sale_refresh(),
             stripe_secret_arn: env.optional("STRIPE_SECRET_ARN"),
             stripe_api_base: env.required("STRIPE_API_BASE"),
         }
@@ -158,10 +165,13 @@ impl Deps {
         Ok(Self::from_ports(
             config,
             Ports {
-                catalog: Arc::new(CachedCatalog::new(
-                    DynamoStore::new(dynamodb, &config.table_name),
-                    SALE_CACHE_CAPACITY,
-                )),
+                catalog: Arc::new(
+                    CachedCatalog::new(
+                        DynamoStore::new(dynamodb, &config.table_name),
+                        SALE_CACHE_CAPACITY,
+                    )
+                    .with_refresh(config.sale_refresh),
+                ),
                 ledger: store.clone(),
                 orders: store.clone(),
                 scheduler: Arc::new(EventBridgeScheduler::new(
@@ -264,6 +274,10 @@ async fn route(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
         CREATE_SALE_ROUTE => create_sale(deps, req).await,
         LIST_SALES_ROUTE => list_sales(deps, req).await,
         SALE_STATS_ROUTE => sale_stats(deps, req).await,
+        PAUSE_SALE_ROUTE => control_sale(deps, req, SaleAction::Pause).await,
+        RESUME_SALE_ROUTE => control_sale(deps, req, SaleAction::Resume).await,
+        END_SALE_ROUTE => control_sale(deps, req, SaleAction::End).await,
+        SALE_AUDIT_ROUTE => sale_audit(deps, req).await,
         GET_ORDER_ROUTE => get_order(deps, req).await,
         CANCEL_ORDER_ROUTE => cancel_order(deps, req).await,
         OPEN_PAYMENT_ROUTE => payments::open_payment(deps, req).await,
@@ -348,6 +362,34 @@ async fn sale_stats(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiErr
         tracing::warn!(%sale_id, ?stats, "stock does not reconcile");
     }
     json(StatusCode::OK, &stats, CachePolicy::NoStore)
+}
+
+/// Pauses, resumes or ends a sale. Each change is recorded with the admin who made it;
+/// a repeat answers `changed: false` and records nothing.
+async fn control_sale(
+    deps: &Deps,
+    req: &Request,
+    action: SaleAction,
+) -> Result<Response<Body>, ApiError> {
+    let caller = admin(deps, req)?;
+    let sale_id = sale_id_param(req)?;
+    let controlled = deps.sales.control(&sale_id, action, &caller.user).await?;
+    if controlled.changed {
+        tracing::info!(%sale_id, admin = %caller.user, action = action.name(), "sale controlled");
+        flashsale_lambda::metrics::sale_controlled(action, &sale_id);
+    }
+    json(StatusCode::OK, &controlled, CachePolicy::NoStore)
+}
+
+/// The entries of a sale's audit trail that `GET /admin/sales/{id}/audit` answers, the
+/// newest first: far more than the changes one sale sees.
+const AUDIT_ENTRIES: usize = 100;
+
+async fn sale_audit(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
+    admin(deps, req)?;
+    let sale_id = sale_id_param(req)?;
+    let trail = deps.sales.audit(&sale_id, AUDIT_ENTRIES).await?;
+    json(StatusCode::OK, &trail, CachePolicy::NoStore)
 }
 
 /// The answer to a block or unblock: the user's state after the call, which is the

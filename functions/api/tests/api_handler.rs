@@ -772,6 +772,91 @@ async fn a_bad_page_request_is_invalid_input_and_only_admins_list_sales() {
     assert_refused(&response, 403, "forbidden");
 }
 
+// ---- POST /admin/sales/{sale_id}/pause, /resume, /end; GET .../audit --------------
+
+async fn control(world: &World, action: &str) -> Response<Body> {
+    world
+        .call(
+            ApiEvent::fixture("api-pause-sale.json")
+                .route(&format!("POST /admin/sales/{{sale_id}}/{action}")),
+        )
+        .await
+}
+
+#[tokio::test]
+async fn an_admin_pauses_resumes_and_ends_a_sale_each_change_audited_with_who_and_when() {
+    let world = World::with_sale().await;
+    let expect = |response: Response<Body>, control: &str, changed: bool| {
+        assert_eq!(response.status(), 200);
+        assert_eq!(
+            body_json(&response),
+            json!({"sale_id": SALE, "control": control, "changed": changed})
+        );
+    };
+    expect(control(&world, "pause").await, "paused", true);
+    let page = world.call(ApiEvent::fixture("api-get-sale.json")).await;
+    assert_eq!(body_json(&page)["status"], "paused");
+    expect(control(&world, "pause").await, "paused", false);
+    world.clock.advance(Duration::seconds(30));
+    expect(control(&world, "resume").await, "open", true);
+    let page = world.call(ApiEvent::fixture("api-get-sale.json")).await;
+    assert_eq!(body_json(&page)["status"], "active");
+    world.clock.advance(Duration::seconds(30));
+    expect(control(&world, "end").await, "ended", true);
+    expect(control(&world, "end").await, "ended", false);
+    for action in ["pause", "resume"] {
+        assert_refused(&control(&world, action).await, 410, "ended");
+    }
+
+    let trail = world.call(ApiEvent::fixture("api-sale-audit.json")).await;
+    assert_eq!(trail.status(), 200);
+    let started = starts_at() + Duration::minutes(1);
+    let at = |seconds| json!(started + Duration::seconds(seconds));
+    assert_eq!(
+        body_json(&trail),
+        json!({"entries": [
+            {"action": "end", "by": "user-admin", "at": at(60)},
+            {"action": "resume", "by": "user-admin", "at": at(30)},
+            {"action": "pause", "by": "user-admin", "at": at(0)},
+        ]})
+    );
+}
+
+#[tokio::test]
+async fn only_admins_control_a_sale_or_read_its_trail_and_a_refusal_writes_nothing() {
+    let world = World::with_sale().await;
+    for action in ["pause", "resume", "end"] {
+        let event = ApiEvent::fixture("api-pause-sale.json")
+            .route(&format!("POST /admin/sales/{{sale_id}}/{action}"));
+        let response = world
+            .call(event.clone().without_claim("cognito:groups"))
+            .await;
+        assert_refused(&response, 403, "forbidden");
+        assert_eq!(world.call(event.anonymous()).await.status(), 401);
+    }
+    let trail = ApiEvent::fixture("api-sale-audit.json");
+    let response = world
+        .call(trail.clone().without_claim("cognito:groups"))
+        .await;
+    assert_refused(&response, 403, "forbidden");
+    let found = world.store.find_sale(&sale_id()).await.unwrap().unwrap();
+    assert_eq!(found.control, flashsale_domain::SaleControl::Open);
+    assert_eq!(world.store.audit_trail(&sale_id(), 10).await.unwrap(), []);
+
+    let unknown = ApiEvent::fixture("api-pause-sale.json").path_param("sale_id", "no-such-sale");
+    assert_refused(&world.call(unknown).await, 404, "sale_not_found");
+    let unknown = trail.path_param("sale_id", "no-such-sale");
+    assert_refused(&world.call(unknown).await, 404, "sale_not_found");
+}
+
+#[tokio::test]
+async fn a_paused_sale_lists_as_paused() {
+    let world = World::with_sale().await;
+    assert_eq!(control(&world, "pause").await.status(), 200);
+    let listed = body_json(&list_page(&world, None, None).await);
+    assert_eq!(listed["sales"][0]["status"], "paused", "{listed}");
+}
+
 // ---- GET /admin/sales/{sale_id}/stats ---------------------------------------------
 
 #[tokio::test]

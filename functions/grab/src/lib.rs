@@ -92,6 +92,9 @@ pub struct Config {
     pub sold_out_recheck: Duration,
     /// How often a process rereads the blocklist.
     pub blocklist_refresh: Duration,
+    /// How long a sale is answered from memory before it is reread for its control: a
+    /// pause reaches this process within it.
+    pub sale_refresh: std::time::Duration,
     /// When DynamoDB's and SQS's circuit breakers open, and for how long.
     pub breaker: BreakerPolicy,
 }
@@ -106,6 +109,7 @@ impl FromEnv for Config {
             grab_token_secret_arn: env.required("GRAB_TOKEN_SECRET_ARN"),
             sold_out_recheck: millis("SOLD_OUT_RECHECK_MS", DEFAULT_SOLD_OUT_RECHECK_MS),
             blocklist_refresh: millis("BLOCKLIST_REFRESH_MS", DEFAULT_BLOCKLIST_REFRESH_MS),
+            sale_refresh: env.sale_refresh(),
             breaker: env.breaker_policy(),
         }
     }
@@ -144,10 +148,13 @@ impl Deps {
             config,
             signer,
             Ports {
-                catalog: Arc::new(CachedCatalog::new(
-                    DynamoStore::new(dynamodb, &config.table_name),
-                    SALE_CACHE_CAPACITY,
-                )),
+                catalog: Arc::new(
+                    CachedCatalog::new(
+                        DynamoStore::new(dynamodb, &config.table_name),
+                        SALE_CACHE_CAPACITY,
+                    )
+                    .with_refresh(config.sale_refresh),
+                ),
                 ledger: store.clone(),
                 orders: store.clone(),
                 queue: Arc::new(SqsOrderQueue::new(sqs, &config.orders_queue_url)),

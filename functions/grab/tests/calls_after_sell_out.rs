@@ -23,7 +23,7 @@ use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
 use chrono::{Duration, Utc};
 use flashsale_adapters::DynamoStore;
 use flashsale_domain::ports::SaleCatalog;
-use flashsale_domain::{Price, ReservePath, Sale, SaleId};
+use flashsale_domain::{Price, ReservePath, Sale, SaleControl, SaleId};
 use flashsale_grab::{Config, Deps, GrabKeyError, RETRY_ATTEMPT_HEADER, handler};
 use flashsale_lambda::testing::{ApiEvent, body_json, error_code};
 use flashsale_lambda::{FromEnv as _, SecretError, cold_start};
@@ -183,6 +183,7 @@ impl Stack {
             shards,
             challenge_work: None,
             reserve: ReservePath::Adaptive,
+            control: SaleControl::Open,
         };
         assert!(
             DynamoStore::new(dynamodb, &table)

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Duration, TimeZone, Utc};
+use flashsale_domain::control::ControlWrite;
 use flashsale_domain::error::StoreError;
 use flashsale_domain::payment::{Payment, PaymentState};
 use flashsale_domain::ports::{Clock, OrderBook, OrderPayments, PaymentProvider, SaleCatalog};
@@ -12,7 +13,8 @@ use flashsale_domain::service::{PaymentService, ReconcileReport};
 use flashsale_domain::testing;
 use flashsale_domain::testing::{FakePaymentProvider, InMemoryStore, ManualClock};
 use flashsale_domain::{
-    AppError, OrderId, OrderStatus, Reservation, Sale, SaleCursor, SaleId, SalePage, UserId,
+    AppError, OrderId, OrderStatus, Reservation, Sale, SaleAudit, SaleCursor, SaleId, SalePage,
+    UserId,
 };
 use flashsale_lambda::testing::fixture;
 use flashsale_lambda::{ConfigError, FromEnv};
@@ -432,6 +434,22 @@ impl SaleCatalog for UnreachableCatalog {
         _limit: usize,
     ) -> Result<SalePage, StoreError> {
         unreachable!("the reconciler lists the sales still ending, not pages of them")
+    }
+
+    async fn control_sale(
+        &self,
+        _sale_id: &SaleId,
+        _change: &SaleAudit,
+    ) -> Result<ControlWrite, StoreError> {
+        unreachable!("the reconciler never pauses or ends a sale")
+    }
+
+    async fn audit_trail(
+        &self,
+        _sale_id: &SaleId,
+        _limit: usize,
+    ) -> Result<Vec<SaleAudit>, StoreError> {
+        unreachable!("the reconciler reads no audit trail")
     }
 
     async fn sales_ending_after(&self, _cutoff: DateTime<Utc>) -> Result<Vec<Sale>, StoreError> {

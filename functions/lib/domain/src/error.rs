@@ -149,6 +149,9 @@ pub enum AppError {
     NotStarted,
     #[error("the sale has ended")]
     Ended,
+    /// An operator paused the sale: no grab path and no grab until it resumes.
+    #[error("the sale is paused")]
+    Paused,
     #[error("sold out")]
     SoldOut,
     #[error("the per-user limit for this sale is reached")]

@@ -425,6 +425,7 @@ impl GrabService {
         let sale = self.sale(sale_id).await?;
         match sale.phase(now + TOKEN_LEAD) {
             SalePhase::Upcoming => Err(AppError::NotStarted),
+            SalePhase::Paused => Err(AppError::Paused),
             SalePhase::Ended if sale.phase(now) == SalePhase::Ended => Err(AppError::Ended),
             _ => Ok(sale),
         }
@@ -532,6 +533,7 @@ impl GrabService {
         let sale = self.sale(sale_id).await?;
         match sale.phase(started) {
             SalePhase::Upcoming => return Err(AppError::NotStarted),
+            SalePhase::Paused => return Err(AppError::Paused),
             SalePhase::Ended => return Err(AppError::Ended),
             SalePhase::Active => {}
         }

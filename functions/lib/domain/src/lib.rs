@@ -5,6 +5,7 @@
 //! `testing` and served in production by the DynamoDB/SQS/Scheduler adapters.
 
 pub mod challenge;
+pub mod control;
 pub mod error;
 pub mod gate;
 pub mod grab;
@@ -21,6 +22,7 @@ pub mod service;
 pub mod testing;
 pub mod token;
 
+pub use control::{SaleAction, SaleAudit, SaleControl};
 pub use error::{AppError, StoreError, ValidationError, WriteOutcome};
 pub use ids::{OrderId, SaleId, UserId};
 pub use order::{Order, OrderStatus, ReleaseReason, Reservation};

@@ -8,6 +8,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use crate::challenge::{ChallengeRefusal, ChallengeWork, IssuedChallenge, SolvedChallenge};
+use crate::control::{ControlWrite, SaleAudit};
 use crate::error::StoreError;
 use crate::ids::{OrderId, SaleId, UserId};
 use crate::order::{Order, OrderStatus, ReleaseReason, Reservation};
@@ -77,8 +78,28 @@ pub trait SaleCatalog: Send + Sync {
     /// retried create of a sale that was made answers `false`.
     async fn create_sale(&self, sale: &Sale) -> Result<bool, StoreError>;
 
-    /// The sale, or `None`. Sales are immutable, so any copy is current.
+    /// The sale, or `None`, as stored now. Sales are immutable but for their control,
+    /// so any copy is current but for that.
     async fn find_sale(&self, sale_id: &SaleId) -> Result<Option<Sale>, StoreError>;
+
+    /// Moves the sale's control to `change.action`'s target, if it is now one the action
+    /// applies to, and adds `change` to the sale's audit trail: both or neither, in one
+    /// write. Otherwise writes nothing and answers the control it found (or that there
+    /// is no sale). Not idempotent by design: the same change again is refused, since
+    /// the control is then the target, which is how a repeat is told from a change.
+    async fn control_sale(
+        &self,
+        sale_id: &SaleId,
+        change: &SaleAudit,
+    ) -> Result<ControlWrite, StoreError>;
+
+    /// The sale's audit trail, newest first: at most `limit` (at least one) entries. A
+    /// strongly consistent read, for admins.
+    async fn audit_trail(
+        &self,
+        sale_id: &SaleId,
+        limit: usize,
+    ) -> Result<Vec<SaleAudit>, StoreError>;
 
     /// Every sale whose `ends_at` is at or after `cutoff`: those that may still have
     /// open holds. A read for the reconciler, never on the hot path; on AWS it may lag
@@ -89,7 +110,8 @@ pub trait SaleCatalog: Send + Sync {
     /// One page of every sale, the latest-ending first, then by id (descending): at
     /// most `limit` (at least one), starting after `after` when given. A read for
     /// admins; on AWS, of an index that may lag a just-created sale by its propagation
-    /// delay. Sales are immutable, so pages read at different times never disagree.
+    /// delay. Sales are immutable but for their control, so pages read at different times
+    /// list the same sales.
     async fn list_sales(
         &self,
         after: Option<&SaleCursor>,

@@ -5,6 +5,7 @@ use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::challenge::ChallengeWork;
+use crate::control::SaleControl;
 use crate::error::ValidationError;
 use crate::ids::{SaleId, UserId};
 use crate::order::OrderStatus;
@@ -216,7 +217,8 @@ mod draft_field {
     }
 }
 
-/// A validated sale. Immutable once created, which is what lets every grab cache it.
+/// A validated sale. Immutable once created but for its [`SaleControl`], which is what
+/// lets every grab cache it (and reread it once per interval, for the control).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Sale {
     pub sale_id: SaleId,
@@ -238,6 +240,9 @@ pub struct Sale {
     /// How a grab reserves its unit. A sale stored before it could be set is adaptive.
     #[serde(default)]
     pub reserve: ReservePath,
+    /// Open, or paused or ended by an operator.
+    #[serde(default, skip_serializing_if = "SaleControl::is_open")]
+    pub control: SaleControl,
 }
 
 /// How a grab reserves its unit: the take from a stock shard and the hold on the buyer's
@@ -315,6 +320,9 @@ mod challenge_setting {
 pub enum SalePhase {
     Upcoming,
     Active,
+    /// Paused by an operator, before or during its window.
+    Paused,
+    /// Past its window, or ended early by an operator.
     Ended,
 }
 
@@ -432,12 +440,15 @@ impl Sale {
             shards,
             challenge_work,
             reserve,
+            control: SaleControl::Open,
         })
     }
 
     pub fn phase(&self, now: DateTime<Utc>) -> SalePhase {
-        if now >= self.ends_at {
+        if now >= self.ends_at || self.control == SaleControl::Ended {
             SalePhase::Ended
+        } else if self.control == SaleControl::Paused {
+            SalePhase::Paused
         } else if now < self.starts_at {
             SalePhase::Upcoming
         } else {
@@ -603,6 +614,7 @@ impl SaleView {
     pub fn new(sale: &Sale, stock_available: u64, now: DateTime<Utc>) -> Self {
         let status = match sale.phase(now) {
             SalePhase::Ended => "ended",
+            SalePhase::Paused => "paused",
             _ if stock_available == 0 => "sold_out",
             SalePhase::Upcoming => "upcoming",
             SalePhase::Active => "active",

@@ -18,7 +18,7 @@ use flashsale_domain::testing::{
     RecordingScheduler,
 };
 use flashsale_domain::token::GrabTokenSigner;
-use flashsale_domain::{AppError, OrderStatus, Sale, SaleId, UserId};
+use flashsale_domain::{AppError, OrderStatus, Sale, SaleAction, SaleControl, SaleId, UserId};
 
 const SECRET: &[u8] = b"an-hmac-key-of-at-least-32-bytes!";
 
@@ -1093,5 +1093,154 @@ async fn a_challenge_opens_with_the_sale_and_only_for_a_sale_that_asks_one() {
     assert!(matches!(
         world.grabs.issue_challenge(&plain, &user("u")).await,
         Err(AppError::NoChallenge)
+    ));
+}
+
+#[tokio::test]
+async fn a_paused_sale_takes_no_grab_at_no_write_and_a_resumed_one_sells_on() {
+    let world = World::new();
+    let sale = world.sale(3, 1, 1).await;
+    world.clock.set(start());
+    let operator = user("operator");
+    let held = world.grab(&sale, "early").await.unwrap();
+    let path_before_pause = world.token(&sale, "holder-of-a-path").await.unwrap();
+
+    let paused = world
+        .sales
+        .control(&sale, SaleAction::Pause, &operator)
+        .await
+        .unwrap();
+    assert_eq!(
+        (paused.control, paused.changed),
+        (SaleControl::Paused, true)
+    );
+    let calls = world.store_calls();
+    assert!(matches!(
+        world.token(&sale, "late").await,
+        Err(AppError::Paused)
+    ));
+    assert!(matches!(
+        world
+            .grab_with(&sale, "holder-of-a-path", &path_before_pause)
+            .await,
+        Err(AppError::Paused)
+    ));
+    assert_eq!(world.store_calls(), calls, "refused before any reserve");
+    assert_eq!(world.sales.view(&sale).await.unwrap().status, "paused");
+    let again = world
+        .sales
+        .control(&sale, SaleAction::Pause, &operator)
+        .await
+        .unwrap();
+    assert!(!again.changed, "a repeat changes nothing");
+
+    // A hold taken before the pause stays payable.
+    assert_eq!(
+        testing::pay_by_card(&*world.store, &held, world.clock.now())
+            .await
+            .unwrap(),
+        PayOutcome::Paid
+    );
+
+    world
+        .sales
+        .control(&sale, SaleAction::Resume, &operator)
+        .await
+        .unwrap();
+    assert_eq!(world.sales.view(&sale).await.unwrap().status, "active");
+    world
+        .grab_with(&sale, "holder-of-a-path", &path_before_pause)
+        .await
+        .expect("the path still works once resumed");
+    world.grab(&sale, "late").await.expect("sells on");
+    assert!(matches!(
+        world.grab(&sale, "too-late").await,
+        Err(AppError::SoldOut)
+    ));
+    let stats = world.sales.stats(&sale).await.unwrap();
+    assert_eq!((stats.counts.paid, stats.counts.reserved), (1, 2));
+    assert!(stats.consistent);
+
+    let trail = world.sales.audit(&sale, 10).await.unwrap().entries;
+    let actions: Vec<_> = trail.iter().map(|entry| entry.action).collect();
+    assert_eq!(actions, [SaleAction::Resume, SaleAction::Pause]);
+    assert!(trail.iter().all(|entry| entry.by == operator));
+}
+
+#[tokio::test]
+async fn an_ended_sale_takes_no_grab_keeps_its_holds_payable_and_never_reopens() {
+    let world = World::new();
+    let sale = world.sale(5, 1, 1).await;
+    world.clock.set(start());
+    let operator = user("operator");
+    let held = world.grab(&sale, "a").await.unwrap();
+    let ended = world
+        .sales
+        .control(&sale, SaleAction::End, &operator)
+        .await
+        .unwrap();
+    assert_eq!((ended.control, ended.changed), (SaleControl::Ended, true));
+    assert!(matches!(world.grab(&sale, "b").await, Err(AppError::Ended)));
+    assert_eq!(world.sales.view(&sale).await.unwrap().status, "ended");
+    for action in [SaleAction::Pause, SaleAction::Resume] {
+        assert!(matches!(
+            world.sales.control(&sale, action, &operator).await,
+            Err(AppError::Ended)
+        ));
+    }
+    assert!(
+        !world
+            .sales
+            .control(&sale, SaleAction::End, &operator)
+            .await
+            .unwrap()
+            .changed
+    );
+    assert_eq!(world.sales.audit(&sale, 10).await.unwrap().entries.len(), 1);
+    assert_eq!(
+        testing::pay_by_card(&*world.store, &held, world.clock.now())
+            .await
+            .unwrap(),
+        PayOutcome::Paid,
+        "a hold taken before the end is still paid"
+    );
+
+    // A sale over by its window is ended already: no pause, and ending it records nothing.
+    let over = world.sale(5, 1, 1).await;
+    world.clock.set(start() + Duration::hours(2));
+    assert!(matches!(
+        world
+            .sales
+            .control(&over, SaleAction::Pause, &operator)
+            .await,
+        Err(AppError::Ended)
+    ));
+    assert!(
+        !world
+            .sales
+            .control(&over, SaleAction::End, &operator)
+            .await
+            .unwrap()
+            .changed
+    );
+    assert!(
+        world
+            .sales
+            .audit(&over, 10)
+            .await
+            .unwrap()
+            .entries
+            .is_empty()
+    );
+    assert!(matches!(
+        world
+            .sales
+            .control(
+                &SaleId::parse("no-such-sale").unwrap(),
+                SaleAction::Pause,
+                &operator
+            )
+            .await,
+        Err(AppError::SaleNotFound)
     ));
 }

@@ -9,6 +9,10 @@ use std::str::FromStr;
 
 use flashsale_adapters::breaker::BreakerPolicy;
 use flashsale_domain::error::BoxError;
+use flashsale_domain::service::DEFAULT_SALE_REFRESH;
+
+/// How long a process trusts its copy of a sale, in milliseconds: [`Env::sale_refresh`].
+pub const SALE_REFRESH_VAR: &str = "SALE_REFRESH_MS";
 
 /// The variables of the circuit breakers' policy, read by [`Env::breaker_policy`];
 /// each defaults to [`BreakerPolicy::DEFAULT`]'s.
@@ -150,6 +154,21 @@ impl<'a> Env<'a> {
                 self.fail(ConfigError::invalid(var, source));
                 default
             }
+        }
+    }
+
+    /// How long a process answers a sale from memory before it rereads it for its
+    /// control (`SALE_REFRESH_MS`): what bounds how long an operator's pause takes to
+    /// reach it. A zero is invalid.
+    pub fn sale_refresh(&self) -> std::time::Duration {
+        let default = DEFAULT_SALE_REFRESH.as_millis();
+        let default = u64::try_from(default).unwrap_or(u64::MAX);
+        match self.parsed_or(SALE_REFRESH_VAR, default) {
+            0 => {
+                self.fail(ConfigError::invalid(SALE_REFRESH_VAR, NotPositive));
+                DEFAULT_SALE_REFRESH
+            }
+            millis => std::time::Duration::from_millis(millis),
         }
     }
 

@@ -9,8 +9,8 @@
 //! and a sale id only once the outcome proves the sale exists (sales are created by
 //! admins, so they are few). Never a user or order id.
 
-use flashsale_domain::SaleId;
 use flashsale_domain::sale::StockCounts;
+use flashsale_domain::{SaleAction, SaleId};
 use metrics::{
     Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
 };
@@ -80,6 +80,10 @@ pub const PAYMENT_SETTLE_FAILURES: &str = "payment_settle_failures";
 /// forged payment that got hold of the signing secret.
 pub const PAYMENT_EVENTS_REFUSED: &str = "payment_events_refused";
 pub const PAYMENTS_MISCONFIGURED: &str = "payments_misconfigured";
+/// Operators' pauses, resumes and ends of a sale, by action.
+pub const SALES_CONTROLLED: &str = "sales_controlled";
+/// The dimension naming an operator's action on a sale.
+pub const ACTION: &str = "action";
 /// Units of a sale by state, as last counted by the reconciler (gauges).
 pub const STOCK_AVAILABLE: &str = "stock_available";
 pub const STOCK_RESERVED: &str = "stock_reserved";
@@ -135,6 +139,10 @@ pub fn describe() {
         (
             PAYMENTS_MISCONFIGURED,
             "payment calls and passes refused for a Stripe secret without usable keys",
+        ),
+        (
+            SALES_CONTROLLED,
+            "sales paused, resumed or ended by an operator",
         ),
     ] {
         describe_counter!(name, Unit::Count, what);
@@ -230,6 +238,12 @@ pub fn token_refused(code: &'static str) {
 /// [`ORDERS_CANCELLED`] or [`ORDERS_EXPIRED`]. The order exists, so its sale does.
 pub fn order_step(step: &'static str, sale_id: &SaleId) {
     counter!(step, SALE_ID => sale_id.to_string()).increment(1);
+}
+
+/// An operator paused, resumed or ended a sale.
+pub fn sale_controlled(action: SaleAction, sale_id: &SaleId) {
+    counter!(SALES_CONTROLLED, ACTION => action.name(), SALE_ID => sale_id.to_string())
+        .increment(1);
 }
 
 /// How late a release gave a unit back, in seconds after the payment deadline.

@@ -3,17 +3,22 @@
 use std::collections::HashMap;
 
 use async_trait::async_trait;
-use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck};
+use aws_sdk_dynamodb::types::{
+    AttributeValue, ConditionCheck, ReturnValuesOnConditionCheckFailure,
+};
 use chrono::{DateTime, Utc};
+use flashsale_domain::control::ControlWrite;
 use flashsale_domain::ports::SaleCatalog;
-use flashsale_domain::{Sale, SaleCursor, SaleId, SalePage, StoreError};
+use flashsale_domain::{Sale, SaleAudit, SaleControl, SaleCursor, SaleId, SalePage, StoreError};
 
 use super::DynamoStore;
-use super::item::{self, CLAIM_TOKEN, GSI1, GSI1_PK, GSI1_SK, PK, s};
+use super::item::{self, CLAIM_TOKEN, CONTROL, GSI1, GSI1_PK, GSI1_SK, PK, s};
 use super::requests::{built, corrupt, names, values};
 use super::transact::{self, in_request_order};
 
 const CREATE_SALE: &str = "dynamodb.create_sale";
+const CONTROL_SALE: &str = "dynamodb.control_sale";
+const AUDIT_TRAIL: &str = "dynamodb.audit_trail";
 const FIND_SALE: &str = "dynamodb.find_sale";
 const LIST_SALES: &str = "dynamodb.list_sales";
 const SALES_ENDING_AFTER: &str = "dynamodb.sales_ending_after";
@@ -47,6 +52,14 @@ mod claiming {
 mod stocking {
     /// Checks that this call still holds the claim.
     pub(super) const CLAIM_ITEM: usize = 0;
+}
+
+/// The transaction that changes a sale's control.
+mod controlling {
+    /// Sets the control, if the sale exists and its control is one the action changes.
+    pub(super) const SALE_ITEM: usize = 0;
+    /// Puts the audit entry.
+    pub(super) const AUDIT_ITEM: usize = 1;
 }
 
 /// The transaction that makes the sale exist.
@@ -184,6 +197,93 @@ impl SaleCatalog for DynamoStore {
     async fn find_sale(&self, sale_id: &SaleId) -> Result<Option<Sale>, StoreError> {
         self.read_item(FIND_SALE, item::sale_key(sale_id), item::parse_sale)
             .await
+    }
+
+    /// One transaction: the sale item's control, conditioned on the controls the action
+    /// changes (an absent control is open), and the audit entry. A refused condition
+    /// hands back the item as it was, so the answer names the control found without a
+    /// second read.
+    async fn control_sale(
+        &self,
+        sale_id: &SaleId,
+        change: &SaleAudit,
+    ) -> Result<ControlWrite, StoreError> {
+        let mut values = HashMap::from([(
+            ":to".to_owned(),
+            item::control_value(change.action.target()),
+        )]);
+        let mut allowed = Vec::new();
+        for (i, &from) in change.action.applies_to().iter().enumerate() {
+            let placeholder = format!(":from{i}");
+            allowed.push(format!("#control = {placeholder}"));
+            if from == SaleControl::Open {
+                allowed.push("attribute_not_exists(#control)".to_owned());
+            }
+            values.insert(placeholder, item::control_value(from));
+        }
+        let set = built(
+            CONTROL_SALE,
+            self.update(item::sale_key(sale_id))
+                .update_expression("SET #control = :to")
+                .condition_expression(format!(
+                    "attribute_exists(#pk) AND ({})",
+                    allowed.join(" OR ")
+                ))
+                .set_expression_attribute_names(names(&[("#pk", PK), ("#control", CONTROL)]))
+                .set_expression_attribute_values(Some(values))
+                .return_values_on_condition_check_failure(
+                    ReturnValuesOnConditionCheckFailure::AllOld,
+                )
+                .build(),
+        )?;
+        let audit = built(
+            CONTROL_SALE,
+            self.put(item::audit_item(sale_id, change)).build(),
+        )?;
+        let items = in_request_order([
+            (controlling::SALE_ITEM, transact::update(set)),
+            (controlling::AUDIT_ITEM, transact::put(audit)),
+        ]);
+        match self.run(CONTROL_SALE, items).await? {
+            Ok(()) => Ok(ControlWrite::Changed),
+            Err(refusal) if refusal.failed(controlling::SALE_ITEM) => {
+                match refusal.old_item(controlling::SALE_ITEM) {
+                    None => Ok(ControlWrite::NoSale),
+                    Some(found) => item::parse_control(found)
+                        .map(|current| ControlWrite::Refused { current })
+                        .map_err(|error| corrupt(CONTROL_SALE, found, error)),
+                }
+            }
+            Err(refusal) => Err(refusal.unexpected(CONTROL_SALE)),
+        }
+    }
+
+    /// One consistent query of the trail's own partition, newest first.
+    async fn audit_trail(
+        &self,
+        sale_id: &SaleId,
+        limit: usize,
+    ) -> Result<Vec<SaleAudit>, StoreError> {
+        let output = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .key_condition_expression("#pk = :trail")
+            .set_expression_attribute_names(names(&[("#pk", PK)]))
+            .set_expression_attribute_values(values([(":trail", s(item::audit_pk(sale_id)))]))
+            .scan_index_forward(false)
+            .consistent_read(true)
+            .limit(i32::try_from(limit.max(1)).unwrap_or(i32::MAX))
+            .send()
+            .await
+            .map_err(|error| crate::classify::store_error(AUDIT_TRAIL, error))?;
+        output
+            .items()
+            .iter()
+            .map(|found| {
+                item::parse_audit(found).map_err(|error| corrupt(AUDIT_TRAIL, found, error))
+            })
+            .collect()
     }
 
     /// Reads the sales' `gsi1` partition from the cutoff on, so the cost follows the

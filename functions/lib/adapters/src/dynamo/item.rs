@@ -14,8 +14,8 @@ use flashsale_domain::order::UnknownStatus;
 use flashsale_domain::payment::{OrderPayment, PaymentId, PaymentState};
 use flashsale_domain::ports::{PROCESSED_EVENT_RETENTION, Take};
 use flashsale_domain::{
-    Order, OrderId, OrderStatus, Price, ReleaseReason, Reservation, ReservePath, Sale, SaleCursor,
-    SaleId, UserId, ValidationError,
+    Order, OrderId, OrderStatus, Price, ReleaseReason, Reservation, ReservePath, Sale, SaleAction,
+    SaleAudit, SaleControl, SaleCursor, SaleId, UserId, ValidationError,
 };
 
 pub(crate) type Item = HashMap<String, AttributeValue>;
@@ -550,7 +550,69 @@ pub(crate) fn sale_item(sale: &Sale) -> Item {
         item.insert(RESERVE.to_owned(), s(sale.reserve.name()));
     }
     item.extend(price_attributes(sale.price));
+    // Absent when open, as on every sale written before sales could be paused.
+    if !sale.control.is_open() {
+        item.insert(CONTROL.to_owned(), control_value(sale.control));
+    }
     item
+}
+
+/// On a sale item: its [`SaleControl`], by name; absent while it has never been paused
+/// or ended.
+pub(crate) const CONTROL: &str = "control";
+
+pub(crate) fn control_value(control: SaleControl) -> AttributeValue {
+    s(control.name())
+}
+
+/// The control of a sale item.
+pub(crate) fn parse_control(item: &Item) -> Result<SaleControl, ItemError> {
+    let fields = Fields::of(item);
+    if !fields.has(CONTROL) {
+        return Ok(SaleControl::Open);
+    }
+    let name = fields.string(CONTROL)?;
+    SaleControl::named(name).ok_or_else(|| ItemError::Form {
+        name: CONTROL.to_owned(),
+        expected: "open, paused or ended",
+    })
+}
+
+/// The partition of a sale's audit trail: its own, so that a function that reads the
+/// trail may query these partitions and no other (template.yaml, `LeadingKeys`).
+pub(crate) fn audit_pk(sale_id: &SaleId) -> String {
+    format!("{AUDIT_PK_PREFIX}{sale_id}")
+}
+
+pub(crate) const AUDIT_PK_PREFIX: &str = "AUDIT#";
+
+/// One entry of a sale's audit trail. Its sort key is its time, fixed width so that
+/// the trail sorts by it, then a random suffix so that two entries never collide.
+pub(crate) fn audit_item(sale_id: &SaleId, entry: &SaleAudit) -> Item {
+    let sk = format!(
+        "{}#{:016x}",
+        entry.at.format("%Y-%m-%dT%H:%M:%S%.9fZ"),
+        rand::random::<u64>()
+    );
+    let mut item = key(audit_pk(sale_id), &sk);
+    item.extend([
+        ("action".to_owned(), s(entry.action.name())),
+        ("by".to_owned(), s(entry.by.as_str())),
+        ("at".to_owned(), time(entry.at)),
+    ]);
+    item
+}
+
+pub(crate) fn parse_audit(item: &Item) -> Result<SaleAudit, ItemError> {
+    let fields = Fields::of(item);
+    Ok(SaleAudit {
+        action: SaleAction::named(fields.string("action")?).ok_or_else(|| ItemError::Form {
+            name: "action".to_owned(),
+            expected: "pause, resume or end",
+        })?,
+        by: fields.id("by", |raw| UserId::parse(raw))?,
+        at: fields.time("at")?,
+    })
 }
 
 const CHALLENGE_WORK: &str = "challenge_work";
@@ -588,6 +650,7 @@ pub(crate) fn parse_sale(item: &Item) -> Result<Sale, ItemError> {
         } else {
             ReservePath::Adaptive
         },
+        control: parse_control(item)?,
     })
 }
 
@@ -863,6 +926,7 @@ mod tests {
             shards: 10,
             challenge_work: None,
             reserve: ReservePath::Adaptive,
+            control: SaleControl::Open,
         }
     }
 
@@ -893,6 +957,41 @@ mod tests {
             };
             assert_eq!(parse_sale(&sale_item(&set)).expect("parses"), set);
         }
+        assert!(
+            !sale_item(&challenged).contains_key(CONTROL),
+            "open: as before"
+        );
+        for control in SaleControl::ALL {
+            let set = Sale {
+                control,
+                ..challenged.clone()
+            };
+            assert_eq!(parse_sale(&sale_item(&set)).expect("parses"), set);
+        }
+    }
+
+    #[test]
+    fn an_audit_entry_round_trips_and_sorts_by_its_time() {
+        let at = Utc.with_ymd_and_hms(2026, 1, 2, 3, 4, 5).unwrap();
+        let entry = |action, at| SaleAudit {
+            action,
+            by: UserId::parse("operator").expect("valid"),
+            at,
+        };
+        let paused = entry(SaleAction::Pause, at);
+        let item = audit_item(&sale().sale_id, &paused);
+        assert_eq!(parse_audit(&item).expect("parses"), paused);
+        let sort_key = |item: &Item| item[SK].as_s().expect("a string").clone();
+        let later = audit_item(
+            &sale().sale_id,
+            &entry(SaleAction::Resume, at + Duration::milliseconds(1)),
+        );
+        let much_later = audit_item(
+            &sale().sale_id,
+            &entry(SaleAction::End, at + Duration::days(400)),
+        );
+        assert!(sort_key(&item) < sort_key(&later));
+        assert!(sort_key(&later) < sort_key(&much_later));
     }
 
     #[test]

@@ -15,7 +15,9 @@ use aws_sdk_dynamodb::types::{
 use chrono::{Duration, Utc};
 use flashsale_adapters::DynamoStore;
 use flashsale_domain::ports::ShardTakers;
-use flashsale_domain::{OrderId, Price, Reservation, ReservePath, Sale, SaleId, UserId};
+use flashsale_domain::{
+    OrderId, Price, Reservation, ReservePath, Sale, SaleControl, SaleId, UserId,
+};
 
 use self::conflicts::{ConflictInjector, Pattern, Target};
 use self::old_items::OldItems;
@@ -200,6 +202,7 @@ pub fn sale(stock: u32, shards: u16, per_user_limit: u32) -> Sale {
         shards,
         challenge_work: None,
         reserve: ReservePath::Adaptive,
+        control: SaleControl::Open,
     }
 }
 

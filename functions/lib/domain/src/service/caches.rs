@@ -2,28 +2,49 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Duration, Utc};
 
+use crate::control::{ControlWrite, SaleAudit};
 use crate::error::StoreError;
 use crate::ids::{SaleId, UserId};
 use crate::ports::{Blocklist, SaleCatalog};
 use crate::sale::{Sale, SaleCursor, SalePage};
 
-/// A [`SaleCatalog`] that remembers the sales it has found. Sales never change after
-/// creation, so the grab path reads each sale from the store once per process. A sale
-/// not found is remembered too, for [`CachedCatalog::MISS_LIFETIME`]: a flood of
+/// How long a [`CachedCatalog`] answers a found sale from memory before it rereads it,
+/// unless [`CachedCatalog::with_refresh`] says otherwise: the bound on how long an
+/// operator's pause takes to reach a warm process.
+pub const DEFAULT_SALE_REFRESH: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// A [`SaleCatalog`] that remembers the sales it has found. A sale's definition never
+/// changes after creation, only its control (pause, resume, end), so a found sale is
+/// answered from memory and reread from the store at most once per
+/// [`CachedCatalog::with_refresh`] interval: an operator's pause reaches every process
+/// within that interval (plus the one read), at one read per sale, process and
+/// interval, never one per request. While one request rereads a sale, the process's
+/// other requests answer from the copy they have.
+///
+/// A sale not found is remembered too, for [`CachedCatalog::MISS_LIFETIME`]: a flood of
 /// requests naming sales that do not exist costs one read per id and interval, not one
 /// each, and a sale created meanwhile is found within that interval.
 pub struct CachedCatalog<C> {
     inner: C,
     capacity: usize,
-    sales: RwLock<HashMap<SaleId, Sale>>,
+    sales: RwLock<HashMap<SaleId, CachedSale>>,
+    refresh: std::time::Duration,
+    /// The sales one request is rereading now.
+    refreshing: Mutex<HashSet<SaleId>>,
     miss_lifetime: std::time::Duration,
     misses: RwLock<HashMap<SaleId, Instant>>,
+}
+
+#[derive(Clone)]
+struct CachedSale {
+    sale: Sale,
+    read_at: Instant,
 }
 
 impl<C> CachedCatalog<C> {
@@ -36,6 +57,8 @@ impl<C> CachedCatalog<C> {
             inner,
             capacity,
             sales: RwLock::new(HashMap::new()),
+            refresh: DEFAULT_SALE_REFRESH,
+            refreshing: Mutex::new(HashSet::new()),
             miss_lifetime: Self::MISS_LIFETIME,
             misses: RwLock::new(HashMap::new()),
         }
@@ -45,6 +68,13 @@ impl<C> CachedCatalog<C> {
     #[must_use]
     pub fn with_miss_lifetime(mut self, lifetime: std::time::Duration) -> Self {
         self.miss_lifetime = lifetime;
+        self
+    }
+
+    /// This cache, rereading a found sale once it is `refresh` old.
+    #[must_use]
+    pub fn with_refresh(mut self, refresh: std::time::Duration) -> Self {
+        self.refresh = refresh;
         self
     }
 
@@ -66,6 +96,48 @@ impl<C> CachedCatalog<C> {
         }
         misses.insert(sale_id.clone(), Instant::now());
     }
+
+    fn remember(&self, sale: Sale) {
+        let mut sales = write(&self.sales);
+        if sales.len() >= self.capacity && !sales.contains_key(&sale.sale_id) {
+            sales.clear();
+        }
+        sales.insert(
+            sale.sale_id.clone(),
+            CachedSale {
+                sale,
+                read_at: Instant::now(),
+            },
+        );
+    }
+
+    /// The turn to reread `sale_id`, unless another request of the process has it.
+    fn refresh_turn(&self, sale_id: &SaleId) -> Option<RereadTurn<'_>> {
+        let mut refreshing = self
+            .refreshing
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        refreshing.insert(sale_id.clone()).then(|| RereadTurn {
+            refreshing: &self.refreshing,
+            sale_id: sale_id.clone(),
+        })
+    }
+}
+
+/// Gives the reread turn back however the reread ends, including when the request is
+/// dropped mid-read.
+struct RereadTurn<'a> {
+    refreshing: &'a Mutex<HashSet<SaleId>>,
+    sale_id: SaleId,
+}
+
+impl Drop for RereadTurn<'_> {
+    fn drop(&mut self) {
+        self.refreshing
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&self.sale_id);
+    }
 }
 
 fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
@@ -76,6 +148,32 @@ fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
 fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
     lock.write()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl<C: SaleCatalog> CachedCatalog<C> {
+    /// The sale as stored now, if this request has the turn to reread it and the read
+    /// works; else the copy held. A failed read is tried again an interval later, not
+    /// at once by every request.
+    async fn reread(&self, held: Sale) -> Sale {
+        let Some(_turn) = self.refresh_turn(&held.sale_id) else {
+            return held;
+        };
+        let current = match self.inner.find_sale(&held.sale_id).await {
+            Ok(Some(sale)) => sale,
+            // A sale is never deleted: this is a lagging read.
+            Ok(None) => held,
+            Err(error) => {
+                tracing::warn!(
+                    error = &error as &dyn std::error::Error,
+                    sale_id = %held.sale_id,
+                    "could not reread a sale; answering from the copy held"
+                );
+                held
+            }
+        };
+        self.remember(current.clone());
+        current
+    }
 }
 
 #[async_trait]
@@ -100,24 +198,39 @@ impl<C: SaleCatalog> SaleCatalog for CachedCatalog<C> {
 
     async fn find_sale(&self, sale_id: &SaleId) -> Result<Option<Sale>, StoreError> {
         let cached = read(&self.sales).get(sale_id).cloned();
-        if cached.is_some() {
-            return Ok(cached);
-        }
-        if self.recently_missed(sale_id) {
-            return Ok(None);
+        match cached {
+            Some(cached) if cached.read_at.elapsed() < self.refresh => {
+                return Ok(Some(cached.sale));
+            }
+            Some(stale) => return Ok(Some(self.reread(stale.sale).await)),
+            None if self.recently_missed(sale_id) => return Ok(None),
+            None => {}
         }
         let found = self.inner.find_sale(sale_id).await?;
         match &found {
-            Some(sale) => {
-                let mut sales = write(&self.sales);
-                if sales.len() >= self.capacity {
-                    sales.clear();
-                }
-                sales.insert(sale_id.clone(), sale.clone());
-            }
+            Some(sale) => self.remember(sale.clone()),
             None => self.remember_miss(sale_id),
         }
         Ok(found)
+    }
+
+    async fn control_sale(
+        &self,
+        sale_id: &SaleId,
+        change: &SaleAudit,
+    ) -> Result<ControlWrite, StoreError> {
+        let written = self.inner.control_sale(sale_id, change).await;
+        // This process's own change shows at once; another's within an interval.
+        write(&self.sales).remove(sale_id);
+        written
+    }
+
+    async fn audit_trail(
+        &self,
+        sale_id: &SaleId,
+        limit: usize,
+    ) -> Result<Vec<SaleAudit>, StoreError> {
+        self.inner.audit_trail(sale_id, limit).await
     }
 }
 
@@ -233,6 +346,7 @@ mod tests {
     use std::sync::atomic::AtomicUsize;
 
     use super::*;
+    use crate::SaleControl;
     use crate::testing::{InMemoryStore, sale};
 
     /// The store behind the cache, counting the lookups that reach it.
@@ -264,6 +378,86 @@ mod tests {
         ) -> Result<SalePage, StoreError> {
             self.store.list_sales(after, limit).await
         }
+
+        async fn control_sale(
+            &self,
+            sale_id: &SaleId,
+            change: &SaleAudit,
+        ) -> Result<ControlWrite, StoreError> {
+            self.store.control_sale(sale_id, change).await
+        }
+
+        async fn audit_trail(
+            &self,
+            sale_id: &SaleId,
+            limit: usize,
+        ) -> Result<Vec<SaleAudit>, StoreError> {
+            self.store.audit_trail(sale_id, limit).await
+        }
+    }
+
+    fn pause_by(operator: &str) -> SaleAudit {
+        SaleAudit {
+            action: crate::SaleAction::Pause,
+            by: UserId::parse(operator).expect("a user id"),
+            at: Utc::now(),
+        }
+    }
+
+    #[tokio::test]
+    async fn another_process_pause_is_seen_once_the_copy_is_a_refresh_old_at_one_read() {
+        let refresh = std::time::Duration::from_millis(200);
+        let cache = CachedCatalog::new(CountedLookups::default(), 8).with_refresh(refresh);
+        let made = sale(10, 2).build();
+        assert!(cache.inner.create_sale(&made).await.expect("create"));
+        assert_eq!(
+            cache.find_sale(&made.sale_id).await.expect("find"),
+            Some(made.clone())
+        );
+
+        // Paused by another process: this one answers its copy until it is a refresh old.
+        let paused = cache
+            .inner
+            .control_sale(&made.sale_id, &pause_by("operator"))
+            .await
+            .expect("pause");
+        assert_eq!(paused, ControlWrite::Changed);
+        for _ in 0..20 {
+            let found = cache.find_sale(&made.sale_id).await.expect("find");
+            assert_eq!(found.map(|sale| sale.control), Some(SaleControl::Open));
+        }
+        tokio::time::sleep(refresh).await;
+        let rereads = (0..20).map(|_| cache.find_sale(&made.sale_id));
+        for found in futures::future::join_all(rereads).await {
+            let found = found.expect("find").expect("the sale");
+            assert_eq!(found.control, SaleControl::Paused);
+        }
+        assert_eq!(
+            cache.inner.lookups.load(Ordering::SeqCst),
+            2,
+            "one read when first found, one reread after the refresh interval"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_pause_through_the_cache_is_seen_by_its_own_process_at_once() {
+        let cache = CachedCatalog::new(CountedLookups::default(), 8);
+        let made = sale(10, 2).build();
+        assert!(cache.create_sale(&made).await.expect("create"));
+        assert!(
+            cache
+                .find_sale(&made.sale_id)
+                .await
+                .expect("find")
+                .is_some()
+        );
+        let paused = cache
+            .control_sale(&made.sale_id, &pause_by("operator"))
+            .await
+            .expect("pause");
+        assert_eq!(paused, ControlWrite::Changed);
+        let found = cache.find_sale(&made.sale_id).await.expect("find");
+        assert_eq!(found.map(|sale| sale.control), Some(SaleControl::Paused));
     }
 
     #[tokio::test]

@@ -18,7 +18,7 @@ mod reconciler;
 mod sales;
 
 pub use blocklist::BlocklistService;
-pub use caches::{CachedBlocklist, CachedCatalog};
+pub use caches::{CachedBlocklist, CachedCatalog, DEFAULT_SALE_REFRESH};
 pub use orders::{ExpiryService, OrderService, TimerSet};
 pub use payments::{
     EventHandled, MoneyMoves, PaymentService, PaymentWebhook, SettleOutcome, Settled,

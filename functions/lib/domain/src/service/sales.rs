@@ -2,8 +2,9 @@
 
 use std::sync::Arc;
 
+use crate::control::{AuditTrail, ControlWrite, Controlled, SaleAction, SaleAudit, SaleControl};
 use crate::error::AppError;
-use crate::ids::SaleId;
+use crate::ids::{SaleId, UserId};
 use crate::ports::{Clock, OrderBook, SaleCatalog, StockLedger};
 use crate::sale::{Sale, SaleCursor, SaleDraft, SaleList, SaleStats, SaleView};
 
@@ -56,6 +57,58 @@ impl SaleService {
             sales: futures::future::try_join_all(views).await?,
             next_cursor: page.next.as_ref().map(SaleCursor::encode),
         })
+    }
+
+    /// Pauses, resumes or ends the sale for `by`, recording it in the sale's audit trail.
+    /// A repeat (pausing a paused sale, ending an ended one) answers the control as it
+    /// is and records nothing. A sale that is over, by its window or ended early, is
+    /// never paused or resumed again.
+    pub async fn control(
+        &self,
+        sale_id: &SaleId,
+        action: SaleAction,
+        by: &UserId,
+    ) -> Result<Controlled, AppError> {
+        let now = self.clock.now();
+        let sale = self.sale(sale_id).await?;
+        let change = SaleAudit {
+            action,
+            by: by.clone(),
+            at: now,
+        };
+        if now >= sale.ends_at {
+            // Over by its window: ending it again is a repeat, and nothing reopens it.
+            return match action {
+                SaleAction::End => Ok(Controlled {
+                    sale_id: sale_id.clone(),
+                    control: SaleControl::Ended,
+                    changed: false,
+                }),
+                SaleAction::Pause | SaleAction::Resume => Err(AppError::Ended),
+            };
+        }
+        match self.catalog.control_sale(sale_id, &change).await? {
+            ControlWrite::Changed => Ok(Controlled {
+                sale_id: sale_id.clone(),
+                control: action.target(),
+                changed: true,
+            }),
+            ControlWrite::Refused { current } if current == action.target() => Ok(Controlled {
+                sale_id: sale_id.clone(),
+                control: current,
+                changed: false,
+            }),
+            // Only an ended sale refuses an action whose target it is not in.
+            ControlWrite::Refused { .. } => Err(AppError::Ended),
+            ControlWrite::NoSale => Err(AppError::SaleNotFound),
+        }
+    }
+
+    /// The sale's audit trail, newest first: at most `limit` entries.
+    pub async fn audit(&self, sale_id: &SaleId, limit: usize) -> Result<AuditTrail, AppError> {
+        self.sale(sale_id).await?;
+        let entries = self.catalog.audit_trail(sale_id, limit).await?;
+        Ok(AuditTrail { entries })
     }
 
     pub async fn stats(&self, sale_id: &SaleId) -> Result<SaleStats, AppError> {

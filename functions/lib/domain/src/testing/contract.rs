@@ -9,7 +9,8 @@ use async_trait::async_trait;
 use chrono::{DateTime, Duration, Utc};
 use futures::future::{join, join_all};
 
-use crate::ids::{OrderId, UserId};
+use crate::control::{ControlWrite, SaleAction, SaleAudit, SaleControl};
+use crate::ids::{OrderId, SaleId, UserId};
 use crate::order::{Order, OrderStatus, ReleaseReason, Reservation};
 use crate::payment::{OrderPayment, PaymentId, PaymentState};
 use crate::ports::{
@@ -48,6 +49,7 @@ macro_rules! contract_tests {
             creating_an_existing_sale_answers_false_and_changes_nothing,
             sales_ending_after_returns_the_sales_ending_at_or_after_the_cutoff,
             list_sales_pages_through_every_sale_latest_ending_first,
+            a_sales_control_changes_only_where_its_action_applies_each_change_audited_once,
             reserve_takes_one_unit_and_records_a_reserved_hold,
             reserve_never_oversells_and_refuses_an_empty_shard_naming_its_takers,
             reserve_over_the_per_user_limit_is_refused_as_limit_reached_and_takes_nothing,
@@ -431,6 +433,129 @@ pub async fn list_sales_pages_through_every_sale_latest_ending_first<S: Store>(s
     }
     let first = store.list_sales(None, 0).await.expect("list sales");
     assert_eq!(first.sales.len(), 1, "a limit of 0 lists one");
+}
+
+/// `SaleCatalog::control_sale` moves a sale's control only from a control its action
+/// applies to, and records each change, and only changes, in the audit trail: among
+/// racing pauses one wins. An ended sale stays ended; the rest of the sale never
+/// changes.
+pub async fn a_sales_control_changes_only_where_its_action_applies_each_change_audited_once<
+    S: Store,
+>(
+    store: &S,
+) {
+    let made = new_sale(store, 4, 2, 1).await;
+    let id = &made.sale_id;
+    let control_of = |found: Option<Sale>| found.expect("the sale").control;
+    assert_eq!(
+        control_of(store.find_sale(id).await.expect("find")),
+        SaleControl::Open
+    );
+    let change = |action, by: &str, seconds| SaleAudit {
+        action,
+        by: user(by),
+        at: during(&made) + Duration::seconds(seconds),
+    };
+    let control =
+        |change: SaleAudit| async move { store.control_sale(id, &change).await.expect("control") };
+
+    // Racing pauses: one changes the control, the others find it paused.
+    let racing = (0..8).map(|i| control(change(SaleAction::Pause, &format!("op-{i}"), 1)));
+    let answers = join_all(racing).await;
+    let changed = answers
+        .iter()
+        .filter(|answer| **answer == ControlWrite::Changed)
+        .count();
+    assert_eq!(changed, 1, "{answers:?}");
+    assert!(answers.iter().all(|answer| matches!(
+        answer,
+        ControlWrite::Changed
+            | ControlWrite::Refused {
+                current: SaleControl::Paused
+            }
+    )));
+    let found = store.find_sale(id).await.expect("find").expect("the sale");
+    assert_eq!(
+        found,
+        Sale {
+            control: SaleControl::Paused,
+            ..made.clone()
+        }
+    );
+    let pauser = store.audit_trail(id, 10).await.expect("trail")[0]
+        .by
+        .clone();
+
+    assert_eq!(
+        control(change(SaleAction::Resume, "op-resume", 2)).await,
+        ControlWrite::Changed
+    );
+    assert_eq!(
+        control(change(SaleAction::Resume, "op-resume", 3)).await,
+        ControlWrite::Refused {
+            current: SaleControl::Open
+        }
+    );
+    assert_eq!(
+        control_of(store.find_sale(id).await.expect("find")),
+        SaleControl::Open
+    );
+    assert_eq!(
+        control(change(SaleAction::End, "op-end", 4)).await,
+        ControlWrite::Changed
+    );
+    for action in SaleAction::ALL {
+        assert_eq!(
+            control(change(action, "op-late", 5)).await,
+            ControlWrite::Refused {
+                current: SaleControl::Ended
+            },
+            "{action:?} after the end"
+        );
+    }
+    let listed = store.list_sales(None, 50).await.expect("list");
+    let listed = listed
+        .sales
+        .iter()
+        .find(|sale| sale.sale_id == *id)
+        .expect("listed");
+    assert_eq!(
+        *listed,
+        Sale {
+            control: SaleControl::Ended,
+            ..made.clone()
+        }
+    );
+
+    let trail = store.audit_trail(id, 10).await.expect("trail");
+    assert_eq!(
+        trail,
+        [
+            change(SaleAction::End, "op-end", 4),
+            change(SaleAction::Resume, "op-resume", 2),
+            SaleAudit {
+                by: pauser,
+                ..change(SaleAction::Pause, "op-0", 1)
+            },
+        ],
+        "newest first, only the changes"
+    );
+    assert_eq!(store.audit_trail(id, 2).await.expect("trail"), trail[..2]);
+
+    let missing = SaleId::parse("no-such-sale").expect("a sale id");
+    assert_eq!(
+        store
+            .control_sale(&missing, &change(SaleAction::Pause, "op", 1))
+            .await
+            .expect("control"),
+        ControlWrite::NoSale
+    );
+    assert_eq!(store.audit_trail(&missing, 10).await.expect("trail"), []);
+    assert_eq!(
+        store.find_sale(&missing).await.expect("find"),
+        None,
+        "nothing written"
+    );
 }
 
 /// `StockLedger::reserve` takes one unit of its shard and records a `reserved` hold,

@@ -12,6 +12,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Duration, Utc};
 
 use crate::challenge::{ChallengeRefusal, ChallengeWork, IssuedChallenge, SolvedChallenge};
+use crate::control::{ControlWrite, SaleAudit};
 use crate::error::StoreError;
 use crate::ids::{OrderId, SaleId, UserId};
 use crate::order::{Order, OrderStatus, ReleaseReason, Reservation};
@@ -190,6 +191,8 @@ struct State {
     payments: HashMap<OrderId, OrderPayment>,
     /// The provider events recorded processed.
     processed_events: HashSet<String>,
+    /// Each sale's audit trail, oldest first.
+    audits: HashMap<SaleId, Vec<SaleAudit>>,
 }
 
 impl State {
@@ -328,6 +331,42 @@ impl SaleCatalog for InMemoryStore {
 
     async fn find_sale(&self, sale_id: &SaleId) -> Result<Option<Sale>, StoreError> {
         Ok(locked(&self.state).sales.get(sale_id).cloned())
+    }
+
+    async fn control_sale(
+        &self,
+        sale_id: &SaleId,
+        change: &SaleAudit,
+    ) -> Result<ControlWrite, StoreError> {
+        let mut state = locked(&self.state);
+        let Some(sale) = state.sales.get_mut(sale_id) else {
+            return Ok(ControlWrite::NoSale);
+        };
+        if !change.action.applies_to().contains(&sale.control) {
+            return Ok(ControlWrite::Refused {
+                current: sale.control,
+            });
+        }
+        sale.control = change.action.target();
+        state
+            .audits
+            .entry(sale_id.clone())
+            .or_default()
+            .push(change.clone());
+        Ok(ControlWrite::Changed)
+    }
+
+    async fn audit_trail(
+        &self,
+        sale_id: &SaleId,
+        limit: usize,
+    ) -> Result<Vec<SaleAudit>, StoreError> {
+        let state = locked(&self.state);
+        Ok(state
+            .audits
+            .get(sale_id)
+            .map(|trail| trail.iter().rev().take(limit.max(1)).cloned().collect())
+            .unwrap_or_default())
     }
 
     async fn sales_ending_after(&self, cutoff: DateTime<Utc>) -> Result<Vec<Sale>, StoreError> {
