@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 use flashsale_bench::contention::{self, ContentionSizes};
 use flashsale_bench::external::{self, Measured};
 use flashsale_bench::init;
+use flashsale_bench::pause::{self, PauseSizes};
 use flashsale_bench::proxy::{ConflictMode, Proxy, ProxyOptions};
 use flashsale_bench::report::{BenchReport, Machine};
 use flashsale_bench::scenarios::{self, RejectionSizes, Session};
@@ -268,7 +269,11 @@ struct Sizes {
     pipeline_grabs: Option<usize>,
     tool_limit: Duration,
     contention: ContentionSizes,
+    pause: PauseSizes,
 }
+
+/// The template's `SaleRefreshMs`: the bound the pause is measured against.
+const SALE_REFRESH: Duration = Duration::from_secs(2);
 
 const RUN: Sizes = Sizes {
     rejection: RejectionSizes {
@@ -305,6 +310,15 @@ const RUN: Sizes = Sizes {
         drain_timeout: Duration::from_secs(120),
         quiet: Some(flashsale_bench::quiet::QUIET),
     },
+    pause: PauseSizes {
+        concurrency: 32,
+        paths: 3000,
+        holder_every: Duration::from_millis(50),
+        before: Duration::from_secs(3),
+        after: Duration::from_secs(6),
+        sale_refresh: SALE_REFRESH,
+        stock: 20_000,
+    },
 };
 
 const SMOKE: Sizes = Sizes {
@@ -339,6 +353,15 @@ const SMOKE: Sizes = Sizes {
         curve_reservations: 20,
         drain_timeout: Duration::from_secs(30),
         quiet: None,
+    },
+    pause: PauseSizes {
+        concurrency: 4,
+        paths: 150,
+        holder_every: Duration::from_millis(50),
+        before: Duration::from_secs(1),
+        after: Duration::from_secs(3),
+        sale_refresh: SALE_REFRESH,
+        stock: 2_000,
     },
 };
 
@@ -469,6 +492,8 @@ async fn run(args: &RunArgs) -> Result<(), BenchError> {
         sizes.lapse_wait,
     )
     .await?;
+    eprintln!("bench: 8. pause under a surge");
+    let pause = pause::pause_under_surge(&session, &sizes.pause).await?;
     let stack_env = vec![(
         "FLASHSALE_BENCH_SMOKE".to_owned(),
         u8::from(args.smoke).to_string(),
@@ -526,6 +551,7 @@ async fn run(args: &RunArgs) -> Result<(), BenchError> {
         deployed_arch,
         surge,
         contention,
+        pause,
     };
     let markdown = report.markdown();
     if let Some(dir) = args.report.parent().filter(|d| !d.as_os_str().is_empty()) {

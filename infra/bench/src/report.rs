@@ -8,6 +8,7 @@ use serde::Serialize;
 use crate::contention::{self, ContentionReport, ContentionRun, RawRun};
 use crate::external::{CriterionResult, Measured, PipelineRun};
 use crate::init::FunctionInit;
+use crate::pause::PauseReport;
 use crate::scenarios::{CallCost, LatenessReport, RejectionReport, SurgeLatencyReport};
 use crate::stats::Percentiles;
 
@@ -87,6 +88,7 @@ pub struct BenchReport {
     pub deployed_arch: Option<String>,
     pub surge: SurgeLatencyReport,
     pub contention: ContentionReport,
+    pub pause: PauseReport,
 }
 
 fn ms(p: Option<&Percentiles>, pick: fn(&Percentiles) -> f64) -> String {
@@ -220,7 +222,54 @@ impl BenchReport {
         self.bootstrap_section(&mut out);
         self.surge_section(&mut out);
         self.contention_section(&mut out);
+        self.pause_section(&mut out);
         out
+    }
+
+    fn pause_section(&self, out: &mut String) {
+        let p = &self.pause;
+        let bound_ms = p.sale_refresh.as_millis();
+        let _ = writeln!(
+            out,
+            "## 8. Pause under a surge\n\n{} buyers at a time on a sale with stock to spare: half \
+             of them new buyers (a token, a grab path, a grab), half buyers who got their grab \
+             path before the surge and grab with it now. An admin pauses the sale mid-surge and \
+             the surge goes on past the bound, then the sale is resumed. The bound: every process \
+             rereads a sale once its copy is `SaleRefreshMs` ({bound_ms} ms) old, so a grab that \
+             starts that long after the pause's 200 is refused, but for a reread then in flight \
+             (one read) in its process; a grab already past its check may still finish its \
+             reserve.\n",
+            p.concurrency
+        );
+        let yes = |b: bool| if b { "yes" } else { "**no**" }.to_owned();
+        let rows = [
+            (
+                "reservations answered before the pause's 200 · after it".to_owned(),
+                format!("{} · {}", p.admitted_before, p.admitted_after),
+            ),
+            (
+                "pause's 200 → the last admitted grab answered (ms)".to_owned(),
+                opt_ms_fine(p.last_admitted_after),
+            ),
+            (
+                "pause's 200 → the first `sale_paused` answered (ms)".to_owned(),
+                opt_ms_fine(p.first_refused_after),
+            ),
+            (
+                format!("grabs sent {bound_ms} ms or more after the 200 · of them admitted"),
+                format!("{} · {}", p.sent_past_the_bound, p.admitted_past_the_bound),
+            ),
+            (
+                "a buyer bought once resumed".to_owned(),
+                yes(p.sold_after_resume),
+            ),
+            ("the stock reconciles (stats)".to_owned(), yes(p.consistent)),
+        ];
+        out.push_str("| measure | value |\n|---|---:|\n");
+        for (measure, value) in rows {
+            let _ = writeln!(out, "| {measure} | {value} |");
+        }
+        let _ = writeln!(out, "\nAnswers: {}.\n", outcomes(&p.outcomes));
     }
 
     fn rejection_section(&self, out: &mut String) {
@@ -1086,6 +1135,13 @@ impl BenchReport {
         }
         if self.lateness.orders == 0 {
             problems.push("the lateness step placed no order".to_owned());
+        }
+        let p = &self.pause;
+        if p.first_refused_after.is_none() || !p.sold_after_resume || !p.consistent {
+            problems.push(format!(
+                "the pause: refused {:?} after, sold once resumed {}, consistent {}",
+                p.first_refused_after, p.sold_after_resume, p.consistent
+            ));
         }
         problems.extend(self.contention_problems());
         problems
