@@ -3,6 +3,7 @@ real local stack. Every wait is a deadline on a condition (Playwright's expect),
 fixed sleep."""
 
 import base64
+import csv
 import hashlib
 import json
 import re
@@ -523,9 +524,10 @@ def test_the_admin_creates_a_sale_and_watches_the_stats_move(open_page, stack):
     assert scalper not in stack.call_until_answered("GET", "/admin/blocklist", token=admin)[1]["users"]
 
 
-def test_the_operator_pauses_a_live_sale_buyers_see_it_paused_then_resumes_and_ends_it(open_page, stack):
+def test_the_operators_day_pause_a_live_sale_resume_it_end_it_and_export_its_paid_orders(open_page, stack):
     sale_id, _ = stack.create_sale(stock=3, prefix="paused")
-    buyer = buyer_page(open_page, stack, sale_id)
+    buyer_id = unique_user("buyer")
+    buyer = buyer_page(open_page, stack, sale_id, user=buyer_id)
     expect(buyer.locator("#buy")).to_have_text("Buy now")
 
     console = open_page("/admin.html", viewport=DESKTOP)
@@ -567,6 +569,11 @@ def test_the_operator_pauses_a_live_sale_buyers_see_it_paused_then_resumes_and_e
             break
         except AssertionError:
             assert time.monotonic() < deadline, "the resumed sale never sold"
+    buyer.locator("#pay").click()
+    fill_card(buyer, GOOD_CARD)
+    buyer.locator("#pay-card").click()
+    expect(status).to_have_attribute("data-status", "paid")
+    order_id = buyer.locator("#order-id").inner_text()
 
     console.once("dialog", lambda dialog: dialog.accept())
     console.locator("#end").click()
@@ -579,7 +586,26 @@ def test_the_operator_pauses_a_live_sale_buyers_see_it_paused_then_resumes_and_e
     expect(buyer.locator("#sale-status")).to_have_text("Ended")
     admin = stack.token("ops", admin=True)
     stats = stack.call_until_answered("GET", f"/admin/sales/{sale_id}/stats", token=admin)[1]
-    assert (stats["reserved"], stats["available"], stats["consistent"]) == (1, 2, True), stats
+    assert (stats["paid"], stats["available"], stats["consistent"]) == (1, 2, True), stats
+
+    # The paid orders, for the warehouse: one file, as many rows as the stats count paid.
+    with console.expect_download() as downloaded:
+        console.locator("#download-orders").click()
+    assert downloaded.value.suggested_filename == f"{sale_id}-paid-orders.csv"
+    with open(downloaded.value.path(), newline="", encoding="utf-8") as file:
+        rows = list(csv.DictReader(file))
+    assert len(rows) == stats["paid"], rows
+    assert rows[0] == {
+        "order_id": order_id,
+        "buyer": buyer_id,
+        "status": "paid",
+        "amount": "129900",
+        "currency": "EUR",
+        "price": "1299.00",
+        "paid_at": rows[0]["paid_at"],
+    }, rows
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", rows[0]["paid_at"]), rows
+    expect(console.locator("#admin-message")).to_have_text(f"Downloaded 1 paid order of {sale_id}.")
 
 
 def test_deployed_sign_in_is_the_authorization_code_flow_with_pkce_and_no_secret(open_page, stack):

@@ -156,16 +156,57 @@ function showControl(control) {
 
 async function controlSale(action) {
   const saleId = $("#stats-sale").textContent;
+  const token = watching;
   if (!saleId) return;
   if (action === "end" && !confirm(`End ${saleId} now? Nothing reopens an ended sale.`)) return;
+  showControl(null);
   // A repeat changes nothing, so a busy answer is simply asked again.
   const result = await untilAnswered(() =>
     call(`/admin/sales/${encodeURIComponent(saleId)}/${action}`, { method: "POST", token: session?.token }),
   );
-  if (!result.ok) return say(humanMessage(result), "error");
+  // The operator may have turned to another sale meanwhile: this answer is not its.
+  if (watching !== token) return;
+  if (!result.ok) {
+    say(humanMessage(result), "error");
+    return showSaleHead(saleId, token);
+  }
   showControl(result.data.control);
   say(result.data.changed ? `${saleId} ${ACTION_DONE[action]}.` : `${saleId} was ${result.data.control} already.`);
-  await Promise.all([loadAudit(saleId, watching), loadSales()]);
+  await Promise.all([loadAudit(saleId, token), loadSales()]);
+}
+
+/** Every page of the watched sale's paid orders, joined into one CSV file and saved. */
+async function downloadPaidOrders() {
+  const saleId = $("#stats-sale").textContent;
+  if (!saleId) return;
+  const button = $("#download-orders");
+  button.disabled = true;
+  const parts = [];
+  let cursor = null;
+  let rows = 0;
+  try {
+    do {
+      const query = new URLSearchParams({ status: "paid", limit: "1000" });
+      if (cursor) query.set("cursor", cursor);
+      // A read: a busy answer is simply asked again.
+      const result = await untilAnswered(() =>
+        call(`/admin/sales/${encodeURIComponent(saleId)}/orders.csv?${query}`, { token: session?.token }),
+      );
+      if (!result.ok) return say(humanMessage(result), "error");
+      parts.push(result.text);
+      rows += result.text.split("\n").filter((line) => line).length - (cursor ? 0 : 1);
+      cursor = result.headers.get("x-next-cursor");
+      if (cursor) say(`Exporting the paid orders of ${saleId}: ${rows} so far...`);
+    } while (cursor);
+  } finally {
+    button.disabled = false;
+  }
+  const link = document.createElement("a");
+  link.href = URL.createObjectURL(new Blob(parts, { type: "text/csv" }));
+  link.download = `${saleId}-paid-orders.csv`;
+  link.click();
+  setTimeout(() => URL.revokeObjectURL(link.href), 60_000);
+  say(`Downloaded ${rows} paid ${rows === 1 ? "order" : "orders"} of ${saleId}.`);
 }
 
 /** Who paused, resumed or ended the watched sale, and when, newest first. */
@@ -353,6 +394,7 @@ async function main() {
   for (const action of ["pause", "resume", "end"]) {
     $(`#${action}`).addEventListener("click", () => controlSale(action));
   }
+  $("#download-orders").addEventListener("click", downloadPaidOrders);
   $("#block").addEventListener("submit", (event) => {
     event.preventDefault();
     setBlocked(event.target.elements.user_id.value.trim(), true);

@@ -3,7 +3,10 @@
 // delays. The pages are served from the API's own origin (CloudFront deployed, the
 // local gateway in `make run`), so every path is relative and no CORS is involved.
 
-/** What one call answered: `status` 0 means no answer at all (network failure). */
+/**
+ * What one call answered: `status` 0 means no answer at all (network failure). `data` is
+ * the JSON body; `text` the body as it came, for the one route that answers CSV.
+ */
 export async function call(path, { method = "GET", token, body, headers = {}, signal } = {}) {
   const init = { method, headers: { ...headers }, signal, cache: "no-store" };
   if (token) init.headers.authorization = `Bearer ${token}`;
@@ -21,7 +24,8 @@ export async function call(path, { method = "GET", token, body, headers = {}, si
   let data = null;
   let fromEdge = false;
   const text = await response.text().catch(() => "");
-  if (text) {
+  const csv = (response.headers.get("content-type") || "").startsWith("text/csv");
+  if (text && !csv) {
     try {
       data = JSON.parse(text);
     } catch {
@@ -30,7 +34,7 @@ export async function call(path, { method = "GET", token, body, headers = {}, si
       data = { message: text.slice(0, 200) };
     }
   }
-  return { ok: response.ok, status: response.status, data, headers: response.headers, fromEdge };
+  return { ok: response.ok, status: response.status, data, text, headers: response.headers, fromEdge };
 }
 
 // Every error code of openapi.yaml, as a buyer or an operator should read it.

@@ -24,6 +24,7 @@ use lambda_http::http::{Response, StatusCode};
 use lambda_http::{Body, Request, RequestExt as _};
 use serde::Serialize;
 
+mod export;
 mod payments;
 pub use payments::PaymentPorts;
 
@@ -36,6 +37,9 @@ pub const PAUSE_SALE_ROUTE: &str = "POST /admin/sales/{sale_id}/pause";
 pub const RESUME_SALE_ROUTE: &str = "POST /admin/sales/{sale_id}/resume";
 pub const END_SALE_ROUTE: &str = "POST /admin/sales/{sale_id}/end";
 pub const SALE_AUDIT_ROUTE: &str = "GET /admin/sales/{sale_id}/audit";
+pub const SALE_ORDERS_ROUTE: &str = "GET /admin/sales/{sale_id}/orders";
+pub const SALE_ORDERS_CSV_ROUTE: &str = "GET /admin/sales/{sale_id}/orders.csv";
+pub use export::NEXT_CURSOR_HEADER;
 pub const GET_ORDER_ROUTE: &str = "GET /orders/{order_id}";
 pub const CANCEL_ORDER_ROUTE: &str = "POST /orders/{order_id}/cancel";
 pub const OPEN_PAYMENT_ROUTE: &str = "POST /orders/{order_id}/payment";
@@ -278,6 +282,8 @@ async fn route(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
         RESUME_SALE_ROUTE => control_sale(deps, req, SaleAction::Resume).await,
         END_SALE_ROUTE => control_sale(deps, req, SaleAction::End).await,
         SALE_AUDIT_ROUTE => sale_audit(deps, req).await,
+        SALE_ORDERS_ROUTE => export::sale_orders(deps, req).await,
+        SALE_ORDERS_CSV_ROUTE => export::sale_orders_csv(deps, req).await,
         GET_ORDER_ROUTE => get_order(deps, req).await,
         CANCEL_ORDER_ROUTE => cancel_order(deps, req).await,
         OPEN_PAYMENT_ROUTE => payments::open_payment(deps, req).await,
@@ -329,22 +335,31 @@ async fn create_sale(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiEr
 const SALES_PER_PAGE: usize = 20;
 const MAX_SALES_PER_PAGE: usize = 100;
 
+/// The `limit` query parameter: `default` when absent, else a whole number from 1 to
+/// `max`.
+fn limit_param(
+    query: &lambda_http::aws_lambda_events::query_map::QueryMap,
+    default: usize,
+    max: usize,
+) -> Result<usize, ApiError> {
+    let Some(raw) = query.first("limit") else {
+        return Ok(default);
+    };
+    raw.parse()
+        .ok()
+        .filter(|limit| (1..=max).contains(limit))
+        .ok_or_else(|| {
+            ApiError::from(AppError::Invalid(ValidationError::new(
+                "limit",
+                format!("must be a whole number from 1 to {max}"),
+            )))
+        })
+}
+
 async fn list_sales(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
     admin(deps, req)?;
     let query = req.query_string_parameters();
-    let limit = match query.first("limit") {
-        None => SALES_PER_PAGE,
-        Some(raw) => raw
-            .parse()
-            .ok()
-            .filter(|limit| (1..=MAX_SALES_PER_PAGE).contains(limit))
-            .ok_or_else(|| {
-                AppError::Invalid(ValidationError::new(
-                    "limit",
-                    format!("must be a whole number from 1 to {MAX_SALES_PER_PAGE}"),
-                ))
-            })?,
-    };
+    let limit = limit_param(&query, SALES_PER_PAGE, MAX_SALES_PER_PAGE)?;
     let after = query
         .first("cursor")
         .map(SaleCursor::parse)

@@ -857,6 +857,141 @@ async fn a_paused_sale_lists_as_paused() {
     assert_eq!(listed["sales"][0]["status"], "paused", "{listed}");
 }
 
+// ---- GET /admin/sales/{sale_id}/orders and /orders.csv ------------------------------
+
+fn export(route: &str, query: &[(&str, &str)]) -> ApiEvent {
+    let mut event = ApiEvent::fixture("api-sale-stats.json")
+        .route(&format!("GET /admin/sales/{{sale_id}}/{route}"));
+    for (name, value) in query {
+        event = event.query(name, Some(value));
+    }
+    event
+}
+
+fn header<'a>(response: &'a Response<Body>, name: &str) -> Option<&'a str> {
+    response
+        .headers()
+        .get(name)
+        .and_then(|value| value.to_str().ok())
+}
+
+fn text(response: &Response<Body>) -> String {
+    match response.body() {
+        Body::Text(text) => text.clone(),
+        other => panic!("a text body, not {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn an_admin_exports_the_paid_orders_page_by_page_as_json_and_as_csv() {
+    let world = World::with_sale().await;
+    let mut paid = Vec::new();
+    for buyer in ["user-ann", "=cmd|calc", "user-cy", "user-dee", "user-eve"] {
+        let held = world.with_timer(buyer).await;
+        if buyer != "user-cy" {
+            world.pay(&held).await;
+            paid.push(held);
+        }
+    }
+
+    // JSON, two buyers a page: every paid order once, and the unpaid one left out.
+    let (mut listed, mut cursor) = (Vec::new(), None::<String>);
+    loop {
+        let mut query = vec![("status", "paid"), ("limit", "2")];
+        if let Some(cursor) = &cursor {
+            query.push(("cursor", cursor));
+        }
+        let response = world.call(export("orders", &query)).await;
+        assert_eq!(response.status(), 200);
+        let page = body_json(&response);
+        for line in page["orders"].as_array().unwrap() {
+            assert_eq!(line["status"], "paid", "{line}");
+            assert_eq!(line["price"]["amount"], 129_900, "{line}");
+            assert!(line["paid_at"].is_string(), "{line}");
+            listed.push(line["order_id"].as_str().unwrap().to_owned());
+        }
+        match page["next_cursor"].as_str() {
+            Some(next) => cursor = Some(next.to_owned()),
+            None => break,
+        }
+    }
+    listed.sort();
+    let mut expected: Vec<String> = paid.iter().map(|held| held.order_id.to_string()).collect();
+    expected.sort();
+    assert_eq!(listed, expected);
+
+    // CSV: the header row on the first page only, the cursor in a header.
+    let (mut csv, mut cursor) = (String::new(), None::<String>);
+    loop {
+        let mut query = vec![("status", "paid"), ("limit", "2")];
+        if let Some(cursor) = &cursor {
+            query.push(("cursor", cursor));
+        }
+        let response = world.call(export("orders.csv", &query)).await;
+        assert_eq!(response.status(), 200);
+        assert_eq!(
+            header(&response, "content-type"),
+            Some("text/csv; charset=utf-8")
+        );
+        assert_eq!(
+            header(&response, "content-disposition"),
+            Some("attachment; filename=\"phone-launch-orders.csv\"")
+        );
+        csv.push_str(&text(&response));
+        match header(&response, "x-next-cursor") {
+            Some(next) => cursor = Some(next.to_owned()),
+            None => break,
+        }
+    }
+    let lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(
+        lines[0],
+        "order_id,buyer,status,amount,currency,price,paid_at"
+    );
+    assert_eq!(lines.len(), 1 + paid.len(), "{csv}");
+    let ann = paid[0].order_id.to_string();
+    let row = lines
+        .iter()
+        .find(|line| line.starts_with(&ann))
+        .expect("ann's row");
+    assert!(
+        row.starts_with(&format!("{ann},user-ann,paid,129900,EUR,1299.00,2026-")),
+        "{row}"
+    );
+    assert!(
+        lines.iter().any(|line| line.contains(",'=cmd|calc,paid,")),
+        "a formula is defused: {csv}"
+    );
+
+    // Without a status: every order, the unpaid one too.
+    let all = body_json(&world.call(export("orders", &[])).await);
+    assert_eq!(all["orders"].as_array().unwrap().len(), 5, "{all}");
+}
+
+#[tokio::test]
+async fn a_bad_export_request_is_invalid_input_and_only_admins_export() {
+    let world = World::with_sale().await;
+    for route in ["orders", "orders.csv"] {
+        for query in [
+            [("status", "shipped")],
+            [("limit", "0")],
+            [("limit", "1001")],
+            [("cursor", "nonsense")],
+        ] {
+            let response = world.call(export(route, &query)).await;
+            assert_refused(&response, 400, "invalid_input");
+        }
+        let response = world
+            .call(export(route, &[]).without_claim("cognito:groups"))
+            .await;
+        assert_refused(&response, 403, "forbidden");
+        let response = world
+            .call(export(route, &[]).path_param("sale_id", "no-such-sale"))
+            .await;
+        assert_refused(&response, 404, "sale_not_found");
+    }
+}
+
 // ---- GET /admin/sales/{sale_id}/stats ---------------------------------------------
 
 #[tokio::test]

@@ -1041,7 +1041,7 @@ fn every_route_except_the_public_sale_page_and_stripes_webhook_requires_the_jwt_
             assert_eq!(operation["security"], expected, "{route}");
         }
     }
-    assert_eq!(seen, 19, "the nineteen routes of the HTTP API contract");
+    assert_eq!(seen, 21, "the twenty-one routes of the HTTP API contract");
     let jwt =
         &body["components"]["securitySchemes"]["JwtAuthorizer"]["x-amazon-apigateway-authorizer"];
     assert_eq!(jwt["type"], "jwt");

@@ -423,10 +423,10 @@ impl GrabService {
         let now = self.clock.now();
         self.refuse_blocked(user, now).await?;
         let sale = self.sale(sale_id).await?;
-        match sale.phase(now + TOKEN_LEAD) {
-            SalePhase::Upcoming => Err(AppError::NotStarted),
-            SalePhase::Paused => Err(AppError::Paused),
-            SalePhase::Ended if sale.phase(now) == SalePhase::Ended => Err(AppError::Ended),
+        match (sale.phase(now), sale.phase(now + TOKEN_LEAD)) {
+            (SalePhase::Paused, _) => Err(AppError::Paused),
+            (SalePhase::Ended, _) => Err(AppError::Ended),
+            (_, SalePhase::Upcoming) => Err(AppError::NotStarted),
             _ => Ok(sale),
         }
     }
@@ -531,11 +531,16 @@ impl GrabService {
         };
         self.refuse_blocked(user, started).await?;
         let sale = self.sale(sale_id).await?;
-        match sale.phase(started) {
+        let halted = match sale.phase(started) {
             SalePhase::Upcoming => return Err(AppError::NotStarted),
-            SalePhase::Paused => return Err(AppError::Paused),
-            SalePhase::Ended => return Err(AppError::Ended),
-            SalePhase::Active => {}
+            SalePhase::Paused => Some(AppError::Paused),
+            SalePhase::Ended => Some(AppError::Ended),
+            SalePhase::Active => None,
+        };
+        if let Some(refusal) = halted {
+            return self
+                .refuse_halted(order_id.as_ref(), user, attempt, refusal)
+                .await;
         }
         let order_id = order_id.ok_or(AppError::InvalidToken)?;
         tally.doubt = Doubt::recall(&self.gate, &sale, &order_id);
@@ -549,6 +554,26 @@ impl GrabService {
             self.clock.now(),
         );
         outcome
+    }
+
+    /// A paused or ended sale takes no grab. But a marked retry, whose first attempt may
+    /// have committed just before, gets its order back (one read), as after a sell-out:
+    /// a buyer must not lose a unit they hold to a pause.
+    async fn refuse_halted(
+        &self,
+        order_id: Option<&OrderId>,
+        user: &UserId,
+        attempt: Attempt,
+        refusal: AppError,
+    ) -> Answer {
+        if let (Some(order_id), Attempt::Retry) = (order_id, attempt) {
+            match self.resume(order_id, user).await {
+                Ok(Some(held)) => return Ok(GrabOutcome::Resumed(held)),
+                Ok(None) | Err(AppError::InvalidToken) => {}
+                Err(failed) => return Err(failed),
+            }
+        }
+        Err(refusal)
     }
 
     /// Walks the shards until one gives the order a unit, all are found empty, or the

@@ -7,6 +7,7 @@
 pub mod challenge;
 pub mod control;
 pub mod error;
+pub mod fulfilment;
 pub mod gate;
 pub mod grab;
 pub mod ids;

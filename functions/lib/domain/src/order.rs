@@ -154,6 +154,10 @@ pub struct Order {
     /// only on those released since it was recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expired_at: Option<DateTime<Utc>>,
+    /// When the pay that settled the order committed. Only on a `paid` (or later
+    /// refunded) order, and only on those paid since it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paid_at: Option<DateTime<Utc>>,
     /// The buyer's payment at the provider, once one was opened for the order: for the
     /// settlement, not shown to the buyer (its state is the order's status).
     #[serde(skip)]
@@ -172,6 +176,7 @@ impl Order {
             price: reservation.price,
             expires_at: reservation.expires_at,
             expired_at: None,
+            paid_at: None,
             payment: None,
         }
     }

@@ -10,6 +10,7 @@ use chrono::{DateTime, Utc};
 use crate::challenge::{ChallengeRefusal, ChallengeWork, IssuedChallenge, SolvedChallenge};
 use crate::control::{ControlWrite, SaleAudit};
 use crate::error::StoreError;
+use crate::fulfilment::{BuyerCursor, OrderPage};
 use crate::ids::{OrderId, SaleId, UserId};
 use crate::order::{Order, OrderStatus, ReleaseReason, Reservation};
 use crate::payment::{CancelOutcome, CaptureOutcome, OrderPayment, Payment, PaymentId, Refund};
@@ -375,6 +376,19 @@ pub trait OrderBook: Send + Sync {
     /// Counts every unit of the sale by where it is, for reconciliation. A read of
     /// every hold and order of the sale, so for admins, not for the hot path.
     async fn count(&self, sale: &Sale) -> Result<StockCounts, StoreError>;
+
+    /// One page of every order of the sale, buyer by buyer in the store's fixed order
+    /// (each buyer's stats bucket, then the buyer; a buyer's orders by id): the orders
+    /// of at most `limit` (at least one) buyers, starting after the buyer `after` names.
+    /// Each order as [`OrderBook::find`] answers it. `next` is `None` once no buyer
+    /// follows (a last page may be empty). A read for admins; on AWS through `gsi1`,
+    /// which may lag the last writes by its propagation delay.
+    async fn sale_orders(
+        &self,
+        sale: &Sale,
+        after: Option<&BuyerCursor>,
+        limit: usize,
+    ) -> Result<OrderPage, StoreError>;
 }
 
 /// The orders queue between the grab and the order consumer.

@@ -121,6 +121,19 @@ impl Price {
     pub fn currency(self) -> Currency {
         self.currency
     }
+
+    /// The amount in the currency's major unit, with its own decimals and a dot, as a
+    /// spreadsheet reads a number: `1299.00` EUR, `1299` JPY, `1.250` BHD.
+    pub fn major_units(self) -> String {
+        let decimals = self.currency.decimals();
+        let scale = 10_u64.pow(u32::from(decimals));
+        let (whole, fraction) = (self.amount / scale, self.amount % scale);
+        if decimals == 0 {
+            whole.to_string()
+        } else {
+            format!("{whole}.{fraction:0width$}", width = usize::from(decimals))
+        }
+    }
 }
 
 /// A price's JSON, written and read.
@@ -157,6 +170,15 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn major_units_have_the_currencys_own_decimals() {
+        let price = |amount, currency| Price::new(amount, currency).unwrap().major_units();
+        assert_eq!(price(129_900, "EUR"), "1299.00");
+        assert_eq!(price(5, "EUR"), "0.05");
+        assert_eq!(price(1_299, "JPY"), "1299");
+        assert_eq!(price(1_250, "BHD"), "1.250");
+    }
 
     #[test]
     fn a_currency_is_a_current_iso_4217_code_of_money() {

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use chrono::{DateTime, Duration, TimeZone, Utc};
 use flashsale_domain::error::StoreError;
+use flashsale_domain::fulfilment::{BuyerCursor, OrderPage};
 use flashsale_domain::ports::{Clock, OrderBook, SaleCatalog, StockLedger, Take};
 use flashsale_domain::sale::StockCounts;
 use flashsale_domain::service::{ReconcileReport, Reconciler};
@@ -148,6 +149,15 @@ impl OrderBook for UnreadableSale {
 
     async fn count(&self, sale: &Sale) -> Result<StockCounts, StoreError> {
         self.store.count(sale).await
+    }
+
+    async fn sale_orders(
+        &self,
+        sale: &Sale,
+        after: Option<&BuyerCursor>,
+        limit: usize,
+    ) -> Result<OrderPage, StoreError> {
+        self.store.sale_orders(sale, after, limit).await
     }
 }
 

@@ -1102,7 +1102,8 @@ async fn a_paused_sale_takes_no_grab_at_no_write_and_a_resumed_one_sells_on() {
     let sale = world.sale(3, 1, 1).await;
     world.clock.set(start());
     let operator = user("operator");
-    let held = world.grab(&sale, "early").await.unwrap();
+    let early_path = world.token(&sale, "early").await.unwrap();
+    let held = world.grab_with(&sale, "early", &early_path).await.unwrap();
     let path_before_pause = world.token(&sale, "holder-of-a-path").await.unwrap();
 
     let paused = world
@@ -1126,6 +1127,18 @@ async fn a_paused_sale_takes_no_grab_at_no_write_and_a_resumed_one_sells_on() {
         Err(AppError::Paused)
     ));
     assert_eq!(world.store_calls(), calls, "refused before any reserve");
+    // A marked retry of the grab that took the unit just before the pause (its answer
+    // lost) gets that order back; an unmarked one is refused.
+    assert_eq!(
+        world.retry_with(&sale, "early", &early_path).await.unwrap(),
+        held
+    );
+    assert!(matches!(
+        world
+            .retry_with(&sale, "holder-of-a-path", &path_before_pause)
+            .await,
+        Err(AppError::Paused)
+    ));
     assert_eq!(world.sales.view(&sale).await.unwrap().status, "paused");
     let again = world
         .sales

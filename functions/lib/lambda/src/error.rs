@@ -52,7 +52,7 @@ pub enum ApiError {
     #[error("could not encode the response")]
     Encode {
         #[source]
-        source: serde_json::Error,
+        source: flashsale_domain::error::BoxError,
     },
     /// A provider's webhook whose signature does not verify (missing, forged, or stale):
     /// nothing in it is read or written.

@@ -41,7 +41,9 @@ pub fn json<T: Serialize>(
     body: &T,
     cache: CachePolicy,
 ) -> Result<Response<Body>, ApiError> {
-    let text = serde_json::to_string(body).map_err(|source| ApiError::Encode { source })?;
+    let text = serde_json::to_string(body).map_err(|source| ApiError::Encode {
+        source: source.into(),
+    })?;
     Ok(with_json_headers(status, text, cache))
 }
 

@@ -10,6 +10,7 @@ use std::num::ParseIntError;
 use aws_sdk_dynamodb::types::AttributeValue;
 use chrono::{DateTime, Datelike, Duration, SecondsFormat, Utc};
 use flashsale_domain::challenge::ChallengeWork;
+use flashsale_domain::fulfilment::BuyerCursor;
 use flashsale_domain::order::UnknownStatus;
 use flashsale_domain::payment::{OrderPayment, PaymentId, PaymentState};
 use flashsale_domain::ports::{PROCESSED_EVENT_RETENTION, Take};
@@ -63,6 +64,8 @@ pub(crate) const SHARD: &str = "shard";
 pub(crate) const EXPIRES_AT_MS: &str = "expires_at_ms";
 /// On a hold: when the release that expired it committed.
 pub(crate) const EXPIRED_AT: &str = "expired_at";
+/// On a hold: when the pay that settled it committed.
+pub(crate) const PAID_AT: &str = "paid_at";
 /// On a hold: when the cancel that released it committed.
 const CANCELLED_AT: &str = "cancelled_at";
 /// A price, on a sale, a hold or an order: its amount in minor units and its ISO 4217
@@ -185,7 +188,7 @@ pub(crate) fn user_key(sale_id: &SaleId, user_id: &UserId) -> Item {
 
 /// The sale and user a user item belongs to, from its key. Sale ids have no `#`, so the
 /// first `#USER#` ends the sale's part whatever the user id holds.
-fn user_item_owner(item: &Item) -> Result<(SaleId, UserId), ItemError> {
+pub(crate) fn user_item_owner(item: &Item) -> Result<(SaleId, UserId), ItemError> {
     let pk = Fields::of(item).string(PK)?;
     let (sale, user) = pk
         .strip_prefix("SALE#")
@@ -311,6 +314,15 @@ pub(crate) fn sale_index_key(cursor: &SaleCursor) -> Item {
         GSI1_SK.to_owned(),
         s(sale_gsi_sk_of(cursor.ends_at, &cursor.sale_id)),
     );
+    item
+}
+
+/// The index key of the user item `cursor` names: where a page of a sale's orders in
+/// `gsi1` goes on from, within the cursor's bucket.
+pub(crate) fn buyer_index_key(sale_id: &SaleId, cursor: &BuyerCursor) -> Item {
+    let mut item = user_key(sale_id, &cursor.user_id);
+    item.insert(GSI1_PK.to_owned(), s(bucket_pk(sale_id, cursor.bucket)));
+    item.insert(GSI1_SK.to_owned(), s(user_gsi_sk(&cursor.user_id)));
     item
 }
 
@@ -736,6 +748,8 @@ pub(crate) struct Hold {
     pub expires_at: DateTime<Utc>,
     /// When the release that expired it committed; set by that release only.
     pub expired_at: Option<DateTime<Utc>>,
+    /// When the pay that settled it committed; set by that pay only.
+    pub paid_at: Option<DateTime<Utc>>,
     /// The price the unit is sold at, as the reservation carried it.
     pub price: Option<Price>,
     /// The buyer's payment, once one was attached ([`PAYMENT_ID`]).
@@ -750,6 +764,7 @@ impl Hold {
             created_at: reservation.created_at,
             expires_at: reservation.expires_at,
             expired_at: None,
+            paid_at: None,
             price: reservation.price,
             payment: None,
         }
@@ -770,6 +785,9 @@ impl Hold {
         ]);
         if let Some(expired_at) = self.expired_at {
             map.insert(EXPIRED_AT.to_owned(), time(expired_at));
+        }
+        if let Some(paid_at) = self.paid_at {
+            map.insert(PAID_AT.to_owned(), time(paid_at));
         }
         map.extend(price_attributes(self.price));
         if let Some(payment) = &self.payment {
@@ -796,6 +814,10 @@ impl Hold {
                 .has(EXPIRED_AT)
                 .then(|| fields.time(EXPIRED_AT))
                 .transpose()?,
+            paid_at: fields
+                .has(PAID_AT)
+                .then(|| fields.time(PAID_AT))
+                .transpose()?,
             price: fields.price()?,
             payment: fields.payment()?,
         })
@@ -806,6 +828,7 @@ impl Hold {
         let reservation = self.reservation(order_id, user_id);
         let order = Order {
             expired_at: self.expired_at,
+            paid_at: self.paid_at,
             payment: self.payment.clone(),
             ..Order::from_reservation(&reservation, self.status)
         };

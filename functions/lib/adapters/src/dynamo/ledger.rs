@@ -503,6 +503,7 @@ impl DynamoStore {
             created_at: take.taken_at,
             expires_at: take.taken_at,
             expired_at: Some(now),
+            paid_at: None,
             // Nothing was sold: the void records no price, and no payment was opened.
             price: None,
             payment: None,

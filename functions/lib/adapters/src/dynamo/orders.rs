@@ -4,6 +4,7 @@ use std::collections::HashMap;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use flashsale_domain::fulfilment::{BuyerCursor, OrderPage};
 use flashsale_domain::payment::OrderPayment;
 use flashsale_domain::ports::{OrderBook, PayOutcome};
 use flashsale_domain::sale::StockCounts;
@@ -12,8 +13,8 @@ use futures::{StreamExt, TryStreamExt, stream};
 
 use super::DynamoStore;
 use super::item::{
-    self, EXPIRES_AT_MS, GSI1_PK, GSI1_SK, OPEN_HOLD, PAYMENT_ID, PAYMENT_STATE, SHARD, STATUS, n,
-    s,
+    self, EXPIRES_AT_MS, GSI1, GSI1_PK, GSI1_SK, OPEN_HOLD, PAID_AT, PAYMENT_ID, PAYMENT_STATE,
+    SHARD, STATUS, n, s,
 };
 use super::requests::{Consistency, built, corrupt, names, values};
 use super::transact::{self, in_request_order};
@@ -21,6 +22,7 @@ use super::transact::{self, in_request_order};
 const FIND: &str = "dynamodb.find";
 const COUNT: &str = "dynamodb.count";
 const OPEN_HOLDS: &str = "dynamodb.open_holds";
+const SALE_ORDERS: &str = "dynamodb.sale_orders";
 
 /// Stats buckets queried at once when reading a sale's holds.
 const BUCKET_QUERIES_IN_FLIGHT: usize = 16;
@@ -106,7 +108,8 @@ impl DynamoStore {
             operation,
             self.update(item::user_key(&reservation.sale_id, &reservation.user_id))
                 .update_expression(
-                    "SET #hold.#status = :paid, #hold.#payment_state = :payment_state",
+                    "SET #hold.#status = :paid, #hold.#payment_state = :payment_state, \
+                     #hold.#paid_at = :paid_at",
                 )
                 .condition_expression(format!(
                     "{OPEN_HOLD} AND #hold.#expires > :now AND #hold.#shard = :shard \
@@ -119,9 +122,11 @@ impl DynamoStore {
                     ("#shard", SHARD),
                     ("#payment_id", PAYMENT_ID),
                     ("#payment_state", PAYMENT_STATE),
+                    ("#paid_at", PAID_AT),
                 ]))
                 .set_expression_attribute_values(values([
                     (":paid", s(OrderStatus::Paid.as_str())),
+                    (":paid_at", item::time(now)),
                     reserved,
                     legacy_pending,
                     (":now", n(now.timestamp_millis())),
@@ -184,6 +189,73 @@ impl OrderBook for DynamoStore {
             .read_hold(FIND, order_id, user)
             .await?
             .map(|hold| hold.order(order_id, user)))
+    }
+
+    /// Bucket by bucket from the cursor's: queries of the bucket's `gsi1` partition (its
+    /// user items only, one a buyer) from after the cursor's buyer, each asking for no
+    /// more buyers than the page still holds, so a page reads about `limit` items
+    /// whatever the sale's size.
+    async fn sale_orders(
+        &self,
+        sale: &Sale,
+        after: Option<&BuyerCursor>,
+        limit: usize,
+    ) -> Result<OrderPage, StoreError> {
+        let limit = limit.max(1);
+        let mut orders = Vec::new();
+        let mut buyers = 0_usize;
+        let mut start = after.map(|cursor| item::buyer_index_key(&sale.sale_id, cursor));
+        for bucket in after.map_or(0, |cursor| cursor.bucket)..sale.shards {
+            loop {
+                let asked = i32::try_from(limit - buyers).unwrap_or(i32::MAX);
+                let output = self
+                    .client
+                    .query()
+                    .table_name(&self.table)
+                    .index_name(GSI1)
+                    .key_condition_expression("#gsi1pk = :bucket AND begins_with(#gsi1sk, :users)")
+                    .set_expression_attribute_names(names(&[
+                        ("#gsi1pk", GSI1_PK),
+                        ("#gsi1sk", GSI1_SK),
+                    ]))
+                    .set_expression_attribute_values(values([
+                        (":bucket", s(item::bucket_pk(&sale.sale_id, bucket))),
+                        (":users", item::user_gsi_prefix()),
+                    ]))
+                    .limit(asked)
+                    .set_exclusive_start_key(start.take())
+                    .send()
+                    .await
+                    .map_err(|error| crate::classify::store_error(SALE_ORDERS, error))?;
+                let mut last_buyer = None;
+                for found in output.items() {
+                    let parsed = item::user_item_owner(found)
+                        .and_then(|(_, buyer)| Ok((buyer, item::parse_holds(found)?)));
+                    let (buyer, holds) =
+                        parsed.map_err(|error| corrupt(SALE_ORDERS, found, error))?;
+                    let mut theirs: Vec<Order> =
+                        holds.into_iter().map(|(order, _)| order).collect();
+                    theirs.sort_by(|a, b| a.order_id.cmp(&b.order_id));
+                    orders.extend(theirs);
+                    buyers += 1;
+                    last_buyer = Some(buyer);
+                }
+                let more_here = output.last_evaluated_key().is_some();
+                if buyers == limit {
+                    let more = more_here || bucket + 1 < sale.shards;
+                    let next = last_buyer
+                        .filter(|_| more)
+                        .map(|user_id| BuyerCursor { bucket, user_id });
+                    return Ok(OrderPage { orders, next });
+                }
+                if !more_here {
+                    break;
+                }
+                // The query's 1 MB page ended first: on from where it stopped.
+                start = output.last_evaluated_key;
+            }
+        }
+        Ok(OrderPage { orders, next: None })
     }
 
     /// Only user items are read, so paid holds are read too but settled orders are not.

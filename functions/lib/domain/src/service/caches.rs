@@ -3,7 +3,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Instant;
+use std::time::SystemTime;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Duration, Utc};
@@ -38,13 +38,13 @@ pub struct CachedCatalog<C> {
     /// The sales one request is rereading now.
     refreshing: Mutex<HashSet<SaleId>>,
     miss_lifetime: std::time::Duration,
-    misses: RwLock<HashMap<SaleId, Instant>>,
+    misses: RwLock<HashMap<SaleId, SystemTime>>,
 }
 
 #[derive(Clone)]
 struct CachedSale {
     sale: Sale,
-    read_at: Instant,
+    read_at: SystemTime,
 }
 
 impl<C> CachedCatalog<C> {
@@ -82,19 +82,19 @@ impl<C> CachedCatalog<C> {
     fn recently_missed(&self, sale_id: &SaleId) -> bool {
         read(&self.misses)
             .get(sale_id)
-            .is_some_and(|at| at.elapsed() < self.miss_lifetime)
+            .is_some_and(|at| younger_than(*at, self.miss_lifetime))
     }
 
     fn remember_miss(&self, sale_id: &SaleId) {
         let mut misses = write(&self.misses);
         if misses.len() >= self.capacity {
             let lifetime = self.miss_lifetime;
-            misses.retain(|_, at| at.elapsed() < lifetime);
+            misses.retain(|_, at| younger_than(*at, lifetime));
             if misses.len() >= self.capacity {
                 misses.clear();
             }
         }
-        misses.insert(sale_id.clone(), Instant::now());
+        misses.insert(sale_id.clone(), SystemTime::now());
     }
 
     fn remember(&self, sale: Sale) {
@@ -106,7 +106,7 @@ impl<C> CachedCatalog<C> {
             sale.sale_id.clone(),
             CachedSale {
                 sale,
-                read_at: Instant::now(),
+                read_at: SystemTime::now(),
             },
         );
     }
@@ -138,6 +138,13 @@ impl Drop for RereadTurn<'_> {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .remove(&self.sale_id);
     }
+}
+
+/// Whether `at` is less than `age` ago, by the wall clock: a monotonic clock may not
+/// advance while Lambda freezes the process between invocations, which would keep a
+/// copy "fresh" for as long as the process sleeps. A clock set back reads as old.
+fn younger_than(at: SystemTime, age: std::time::Duration) -> bool {
+    at.elapsed().is_ok_and(|elapsed| elapsed < age)
 }
 
 fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
@@ -199,7 +206,7 @@ impl<C: SaleCatalog> SaleCatalog for CachedCatalog<C> {
     async fn find_sale(&self, sale_id: &SaleId) -> Result<Option<Sale>, StoreError> {
         let cached = read(&self.sales).get(sale_id).cloned();
         match cached {
-            Some(cached) if cached.read_at.elapsed() < self.refresh => {
+            Some(cached) if younger_than(cached.read_at, self.refresh) => {
                 return Ok(Some(cached.sale));
             }
             Some(stale) => return Ok(Some(self.reread(stale.sale).await)),

@@ -4,7 +4,9 @@ use std::sync::Arc;
 
 use crate::control::{AuditTrail, ControlWrite, Controlled, SaleAction, SaleAudit, SaleControl};
 use crate::error::AppError;
+use crate::fulfilment::{BuyerCursor, FulfilmentLine, FulfilmentPage};
 use crate::ids::{SaleId, UserId};
+use crate::order::OrderStatus;
 use crate::ports::{Clock, OrderBook, SaleCatalog, StockLedger};
 use crate::sale::{Sale, SaleCursor, SaleDraft, SaleList, SaleStats, SaleView};
 
@@ -109,6 +111,34 @@ impl SaleService {
         self.sale(sale_id).await?;
         let entries = self.catalog.audit_trail(sale_id, limit).await?;
         Ok(AuditTrail { entries })
+    }
+
+    /// One page of the sale's orders for fulfilment, those in `status` (every order
+    /// when `None`): the orders of at most `limit` buyers, read through the index after
+    /// the buyer `cursor` names (as a previous page answered it). A page may hold none
+    /// of `status` and still name a next one.
+    pub async fn orders(
+        &self,
+        sale_id: &SaleId,
+        status: Option<OrderStatus>,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<FulfilmentPage, AppError> {
+        let sale = self.sale(sale_id).await?;
+        let after = cursor.map(BuyerCursor::parse).transpose()?;
+        let page = self
+            .orders
+            .sale_orders(&sale, after.as_ref(), limit)
+            .await?;
+        Ok(FulfilmentPage {
+            orders: page
+                .orders
+                .iter()
+                .filter(|order| status.is_none_or(|status| order.status == status))
+                .map(FulfilmentLine::from)
+                .collect(),
+            next_cursor: page.next.as_ref().map(BuyerCursor::encode),
+        })
     }
 
     pub async fn stats(&self, sale_id: &SaleId) -> Result<SaleStats, AppError> {

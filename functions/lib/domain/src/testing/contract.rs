@@ -5,11 +5,14 @@
 //!
 //! [`contract_tests!`](crate::contract_tests) makes each scenario its own test.
 
+use std::collections::BTreeSet;
+
 use async_trait::async_trait;
 use chrono::{DateTime, Duration, Utc};
 use futures::future::{join, join_all};
 
 use crate::control::{ControlWrite, SaleAction, SaleAudit, SaleControl};
+use crate::fulfilment::BuyerCursor;
 use crate::ids::{OrderId, SaleId, UserId};
 use crate::order::{Order, OrderStatus, ReleaseReason, Reservation};
 use crate::payment::{OrderPayment, PaymentId, PaymentState};
@@ -50,6 +53,7 @@ macro_rules! contract_tests {
             sales_ending_after_returns_the_sales_ending_at_or_after_the_cutoff,
             list_sales_pages_through_every_sale_latest_ending_first,
             a_sales_control_changes_only_where_its_action_applies_each_change_audited_once,
+            sale_orders_pages_through_every_buyers_orders_once_in_one_order,
             reserve_takes_one_unit_and_records_a_reserved_hold,
             reserve_never_oversells_and_refuses_an_empty_shard_naming_its_takers,
             reserve_over_the_per_user_limit_is_refused_as_limit_reached_and_takes_nothing,
@@ -556,6 +560,78 @@ pub async fn a_sales_control_changes_only_where_its_action_applies_each_change_a
         None,
         "nothing written"
     );
+}
+
+/// `OrderBook::sale_orders` pages through every order of the sale and no other, buyer
+/// by buyer, each once and in the same order whatever the page size; each order as
+/// `find` answers it, a paid one with the time its pay committed.
+pub async fn sale_orders_pages_through_every_buyers_orders_once_in_one_order<S: Store>(store: &S) {
+    let sale = new_sale(store, 20, 4, 2).await;
+    let other = crate::testing::sale(5, 1).generated_id().build();
+    created(store, &other).await;
+    let buyers = ["ann", "bob", "cy", "dee", "eve", "fay", "gus"];
+    let mut held = Vec::new();
+    for (i, name) in buyers.iter().enumerate() {
+        let shard = u16::try_from(i % 4).expect("a shard");
+        held.push(reserved(store, &sale, name, shard).await);
+        if i % 3 == 0 {
+            held.push(reserved(store, &sale, name, (shard + 1) % 4).await);
+        }
+    }
+    reserved(store, &other, "ann", 0).await;
+    let paid_at = during(&sale) + Duration::seconds(7);
+    assert_eq!(
+        pay_by_card(store, &held[0], paid_at).await.expect("pay"),
+        PayOutcome::Paid
+    );
+    let mut expected = Vec::new();
+    for reservation in &held {
+        let (order, _) = store
+            .find(&reservation.order_id, &reservation.user_id)
+            .await
+            .expect("find")
+            .expect("the order");
+        expected.push(order);
+    }
+    assert_eq!(expected[0].paid_at, Some(paid_at), "{:?}", expected[0]);
+    assert!(expected[1..].iter().all(|order| order.paid_at.is_none()));
+
+    let mut first_order = None;
+    for limit in [1, 2, 3, 7, 50] {
+        let (mut listed, mut after, mut pages) = (Vec::new(), None, 0);
+        loop {
+            let page = store
+                .sale_orders(&sale, after.as_ref(), limit)
+                .await
+                .expect("sale orders");
+            let page_buyers: BTreeSet<_> = page.orders.iter().map(|o| o.user_id.clone()).collect();
+            assert!(page_buyers.len() <= limit, "{limit}: {page:?}");
+            listed.extend(page.orders);
+            pages += 1;
+            match page.next {
+                Some(next) => {
+                    after = Some(BuyerCursor::parse(&next.encode()).expect("a cursor"));
+                }
+                None => break,
+            }
+            assert!(pages <= buyers.len() + 1, "{limit}: no end to the pages");
+        }
+        let ids: Vec<_> = listed.iter().map(|order| order.order_id.clone()).collect();
+        let unique: BTreeSet<_> = ids.iter().cloned().collect();
+        assert_eq!(unique.len(), ids.len(), "limit {limit}: an order twice");
+        let mut sorted = listed.clone();
+        sorted.sort_by(|a, b| a.order_id.cmp(&b.order_id));
+        let mut wanted = expected.clone();
+        wanted.sort_by(|a, b| a.order_id.cmp(&b.order_id));
+        assert_eq!(
+            sorted, wanted,
+            "limit {limit}: every order of the sale, as find has it"
+        );
+        match &first_order {
+            None => first_order = Some(ids),
+            Some(first) => assert_eq!(&ids, first, "limit {limit}: the same order"),
+        }
+    }
 }
 
 /// `StockLedger::reserve` takes one unit of its shard and records a `reserved` hold,

@@ -4,7 +4,7 @@
 
 pub mod contract;
 
-use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -14,6 +14,7 @@ use chrono::{DateTime, Duration, Utc};
 use crate::challenge::{ChallengeRefusal, ChallengeWork, IssuedChallenge, SolvedChallenge};
 use crate::control::{ControlWrite, SaleAudit};
 use crate::error::StoreError;
+use crate::fulfilment::{BuyerCursor, OrderPage};
 use crate::ids::{OrderId, SaleId, UserId};
 use crate::order::{Order, OrderStatus, ReleaseReason, Reservation};
 use crate::payment::{
@@ -184,6 +185,8 @@ struct State {
     orders: HashMap<OrderId, (Reservation, OrderStatus)>,
     /// When each expired order's release committed.
     expired_at: HashMap<OrderId, DateTime<Utc>>,
+    /// When each paid order's pay committed.
+    paid_at: HashMap<OrderId, DateTime<Utc>>,
     /// Units taken from a shard by a reserve that never recorded its hold: the
     /// fake's reserve is atomic, so only [`InMemoryStore::leave_take`] makes them.
     loose_takes: HashMap<OrderId, Take>,
@@ -196,6 +199,17 @@ struct State {
 }
 
 impl State {
+    /// The order `held` is in `status`, with what the store recorded about it.
+    fn order_of(&self, held: &Reservation, status: OrderStatus) -> Order {
+        let id = &held.order_id;
+        Order {
+            expired_at: self.expired_at.get(id).copied(),
+            paid_at: self.paid_at.get(id).copied(),
+            payment: self.payments.get(id).cloned(),
+            ..Order::from_reservation(held, status)
+        }
+    }
+
     /// Sets the order's status on its hold and its order item alike, as the store's
     /// transactions do.
     fn settle(&mut self, id: &OrderId, status: OrderStatus) {
@@ -617,14 +631,45 @@ impl OrderBook for InMemoryStore {
             .or_else(|| state.orders.get(order_id));
         Ok(found
             .filter(|(held, _)| &held.user_id == user)
-            .map(|(held, status)| {
-                let order = Order {
-                    expired_at: state.expired_at.get(order_id).copied(),
-                    payment: state.payments.get(order_id).cloned(),
-                    ..Order::from_reservation(held, *status)
-                };
-                (order, held.clone())
-            }))
+            .map(|(held, status)| (state.order_of(held, *status), held.clone())))
+    }
+
+    /// Buyers in DynamoStore's order: their bucket, then their id's bytes (the index's
+    /// sort key is `USER#{id}`); a buyer's orders by id.
+    async fn sale_orders(
+        &self,
+        sale: &Sale,
+        after: Option<&BuyerCursor>,
+        limit: usize,
+    ) -> Result<OrderPage, StoreError> {
+        let state = locked(&self.state);
+        let mut buyers: BTreeMap<(u16, String), Vec<Order>> = BTreeMap::new();
+        for (held, status) in state.holds.values() {
+            if held.sale_id != sale.sale_id {
+                continue;
+            }
+            let place = (sale.bucket_of(&held.user_id), held.user_id.to_string());
+            if after.is_some_and(|cursor| place <= (cursor.bucket, cursor.user_id.to_string())) {
+                continue;
+            }
+            buyers
+                .entry(place)
+                .or_default()
+                .push(state.order_of(held, *status));
+        }
+        let more = buyers.len() > limit.max(1);
+        let mut orders = Vec::new();
+        let mut last = None;
+        for ((bucket, user), mut theirs) in buyers.into_iter().take(limit.max(1)) {
+            theirs.sort_by(|a, b| a.order_id.cmp(&b.order_id));
+            orders.extend(theirs);
+            last = Some((bucket, user));
+        }
+        let next = last.filter(|_| more).map(|(bucket, user)| BuyerCursor {
+            bucket,
+            user_id: UserId::parse(user).expect("a held order's buyer is a valid user id"),
+        });
+        Ok(OrderPage { orders, next })
     }
 
     async fn open_holds(&self, sale: &Sale) -> Result<Vec<Reservation>, StoreError> {
@@ -717,6 +762,7 @@ impl OrderPayments for InMemoryStore {
                     return Ok(PayOutcome::WindowClosed);
                 }
                 state.payments.insert(id.clone(), payment.clone());
+                state.paid_at.insert(id.clone(), now);
                 state.settle(id, OrderStatus::Paid);
                 Ok(PayOutcome::Paid)
             }
@@ -776,14 +822,9 @@ impl OrderPayments for InMemoryStore {
             .filter(|(_, (held, _))| held.sale_id == sale.sale_id)
             .filter_map(|(id, (held, status))| {
                 let payment = state.payments.get(id)?;
-                payment.needs_settling(*status).then(|| {
-                    let order = Order {
-                        expired_at: state.expired_at.get(id).copied(),
-                        payment: Some(payment.clone()),
-                        ..Order::from_reservation(held, *status)
-                    };
-                    (order, held.clone())
-                })
+                payment
+                    .needs_settling(*status)
+                    .then(|| (state.order_of(held, *status), held.clone()))
             })
             .collect();
         unsettled.sort_by(|a, b| a.0.order_id.cmp(&b.0.order_id));
