@@ -468,14 +468,14 @@ impl Drop for ConflictsOn<'_> {
 }
 
 /// The raw client's view of the stack: the grab's store on the DynamoDB proxy.
-struct RawTarget {
+pub(crate) struct RawTarget {
     store: Arc<DynamoStore>,
     client: aws_sdk_dynamodb::Client,
     table: String,
 }
 
 impl RawTarget {
-    async fn new(stack: &BenchStack) -> Result<Self, ContentionError> {
+    pub(crate) async fn new(stack: &BenchStack) -> Result<Self, ContentionError> {
         let sdk = |dynamodb: String| {
             flashsale_emulators::sdk_config_for(flashsale_emulators::LocalEndpoints {
                 dynamodb,
@@ -509,7 +509,7 @@ impl RawTarget {
 
     /// A store for one raw run reserving as `reserve` says: a new one, so an adaptive
     /// run starts with no shard known hot, as a new container does.
-    fn store_for(&self, reserve: RawReserve) -> Arc<DynamoStore> {
+    pub(crate) fn store_for(&self, reserve: RawReserve) -> Arc<DynamoStore> {
         let store = DynamoStore::new(self.client.clone(), self.table.clone());
         Arc::new(match reserve {
             RawReserve::OneTransaction | RawReserve::Adaptive => store,
@@ -517,7 +517,7 @@ impl RawTarget {
         })
     }
 
-    async fn sale(&self, sale_id: &str) -> Result<Sale, ContentionError> {
+    pub(crate) async fn sale(&self, sale_id: &str) -> Result<Sale, ContentionError> {
         self.store
             .find_sale(&SaleId::parse(sale_id)?)
             .await?
@@ -1012,7 +1012,7 @@ struct RawPlan {
 
 /// How a raw buyer reserves on a shard.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum RawReserve {
+pub(crate) enum RawReserve {
     /// One transaction on the shard and the buyer's item, tried again on a conflict:
     /// the textbook client.
     OneTransaction,

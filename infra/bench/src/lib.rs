@@ -6,11 +6,13 @@
 //!   ([`stack`]);
 //! - the measurements ([`scenarios`], [`external`]), the grab under the proxy's
 //!   transaction-conflict mode ([`contention`]), bootstrap sizes and init times ([`init`]);
-//! - the operator's pause under a surge ([`pause`]);
+//! - the operator's pause under a surge ([`pause`]), the fulfilment export at size
+//!   ([`fulfilment`]);
 //! - `docs/benchmarks.md` ([`report`]).
 
 pub mod contention;
 pub mod external;
+pub mod fulfilment;
 pub mod init;
 pub mod pause;
 pub use flashsale_emulators::proxy;

@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use flashsale_bench::contention::{self, ContentionSizes};
 use flashsale_bench::external::{self, Measured};
+use flashsale_bench::fulfilment::{self, ExportSizes};
 use flashsale_bench::init;
 use flashsale_bench::pause::{self, PauseSizes};
 use flashsale_bench::proxy::{ConflictMode, Proxy, ProxyOptions};
@@ -270,6 +271,7 @@ struct Sizes {
     tool_limit: Duration,
     contention: ContentionSizes,
     pause: PauseSizes,
+    export: ExportSizes,
 }
 
 /// The template's `SaleRefreshMs`: the bound the pause is measured against.
@@ -319,6 +321,11 @@ const RUN: Sizes = Sizes {
         sale_refresh: SALE_REFRESH,
         stock: 20_000,
     },
+    export: ExportSizes {
+        orders: 100_000,
+        seed_concurrency: 64,
+        page: 1000,
+    },
 };
 
 const SMOKE: Sizes = Sizes {
@@ -362,6 +369,11 @@ const SMOKE: Sizes = Sizes {
         after: Duration::from_secs(3),
         sale_refresh: SALE_REFRESH,
         stock: 2_000,
+    },
+    export: ExportSizes {
+        orders: 300,
+        seed_concurrency: 8,
+        page: 100,
     },
 };
 
@@ -494,6 +506,11 @@ async fn run(args: &RunArgs) -> Result<(), BenchError> {
     .await?;
     eprintln!("bench: 8. pause under a surge");
     let pause = pause::pause_under_surge(&session, &sizes.pause).await?;
+    eprintln!(
+        "bench: 9. the fulfilment export of {} paid orders",
+        sizes.export.orders
+    );
+    let export = fulfilment::export_at_size(&session, &stack, &sizes.export).await?;
     let stack_env = vec![(
         "FLASHSALE_BENCH_SMOKE".to_owned(),
         u8::from(args.smoke).to_string(),
@@ -552,6 +569,7 @@ async fn run(args: &RunArgs) -> Result<(), BenchError> {
         surge,
         contention,
         pause,
+        export,
     };
     let markdown = report.markdown();
     if let Some(dir) = args.report.parent().filter(|d| !d.as_os_str().is_empty()) {

@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use crate::contention::{self, ContentionReport, ContentionRun, RawRun};
 use crate::external::{CriterionResult, Measured, PipelineRun};
+use crate::fulfilment::ExportReport;
 use crate::init::FunctionInit;
 use crate::pause::PauseReport;
 use crate::scenarios::{CallCost, LatenessReport, RejectionReport, SurgeLatencyReport};
@@ -89,6 +90,7 @@ pub struct BenchReport {
     pub surge: SurgeLatencyReport,
     pub contention: ContentionReport,
     pub pause: PauseReport,
+    pub export: ExportReport,
 }
 
 fn ms(p: Option<&Percentiles>, pick: fn(&Percentiles) -> f64) -> String {
@@ -223,7 +225,59 @@ impl BenchReport {
         self.surge_section(&mut out);
         self.contention_section(&mut out);
         self.pause_section(&mut out);
+        self.export_section(&mut out);
         out
+    }
+
+    fn export_section(&self, out: &mut String) {
+        let e = &self.export;
+        let _ = writeln!(
+            out,
+            "## 9. The fulfilment export at size\n\nA sale of {} paid orders ({} shards, so {} \
+             stats buckets), each seeded as the grab and the settlement write it, then exported \
+             as the console does: `GET /admin/sales/{{id}}/orders.csv?status=paid`, {} buyers a \
+             page, page after page, the CSV joined and checked against the stats.\n",
+            e.orders, e.shards, e.shards, e.page
+        );
+        let per_second = |n: usize| {
+            let secs = e.exported_in.as_secs_f64();
+            if secs > 0.0 {
+                format!("{:.0}", n as f64 / secs)
+            } else {
+                "-".to_owned()
+            }
+        };
+        let rows = [
+            (
+                "seeded in (s)".to_owned(),
+                format!("{:.1}", e.seeded_in.as_secs_f64()),
+            ),
+            (
+                "exported in (s)".to_owned(),
+                format!("{:.1}", e.exported_in.as_secs_f64()),
+            ),
+            (
+                "pages · rows per second".to_owned(),
+                format!("{} · {}", e.pages, per_second(e.rows)),
+            ),
+            (
+                "rows · distinct orders · not paid".to_owned(),
+                format!("{} · {} · {}", e.rows, e.distinct, e.not_paid),
+            ),
+            (
+                "the stats' paid · consistent".to_owned(),
+                format!("{} · {}", e.stats_paid, e.stats_consistent),
+            ),
+            (
+                "DynamoDB calls during the export: `Query` · `Scan` · all".to_owned(),
+                format!("{} · {} · {}", e.queries(), e.scans(), e.dynamodb.total()),
+            ),
+        ];
+        out.push_str("| measure | value |\n|---|---:|\n");
+        for (measure, value) in rows {
+            let _ = writeln!(out, "| {measure} | {value} |");
+        }
+        out.push('\n');
     }
 
     fn pause_section(&self, out: &mut String) {
@@ -1135,6 +1189,26 @@ impl BenchReport {
         }
         if self.lateness.orders == 0 {
             problems.push("the lateness step placed no order".to_owned());
+        }
+        let e = &self.export;
+        if e.rows != e.orders
+            || e.distinct != e.orders
+            || e.not_paid != 0
+            || e.stats_paid != e.orders as u64
+            || !e.stats_consistent
+            || e.scans() != 0
+        {
+            problems.push(format!(
+                "the export: {} rows, {} distinct, {} not paid of {} orders (stats: {} paid, \
+                 consistent {}), {} scans",
+                e.rows,
+                e.distinct,
+                e.not_paid,
+                e.orders,
+                e.stats_paid,
+                e.stats_consistent,
+                e.scans()
+            ));
         }
         let p = &self.pause;
         if p.first_refused_after.is_none() || !p.sold_after_resume || !p.consistent {
