@@ -599,6 +599,7 @@ def test_the_operators_day_pause_a_live_sale_resume_it_end_it_and_export_its_pai
         "order_id": order_id,
         "buyer": buyer_id,
         "status": "paid",
+        "payment": "captured",
         "amount": "129900",
         "currency": "EUR",
         "price": "1299.00",

@@ -104,7 +104,7 @@ async fn the_paid_orders_export_through_the_index_and_agree_with_the_stats() {
     let rows: Vec<&str> = text.lines().collect();
     assert_eq!(
         rows[0],
-        "order_id,buyer,status,amount,currency,price,paid_at"
+        "order_id,buyer,status,payment,amount,currency,price,paid_at"
     );
     assert_eq!(rows.len(), 3, "{text}");
     for order_id in &paid {

@@ -195,7 +195,10 @@ async function downloadPaidOrders() {
       if (!result.ok) return say(humanMessage(result), "error");
       parts.push(result.text);
       rows += result.text.split("\n").filter((line) => line).length - (cursor ? 0 : 1);
-      cursor = result.headers.get("x-next-cursor");
+      const next = result.headers.get("x-next-cursor");
+      // A cursor that does not move would ask for the same page for ever.
+      if (next && next === cursor) return say("The export did not move on. Try again.", "error");
+      cursor = next;
       if (cursor) say(`Exporting the paid orders of ${saleId}: ${rows} so far...`);
     } while (cursor);
   } finally {

@@ -11,8 +11,9 @@ use lambda_http::{Body, Request, RequestExt as _};
 use crate::{Deps, admin, limit_param};
 
 /// Buyers per page when the caller does not say, and the most a caller may ask for:
-/// each buyer is one index item (and a buyer holds at most 100 orders), so a CSV page
-/// of the most stays far under Lambda's 6 MB response.
+/// each buyer is one index item. A sale whose buyers may hold many orders gets fewer a
+/// page (`SaleService::orders` bounds a page's orders), so a page stays within
+/// Lambda's 6 MB response.
 const BUYERS_PER_PAGE: usize = 500;
 const MAX_BUYERS_PER_PAGE: usize = 1000;
 
@@ -21,8 +22,8 @@ const MAX_BUYERS_PER_PAGE: usize = 1000;
 pub const NEXT_CURSOR_HEADER: &str = "x-next-cursor";
 
 /// The CSV's columns, in order.
-const COLUMNS: [&str; 7] = [
-    "order_id", "buyer", "status", "amount", "currency", "price", "paid_at",
+const COLUMNS: [&str; 8] = [
+    "order_id", "buyer", "status", "payment", "amount", "currency", "price", "paid_at",
 ];
 
 async fn page(deps: &Deps, req: &Request) -> Result<FulfilmentPage, ApiError> {
@@ -86,11 +87,14 @@ pub(crate) async fn sale_orders_csv(
     Ok(response)
 }
 
-/// RFC 4180 CSV through the `csv` crate. A cell that a spreadsheet would read as a
-/// formula (`=`, `+`, `-`, `@`, a tab or a carriage return first: a buyer id is the
-/// identity provider's subject, not ours) is prefixed with `'`, as OWASP advises.
+/// RFC 4180 CSV (CRLF line ends) through the `csv` crate. A text cell that a
+/// spreadsheet would read as a formula (`=`, `+`, `-`, `@`, a tab or a carriage return
+/// first: a buyer id is the identity provider's subject, not ours) is prefixed with
+/// `'`, as OWASP advises.
 fn to_csv(lines: &[FulfilmentLine], header: bool) -> Result<String, ApiError> {
-    let mut out = csv::Writer::from_writer(Vec::new());
+    let mut out = csv::WriterBuilder::new()
+        .terminator(csv::Terminator::CRLF)
+        .from_writer(Vec::new());
     let failed = |source: csv::Error| ApiError::Encode {
         source: source.into(),
     };
@@ -107,9 +111,10 @@ fn to_csv(lines: &[FulfilmentLine], header: bool) -> Result<String, ApiError> {
             None => Default::default(),
         };
         out.write_record([
-            line.order_id.to_string(),
+            defused(&line.order_id.to_string()),
             defused(line.buyer.as_str()),
             line.status.as_str().to_owned(),
+            line.payment.unwrap_or_default().to_owned(),
             amount,
             currency,
             price,

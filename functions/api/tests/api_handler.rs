@@ -944,9 +944,10 @@ async fn an_admin_exports_the_paid_orders_page_by_page_as_json_and_as_csv() {
         }
     }
     let lines: Vec<&str> = csv.lines().collect();
+    assert!(csv.ends_with("\r\n"), "RFC 4180 line ends: {csv:?}");
     assert_eq!(
         lines[0],
-        "order_id,buyer,status,amount,currency,price,paid_at"
+        "order_id,buyer,status,payment,amount,currency,price,paid_at"
     );
     assert_eq!(lines.len(), 1 + paid.len(), "{csv}");
     let ann = paid[0].order_id.to_string();
@@ -955,11 +956,15 @@ async fn an_admin_exports_the_paid_orders_page_by_page_as_json_and_as_csv() {
         .find(|line| line.starts_with(&ann))
         .expect("ann's row");
     assert!(
-        row.starts_with(&format!("{ann},user-ann,paid,129900,EUR,1299.00,2026-")),
+        row.starts_with(&format!(
+            "{ann},user-ann,paid,captured,129900,EUR,1299.00,2026-"
+        )),
         "{row}"
     );
     assert!(
-        lines.iter().any(|line| line.contains(",'=cmd|calc,paid,")),
+        lines
+            .iter()
+            .any(|line| line.contains(",'=cmd|calc,paid,captured,")),
         "a formula is defused: {csv}"
     );
 

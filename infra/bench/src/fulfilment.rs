@@ -44,7 +44,8 @@ pub struct ExportReport {
     /// Data rows in the joined CSV, and how many distinct order ids they name.
     pub rows: usize,
     pub distinct: usize,
-    /// Rows whose status is not `paid`, or whose `paid_at` is empty.
+    /// Rows whose status is not `paid`, whose payment is not `captured`, or whose
+    /// `paid_at` is empty.
     pub not_paid: usize,
     /// The stats' `paid` and `consistent`, read after the export.
     pub stats_paid: u64,
@@ -192,7 +193,11 @@ pub async fn export_at_size(
         let cells: Vec<&str> = line.split(',').collect();
         rows += 1;
         ids.insert(cells.first().copied().unwrap_or_default().to_owned());
-        if cells.get(2) != Some(&"paid") || cells.get(6).is_none_or(|at| at.is_empty()) {
+        // order_id, buyer, status, payment, amount, currency, price, paid_at
+        if cells.get(2) != Some(&"paid")
+            || cells.get(3) != Some(&"captured")
+            || cells.get(7).is_none_or(|at| at.is_empty())
+        {
             not_paid += 1;
         }
     }

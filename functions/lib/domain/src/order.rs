@@ -154,8 +154,8 @@ pub struct Order {
     /// only on those released since it was recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expired_at: Option<DateTime<Utc>>,
-    /// When the pay that settled the order committed. Only on a `paid` (or later
-    /// refunded) order, and only on those paid since it was recorded.
+    /// When the pay that settled the order committed. Only on a `paid` order, and only
+    /// on those paid since it was recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paid_at: Option<DateTime<Utc>>,
     /// The buyer's payment at the provider, once one was opened for the order: for the

@@ -380,9 +380,10 @@ pub trait OrderBook: Send + Sync {
     /// One page of every order of the sale, buyer by buyer in the store's fixed order
     /// (each buyer's stats bucket, then the buyer; a buyer's orders by id): the orders
     /// of at most `limit` (at least one) buyers, starting after the buyer `after` names.
-    /// Each order as [`OrderBook::find`] answers it. `next` is `None` once no buyer
-    /// follows (a last page may be empty). A read for admins; on AWS through `gsi1`,
-    /// which may lag the last writes by its propagation delay.
+    /// Each order as [`OrderBook::find`] answers it. A page may hold fewer buyers than
+    /// `limit`, even none (a store bounds the reads of one page), and still name a
+    /// `next`; `next` is `None` once no buyer follows. A read for admins; on AWS through
+    /// `gsi1`, which may lag the last writes by its propagation delay.
     async fn sale_orders(
         &self,
         sale: &Sale,

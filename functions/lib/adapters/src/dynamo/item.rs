@@ -10,7 +10,6 @@ use std::num::ParseIntError;
 use aws_sdk_dynamodb::types::AttributeValue;
 use chrono::{DateTime, Datelike, Duration, SecondsFormat, Utc};
 use flashsale_domain::challenge::ChallengeWork;
-use flashsale_domain::fulfilment::BuyerCursor;
 use flashsale_domain::order::UnknownStatus;
 use flashsale_domain::payment::{OrderPayment, PaymentId, PaymentState};
 use flashsale_domain::ports::{PROCESSED_EVENT_RETENTION, Take};
@@ -183,7 +182,11 @@ pub(crate) fn shard_key(sale_id: &SaleId, shard: u16) -> Item {
 }
 
 pub(crate) fn user_key(sale_id: &SaleId, user_id: &UserId) -> Item {
-    key(format!("SALE#{sale_id}#USER#{user_id}"), HOLDS_SK)
+    user_key_of(sale_id, user_id.as_str())
+}
+
+fn user_key_of(sale_id: &SaleId, user: &str) -> Item {
+    key(format!("SALE#{sale_id}#USER#{user}"), HOLDS_SK)
 }
 
 /// The sale and user a user item belongs to, from its key. Sale ids have no `#`, so the
@@ -317,12 +320,13 @@ pub(crate) fn sale_index_key(cursor: &SaleCursor) -> Item {
     item
 }
 
-/// The index key of the user item `cursor` names: where a page of a sale's orders in
-/// `gsi1` goes on from, within the cursor's bucket.
-pub(crate) fn buyer_index_key(sale_id: &SaleId, cursor: &BuyerCursor) -> Item {
-    let mut item = user_key(sale_id, &cursor.user_id);
-    item.insert(GSI1_PK.to_owned(), s(bucket_pk(sale_id, cursor.bucket)));
-    item.insert(GSI1_SK.to_owned(), s(user_gsi_sk(&cursor.user_id)));
+/// The index key of `buyer`'s item in `bucket`: where a page of a sale's orders in
+/// `gsi1` goes on from, within that bucket. Any text is a place there, a buyer's id or
+/// not.
+pub(crate) fn buyer_index_key(sale_id: &SaleId, bucket: u16, buyer: &str) -> Item {
+    let mut item = user_key_of(sale_id, buyer);
+    item.insert(GSI1_PK.to_owned(), s(bucket_pk(sale_id, bucket)));
+    item.insert(GSI1_SK.to_owned(), s(format!("{USER_GSI_PREFIX}{buyer}")));
     item
 }
 

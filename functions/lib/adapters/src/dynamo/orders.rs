@@ -23,6 +23,10 @@ const FIND: &str = "dynamodb.find";
 const COUNT: &str = "dynamodb.count";
 const OPEN_HOLDS: &str = "dynamodb.open_holds";
 const SALE_ORDERS: &str = "dynamodb.sale_orders";
+/// The most queries one page of a sale's orders makes: a sale of thousands of buckets
+/// with few buyers each is then walked over several pages, each well within the
+/// function's timeout, instead of one page querying every empty bucket in turn.
+const MAX_QUERIES_PER_PAGE: usize = 100;
 
 /// Stats buckets queried at once when reading a sale's holds.
 const BUCKET_QUERIES_IN_FLIGHT: usize = 16;
@@ -194,7 +198,7 @@ impl OrderBook for DynamoStore {
     /// Bucket by bucket from the cursor's: queries of the bucket's `gsi1` partition (its
     /// user items only, one a buyer) from after the cursor's buyer, each asking for no
     /// more buyers than the page still holds, so a page reads about `limit` items
-    /// whatever the sale's size.
+    /// whatever the sale's size, in at most [`MAX_QUERIES_PER_PAGE`] queries.
     async fn sale_orders(
         &self,
         sale: &Sale,
@@ -204,9 +208,28 @@ impl OrderBook for DynamoStore {
         let limit = limit.max(1);
         let mut orders = Vec::new();
         let mut buyers = 0_usize;
-        let mut start = after.map(|cursor| item::buyer_index_key(&sale.sale_id, cursor));
+        let mut queries = 0_usize;
+        let mut start = after.and_then(|cursor| {
+            let buyer = cursor.after.as_deref()?;
+            Some(item::buyer_index_key(&sale.sale_id, cursor.bucket, buyer))
+        });
         for bucket in after.map_or(0, |cursor| cursor.bucket)..sale.shards {
+            // The last buyer read in this bucket, where the next page goes on from.
+            let mut last_buyer = after
+                .filter(|cursor| cursor.bucket == bucket)
+                .and_then(|cursor| cursor.after.clone());
             loop {
+                if queries == MAX_QUERIES_PER_PAGE {
+                    let next = BuyerCursor {
+                        bucket,
+                        after: last_buyer,
+                    };
+                    return Ok(OrderPage {
+                        orders,
+                        next: Some(next),
+                    });
+                }
+                queries += 1;
                 let asked = i32::try_from(limit - buyers).unwrap_or(i32::MAX);
                 let output = self
                     .client
@@ -227,7 +250,6 @@ impl OrderBook for DynamoStore {
                     .send()
                     .await
                     .map_err(|error| crate::classify::store_error(SALE_ORDERS, error))?;
-                let mut last_buyer = None;
                 for found in output.items() {
                     let parsed = item::user_item_owner(found)
                         .and_then(|(_, buyer)| Ok((buyer, item::parse_holds(found)?)));
@@ -238,14 +260,15 @@ impl OrderBook for DynamoStore {
                     theirs.sort_by(|a, b| a.order_id.cmp(&b.order_id));
                     orders.extend(theirs);
                     buyers += 1;
-                    last_buyer = Some(buyer);
+                    last_buyer = Some(buyer.as_str().to_owned());
                 }
                 let more_here = output.last_evaluated_key().is_some();
                 if buyers == limit {
                     let more = more_here || bucket + 1 < sale.shards;
-                    let next = last_buyer
-                        .filter(|_| more)
-                        .map(|user_id| BuyerCursor { bucket, user_id });
+                    let next = more.then_some(BuyerCursor {
+                        bucket,
+                        after: last_buyer,
+                    });
                     return Ok(OrderPage { orders, next });
                 }
                 if !more_here {

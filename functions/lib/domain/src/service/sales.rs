@@ -8,7 +8,13 @@ use crate::fulfilment::{BuyerCursor, FulfilmentLine, FulfilmentPage};
 use crate::ids::{SaleId, UserId};
 use crate::order::OrderStatus;
 use crate::ports::{Clock, OrderBook, SaleCatalog, StockLedger};
-use crate::sale::{Sale, SaleCursor, SaleDraft, SaleList, SaleStats, SaleView};
+use crate::sale::{
+    MAX_ABANDONED_HOLDS, Sale, SaleCursor, SaleDraft, SaleList, SaleStats, SaleView,
+};
+
+/// The most orders one page of the export may hold: 15,000 lines of CSV or JSON are
+/// about 3.5 MB, within Lambda's 6 MB response whatever the buyers' ids.
+pub const MAX_ORDERS_PER_PAGE: u32 = 15_000;
 
 /// Sale administration and the public sale page.
 pub struct SaleService {
@@ -126,6 +132,11 @@ impl SaleService {
     ) -> Result<FulfilmentPage, AppError> {
         let sale = self.sale(sale_id).await?;
         let after = cursor.map(BuyerCursor::parse).transpose()?;
+        // A buyer holds at most the limit's orders and the abandoned ones: so many
+        // buyers that a page stays well within one Lambda response (6 MB).
+        let orders_per_buyer = sale.per_user_limit + MAX_ABANDONED_HOLDS;
+        let most_buyers = (MAX_ORDERS_PER_PAGE / orders_per_buyer.max(1)).max(1);
+        let limit = limit.min(usize::try_from(most_buyers).unwrap_or(usize::MAX));
         let page = self
             .orders
             .sale_orders(&sale, after.as_ref(), limit)

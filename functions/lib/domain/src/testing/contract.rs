@@ -54,6 +54,7 @@ macro_rules! contract_tests {
             list_sales_pages_through_every_sale_latest_ending_first,
             a_sales_control_changes_only_where_its_action_applies_each_change_audited_once,
             sale_orders_pages_through_every_buyers_orders_once_in_one_order,
+            sale_orders_walks_a_sale_of_many_empty_buckets_over_pages_to_its_few_orders,
             reserve_takes_one_unit_and_records_a_reserved_hold,
             reserve_never_oversells_and_refuses_an_empty_shard_naming_its_takers,
             reserve_over_the_per_user_limit_is_refused_as_limit_reached_and_takes_nothing,
@@ -632,6 +633,37 @@ pub async fn sale_orders_pages_through_every_buyers_orders_once_in_one_order<S: 
             Some(first) => assert_eq!(&ids, first, "limit {limit}: the same order"),
         }
     }
+}
+
+/// `OrderBook::sale_orders` reaches every order of a sale of many buckets and few
+/// buyers, however a store bounds the reads of one page, and ends.
+pub async fn sale_orders_walks_a_sale_of_many_empty_buckets_over_pages_to_its_few_orders<
+    S: Store,
+>(
+    store: &S,
+) {
+    let sale = new_sale(store, 250, 250, 1).await;
+    let mut wanted = BTreeSet::new();
+    for name in ["first", "last"] {
+        let buyer = user(name);
+        let held = reserved(store, &sale, name, sale.bucket_of(&buyer)).await;
+        wanted.insert(held.order_id);
+    }
+    let (mut listed, mut after, mut pages) = (BTreeSet::new(), None, 0);
+    loop {
+        let page = store
+            .sale_orders(&sale, after.as_ref(), 50)
+            .await
+            .expect("sale orders");
+        listed.extend(page.orders.into_iter().map(|order| order.order_id));
+        pages += 1;
+        match page.next {
+            Some(next) => after = Some(BuyerCursor::parse(&next.encode()).expect("a cursor")),
+            None => break,
+        }
+        assert!(pages <= 10, "no end to the pages");
+    }
+    assert_eq!(listed, wanted);
 }
 
 /// `StockLedger::reserve` takes one unit of its shard and records a `reserved` hold,

@@ -649,7 +649,11 @@ impl OrderBook for InMemoryStore {
                 continue;
             }
             let place = (sale.bucket_of(&held.user_id), held.user_id.to_string());
-            if after.is_some_and(|cursor| place <= (cursor.bucket, cursor.user_id.to_string())) {
+            let read_already = after.is_some_and(|cursor| match &cursor.after {
+                Some(user) => place <= (cursor.bucket, user.clone()),
+                None => place.0 < cursor.bucket,
+            });
+            if read_already {
                 continue;
             }
             buyers
@@ -667,7 +671,7 @@ impl OrderBook for InMemoryStore {
         }
         let next = last.filter(|_| more).map(|(bucket, user)| BuyerCursor {
             bucket,
-            user_id: UserId::parse(user).expect("a held order's buyer is a valid user id"),
+            after: Some(user),
         });
         Ok(OrderPage { orders, next })
     }
