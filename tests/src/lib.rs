@@ -683,4 +683,96 @@ impl LocalStripe {
         let intent = self.intent(payment).await;
         intent["status"].as_str().unwrap_or_default().to_owned()
     }
+
+    /// A PaymentIntent made with the account's secret key outside the API, as another
+    /// product on the account (or a forger who has the key) would: `metadata` is sent
+    /// as given.
+    pub async fn create_intent(
+        &self,
+        amount: u64,
+        currency: &str,
+        metadata: &[(&str, &str)],
+    ) -> Value {
+        let mut form = vec![
+            ("amount".to_owned(), amount.to_string()),
+            ("currency".to_owned(), currency.to_owned()),
+            ("capture_method".to_owned(), "manual".to_owned()),
+        ];
+        form.extend(
+            metadata
+                .iter()
+                .map(|(key, value)| (format!("metadata[{key}]"), (*value).to_owned())),
+        );
+        let response = self
+            .http
+            .post(format!("{}/v1/payment_intents", self.base))
+            .bearer_auth(flashsale_local::local_stripe::SECRET_KEY)
+            .form(&form)
+            .send()
+            .await
+            .expect("the local Stripe answers");
+        assert_eq!(response.status(), StatusCode::OK, "create a PaymentIntent");
+        response.json().await.expect("JSON")
+    }
+}
+
+/// Stripe's side of the stack's webhook: events signed with the endpoint's signing
+/// secret, which the stack's Stripe secret holds, as Stripe signs them.
+pub struct StripeWebhook {
+    url: String,
+    secret: String,
+}
+
+impl StripeWebhook {
+    /// The webhook of `harness`'s stack, its signing secret read from Secrets Manager
+    /// as the api reads it.
+    pub async fn of(harness: &Harness) -> Self {
+        let secret = harness
+            .stack
+            .model
+            .secret(flashsale_local::local_stripe::KEYS_SECRET)
+            .expect("the stack has a Stripe secret");
+        let keys = aws_sdk_secretsmanager::Client::new(&harness.stack.sdk_config)
+            .get_secret_value()
+            .secret_id(&secret.name)
+            .send()
+            .await
+            .expect("the Stripe secret reads");
+        let keys: Value =
+            serde_json::from_str(keys.secret_string().expect("a string")).expect("JSON keys");
+        Self {
+            url: format!("{}/payments/stripe/webhook", harness.stack.api_url),
+            secret: keys["webhook_secret"]
+                .as_str()
+                .expect("webhook_secret")
+                .to_owned(),
+        }
+    }
+
+    /// Delivers the event `event_id` of `kind` about the PaymentIntent `intent` as
+    /// Stripe does, signed now: the status and the body answered.
+    pub async fn deliver(&self, event_id: &str, kind: &str, intent: &Value) -> (StatusCode, Value) {
+        let payload = json!({
+            "id": event_id,
+            "object": "event",
+            "type": kind,
+            "data": {"object": intent},
+        })
+        .to_string();
+        let signature = flashsale_adapters::stripe::webhook::sign(
+            payload.as_bytes(),
+            &self.secret,
+            Utc::now().timestamp(),
+        );
+        let response = reqwest::Client::new()
+            .post(&self.url)
+            .header("stripe-signature", signature)
+            .header("content-type", "application/json")
+            .body(payload)
+            .send()
+            .await
+            .expect("the API answers");
+        let status = response.status();
+        (status, response.json().await.expect("JSON"))
+    }
 }

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use flashsale_e2e::{GOOD_CARD, Harness, LocalStripe, eventually};
+use flashsale_e2e::{GOOD_CARD, Harness, LocalStripe, StripeWebhook, eventually};
 use reqwest::StatusCode;
 use serde_json::Value;
 
@@ -43,6 +43,23 @@ async fn a_held_order_with_its_payment(
     (buyer, order_id, opened.body)
 }
 
+/// The PaymentIntent has one charge, captured whole (129,900), nothing given back.
+async fn captured_once_whole(stripe: &LocalStripe, payment: &Value) {
+    let intent = stripe.intent(payment).await;
+    let charges = &intent["charges"];
+    assert_eq!(charges["total_count"], 1, "{intent:#}");
+    let charge = &charges["data"][0];
+    assert_eq!(
+        (
+            &charge["captured"],
+            &charge["amount"],
+            &charge["amount_refunded"]
+        ),
+        (&Value::Bool(true), &Value::from(129_900), &Value::from(0)),
+        "{intent:#}"
+    );
+}
+
 #[tokio::test]
 async fn a_buyer_pays_with_a_good_card_and_the_money_is_captured_once_the_order_is_paid() {
     let harness = Harness::start("card-paid").await;
@@ -62,20 +79,7 @@ async fn a_buyer_pays_with_a_good_card_and_the_money_is_captured_once_the_order_
     // The page's call and the webhook race to settle; each says what it found, and
     // the money moved once.
     assert_eq!(stripe.status_of(&payment).await, "succeeded", "captured");
-    // One charge, captured whole, nothing given back.
-    let intent = stripe.intent(&payment).await;
-    let charges = &intent["charges"];
-    assert_eq!(charges["total_count"], 1, "{intent:#}");
-    let charge = &charges["data"][0];
-    assert_eq!(
-        (
-            &charge["captured"],
-            &charge["amount"],
-            &charge["amount_refunded"]
-        ),
-        (&Value::Bool(true), &Value::from(129_900), &Value::from(0)),
-        "{intent:#}"
-    );
+    captured_once_whole(&stripe, &payment).await;
     let stats = harness.stats("card-paid").await;
     assert_eq!(stats["paid"], 1, "{stats}");
     assert_eq!(stats["consistent"], true, "{stats}");
@@ -163,4 +167,99 @@ async fn the_webhook_route_needs_no_token_but_a_stripe_signature() {
         let body: Value = response.json().await.expect("JSON");
         assert_eq!(body["error"], "invalid_signature", "{signature:?}: {body}");
     }
+}
+
+/// Stripe's events through the stack's webhook route, signed as Stripe signs them: each
+/// settles at most once whatever order they come in, and a payment that names the order
+/// but is not its own (another amount, another currency) is refused and counted, with
+/// nothing written and no money moved.
+#[tokio::test]
+async fn the_webhook_settles_once_in_any_order_and_refuses_a_payment_not_the_orders() {
+    let harness = Harness::start("card-hook").await;
+    let (buyer, order_id, payment) =
+        a_held_order_with_its_payment(&harness, "card-hook", 600).await;
+    let stripe = LocalStripe::of(&harness);
+    let webhook = StripeWebhook::of(&harness).await;
+
+    // Out of order: `succeeded` comes before the card is even confirmed. The
+    // settlement reads the payment from Stripe, which still awaits the buyer.
+    let unconfirmed = stripe.intent(&payment).await;
+    let (status, early) = webhook
+        .deliver("evt_hook_early", "payment_intent.succeeded", &unconfirmed)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{early}");
+    assert_eq!(early["outcome"], "awaiting_buyer", "{early}");
+    assert_eq!(harness.order_status(&buyer, &order_id).await, "reserved");
+
+    let (status, confirmed) = stripe.page_confirm(&payment, GOOD_CARD).await;
+    assert_eq!(status, StatusCode::OK, "{confirmed:#}");
+    let authorised = stripe.intent(&payment).await;
+    let (status, settled) = webhook
+        .deliver(
+            "evt_hook_authorised",
+            "payment_intent.amount_capturable_updated",
+            &authorised,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{settled}");
+    assert_eq!(settled["outcome"], "paid", "{settled}");
+    // Delivered again, and the early one again: each was settled already.
+    for (event_id, kind, intent) in [
+        (
+            "evt_hook_authorised",
+            "payment_intent.amount_capturable_updated",
+            &authorised,
+        ),
+        ("evt_hook_early", "payment_intent.succeeded", &unconfirmed),
+    ] {
+        let (status, again) = webhook.deliver(event_id, kind, intent).await;
+        assert_eq!(status, StatusCode::OK, "{again}");
+        assert_eq!(again["outcome"], "duplicate", "{event_id}: {again}");
+    }
+    assert_eq!(harness.order_status(&buyer, &order_id).await, "paid");
+    captured_once_whole(&stripe, &payment).await;
+
+    let refused_before = harness
+        .local_metrics()
+        .await
+        .counter("payment_events_refused", &[]);
+    // The order's own metadata, as our API wrote it on the order's payment.
+    let buyer_id = authorised["metadata"]["user_id"]
+        .as_str()
+        .expect("the buyer");
+    let metadata = [("order_id", order_id.as_str()), ("user_id", buyer_id)];
+    for (event_id, amount, currency) in [
+        ("evt_hook_short", 129_800, "eur"),
+        ("evt_hook_dollars", 129_900, "usd"),
+    ] {
+        let other = stripe.create_intent(amount, currency, &metadata).await;
+        let (status, refused) = webhook
+            .deliver(event_id, "payment_intent.amount_capturable_updated", &other)
+            .await;
+        assert_eq!(status, StatusCode::OK, "{refused}");
+        assert_eq!(refused["outcome"], "refused", "{event_id}: {refused}");
+        // Read as the API names a payment.
+        let untouched = stripe
+            .status_of(&serde_json::json!({ "payment_id": other["id"] }))
+            .await;
+        assert_eq!(
+            untouched, "requires_payment_method",
+            "{event_id}: no money moved"
+        );
+    }
+    let refused = harness
+        .local_metrics()
+        .await
+        .counter("payment_events_refused", &[]);
+    assert!(
+        refused >= refused_before + 2.0,
+        "{refused_before} then {refused}"
+    );
+    assert_eq!(harness.order_status(&buyer, &order_id).await, "paid");
+    let stats = harness.stats("card-hook").await;
+    assert_eq!(
+        (&stats["paid"], &stats["consistent"]),
+        (&Value::from(1), &Value::Bool(true)),
+        "{stats}"
+    );
 }
