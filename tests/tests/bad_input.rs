@@ -397,6 +397,94 @@ async fn another_users_order_is_404_whatever_is_asked() {
     assert_eq!(harness.order_status(&alice, &order_id).await, "reserved");
 }
 
+/// Every order in a buyer's list (`GET /orders`), page after page of `limit` sales.
+async fn my_orders(harness: &Harness, user: &str, limit: Option<u32>) -> Vec<Value> {
+    let (mut orders, mut cursor) = (Vec::new(), None::<String>);
+    for _ in 0..10 {
+        let page = harness
+            .api
+            .my_orders(user, limit, cursor.as_deref())
+            .await
+            .expect("GET /orders answers");
+        assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+        orders.extend(
+            page.body["orders"]
+                .as_array()
+                .expect("orders")
+                .iter()
+                .cloned(),
+        );
+        match page.body["next_cursor"].as_str() {
+            Some(next) => cursor = Some(next.to_owned()),
+            None => return orders,
+        }
+    }
+    panic!("more pages than sales: {orders:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_buyer_lists_their_own_orders_in_every_sale_and_never_anothers() {
+    let harness = Harness::start("mine").await;
+    for sale in ["mine-a", "mine-b"] {
+        harness.active_sale(sale, 5, 1, 900).await;
+    }
+    let alice = harness.user("alice");
+    let bob = harness.user("bob");
+    let mallory = harness.user("mallory");
+    let (alices_first, _) = harness.grab_ok(&alice, "mine-a").await;
+    let (bobs, _) = harness.grab_ok(&bob, "mine-a").await;
+    let (alices_latest, _) = harness.grab_ok(&alice, "mine-b").await;
+
+    // Newest first, each order as the buyer reads it alone: a reload finds them all.
+    for limit in [None, Some(1)] {
+        let listed = my_orders(&harness, &alice, limit).await;
+        let mut expected = Vec::new();
+        for order_id in [&alices_latest, &alices_first] {
+            let read = harness.api.order(&alice, order_id).await.expect("order");
+            expected.push(read.body);
+        }
+        assert_eq!(listed, expected, "limit {limit:?}");
+    }
+    let bobs_list = my_orders(&harness, &bob, None).await;
+    let ids: Vec<&str> = bobs_list
+        .iter()
+        .filter_map(|o| o["order_id"].as_str())
+        .collect();
+    assert_eq!(ids, [bobs.as_str()], "only bob's own");
+    assert_eq!(
+        my_orders(&harness, &mallory, Some(50)).await,
+        Vec::<Value>::new()
+    );
+
+    assert_refused_without_writing(
+        &harness,
+        Method::GET,
+        "/orders",
+        None,
+        None,
+        StatusCode::UNAUTHORIZED,
+        RefusedBy::Gateway("Unauthorized"),
+    )
+    .await;
+    for query in [
+        "limit=0",
+        "limit=51",
+        "cursor=1.2.not%20a%20sale",
+        "cursor=garbage",
+    ] {
+        assert_refused_without_writing(
+            &harness,
+            Method::GET,
+            &format!("/orders?{query}"),
+            Some(&mallory),
+            None,
+            StatusCode::BAD_REQUEST,
+            "invalid_input",
+        )
+        .await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn without_a_valid_token_protected_routes_are_401_and_users_are_not_admins() {
     let harness = Harness::start("auth").await;

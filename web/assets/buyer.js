@@ -41,6 +41,8 @@ const ui = {
   cardField: $("#card-field"),
   cardMessage: $("#card-message"),
   payCard: $("#pay-card"),
+  myOrders: $("#my-orders"),
+  myOrdersList: $("#my-orders-list"),
 };
 
 const state = {
@@ -338,6 +340,7 @@ function startOrder(order) {
   say("");
   render();
   followOrder(order.order_id);
+  loadMyOrders();
 }
 
 let following = null;
@@ -373,6 +376,7 @@ function updateOrder(order) {
     state.phase = "idle";
     // Its unit is back on sale (expired, cancelled): show the stock now.
     if (order.status !== "paid") pollNow();
+    loadMyOrders();
   }
   render();
 }
@@ -522,6 +526,55 @@ async function cancel() {
   render();
 }
 
+// ---------------------------------------------------------------- the buyer's orders
+
+const MY_ORDER_TEXT = {
+  reserved: "Awaiting payment",
+  paid: "Paid",
+  expired: "Expired",
+  cancelled: "Cancelled",
+  refunded: "Refunded",
+};
+
+/**
+ * The buyer's own orders in every sale, newest first (`GET /orders`): what a reload or
+ * another device finds, a held order with its deadline included. A convenience: a sale
+ * is bought without it, so a failed read only leaves the list as it was.
+ */
+async function loadMyOrders() {
+  if (!state.session) {
+    ui.myOrders.hidden = true;
+    return [];
+  }
+  const result = await call("/orders?limit=10", { token: state.session.token });
+  if (!result.ok) return [];
+  const orders = result.data.orders;
+  ui.myOrdersList.replaceChildren(...orders.map(myOrderRow));
+  ui.myOrders.hidden = orders.length === 0;
+  return orders;
+}
+
+function myOrderRow(order) {
+  const row = document.createElement("li");
+  row.dataset.orderId = order.order_id;
+  row.dataset.status = order.status;
+  const sale = document.createElement("a");
+  sale.href = `?sale=${encodeURIComponent(order.sale_id)}`;
+  sale.textContent = order.sale_id;
+  const status = document.createElement("span");
+  status.className = "my-order-status";
+  status.textContent = MY_ORDER_TEXT[order.status] || order.status;
+  row.append(sale, status);
+  if (order.price) row.append(formatPrice(order.price));
+  if (order.status === "reserved") {
+    const due = document.createElement("time");
+    due.dateTime = order.expires_at;
+    due.textContent = `pay by ${new Date(order.expires_at).toLocaleTimeString()}`;
+    row.append(due);
+  }
+  return row;
+}
+
 // ---------------------------------------------------------------- start
 
 async function signedInChanged() {
@@ -532,11 +585,21 @@ async function signedInChanged() {
   state.phase = "idle";
   state.atLimit = false;
   ui.order.hidden = true;
-  const stored = state.session && sessionStorage.getItem(orderKey());
-  if (stored) {
+  render();
+  const session = state.session;
+  const orders = await loadMyOrders();
+  // Signed out or in as someone else meanwhile: that call drew its own.
+  if (state.session !== session || !saleId || state.phase !== "idle") return;
+  // The order this tab held, or else one this buyer holds in this sale from a tab
+  // closed or another device: followed again, its deadline shown at once.
+  const stored = session && sessionStorage.getItem(orderKey());
+  const held = orders.find(
+    (order) => order.sale_id === saleId && (order.order_id === stored || order.status === "reserved"),
+  );
+  if (held || stored) {
     state.phase = "order";
-    state.order = { order_id: stored, status: "reserved", expires_at: new Date(8.64e15).toISOString() };
-    followOrder(stored);
+    state.order = held || { order_id: stored, status: "reserved", expires_at: new Date(8.64e15).toISOString() };
+    followOrder(state.order.order_id);
   }
   render();
 }
@@ -549,6 +612,7 @@ async function main() {
   if (!saleId) {
     $("#picker").hidden = false;
     $("#sale").hidden = true;
+    await signedInChanged();
     return;
   }
   ui.buy.addEventListener("click", buy);

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use flashsale_adapters::breaker::BreakerPolicy;
 use flashsale_adapters::{DynamoStore, EventBridgeScheduler};
+use flashsale_domain::buyer_orders::BuyerOrdersCursor;
 use flashsale_domain::ports::{
     Blocklist, Clock, OrderBook, ReleaseScheduler, SaleCatalog, StockLedger, SystemClock,
 };
@@ -40,6 +41,7 @@ pub const SALE_AUDIT_ROUTE: &str = "GET /admin/sales/{sale_id}/audit";
 pub const SALE_ORDERS_ROUTE: &str = "GET /admin/sales/{sale_id}/orders";
 pub const SALE_ORDERS_CSV_ROUTE: &str = "GET /admin/sales/{sale_id}/orders.csv";
 pub use export::NEXT_CURSOR_HEADER;
+pub const LIST_ORDERS_ROUTE: &str = "GET /orders";
 pub const GET_ORDER_ROUTE: &str = "GET /orders/{order_id}";
 pub const CANCEL_ORDER_ROUTE: &str = "POST /orders/{order_id}/cancel";
 pub const OPEN_PAYMENT_ROUTE: &str = "POST /orders/{order_id}/payment";
@@ -284,6 +286,7 @@ async fn route(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
         SALE_AUDIT_ROUTE => sale_audit(deps, req).await,
         SALE_ORDERS_ROUTE => export::sale_orders(deps, req).await,
         SALE_ORDERS_CSV_ROUTE => export::sale_orders_csv(deps, req).await,
+        LIST_ORDERS_ROUTE => list_orders(deps, req).await,
         GET_ORDER_ROUTE => get_order(deps, req).await,
         CANCEL_ORDER_ROUTE => cancel_order(deps, req).await,
         OPEN_PAYMENT_ROUTE => payments::open_payment(deps, req).await,
@@ -334,6 +337,10 @@ async fn create_sale(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiEr
 /// caller may ask for: each sale on a page costs a read of its shards.
 const SALES_PER_PAGE: usize = 20;
 const MAX_SALES_PER_PAGE: usize = 100;
+/// A page of a buyer's own orders: the sales they bought in, each with all their
+/// orders there (at most the sale's per-user limit).
+const BUYER_SALES_PER_PAGE: usize = 10;
+const MAX_BUYER_SALES_PER_PAGE: usize = 50;
 
 /// The `limit` query parameter: `default` when absent, else a whole number from 1 to
 /// `max`.
@@ -356,15 +363,23 @@ fn limit_param(
         })
 }
 
+/// The `cursor` query parameter, as `parse` reads the cursors it wrote; absent: `None`.
+fn cursor_param<T>(
+    query: &lambda_http::aws_lambda_events::query_map::QueryMap,
+    parse: fn(&str) -> Result<T, ValidationError>,
+) -> Result<Option<T>, ApiError> {
+    Ok(query
+        .first("cursor")
+        .map(parse)
+        .transpose()
+        .map_err(AppError::Invalid)?)
+}
+
 async fn list_sales(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
     admin(deps, req)?;
     let query = req.query_string_parameters();
     let limit = limit_param(&query, SALES_PER_PAGE, MAX_SALES_PER_PAGE)?;
-    let after = query
-        .first("cursor")
-        .map(SaleCursor::parse)
-        .transpose()
-        .map_err(AppError::Invalid)?;
+    let after = cursor_param(&query, SaleCursor::parse)?;
     let list = deps.sales.list(after.as_ref(), limit).await?;
     json(StatusCode::OK, &list, CachePolicy::NoStore)
 }
@@ -461,6 +476,16 @@ async fn list_blocklist(deps: &Deps, req: &Request) -> Result<Response<Body>, Ap
     admin(deps, req)?;
     let users = deps.blocklist.blocked_users().await?;
     json(StatusCode::OK, &Blocklisted { users }, CachePolicy::NoStore)
+}
+
+/// The caller's own orders in every sale, newest first, a page of sales at a time.
+async fn list_orders(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
+    let user = user_of(req)?;
+    let query = req.query_string_parameters();
+    let limit = limit_param(&query, BUYER_SALES_PER_PAGE, MAX_BUYER_SALES_PER_PAGE)?;
+    let after = cursor_param(&query, BuyerOrdersCursor::parse)?;
+    let orders = deps.orders.mine(&user, after.as_ref(), limit).await?;
+    json(StatusCode::OK, &orders, CachePolicy::NoStore)
 }
 
 async fn get_order(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {

@@ -6,7 +6,7 @@ mod support;
 use std::sync::Arc;
 
 use chrono::{DateTime, Duration, Utc};
-use flashsale_api::{Config, Deps, PaymentWiring, Ports, handler};
+use flashsale_api::{Config, Deps, LIST_ORDERS_ROUTE, PaymentWiring, Ports, handler};
 use flashsale_domain::ports::{Blocklist, Clock, OrderBook, PayOutcome, SaleCatalog, StockLedger};
 use flashsale_domain::testing;
 use flashsale_domain::testing::{
@@ -1089,6 +1089,64 @@ async fn another_users_order_is_not_found_like_a_missing_one() {
         .call(ApiEvent::fixture("api-get-order.json").path_param("order_id", "garbage"))
         .await;
     assert_eq!(error_code(&response), "order_not_found");
+}
+
+// ---- GET /orders ----------------------------------------------------------------------
+
+async fn my_orders(
+    world: &World,
+    user: &str,
+    limit: Option<&str>,
+    cursor: Option<&str>,
+) -> Response<Body> {
+    world
+        .call(
+            ApiEvent::fixture("api-get-order.json")
+                .route(LIST_ORDERS_ROUTE)
+                .user(user)
+                .query("limit", limit)
+                .query("cursor", cursor),
+        )
+        .await
+}
+
+#[tokio::test]
+async fn a_buyer_lists_their_own_orders_as_each_reads_and_nobody_elses() {
+    let world = World::with_sale().await;
+    let alices = world.reserve("user-alice").await;
+    let bobs = world.reserve("user-bob").await;
+    for (user, theirs) in [("user-alice", &alices), ("user-bob", &bobs)] {
+        let response = my_orders(&world, user, None, None).await;
+        assert_eq!(response.status(), 200);
+        assert_eq!(response.headers()["cache-control"], "no-store");
+        let read = world
+            .order_call("api-get-order.json", user, &theirs.order_id)
+            .await;
+        assert_eq!(body_json(&response), json!({"orders": [body_json(&read)]}));
+    }
+    let response = my_orders(&world, "user-carol", Some("50"), None).await;
+    assert_eq!(body_json(&response), json!({"orders": []}));
+}
+
+#[tokio::test]
+async fn a_bad_page_of_my_orders_is_invalid_input_and_an_anonymous_caller_is_refused() {
+    let world = World::with_sale().await;
+    for limit in ["0", "51", "-1", "ten", ""] {
+        let response = my_orders(&world, "user-alice", Some(limit), None).await;
+        assert_refused(&response, 400, "invalid_input");
+    }
+    for cursor in ["garbage", "1.2", "1.2.not a sale"] {
+        let response = my_orders(&world, "user-alice", None, Some(cursor)).await;
+        assert_refused(&response, 400, "invalid_input");
+    }
+    let response = world
+        .call(
+            ApiEvent::fixture("api-get-order.json")
+                .route(LIST_ORDERS_ROUTE)
+                .anonymous(),
+        )
+        .await;
+    assert_eq!(response.status(), 401);
 }
 
 // ---- POST /orders/{order_id}/cancel -------------------------------------------------

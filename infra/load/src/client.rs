@@ -306,6 +306,22 @@ impl ApiClient {
             .await
     }
 
+    /// A page of the caller's own orders (`GET /orders`), retrying a busy answer.
+    pub async fn my_orders(
+        &self,
+        user: &str,
+        limit: Option<u32>,
+        cursor: Option<&str>,
+    ) -> Result<ApiResponse, ClientError> {
+        // A cursor is plain ASCII of `[0-9A-Za-z._-]`: nothing to escape.
+        let mut query = Vec::new();
+        query.extend(limit.map(|limit| format!("limit={limit}")));
+        query.extend(cursor.map(|cursor| format!("cursor={cursor}")));
+        let path = format!("/orders?{}", query.join("&"));
+        self.retrying(|_| self.send(Method::GET, &path, Some(user), None))
+            .await
+    }
+
     /// Pays the order by card as a buyer's page does: opens its payment, confirms it at
     /// Stripe (`stripe_api`) with the publishable key and client secret the API
     /// answered and Stripe's test card `pm_card_visa` (so a test-mode deployment only),

@@ -800,7 +800,12 @@ const SDK_MAX_ATTEMPTS: f64 = 3.0;
 const HOLD_WCU: f64 = 1.0;
 /// A reservation also writes the buyer's item into the stats index (gsi1), a
 /// non-transactional 1 WCU write on one of K bucket partitions.
-const GSI_WCU_PER_RESERVATION: f64 = 1.0;
+const STATS_INDEX_WCU: f64 = 1.0;
+/// And into the buyers' index (gsi2), 1 WCU more on the buyer's own partition, which
+/// no other buyer's write shares.
+const BUYERS_INDEX_WCU: f64 = 1.0;
+/// Every index write of one reservation.
+const GSI_WCU_PER_RESERVATION: f64 = STATS_INDEX_WCU + BUYERS_INDEX_WCU;
 /// An eventually consistent read of an item of up to 4 KB (the page's availability and
 /// the gate's recheck read every shard so).
 const EVENTUAL_RCU_PER_ITEM: f64 = 0.5;
@@ -992,7 +997,7 @@ pub fn capacity(scenario: &Scenario) -> Vec<(String, f64)> {
         ("dynamodb_shard_keys".to_owned(), ceiling),
         (
             "dynamodb_gsi_bucket_partitions".to_owned(),
-            shards.count * q.partition_wcu / GSI_WCU_PER_RESERVATION,
+            shards.count * q.partition_wcu / STATS_INDEX_WCU,
         ),
         (
             "dynamodb_table".to_owned(),
@@ -1288,7 +1293,7 @@ pub fn run(scenario: &Scenario) -> Outcome {
         let item_rcu = stock.read_rcu(takers);
         let key_rcu = shard_reads * item_rcu;
         reads.observe(second, key_rcu, (key_rcu - q.partition_rcu).max(0.0));
-        let gsi_demand = sold_now * GSI_WCU_PER_RESERVATION / shards;
+        let gsi_demand = sold_now * STATS_INDEX_WCU / shards;
         gsi.observe(second, gsi_demand, (gsi_demand - q.partition_wcu).max(0.0));
         let hold_and_index = match stock.write {
             ShardWrite::Plain => HOLD_WCU + GSI_WCU_PER_RESERVATION,
@@ -1800,7 +1805,7 @@ mod tests {
         assert!(close(rates.shard_rate, 1000.0), "{rates:?}");
         assert!(rates.conflict_rate.is_infinite() && rates.budget_rate.is_infinite());
         assert!(close(small.cancelled_per_reservation(900.0), 0.0));
-        assert!(close(small.reservation_wru(), 3.0));
+        assert!(close(small.reservation_wru(), 4.0));
 
         let full = Shards::new(&scenario(1_000_000.0, 4_000.0, 1.0, Arrival::uniform(1)));
         let rates = full.rates();
@@ -1931,8 +1936,8 @@ mod tests {
     /// keys: 64 x 37.04 = 2,370/s (the old model's 64 x 500 = 32,000 ignored conflicts).
     /// The bucket index 64 x 1,000 = 64,000/s. The table and Lambda now pay for the
     /// cancelled attempts, which grow with the rate R (u = R / (64 x 40)): the table
-    /// needs R (5 + 4u/(1-u)) <= 40,000, Lambda R (0.030 + 0.010 u/(1-u)) <= 100, each a
-    /// quadratic in u (2,016/s and 1,825/s, where the old 8,000/s and 3,333/s counted
+    /// needs R (6 + 4u/(1-u)) <= 40,000, Lambda R (0.030 + 0.010 u/(1-u)) <= 100, each a
+    /// quadratic in u (1,993/s and 1,825/s, where the old 8,000/s and 3,333/s counted
     /// one attempt per reservation). The route's 300/s is still the least.
     #[test]
     fn the_design_capacity_is_the_least_layer() {
@@ -1947,13 +1952,13 @@ mod tests {
         let full = 64.0 * 40.0;
         assert!(close(rate("dynamodb_shard_keys"), 64.0 * 1000.0 / 27.0));
         assert!(close(rate("dynamodb_gsi_bucket_partitions"), 64_000.0));
-        // full u (5 (1-u) + 4u) = 40,000 (1-u)
-        let table_u = utilisation_at_quota(-full, 5.0 * full + 40_000.0, -40_000.0);
+        // full u (6 (1-u) + 4u) = 40,000 (1-u)
+        let table_u = utilisation_at_quota(-2.0 * full, 6.0 * full + 40_000.0, -40_000.0);
         assert!(
             close(rate("dynamodb_table"), full * table_u),
             "{capacity:?}"
         );
-        assert!((table_u * full - 2016.4).abs() < 0.1, "{table_u}");
+        assert!((table_u * full - 1993.2).abs() < 0.1, "{table_u}");
         // full u (0.030 (1-u) + 0.010 u) = 100 (1-u)
         let lambda_u = utilisation_at_quota(-0.020 * full, 0.030 * full + 100.0, -100.0);
         assert!(
@@ -2023,7 +2028,7 @@ mod tests {
 
     /// Cancelled attempts are billed: a sale of 100 units to 100 buyers in one second on
     /// 10 shards (10/s per shard, u = 1/4, so 1/3 cancelled per reservation) writes
-    /// 100 x (2 x 2 + 1) + 33.3 x 2 x 2 WRU. With a measured 7 per reservation instead,
+    /// 100 x (2 x 2 + 2) + 33.3 x 2 x 2 WRU. With a measured 7 per reservation instead,
     /// the table takes 100 x 7 x 4 = 2,800 WRU more, $0.00175 at $0.625 per million.
     #[test]
     fn cancelled_attempts_are_billed_to_the_table_and_the_unit() {
@@ -2035,7 +2040,7 @@ mod tests {
         );
         assert!(close(derived.cancelled_per_reservation, 1.0 / 3.0));
         let table = layer(&derived, "dynamodb_table");
-        assert!(close(table.peak_demand, 500.0 + 400.0 / 3.0), "{table:?}");
+        assert!(close(table.peak_demand, 600.0 + 400.0 / 3.0), "{table:?}");
 
         let mut none = sale.clone();
         none.contention.cancelled_per_reservation = Some(0.0);

@@ -4,6 +4,7 @@
 //! small traits in [`ports`], so every rule can be tested with the in-memory fakes in
 //! `testing` and served in production by the DynamoDB/SQS/Scheduler adapters.
 
+pub mod buyer_orders;
 pub mod challenge;
 pub mod control;
 pub mod error;

@@ -7,6 +7,7 @@
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
+use crate::buyer_orders::{BuyerOrdersCursor, BuyerOrdersPage};
 use crate::challenge::{ChallengeRefusal, ChallengeWork, IssuedChallenge, SolvedChallenge};
 use crate::control::{ControlWrite, SaleAudit};
 use crate::error::StoreError;
@@ -390,6 +391,21 @@ pub trait OrderBook: Send + Sync {
         after: Option<&BuyerCursor>,
         limit: usize,
     ) -> Result<OrderPage, StoreError>;
+
+    /// One page of `user`'s own orders in every sale, newest first: the sales in which
+    /// the user holds or held an order, the latest first by when their first hold there
+    /// was recorded (then by sale id, the greater first), each with all the user's
+    /// orders there, newest first (by `created_at`, then by id, the greater first).
+    /// At most `limit` (at least one) sales a page, after the sale `after` names; a
+    /// page may be empty and still name a `next`. Only the user's: it is keyed by the
+    /// user, like [`OrderBook::find`]. On AWS through `gsi2`, which may lag the last
+    /// writes by its propagation delay.
+    async fn buyer_orders(
+        &self,
+        user: &UserId,
+        after: Option<&BuyerOrdersCursor>,
+        limit: usize,
+    ) -> Result<BuyerOrdersPage, StoreError>;
 }
 
 /// The orders queue between the grab and the order consumer.

@@ -655,28 +655,39 @@ impl SaleCursor {
 
     /// A cursor a client sent back, as [`SaleCursor::encode`] wrote it.
     pub fn parse(raw: &str) -> Result<Self, ValidationError> {
-        let invalid = || ValidationError::new("cursor", "is not a cursor this API answered");
-        let mut parts = raw.splitn(3, '.');
-        let (Some(seconds), Some(nanos), Some(sale_id)) =
-            (parts.next(), parts.next(), parts.next())
-        else {
-            return Err(invalid());
-        };
-        let seconds: i64 = seconds.parse().map_err(|_| invalid())?;
-        let nanos: u32 = nanos.parse().map_err(|_| invalid())?;
-        let ends_at = DateTime::from_timestamp(seconds, nanos).ok_or_else(invalid)?;
-        let sale_id = SaleId::parse(sale_id).map_err(|_| invalid())?;
+        let (ends_at, sale_id) = parse_place(raw)?;
         Ok(Self { ends_at, sale_id })
     }
 
     pub fn encode(&self) -> String {
-        format!(
-            "{}.{}.{}",
-            self.ends_at.timestamp(),
-            self.ends_at.timestamp_subsec_nanos(),
-            self.sale_id
-        )
+        encode_place(self.ends_at, &self.sale_id)
     }
+}
+
+/// A place in an index sorted by a time, then a sale id, as a cursor writes it:
+/// `{seconds}.{nanoseconds}.{sale_id}`, plain ASCII, so that it survives a query string.
+pub(crate) fn encode_place(at: DateTime<Utc>, sale_id: &SaleId) -> String {
+    format!(
+        "{}.{}.{}",
+        at.timestamp(),
+        at.timestamp_subsec_nanos(),
+        sale_id
+    )
+}
+
+/// The place [`encode_place`] wrote; anything else is an invalid `cursor`.
+pub(crate) fn parse_place(raw: &str) -> Result<(DateTime<Utc>, SaleId), ValidationError> {
+    let invalid = || ValidationError::new("cursor", "is not a cursor this API answered");
+    let mut parts = raw.splitn(3, '.');
+    let (Some(seconds), Some(nanos), Some(sale_id)) = (parts.next(), parts.next(), parts.next())
+    else {
+        return Err(invalid());
+    };
+    let seconds: i64 = seconds.parse().map_err(|_| invalid())?;
+    let nanos: u32 = nanos.parse().map_err(|_| invalid())?;
+    let at = DateTime::from_timestamp(seconds, nanos).ok_or_else(invalid)?;
+    let sale_id = SaleId::parse(sale_id).map_err(|_| invalid())?;
+    Ok((at, sale_id))
 }
 
 /// One page of sales, the latest-ending first, and where the next one starts.

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Duration, TimeZone, Utc};
+use flashsale_domain::buyer_orders::{BuyerOrdersCursor, BuyerOrdersPage};
 use flashsale_domain::error::StoreError;
 use flashsale_domain::fulfilment::{BuyerCursor, OrderPage};
 use flashsale_domain::ports::{Clock, OrderBook, SaleCatalog, StockLedger, Take};
@@ -158,6 +159,15 @@ impl OrderBook for UnreadableSale {
         limit: usize,
     ) -> Result<OrderPage, StoreError> {
         self.store.sale_orders(sale, after, limit).await
+    }
+
+    async fn buyer_orders(
+        &self,
+        user: &UserId,
+        after: Option<&BuyerOrdersCursor>,
+        limit: usize,
+    ) -> Result<BuyerOrdersPage, StoreError> {
+        self.store.buyer_orders(user, after, limit).await
     }
 }
 

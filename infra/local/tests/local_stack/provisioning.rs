@@ -78,19 +78,23 @@ async fn provisioning_creates_the_table_queues_and_schedule_group_the_template_d
         table.billing_mode_summary().and_then(|b| b.billing_mode()),
         Some(&BillingMode::PayPerRequest)
     );
-    let gsi = &table.global_secondary_indexes()[0];
-    assert_eq!(gsi.index_name(), Some("gsi1"));
-    assert_eq!(
-        keys(gsi.key_schema()),
-        [
-            ("gsi1pk".to_owned(), KeyType::Hash),
-            ("gsi1sk".to_owned(), KeyType::Range)
-        ]
-    );
-    assert_eq!(
-        gsi.projection().and_then(|p| p.projection_type()),
-        Some(&ProjectionType::All)
-    );
+    let mut indexes: Vec<_> = table.global_secondary_indexes().iter().collect();
+    indexes.sort_by_key(|gsi| gsi.index_name().map(str::to_owned));
+    assert_eq!(indexes.len(), 2, "{indexes:?}");
+    for (gsi, name) in indexes.into_iter().zip(["gsi1", "gsi2"]) {
+        assert_eq!(gsi.index_name(), Some(name));
+        assert_eq!(
+            keys(gsi.key_schema()),
+            [
+                (format!("{name}pk"), KeyType::Hash),
+                (format!("{name}sk"), KeyType::Range)
+            ]
+        );
+        assert_eq!(
+            gsi.projection().and_then(|p| p.projection_type()),
+            Some(&ProjectionType::All)
+        );
+    }
     let ttl = dynamodb
         .describe_time_to_live()
         .table_name(table_name)

@@ -9,6 +9,7 @@ use std::num::ParseIntError;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use chrono::{DateTime, Datelike, Duration, SecondsFormat, Utc};
+use flashsale_domain::buyer_orders::BuyerOrdersCursor;
 use flashsale_domain::challenge::ChallengeWork;
 use flashsale_domain::order::UnknownStatus;
 use flashsale_domain::payment::{OrderPayment, PaymentId, PaymentState};
@@ -25,6 +26,11 @@ pub(crate) const SK: &str = "sk";
 pub(crate) const GSI1: &str = "gsi1";
 pub(crate) const GSI1_PK: &str = "gsi1pk";
 pub(crate) const GSI1_SK: &str = "gsi1sk";
+/// The buyers' index: each user item under its buyer, by when the buyer's first hold
+/// in its sale was recorded ([`buyer_gsi_sk`]), for a buyer's own list of orders.
+pub(crate) const GSI2: &str = "gsi2";
+pub(crate) const GSI2_PK: &str = "gsi2pk";
+pub(crate) const GSI2_SK: &str = "gsi2sk";
 pub(crate) const TTL: &str = "ttl";
 
 pub(crate) const AVAILABLE: &str = "available";
@@ -112,6 +118,7 @@ const HOLDS_SK: &str = "HOLDS";
 const ORDER_SK: &str = "ORDER";
 const HOLD_PREFIX: &str = "hold#";
 const USER_GSI_PREFIX: &str = "USER#";
+const BUYER_GSI_PREFIX: &str = "BUYER#";
 /// The one `gsi1` partition that indexes every sale by its end.
 const SALES_GSI_PK: &str = "SALES";
 /// The one partition of the blocklist: admins write it rarely and the grab reads it
@@ -328,6 +335,48 @@ pub(crate) fn buyer_index_key(sale_id: &SaleId, bucket: u16, buyer: &str) -> Ite
     item.insert(GSI1_PK.to_owned(), s(bucket_pk(sale_id, bucket)));
     item.insert(GSI1_SK.to_owned(), s(format!("{USER_GSI_PREFIX}{buyer}")));
     item
+}
+
+/// The user item's `gsi2pk`: its buyer's partition of the buyers' index.
+pub(crate) fn buyer_gsi_pk(user_id: &UserId) -> String {
+    format!("{BUYER_GSI_PREFIX}{user_id}")
+}
+
+/// The user item's `gsi2sk`: when the buyer's first hold in the sale was recorded,
+/// then the sale, so the buyer's partition read backwards lists the latest first.
+pub(crate) fn buyer_gsi_sk(held_at: DateTime<Utc>, sale_id: &SaleId) -> String {
+    format!("{}#{}", sortable_time(held_at), sale_id)
+}
+
+/// The index key of the place `cursor` names in `user`'s partition of `gsi2`: where a
+/// page of the buyer's orders goes on from (`ExclusiveStartKey`). Any place is one.
+pub(crate) fn buyer_orders_index_key(user_id: &UserId, cursor: &BuyerOrdersCursor) -> Item {
+    let mut item = user_key(&cursor.sale_id, user_id);
+    item.insert(GSI2_PK.to_owned(), s(buyer_gsi_pk(user_id)));
+    item.insert(
+        GSI2_SK.to_owned(),
+        s(buyer_gsi_sk(cursor.held_at, &cursor.sale_id)),
+    );
+    item
+}
+
+/// Where a page of a buyer's orders that ended with `item` goes on from: its place in
+/// `gsi2`, read back from its `gsi2sk`.
+pub(crate) fn buyer_orders_cursor(item: &Item) -> Result<BuyerOrdersCursor, ItemError> {
+    let form = || ItemError::Form {
+        name: GSI2_SK.to_owned(),
+        expected: "{time}#{sale_id}",
+    };
+    let (held_at, sale_id) = Fields::of(item)
+        .string(GSI2_SK)?
+        .split_once('#')
+        .ok_or_else(form)?;
+    Ok(BuyerOrdersCursor {
+        held_at: DateTime::parse_from_rfc3339(held_at)
+            .map_err(|_| form())?
+            .with_timezone(&Utc),
+        sale_id: SaleId::parse(sale_id).map_err(|_| form())?,
+    })
 }
 
 /// The lowest `gsi1sk` of a sale ending at or after `cutoff`: a bare time sorts before

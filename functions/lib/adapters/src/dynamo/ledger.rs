@@ -46,7 +46,8 @@ use flashsale_domain::sale::MAX_ABANDONED_HOLDS;
 use flashsale_domain::{OrderStatus, ReleaseReason, Reservation, Sale, StoreError};
 
 use super::item::{
-    self, ABANDONED, ACTIVE, AVAILABLE, GSI1_PK, GSI1_SK, Hold, Item, SHARD, STATUS, TAKERS, n, s,
+    self, ABANDONED, ACTIVE, AVAILABLE, GSI1_PK, GSI1_SK, GSI2_PK, GSI2_SK, Hold, Item, SHARD,
+    STATUS, TAKERS, n, s,
 };
 use super::requests::{Consistency, ShardPart, Written, built, corrupt, names, values};
 use super::transact::{self, Attempted, in_request_order, transact_once};
@@ -140,7 +141,8 @@ pub(super) fn take_values(
 /// the user's limit and records it, unless the limits are reached or the order has a
 /// hold already.
 pub(super) const HOLD_UPDATE: &str = "SET #active = if_not_exists(#active, :zero) + :one, \
-     #hold = :hold, #gsi1pk = :gsi1pk, #gsi1sk = :gsi1sk";
+     #hold = :hold, #gsi1pk = :gsi1pk, #gsi1sk = :gsi1sk, \
+     #gsi2pk = :gsi2pk, #gsi2sk = if_not_exists(#gsi2sk, :gsi2sk)";
 pub(super) const HOLD_CONDITION: &str = "(attribute_not_exists(#active) OR #active < :limit) \
      AND (attribute_not_exists(#abandoned) OR #abandoned < :abandon_limit) \
      AND attribute_not_exists(#hold)";
@@ -153,6 +155,8 @@ pub(super) fn hold_names(hold_attribute: &str) -> Option<HashMap<String, String>
         ("#hold", hold_attribute),
         ("#gsi1pk", GSI1_PK),
         ("#gsi1sk", GSI1_SK),
+        ("#gsi2pk", GSI2_PK),
+        ("#gsi2sk", GSI2_SK),
     ])
 }
 
@@ -170,6 +174,11 @@ pub(super) fn hold_values(
         (":hold", Hold::reserved(reservation).to_value()),
         (":gsi1pk", s(bucket)),
         (":gsi1sk", s(item::user_gsi_sk(&reservation.user_id))),
+        (":gsi2pk", s(item::buyer_gsi_pk(&reservation.user_id))),
+        (
+            ":gsi2sk",
+            s(item::buyer_gsi_sk(reservation.created_at, &sale.sale_id)),
+        ),
     ])
 }
 

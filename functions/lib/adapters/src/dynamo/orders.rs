@@ -4,6 +4,7 @@ use std::collections::HashMap;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use flashsale_domain::buyer_orders::{BuyerOrdersCursor, BuyerOrdersPage};
 use flashsale_domain::fulfilment::{BuyerCursor, OrderPage};
 use flashsale_domain::payment::OrderPayment;
 use flashsale_domain::ports::{OrderBook, PayOutcome};
@@ -13,8 +14,8 @@ use futures::{StreamExt, TryStreamExt, stream};
 
 use super::DynamoStore;
 use super::item::{
-    self, EXPIRES_AT_MS, GSI1, GSI1_PK, GSI1_SK, OPEN_HOLD, PAID_AT, PAYMENT_ID, PAYMENT_STATE,
-    SHARD, STATUS, n, s,
+    self, EXPIRES_AT_MS, GSI1, GSI1_PK, GSI1_SK, GSI2, GSI2_PK, OPEN_HOLD, PAID_AT, PAYMENT_ID,
+    PAYMENT_STATE, SHARD, STATUS, n, s,
 };
 use super::requests::{Consistency, built, corrupt, names, values};
 use super::transact::{self, in_request_order};
@@ -23,6 +24,7 @@ const FIND: &str = "dynamodb.find";
 const COUNT: &str = "dynamodb.count";
 const OPEN_HOLDS: &str = "dynamodb.open_holds";
 const SALE_ORDERS: &str = "dynamodb.sale_orders";
+const BUYER_ORDERS: &str = "dynamodb.buyer_orders";
 /// The most queries one page of a sale's orders makes: a sale of thousands of buckets
 /// with few buyers each is then walked over several pages, each well within the
 /// function's timeout, instead of one page querying every empty bucket in turn.
@@ -279,6 +281,47 @@ impl OrderBook for DynamoStore {
             }
         }
         Ok(OrderPage { orders, next: None })
+    }
+
+    /// One query of the buyer's partition of `gsi2`, latest first, for at most `limit`
+    /// user items: each one sale's holds of the buyer's.
+    async fn buyer_orders(
+        &self,
+        user: &UserId,
+        after: Option<&BuyerOrdersCursor>,
+        limit: usize,
+    ) -> Result<BuyerOrdersPage, StoreError> {
+        let output = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .index_name(GSI2)
+            .key_condition_expression("#gsi2pk = :buyer")
+            .set_expression_attribute_names(names(&[("#gsi2pk", GSI2_PK)]))
+            .set_expression_attribute_values(values([(":buyer", s(item::buyer_gsi_pk(user)))]))
+            .scan_index_forward(false)
+            .limit(i32::try_from(limit.max(1)).unwrap_or(i32::MAX))
+            .set_exclusive_start_key(after.map(|cursor| item::buyer_orders_index_key(user, cursor)))
+            .send()
+            .await
+            .map_err(|error| crate::classify::store_error(BUYER_ORDERS, error))?;
+        let mut orders = Vec::new();
+        for found in output.items() {
+            let mut holds =
+                item::parse_holds(found).map_err(|error| corrupt(BUYER_ORDERS, found, error))?;
+            holds.sort_unstable_by(|(_, a), (_, b)| {
+                (b.created_at, &b.order_id).cmp(&(a.created_at, &a.order_id))
+            });
+            orders.extend(holds.into_iter().map(|(order, _)| order));
+        }
+        // The last key read holds its `gsi2sk`: the place the next page goes on from.
+        let next = output
+            .last_evaluated_key()
+            .map(|last| {
+                item::buyer_orders_cursor(last).map_err(|error| corrupt(BUYER_ORDERS, last, error))
+            })
+            .transpose()?;
+        Ok(BuyerOrdersPage { orders, next })
     }
 
     /// Only user items are read, so paid holds are read too but settled orders are not.

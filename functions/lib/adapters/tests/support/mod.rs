@@ -55,7 +55,7 @@ pub fn closed_endpoint() -> String {
     format!("http://127.0.0.1:{port}")
 }
 
-/// A new table shaped like template.yaml's `Table` (pk/sk, GSI `gsi1` projecting
+/// A new table shaped like template.yaml's `Table` (pk/sk, GSIs `gsi1` and `gsi2` projecting
 /// everything, TTL on `ttl`, on-demand), under a name no other test uses.
 pub async fn create_table(client: &aws_sdk_dynamodb::Client) -> String {
     let name = format!("adapters-{}", flashsale_emulators::unique_suffix());
@@ -64,26 +64,31 @@ pub async fn create_table(client: &aws_sdk_dynamodb::Client) -> String {
         .table_name(&name)
         .billing_mode(BillingMode::PayPerRequest)
         .set_attribute_definitions(Some(
-            ["pk", "sk", "gsi1pk", "gsi1sk"]
+            ["pk", "sk", "gsi1pk", "gsi1sk", "gsi2pk", "gsi2sk"]
                 .into_iter()
                 .map(string_attribute)
                 .collect(),
         ))
         .key_schema(key("pk", KeyType::Hash))
         .key_schema(key("sk", KeyType::Range))
-        .global_secondary_indexes(
-            GlobalSecondaryIndex::builder()
-                .index_name("gsi1")
-                .key_schema(key("gsi1pk", KeyType::Hash))
-                .key_schema(key("gsi1sk", KeyType::Range))
-                .projection(
-                    Projection::builder()
-                        .projection_type(ProjectionType::All)
-                        .build(),
-                )
-                .build()
-                .expect("gsi"),
-        )
+        .set_global_secondary_indexes(Some(
+            ["gsi1", "gsi2"]
+                .into_iter()
+                .map(|index| {
+                    GlobalSecondaryIndex::builder()
+                        .index_name(index)
+                        .key_schema(key(&format!("{index}pk"), KeyType::Hash))
+                        .key_schema(key(&format!("{index}sk"), KeyType::Range))
+                        .projection(
+                            Projection::builder()
+                                .projection_type(ProjectionType::All)
+                                .build(),
+                        )
+                        .build()
+                        .expect("gsi")
+                })
+                .collect(),
+        ))
         .send()
         .await
         .expect("create the table");

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use crate::buyer_orders::{BuyerOrders, BuyerOrdersCursor};
 use crate::error::AppError;
 use crate::ids::{OrderId, UserId};
 use crate::order::{Order, OrderStatus, ReleaseReason, Reservation};
@@ -39,6 +40,18 @@ impl OrderService {
 
     pub async fn get(&self, order_id: &OrderId, user: &UserId) -> Result<Order, AppError> {
         Ok(self.owned(order_id, user).await?.0)
+    }
+
+    /// A page of `user`'s own orders in every sale, newest first, each as
+    /// [`OrderService::get`] answers it: see [`OrderBook::buyer_orders`]. One index
+    /// query; no other buyer's order can be in it, as it is keyed by the buyer.
+    pub async fn mine(
+        &self,
+        user: &UserId,
+        after: Option<&BuyerOrdersCursor>,
+        limit: usize,
+    ) -> Result<BuyerOrders, AppError> {
+        Ok(self.orders.buyer_orders(user, after, limit).await?.into())
     }
 
     /// The consumer's step: the held order's release timer is set. One read of the

@@ -11,6 +11,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Duration, Utc};
 use futures::future::{join, join_all};
 
+use crate::buyer_orders::BuyerOrdersCursor;
 use crate::control::{ControlWrite, SaleAction, SaleAudit, SaleControl};
 use crate::fulfilment::BuyerCursor;
 use crate::ids::{OrderId, SaleId, UserId};
@@ -55,6 +56,7 @@ macro_rules! contract_tests {
             a_sales_control_changes_only_where_its_action_applies_each_change_audited_once,
             sale_orders_pages_through_every_buyers_orders_once_in_one_order,
             sale_orders_walks_a_sale_of_many_empty_buckets_over_pages_to_its_few_orders,
+            buyer_orders_pages_through_the_buyers_own_orders_newest_first,
             reserve_takes_one_unit_and_records_a_reserved_hold,
             reserve_never_oversells_and_refuses_an_empty_shard_naming_its_takers,
             reserve_over_the_per_user_limit_is_refused_as_limit_reached_and_takes_nothing,
@@ -637,6 +639,93 @@ pub async fn sale_orders_pages_through_every_buyers_orders_once_in_one_order<S: 
 
 /// `OrderBook::sale_orders` reaches every order of a sale of many buckets and few
 /// buyers, however a store bounds the reads of one page, and ends.
+/// A buyer's own orders in three sales: the sales by when the buyer's first hold there
+/// was recorded, each with the buyer's orders, the latest first, each as `find` has it;
+/// every order once over pages of any size; never another buyer's.
+pub async fn buyer_orders_pages_through_the_buyers_own_orders_newest_first<S: Store>(store: &S) {
+    let mut sales = Vec::new();
+    for _ in 0..3 {
+        let sale = crate::testing::sale(10, 2)
+            .per_user_limit(2)
+            .generated_id()
+            .build();
+        created(store, &sale).await;
+        sales.push(sale);
+    }
+    let start = during(&sales[0]);
+    let held_at = |sale: &Sale, name: &str, seconds: i64| {
+        let at = start + Duration::seconds(seconds);
+        Reservation {
+            created_at: at,
+            expires_at: sale.payment_deadline(at),
+            ..reservation(sale, name, 0)
+        }
+    };
+    // Ann's first holds: sales 0, 2, 1 in that order; a second in sale 0 last of all.
+    let mut anns = Vec::new();
+    for (sale, seconds) in [(0, 0), (2, 5), (1, 10), (0, 20)] {
+        let held = held_at(&sales[sale], "ann", seconds);
+        reserve(store, &sales[sale], &held).await.expect("held");
+        anns.push(held);
+    }
+    for (sale, seconds) in [(0, 1), (1, 30)] {
+        let held = held_at(&sales[sale], "bob", seconds);
+        reserve(store, &sales[sale], &held).await.expect("held");
+    }
+    let paid_at = start + Duration::seconds(40);
+    assert_eq!(
+        pay_by_card(store, &anns[2], paid_at).await.expect("pay"),
+        PayOutcome::Paid
+    );
+    let mut expected = Vec::new();
+    for newest_first in [&anns[2], &anns[1], &anns[3], &anns[0]] {
+        let (order, _) = store
+            .find(&newest_first.order_id, &newest_first.user_id)
+            .await
+            .expect("find")
+            .expect("the order");
+        expected.push(order);
+    }
+    assert_eq!(expected[0].status, OrderStatus::Paid);
+
+    for limit in [1, 2, 3, 10] {
+        let (mut listed, mut after, mut pages) = (Vec::new(), None, 0);
+        loop {
+            let page = store
+                .buyer_orders(&user("ann"), after.as_ref(), limit)
+                .await
+                .expect("buyer orders");
+            let page_sales: BTreeSet<_> = page.orders.iter().map(|o| o.sale_id.clone()).collect();
+            assert!(page_sales.len() <= limit, "{limit}: {page:?}");
+            listed.extend(page.orders);
+            pages += 1;
+            assert!(pages <= 4, "{limit}: one page a sale at most, and one more");
+            match page.next {
+                Some(next) => {
+                    after = Some(BuyerOrdersCursor::parse(&next.encode()).expect("a cursor"));
+                }
+                None => break,
+            }
+        }
+        assert_eq!(listed, expected, "limit {limit}");
+    }
+    let bobs = store
+        .buyer_orders(&user("bob"), None, 10)
+        .await
+        .expect("buyer orders");
+    assert_eq!(bobs.orders.len(), 2, "{bobs:?}");
+    assert!(bobs.orders.iter().all(|order| order.user_id == user("bob")));
+    assert_eq!(
+        bobs.orders[0].sale_id, sales[1].sale_id,
+        "bob's latest first"
+    );
+    let nobodys = store
+        .buyer_orders(&user("cy"), None, 10)
+        .await
+        .expect("buyer orders");
+    assert_eq!((nobodys.orders.len(), nobodys.next), (0, None));
+}
+
 pub async fn sale_orders_walks_a_sale_of_many_empty_buckets_over_pages_to_its_few_orders<
     S: Store,
 >(

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use chrono::{DateTime, Duration, Utc};
 
+use crate::buyer_orders::{BuyerOrdersCursor, BuyerOrdersPage};
 use crate::challenge::{ChallengeRefusal, ChallengeWork, IssuedChallenge, SolvedChallenge};
 use crate::control::{ControlWrite, SaleAudit};
 use crate::error::StoreError;
@@ -196,6 +197,9 @@ struct State {
     processed_events: HashSet<String>,
     /// Each sale's audit trail, oldest first.
     audits: HashMap<SaleId, Vec<SaleAudit>>,
+    /// When each buyer's first hold in each sale was recorded: where the sale goes in
+    /// the buyer's list of orders (a voided take is no hold, and sets none).
+    first_holds: HashMap<(SaleId, UserId), DateTime<Utc>>,
 }
 
 impl State {
@@ -208,6 +212,19 @@ impl State {
             payment: self.payments.get(id).cloned(),
             ..Order::from_reservation(held, status)
         }
+    }
+
+    /// Records `reservation`'s hold, open, and counts it against the buyer's limit.
+    fn hold(&mut self, reservation: &Reservation) {
+        let buyer = (reservation.sale_id.clone(), reservation.user_id.clone());
+        *self.active.entry(buyer.clone()).or_default() += 1;
+        self.first_holds
+            .entry(buyer)
+            .or_insert(reservation.created_at);
+        self.holds.insert(
+            reservation.order_id.clone(),
+            (reservation.clone(), OrderStatus::Reserved),
+        );
     }
 
     /// Sets the order's status on its hold and its order item alike, as the store's
@@ -275,14 +292,7 @@ impl InMemoryStore {
             .shards
             .entry((sale.sale_id.clone(), reservation.shard))
             .or_default() -= 1;
-        *state
-            .active
-            .entry((sale.sale_id.clone(), reservation.user_id.clone()))
-            .or_default() += 1;
-        state.holds.insert(
-            reservation.order_id.clone(),
-            (reservation.clone(), OrderStatus::Reserved),
-        );
+        state.hold(reservation);
     }
 
     /// Takes a unit from `take.shard` with no hold behind it, as a reserve that died
@@ -451,11 +461,7 @@ impl StockLedger for InMemoryStore {
                 *state.shards.entry(shard_key).or_default() += 1;
                 return Ok(Err(ReserveRefusal::LimitReached));
             }
-            *state.active.entry(user_key).or_default() += 1;
-            state.holds.insert(
-                reservation.order_id.clone(),
-                (reservation.clone(), OrderStatus::Reserved),
-            );
+            state.hold(reservation);
             return Ok(Ok(()));
         }
         if state.shards.get(&shard_key).copied().unwrap_or(0) == 0 {
@@ -467,11 +473,7 @@ impl StockLedger for InMemoryStore {
             return Ok(Err(ReserveRefusal::LimitReached));
         }
         *state.shards.entry(shard_key).or_default() -= 1;
-        *state.active.entry(user_key).or_default() += 1;
-        state.holds.insert(
-            reservation.order_id.clone(),
-            (reservation.clone(), OrderStatus::Reserved),
-        );
+        state.hold(reservation);
         Ok(Ok(()))
     }
 
@@ -674,6 +676,55 @@ impl OrderBook for InMemoryStore {
             after: Some(user),
         });
         Ok(OrderPage { orders, next })
+    }
+
+    /// In DynamoStore's order: the sales by the buyer's first hold there, then by id,
+    /// the latest first; in each, the buyer's orders by `created_at`, then by id, the
+    /// latest first.
+    async fn buyer_orders(
+        &self,
+        user: &UserId,
+        after: Option<&BuyerOrdersCursor>,
+        limit: usize,
+    ) -> Result<BuyerOrdersPage, StoreError> {
+        let state = locked(&self.state);
+        let mut sales: Vec<(DateTime<Utc>, SaleId)> = state
+            .first_holds
+            .iter()
+            .filter(|((_, buyer), _)| buyer == user)
+            .map(|((sale_id, _), held_at)| (*held_at, sale_id.clone()))
+            .filter(|place| {
+                after.is_none_or(|cursor| *place < (cursor.held_at, cursor.sale_id.clone()))
+            })
+            .collect();
+        sales.sort_unstable_by(|a, b| b.cmp(a));
+        let more = sales.len() > limit.max(1);
+        sales.truncate(limit.max(1));
+        let mut orders = Vec::new();
+        for (_, sale_id) in &sales {
+            let mut theirs: Vec<(&Reservation, OrderStatus)> = state
+                .holds
+                .values()
+                .filter(|(held, _)| &held.sale_id == sale_id && &held.user_id == user)
+                .map(|(held, status)| (held, *status))
+                .collect();
+            theirs.sort_unstable_by(|(a, _), (b, _)| {
+                (b.created_at, &b.order_id).cmp(&(a.created_at, &a.order_id))
+            });
+            orders.extend(
+                theirs
+                    .into_iter()
+                    .map(|(held, status)| state.order_of(held, status)),
+            );
+        }
+        let next = sales
+            .last()
+            .filter(|_| more)
+            .map(|(held_at, sale_id)| BuyerOrdersCursor {
+                held_at: *held_at,
+                sale_id: sale_id.clone(),
+            });
+        Ok(BuyerOrdersPage { orders, next })
     }
 
     async fn open_holds(&self, sale: &Sale) -> Result<Vec<Reservation>, StoreError> {
