@@ -218,6 +218,15 @@ async fn the_webhook_settles_once_in_any_order_and_refuses_a_payment_not_the_ord
     }
     assert_eq!(harness.order_status(&buyer, &order_id).await, "paid");
     captured_once_whole(&stripe, &payment).await;
+    // The local Stripe's own deliveries of these events came too: the sale still
+    // counts the order paid once, by whichever settlement's write sold it.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let counted = harness.local_metrics().await;
+    assert_eq!(
+        counted.counter("orders_paid", &[("sale_id", "card-hook")]),
+        1.0,
+        "{counted:?}"
+    );
 
     let refused_before = harness
         .local_metrics()

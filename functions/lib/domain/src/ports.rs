@@ -346,9 +346,11 @@ pub trait StockLedger: Send + Sync {
 /// What [`OrderPayments::pay_with`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PayOutcome {
-    /// Paid by this call or an earlier one.
+    /// Paid by this call: it sold the unit. (A store's own resend of the call, after an
+    /// answer lost on the way, is the same call.)
     Paid,
-    /// The order was cancelled or expired first.
+    /// Another call settled the order first: paid it (with the same payment: a page's
+    /// confirm racing Stripe's webhook), cancelled it or let it expire.
     Settled(OrderStatus),
     /// The hold is still open but its payment window has closed.
     WindowClosed,

@@ -890,6 +890,13 @@ async fn run_race(seed: u64) -> Ending {
         said_refunds <= refunds && refunds <= said_refunds + lost_answers,
         "{context}: said {said_refunds} refunds"
     );
+    // The unit is sold once, so one settlement at most says it paid the order (the
+    // reconciler's, when neither the page nor the webhook did): `orders_paid` counts it.
+    let said_paid = claimed(|moves| moves.paid);
+    assert!(
+        said_paid <= usize::from(order.status == OrderStatus::Paid),
+        "{context}: {said_paid} settlements said they paid it"
+    );
     match order.status {
         OrderStatus::Paid => {
             assert_eq!(at_provider, PaymentState::Captured, "{context}");

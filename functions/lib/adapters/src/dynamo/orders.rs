@@ -147,6 +147,9 @@ impl DynamoStore {
             (paying::USER_ITEM, transact::update(settle_hold)),
             (paying::ORDER_ITEM, transact::put(record)),
         ]);
+        // The SDK resends a transaction whose answer was lost with the same client
+        // request token, which DynamoDB answers as done: so a refusal is never this
+        // call's own write, and a hold found paid was paid by another call.
         match self.run(operation, items).await? {
             Ok(()) => return Ok(PayOutcome::Paid),
             // The hold refused: it is paid, released, past its window, another
@@ -162,7 +165,6 @@ impl DynamoStore {
         };
         Ok(
             match self.read_hold(operation, id, &reservation.user_id).await? {
-                Some(hold) if hold.status == OrderStatus::Paid => PayOutcome::Paid,
                 Some(hold)
                     if hold.status.is_open()
                         && hold.shard == reservation.shard

@@ -72,6 +72,7 @@ macro_rules! contract_tests {
             attach_payment_records_one_payment_per_open_order,
             pay_with_pays_only_with_the_orders_payment_inside_its_window,
             pay_with_and_release_of_one_order_have_exactly_one_winner,
+            two_calls_paying_one_order_at_once_sell_it_once,
             record_payment_records_the_state_of_the_orders_own_payment_only,
             record_refund_moves_a_released_order_with_its_payment_to_refunded_once,
             unsettled_payments_lists_exactly_the_orders_a_settlement_has_not_finished,
@@ -1499,11 +1500,16 @@ pub async fn pay_with_pays_only_with_the_orders_payment_inside_its_window<S: Sto
     );
     assert_eq!(payment_of(store, &unpaid).await, None);
 
-    for attempt in ["pay", "pay again"] {
+    assert_eq!(
+        pay_with(store, &held, &authorised, in_window).await,
+        PayOutcome::Paid
+    );
+    // Another call with the same payment (the page's confirm after the webhook's), at
+    // the same instant or later: the first alone sold the unit.
+    for at in [in_window, in_window + Duration::milliseconds(1)] {
         assert_eq!(
-            pay_with(store, &held, &authorised, in_window).await,
-            PayOutcome::Paid,
-            "{attempt}"
+            pay_with(store, &held, &authorised, at).await,
+            PayOutcome::Settled(OrderStatus::Paid),
         );
     }
     let (order, _) = found_by_owner(store, &held).await;
@@ -1587,6 +1593,36 @@ pub async fn pay_with_pays_only_with_the_orders_payment_inside_its_window<S: Sto
         pay_with(store, &never, &nobodys, during(&sale)).await,
         PayOutcome::Unknown
     );
+}
+
+/// Two settlements of one order with its payment at once (the page's confirm and
+/// Stripe's webhook): the order is paid once, and exactly one call says it sold the unit.
+pub async fn two_calls_paying_one_order_at_once_sell_it_once<S: Store>(store: &S) {
+    const ROUNDS: u32 = 10;
+    let sale = sale(2 * i64::from(ROUNDS), 2).per_user_limit(1).build();
+    created(store, &sale).await;
+    for round in 0..ROUNDS {
+        let name = format!("payer-{round}");
+        let held = reserved(store, &sale, &name, sale.bucket_of(&user(&name))).await;
+        let id = attached(store, &held, &name).await;
+        let authorised = payment_in(&id, PaymentState::Authorised);
+        let now = during(&sale);
+        let (page, webhook) = join(
+            store.pay_with(&held, &authorised, now),
+            store.pay_with(&held, &authorised, now),
+        )
+        .await;
+        let mut outcomes = [page.expect("pay with"), webhook.expect("pay with")];
+        outcomes.sort_by_key(|outcome| *outcome != PayOutcome::Paid);
+        assert_eq!(
+            outcomes,
+            [PayOutcome::Paid, PayOutcome::Settled(OrderStatus::Paid)],
+            "round {round}"
+        );
+        let (order, _) = found_by_owner(store, &held).await;
+        assert_eq!(order.status, OrderStatus::Paid, "round {round}");
+    }
+    assert_eq!(counts(store, &sale).await.paid, u64::from(ROUNDS));
 }
 
 /// `pay_with` and the timeout's release of one open order, sent at once: exactly one

@@ -808,7 +808,6 @@ impl OrderPayments for InMemoryStore {
         };
         let (status, expires_at) = (*status, held.expires_at);
         match status {
-            OrderStatus::Paid => Ok(PayOutcome::Paid),
             open if open.is_open() => {
                 if !state.payment_is(id, &payment.id) {
                     return Ok(PayOutcome::Unknown);
