@@ -557,6 +557,37 @@ def test_the_admin_creates_a_sale_and_watches_the_stats_move(open_page, stack):
     assert scalper not in stack.call_until_answered("GET", "/admin/blocklist", token=admin)[1]["users"]
 
 
+def test_a_status_copy_from_before_the_pause_does_not_reopen_the_button(open_page, stack):
+    sale_id, _ = stack.create_sale(stock=3, prefix="stalepause")
+    page = buyer_page(open_page, stack, sale_id)
+    expect(page.locator("#buy")).to_have_text("Buy now")
+    # From now on every poll gets a CDN's copy of the status from before the pause.
+    before = page.evaluate(f"fetch('/sales/{sale_id}').then((r) => r.json())")
+    assert before["status"] == "active", before
+    polls = []
+
+    def stale_copy(route):
+        polls.append(route.request.url)
+        route.fulfill(json=before, headers={"cache-control": "max-age=1"})
+
+    page.route(f"**/sales/{sale_id}", stale_copy)
+    admin = stack.token("ops", admin=True)
+    assert stack.call_until_answered("POST", f"/admin/sales/{sale_id}/pause", token=admin)[0] == 200
+    # Past the grab function's refresh of its copy of the sale (SaleRefreshMs, 2 s).
+    page.wait_for_timeout(2500)
+    page.locator("#buy").click()
+    expect(page.locator("#message")).to_contain_text("paused this sale")
+    expect(page.locator("#buy")).to_have_text("Paused")
+    polled, deadline = len(polls), time.monotonic() + 30
+    while len(polls) < polled + 2:
+        assert time.monotonic() < deadline, f"{len(polls) - polled} polls in 30 s"
+        page.wait_for_timeout(250)
+    # Two polls later, each answered with the copy from before: still paused, no button.
+    expect(page.locator("#sale-status")).to_have_text("Paused")
+    expect(page.locator("#buy")).to_be_disabled()
+    assert stack.stats(sale_id)["reserved"] == 0
+
+
 def test_the_operators_day_pause_a_live_sale_resume_it_end_it_and_export_its_paid_orders(open_page, stack):
     sale_id, _ = stack.create_sale(stock=3, prefix="paused")
     buyer_id = unique_user("buyer")

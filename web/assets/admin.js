@@ -221,19 +221,26 @@ async function loadAudit(saleId, token) {
   if (watching !== token) return;
   list.replaceChildren();
   if (!result.ok) return say(humanMessage(result), "error");
-  if (!result.data.entries.length) {
-    const li = document.createElement("li");
-    li.className = "muted";
-    li.textContent = "Never paused or ended.";
-    list.append(li);
-  }
-  for (const entry of result.data.entries) {
-    const li = document.createElement("li");
+  fillList(list, result.data.entries, "Never paused or ended.", (entry, li) => {
     li.dataset.action = entry.action;
     const when = document.createElement("time");
     when.dateTime = entry.at;
     when.textContent = new Date(entry.at).toLocaleString();
     li.append(when, ` ${ACTION_DONE[entry.action]} by ${entry.by}`);
+  });
+}
+
+/** One `li` per item, drawn by `draw(item, li)`; a muted `emptyText` line for none. */
+function fillList(list, items, emptyText, draw) {
+  if (!items.length) {
+    const li = document.createElement("li");
+    li.className = "muted";
+    li.textContent = emptyText;
+    list.append(li);
+  }
+  for (const item of items) {
+    const li = document.createElement("li");
+    draw(item, li);
     list.append(li);
   }
 }
@@ -339,14 +346,7 @@ async function loadBlocklist() {
   const result = await untilAnswered(() => call("/admin/blocklist", { token: session?.token }));
   list.replaceChildren();
   if (!result.ok) return say(humanMessage(result), "error");
-  if (!result.data.users.length) {
-    const li = document.createElement("li");
-    li.className = "muted";
-    li.textContent = "Nobody is blocked.";
-    list.append(li);
-  }
-  for (const user of result.data.users) {
-    const li = document.createElement("li");
+  fillList(list, result.data.users, "Nobody is blocked.", (user, li) => {
     li.dataset.user = user;
     const name = document.createElement("span");
     name.textContent = user;
@@ -356,8 +356,7 @@ async function loadBlocklist() {
     unblock.textContent = "Unblock";
     unblock.addEventListener("click", () => setBlocked(user, false));
     li.append(name, unblock);
-    list.append(li);
-  }
+  });
 }
 
 async function setBlocked(userId, blocked) {

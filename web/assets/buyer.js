@@ -55,6 +55,8 @@ const state = {
   soldOut: false,
   /** Server time at which a grab last answered sold_out. */
   soldOutAt: -Infinity,
+  /** Server time at which a request last answered sale_paused. */
+  pausedAt: -Infinity,
   /** A grab answered limit_reached: this buyer holds or bought all one buyer may. */
   atLimit: false,
   enabledOnce: false,
@@ -139,9 +141,10 @@ function showSale(sale) {
   ui.price.textContent = formatPrice(sale.price);
   ui.price.hidden = !sale.price;
   const soldOut = sale.status === "sold_out" || sale.stock_available <= 0;
-  // A cached status older than a grab that heard sold_out is not news.
-  const stale = Date.parse(sale.server_time) < state.soldOutAt;
-  state.soldOut = stale || (soldOut && sale.status !== "upcoming");
+  // A cached status older than a grab that heard sold_out, or sale_paused, is not news.
+  const copiedAt = Date.parse(sale.server_time);
+  state.soldOut = copiedAt < state.soldOutAt || (soldOut && sale.status !== "upcoming");
+  if (copiedAt < state.pausedAt && sale.status !== "ended") state.sale = { ...sale, status: "paused" };
   // A retry notice is stale once no grab is running.
   if (state.phase === "idle" && ui.message.dataset.kind === "wait") say("");
   render();
@@ -259,6 +262,7 @@ async function buy() {
 }
 
 const SOLD_OUT = { ok: false, status: 409, data: { error: "sold_out" }, headers: new Headers() };
+const SALE_PAUSED = { ok: false, status: 409, data: { error: "sale_paused" }, headers: new Headers() };
 
 /**
  * Fetches this buyer's challenge and solves it in a Web Worker, showing how far the
@@ -300,9 +304,9 @@ async function solveChallenge(session) {
 /**
  * A token or grab request, tried again while throttled or busy (and, a few times, while
  * the server says the sale has not quite started: clocks agree to within the round
- * trip). Sold out, seen by the status poll meanwhile, ends it.
+ * trip). Sold out or paused, seen by the status poll meanwhile, ends it.
  */
-async function withRetries(request, { onResult, stopWhen = () => state.soldOut } = {}) {
+async function withRetries(request, { onResult, stopWhen = () => !!seenMeanwhile() } = {}) {
   const result = await untilAnswered(request, {
     attempts: MAX_GRAB_ATTEMPTS,
     retryable: (r, attempt) => isRetryable(r) || (r.status === 425 && attempt < 5),
@@ -311,7 +315,13 @@ async function withRetries(request, { onResult, stopWhen = () => state.soldOut }
     onWait: (r, attempt) =>
       say(r.status === 425 ? humanMessage(r) : `${humanMessage(r)} (attempt ${attempt + 1})`, "wait"),
   });
-  return isRetryable(result) && stopWhen() ? SOLD_OUT : result;
+  return isRetryable(result) && stopWhen() ? seenMeanwhile() || SOLD_OUT : result;
+}
+
+/** What the status poll learnt while a request was being retried, as the answer it stands for. */
+function seenMeanwhile() {
+  if (state.sale?.status === "paused") return SALE_PAUSED;
+  return state.soldOut ? SOLD_OUT : null;
 }
 
 function grabFailed(result) {
@@ -325,6 +335,7 @@ function grabFailed(result) {
   // offering a grab that can only be refused again.
   if (result.data?.error === "sale_paused" && state.sale) {
     state.sale = { ...state.sale, status: "paused" };
+    state.pausedAt = clock.now();
     pollNow();
   }
   say(humanMessage(result), result.data?.error === "sold_out" ? "info" : "error");
