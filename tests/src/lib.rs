@@ -282,6 +282,32 @@ impl Harness {
         available
     }
 
+    /// A new buyer's grab path and a path `holder` got before are both refused with
+    /// `status` and `code`, and nothing is written: what a block or a pause promises
+    /// once its refresh interval has passed.
+    pub async fn assert_grabs_refused_without_writing(
+        &self,
+        sale_id: &str,
+        (new_buyer, holder, held_path): (&str, &str, &str),
+        status: StatusCode,
+        code: &str,
+    ) {
+        let before = self.item_count().await;
+        let refused = self
+            .api
+            .grab_pass(new_buyer, sale_id)
+            .await
+            .expect("token answers");
+        assert_error(&refused, status, code);
+        let refused = self
+            .api
+            .send(reqwest::Method::POST, held_path, Some(holder), None)
+            .await
+            .expect("grab answers");
+        assert_error(&refused, status, code);
+        assert_eq!(self.item_count().await, before, "{code}: nothing written");
+    }
+
     /// How many items the table holds: proof that a refused request wrote nothing.
     pub async fn item_count(&self) -> i32 {
         let mut total = 0;

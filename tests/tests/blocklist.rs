@@ -61,24 +61,14 @@ async fn a_blocked_user_is_refused_without_a_write_and_can_buy_once_unblocked() 
     // user, whichever instance answers. Polling instead could let a stale instance
     // reserve through the early path, which is exactly what must not happen.
     tokio::time::sleep(BLOCKLIST_REFRESH + Duration::from_millis(500)).await;
-    let before = harness.item_count().await;
-    let refused = harness
-        .api
-        .grab_pass(&scalper, "blocklist")
-        .await
-        .expect("token answers");
-    assert_error(&refused, StatusCode::FORBIDDEN, "blocked");
-    let grabbed = harness
-        .api
-        .send(Method::POST, &early_grab_path, Some(&scalper), None)
-        .await
-        .expect("grab answers");
-    assert_error(&grabbed, StatusCode::FORBIDDEN, "blocked");
-    assert_eq!(
-        harness.item_count().await,
-        before,
-        "a blocked user's requests wrote nothing"
-    );
+    harness
+        .assert_grabs_refused_without_writing(
+            "blocklist",
+            (&scalper, &scalper, &early_grab_path),
+            StatusCode::FORBIDDEN,
+            "blocked",
+        )
+        .await;
     assert_eq!(harness.shard_availability("blocklist", 1).await, [5]);
 
     let unblocked = blocklist_call(&harness, Method::DELETE, path, &harness.admin).await;

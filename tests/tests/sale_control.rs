@@ -65,25 +65,15 @@ async fn an_operator_pauses_resumes_and_ends_a_live_sale_and_the_stock_stays_exa
     // The contract: one refresh interval after the pause's answer, no process admits a
     // grab, whichever answers. Polling instead could let a stale copy through.
     tokio::time::sleep(SALE_REFRESH + Duration::from_millis(500)).await;
-    let before = harness.item_count().await;
     let late = harness.user("e2e-late");
-    let refused = harness
-        .api
-        .grab_pass(&late, "control")
-        .await
-        .expect("token answers");
-    assert_error(&refused, StatusCode::CONFLICT, "sale_paused");
-    let refused = harness
-        .api
-        .send(Method::POST, &path_before_pause, Some(&waiting), None)
-        .await
-        .expect("grab answers");
-    assert_error(&refused, StatusCode::CONFLICT, "sale_paused");
-    assert_eq!(
-        harness.item_count().await,
-        before,
-        "a paused sale wrote nothing"
-    );
+    harness
+        .assert_grabs_refused_without_writing(
+            "control",
+            (&late, &waiting, &path_before_pause),
+            StatusCode::CONFLICT,
+            "sale_paused",
+        )
+        .await;
     assert_eq!(harness.shard_availability("control", 1).await, [3]);
     let page = harness
         .api

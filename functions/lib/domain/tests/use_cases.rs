@@ -44,6 +44,15 @@ struct World {
 }
 
 impl World {
+    /// The operator pauses, resumes or ends the sale.
+    async fn control(
+        &self,
+        sale: &SaleId,
+        action: SaleAction,
+    ) -> Result<flashsale_domain::control::Controlled, AppError> {
+        self.sales.control(sale, action, &operator()).await
+    }
+
     fn new() -> Self {
         let store = Arc::new(InMemoryStore::new());
         let queue = Arc::new(RecordingQueue::default());
@@ -159,6 +168,10 @@ impl World {
             self.queue.sent.lock().unwrap().len(),
         ]
     }
+}
+
+fn operator() -> UserId {
+    user("operator")
 }
 
 fn user(name: &str) -> UserId {
@@ -1101,16 +1114,11 @@ async fn a_paused_sale_takes_no_grab_at_no_write_and_a_resumed_one_sells_on() {
     let world = World::new();
     let sale = world.sale(3, 1, 1).await;
     world.clock.set(start());
-    let operator = user("operator");
     let early_path = world.token(&sale, "early").await.unwrap();
     let held = world.grab_with(&sale, "early", &early_path).await.unwrap();
     let path_before_pause = world.token(&sale, "holder-of-a-path").await.unwrap();
 
-    let paused = world
-        .sales
-        .control(&sale, SaleAction::Pause, &operator)
-        .await
-        .unwrap();
+    let paused = world.control(&sale, SaleAction::Pause).await.unwrap();
     assert_eq!(
         (paused.control, paused.changed),
         (SaleControl::Paused, true)
@@ -1140,11 +1148,7 @@ async fn a_paused_sale_takes_no_grab_at_no_write_and_a_resumed_one_sells_on() {
         Err(AppError::Paused)
     ));
     assert_eq!(world.sales.view(&sale).await.unwrap().status, "paused");
-    let again = world
-        .sales
-        .control(&sale, SaleAction::Pause, &operator)
-        .await
-        .unwrap();
+    let again = world.control(&sale, SaleAction::Pause).await.unwrap();
     assert!(!again.changed, "a repeat changes nothing");
 
     // A hold taken before the pause stays payable.
@@ -1155,11 +1159,7 @@ async fn a_paused_sale_takes_no_grab_at_no_write_and_a_resumed_one_sells_on() {
         PayOutcome::Paid
     );
 
-    world
-        .sales
-        .control(&sale, SaleAction::Resume, &operator)
-        .await
-        .unwrap();
+    world.control(&sale, SaleAction::Resume).await.unwrap();
     assert_eq!(world.sales.view(&sale).await.unwrap().status, "active");
     world
         .grab_with(&sale, "holder-of-a-path", &path_before_pause)
@@ -1177,7 +1177,7 @@ async fn a_paused_sale_takes_no_grab_at_no_write_and_a_resumed_one_sells_on() {
     let trail = world.sales.audit(&sale, 10).await.unwrap().entries;
     let actions: Vec<_> = trail.iter().map(|entry| entry.action).collect();
     assert_eq!(actions, [SaleAction::Resume, SaleAction::Pause]);
-    assert!(trail.iter().all(|entry| entry.by == operator));
+    assert!(trail.iter().all(|entry| entry.by == operator()));
 }
 
 #[tokio::test]
@@ -1185,30 +1185,18 @@ async fn an_ended_sale_takes_no_grab_keeps_its_holds_payable_and_never_reopens()
     let world = World::new();
     let sale = world.sale(5, 1, 1).await;
     world.clock.set(start());
-    let operator = user("operator");
     let held = world.grab(&sale, "a").await.unwrap();
-    let ended = world
-        .sales
-        .control(&sale, SaleAction::End, &operator)
-        .await
-        .unwrap();
+    let ended = world.control(&sale, SaleAction::End).await.unwrap();
     assert_eq!((ended.control, ended.changed), (SaleControl::Ended, true));
     assert!(matches!(world.grab(&sale, "b").await, Err(AppError::Ended)));
     assert_eq!(world.sales.view(&sale).await.unwrap().status, "ended");
     for action in [SaleAction::Pause, SaleAction::Resume] {
         assert!(matches!(
-            world.sales.control(&sale, action, &operator).await,
+            world.control(&sale, action).await,
             Err(AppError::Ended)
         ));
     }
-    assert!(
-        !world
-            .sales
-            .control(&sale, SaleAction::End, &operator)
-            .await
-            .unwrap()
-            .changed
-    );
+    assert!(!world.control(&sale, SaleAction::End).await.unwrap().changed);
     assert_eq!(world.sales.audit(&sale, 10).await.unwrap().entries.len(), 1);
     assert_eq!(
         testing::pay_by_card(&*world.store, &held, world.clock.now())
@@ -1222,20 +1210,10 @@ async fn an_ended_sale_takes_no_grab_keeps_its_holds_payable_and_never_reopens()
     let over = world.sale(5, 1, 1).await;
     world.clock.set(start() + Duration::hours(2));
     assert!(matches!(
-        world
-            .sales
-            .control(&over, SaleAction::Pause, &operator)
-            .await,
+        world.control(&over, SaleAction::Pause).await,
         Err(AppError::Ended)
     ));
-    assert!(
-        !world
-            .sales
-            .control(&over, SaleAction::End, &operator)
-            .await
-            .unwrap()
-            .changed
-    );
+    assert!(!world.control(&over, SaleAction::End).await.unwrap().changed);
     assert!(
         world
             .sales
@@ -1247,12 +1225,7 @@ async fn an_ended_sale_takes_no_grab_keeps_its_holds_payable_and_never_reopens()
     );
     assert!(matches!(
         world
-            .sales
-            .control(
-                &SaleId::parse("no-such-sale").unwrap(),
-                SaleAction::Pause,
-                &operator
-            )
+            .control(&SaleId::parse("no-such-sale").unwrap(), SaleAction::Pause)
             .await,
         Err(AppError::SaleNotFound)
     ));
