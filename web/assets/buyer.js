@@ -42,7 +42,10 @@ const ui = {
   cardMessage: $("#card-message"),
   payCard: $("#pay-card"),
   myOrders: $("#my-orders"),
+  myOrdersDetails: $("#my-orders-details"),
   myOrdersList: $("#my-orders-list"),
+  myOrdersEmpty: $("#my-orders-empty"),
+  myOrdersMore: $("#my-orders-more"),
 };
 
 const state = {
@@ -330,7 +333,10 @@ function grabFailed(result) {
     state.soldOut = true;
     state.soldOutAt = clock.now();
   }
-  if (result.data?.error === "limit_reached") state.atLimit = true;
+  if (result.data?.error === "limit_reached") {
+    state.atLimit = true;
+    findHeldOrder();
+  }
   // Paused: the button waits for the status poll to say the sale is back, rather than
   // offering a grab that can only be refused again.
   if (result.data?.error === "sale_paused" && state.sale) {
@@ -345,22 +351,30 @@ function grabFailed(result) {
 // ---------------------------------------------------------------- the order
 
 function startOrder(order) {
-  state.phase = "order";
-  state.order = { ...order, sale_id: saleId };
-  sessionStorage.setItem(orderKey(), order.order_id);
   say("");
+  followHere({ ...order, sale_id: saleId });
+  refreshMyOrders();
+}
+
+/** Shows `order` as this page's order and follows it to its end. */
+function followHere(order) {
+  state.phase = "order";
+  state.order = order;
+  sessionStorage.setItem(orderKey(), order.order_id);
   render();
   followOrder(order.order_id);
-  loadMyOrders();
 }
 
 let following = null;
 
 async function followOrder(orderId) {
-  following = orderId;
-  while (following === orderId) {
+  // This loop's own token: a loop of an earlier call for the same order, waking from
+  // its sleep, sees another and ends.
+  const loop = { orderId };
+  following = loop;
+  while (following === loop) {
     const result = await call(`/orders/${encodeURIComponent(orderId)}`, { token: state.session?.token });
-    if (following !== orderId) return;
+    if (following !== loop) return;
     if (result.ok) {
       updateOrder(result.data);
       if (FINAL.has(result.data.status)) return;
@@ -387,7 +401,7 @@ function updateOrder(order) {
     state.phase = "idle";
     // Its unit is back on sale (expired, cancelled): show the stock now.
     if (order.status !== "paid") pollNow();
-    loadMyOrders();
+    refreshMyOrders();
   }
   render();
 }
@@ -547,22 +561,59 @@ const MY_ORDER_TEXT = {
   refunded: "Refunded",
 };
 
+/** The buyer's list as read so far: its pages, where the next starts, the latest read. */
+const myOrders = { orders: [], next: null, reads: 0, loaded: false };
+
 /**
- * The buyer's own orders in every sale, newest first (`GET /orders`): what a reload or
- * another device finds, a held order with its deadline included. A convenience: a sale
- * is bought without it, so a failed read only leaves the list as it was.
+ * The buyer's own orders in every sale (`GET /orders`: sale by sale, the latest first),
+ * read when the buyer opens "Your orders" or a grab finds them at their limit, never on
+ * load: a crowd loading the page costs no call for it. `more`: the next page, added.
+ * The orders so far, or `null` when this answer is not shown (it failed, the buyer
+ * signed out or in as someone else meanwhile, or a later read was sent).
  */
-async function loadMyOrders() {
-  if (!state.session) {
-    ui.myOrders.hidden = true;
-    return [];
+async function loadMyOrders({ more = false } = {}) {
+  const session = state.session;
+  if (!session) return null;
+  const read = ++myOrders.reads;
+  const cursor = more && myOrders.next ? `&cursor=${encodeURIComponent(myOrders.next)}` : "";
+  const result = await call(`/orders?limit=10${cursor}`, { token: session.token });
+  if (state.session !== session || read !== myOrders.reads || !result.ok) return null;
+  myOrders.orders = more ? [...myOrders.orders, ...result.data.orders] : result.data.orders;
+  myOrders.next = result.data.next_cursor ?? null;
+  myOrders.loaded = true;
+  drawMyOrders();
+  return myOrders.orders;
+}
+
+/** Reads the list again if the buyer has it open: an order began or ended here. */
+function refreshMyOrders() {
+  if (ui.myOrdersDetails.open) loadMyOrders();
+}
+
+function drawMyOrders() {
+  // This page's own order as its poll last read it: the list's index may lag a write.
+  const shown = myOrders.orders.map((order) =>
+    order.order_id === state.order?.order_id ? { ...order, ...state.order } : order,
+  );
+  ui.myOrdersList.replaceChildren(...shown.map(myOrderRow));
+  ui.myOrdersEmpty.hidden = shown.length > 0 || !myOrders.loaded;
+  ui.myOrdersMore.hidden = !myOrders.next;
+}
+
+/**
+ * A grab refused as `limit_reached`: the buyer holds a unit of this sale already, from
+ * another tab or device perhaps. Found among their orders, it is followed here, its
+ * payment deadline shown, and it can be paid here.
+ */
+async function findHeldOrder() {
+  const session = state.session;
+  const heldHere = (orders) => orders?.find((order) => order.sale_id === saleId && order.status === "reserved");
+  let orders = await loadMyOrders();
+  for (let page = 1; orders && !heldHere(orders) && myOrders.next && page < 5; page++) {
+    orders = await loadMyOrders({ more: true });
   }
-  const result = await call("/orders?limit=10", { token: state.session.token });
-  if (!result.ok) return [];
-  const orders = result.data.orders;
-  ui.myOrdersList.replaceChildren(...orders.map(myOrderRow));
-  ui.myOrders.hidden = orders.length === 0;
-  return orders;
+  const held = heldHere(orders);
+  if (held && state.session === session && state.phase === "idle") followHere(held);
 }
 
 function myOrderRow(order) {
@@ -596,22 +647,20 @@ async function signedInChanged() {
   state.phase = "idle";
   state.atLimit = false;
   ui.order.hidden = true;
-  render();
-  const session = state.session;
-  const orders = await loadMyOrders();
-  // Signed out or in as someone else meanwhile: that call drew its own.
-  if (state.session !== session || !saleId || state.phase !== "idle") return;
-  // The order this tab held, or else one this buyer holds in this sale from a tab
-  // closed or another device: followed again, its deadline shown at once.
-  const stored = session && sessionStorage.getItem(orderKey());
-  const held = orders.find(
-    (order) => order.sale_id === saleId && (order.order_id === stored || order.status === "reserved"),
-  );
-  if (held || stored) {
+  // Another buyer's list is never left on screen.
+  myOrders.orders = [];
+  myOrders.next = null;
+  myOrders.loaded = false;
+  myOrders.reads += 1;
+  drawMyOrders();
+  ui.myOrders.hidden = !state.session;
+  const stored = state.session && saleId && sessionStorage.getItem(orderKey());
+  if (stored) {
     state.phase = "order";
-    state.order = held || { order_id: stored, status: "reserved", expires_at: new Date(8.64e15).toISOString() };
-    followOrder(state.order.order_id);
+    state.order = { order_id: stored, status: "reserved", expires_at: new Date(8.64e15).toISOString() };
+    followOrder(stored);
   }
+  refreshMyOrders();
   render();
 }
 
@@ -620,9 +669,13 @@ async function main() {
   saleId = new URLSearchParams(location.search).get("sale");
   await renderSignIn($("#signin"), { onChange: signedInChanged });
   if (signInError) say(signInError, "error");
+  ui.myOrdersDetails.addEventListener("toggle", refreshMyOrders);
+  ui.myOrdersMore.addEventListener("click", () => loadMyOrders({ more: true }));
   if (!saleId) {
+    // The front page: the buyer's orders, open, under the sale picker.
     $("#picker").hidden = false;
     $("#sale").hidden = true;
+    ui.myOrdersDetails.open = true;
     await signedInChanged();
     return;
   }

@@ -478,7 +478,8 @@ async fn list_blocklist(deps: &Deps, req: &Request) -> Result<Response<Body>, Ap
     json(StatusCode::OK, &Blocklisted { users }, CachePolicy::NoStore)
 }
 
-/// The caller's own orders in every sale, newest first, a page of sales at a time.
+/// The caller's own orders in every sale, the latest sale first, a page of sales at a
+/// time.
 async fn list_orders(deps: &Deps, req: &Request) -> Result<Response<Body>, ApiError> {
     let user = user_of(req)?;
     let query = req.query_string_parameters();

@@ -890,8 +890,9 @@ async fn run_race(seed: u64) -> Ending {
         said_refunds <= refunds && refunds <= said_refunds + lost_answers,
         "{context}: said {said_refunds} refunds"
     );
-    // The unit is sold once, so one settlement at most says it paid the order (the
-    // reconciler's, when neither the page nor the webhook did): `orders_paid` counts it.
+    // The unit is sold once, so one settlement at most says it paid the order: the one
+    // whose write paid it (the page's, the webhook's, or the reconciler's when neither
+    // did). The api's `orders_paid` counts what the page and the webhook say.
     let said_paid = claimed(|moves| moves.paid);
     assert!(
         said_paid <= usize::from(order.status == OrderStatus::Paid),
