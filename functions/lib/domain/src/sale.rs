@@ -675,6 +675,8 @@ pub(crate) fn encode_place(at: DateTime<Utc>, sale_id: &SaleId) -> String {
     )
 }
 
+const NANOS_PER_SECOND: u64 = 1_000_000_000;
+
 /// The place [`encode_place`] wrote; anything else is an invalid `cursor`.
 pub(crate) fn parse_place(raw: &str) -> Result<(DateTime<Utc>, SaleId), ValidationError> {
     let invalid = || ValidationError::new("cursor", "is not a cursor this API answered");
@@ -684,8 +686,16 @@ pub(crate) fn parse_place(raw: &str) -> Result<(DateTime<Utc>, SaleId), Validati
         return Err(invalid());
     };
     let seconds: i64 = seconds.parse().map_err(|_| invalid())?;
-    let nanos: u32 = nanos.parse().map_err(|_| invalid())?;
-    let at = DateTime::from_timestamp(seconds, nanos).ok_or_else(invalid)?;
+    let nanos: u64 = nanos.parse().map_err(|_| invalid())?;
+    // A second of 10 digits of nanoseconds is a leap second (as chrono writes one);
+    // anywhere else, the instant they add up to: any place in the index is one.
+    let whole = i64::try_from(nanos / NANOS_PER_SECOND).map_err(|_| invalid())?;
+    let part = u32::try_from(nanos % NANOS_PER_SECOND).map_err(|_| invalid())?;
+    let at = u32::try_from(nanos)
+        .ok()
+        .and_then(|nanos| DateTime::from_timestamp(seconds, nanos))
+        .or_else(|| DateTime::from_timestamp(seconds.checked_add(whole)?, part))
+        .ok_or_else(invalid)?;
     let sale_id = SaleId::parse(sale_id).map_err(|_| invalid())?;
     Ok((at, sale_id))
 }
@@ -1016,11 +1026,31 @@ mod tests {
             "x.0.phone",
             "1767225600.x.phone",
             "1767225600.0.not a sale id",
-            "1767225600.5000000000.phone",
+            "1767225600.99999999999999999999.phone",
             "99999999999999999.0.phone",
         ] {
             let error = SaleCursor::parse(bad).expect_err(bad);
             assert_eq!(error.field, "cursor", "{bad}");
         }
+    }
+
+    #[test]
+    fn a_sale_ending_on_a_leap_second_pages_on_and_any_ten_digits_are_a_place() {
+        let leap = chrono::NaiveDate::from_ymd_opt(2016, 12, 31)
+            .and_then(|day| day.and_hms_nano_opt(23, 59, 59, 1_500_000_000))
+            .expect("a leap second")
+            .and_utc();
+        let cursor = SaleCursor {
+            ends_at: leap,
+            sale_id: SaleId::parse("phone").unwrap(),
+        };
+        assert_eq!(cursor.encode(), "1483228799.1500000000.phone");
+        assert_eq!(SaleCursor::parse(&cursor.encode()), Ok(cursor));
+        // Not a leap second: the instant the digits add up to.
+        let place = SaleCursor::parse("1767225600.2500000000.phone").expect("a place");
+        assert_eq!(
+            place.ends_at,
+            DateTime::from_timestamp(1_767_225_602, 500_000_000).unwrap()
+        );
     }
 }
