@@ -17,7 +17,7 @@ use serde_json::Value;
 
 use crate::contention::{RawReserve, RawTarget};
 use crate::proxy::Counts;
-use crate::scenarios::{ScenarioError, Session};
+use crate::scenarios::{ScenarioError, Session, asked_while_busy};
 use crate::stack::BenchStack;
 
 /// The longest payment window a sale takes: no order lapses while the bench runs.
@@ -147,25 +147,18 @@ pub async fn export_at_size(
             query.push(("cursor", cursor.as_str()));
         }
         // A read: a busy answer is asked again, as the console does.
-        let mut retry = 0;
-        let answer = loop {
-            let answer = http
-                .get(&url)
-                .query(&query)
-                .bearer_auth(&session.admin)
-                .send()
-                .await
-                .map_err(unexpected)?;
-            let busy = matches!(
-                answer.status(),
-                StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS
-            );
-            if !busy || retry == 10 {
-                break answer;
-            }
-            tokio::time::sleep(flashsale_load::surge::backoff(retry)).await;
-            retry += 1;
-        };
+        let (answer, _) = asked_while_busy(
+            || async {
+                http.get(&url)
+                    .query(&query)
+                    .bearer_auth(&session.admin)
+                    .send()
+                    .await
+                    .map_err(unexpected)
+            },
+            reqwest::Response::status,
+        )
+        .await?;
         if answer.status() != StatusCode::OK {
             let status = answer.status();
             let body = answer.text().await.unwrap_or_default();

@@ -16,7 +16,7 @@ use serde::Serialize;
 use serde_json::Value;
 use tokio::sync::Mutex;
 
-use crate::scenarios::{ScenarioError, Session};
+use crate::scenarios::{ScenarioError, Session, asked_while_busy};
 
 /// The sale's payment window: long enough that no hold lapses during the run, so the
 /// reservations' own times can be read back from their deadlines.
@@ -169,21 +169,24 @@ pub async fn pause_under_surge(
     let operator = async {
         tokio::time::sleep(sizes.before).await;
         let path = format!("/admin/sales/{sale_id}/pause");
-        let paused = loop {
-            let answer = session
-                .api
-                .send_raw(Method::POST, &path, Some(&session.admin), None)
-                .await?;
-            if answer.status == StatusCode::OK {
-                break Instant::now();
-            }
-            if answer.status != StatusCode::SERVICE_UNAVAILABLE {
-                return Err(ScenarioError::Unexpected(format!(
-                    "pause answered {}: {}",
-                    answer.status, answer.body
-                )));
-            }
-        };
+        // Pausing is idempotent: a busy answer is asked again.
+        let (answer, _) = asked_while_busy(
+            || async {
+                Ok(session
+                    .api
+                    .send_raw(Method::POST, &path, Some(&session.admin), None)
+                    .await?)
+            },
+            |answer| answer.status,
+        )
+        .await?;
+        let paused = Instant::now();
+        if answer.status != StatusCode::OK {
+            return Err(ScenarioError::Unexpected(format!(
+                "pause answered {}: {}",
+                answer.status, answer.body
+            )));
+        }
         tokio::time::sleep(sizes.after).await;
         stop.store(true, Ordering::Relaxed);
         Ok(paused)

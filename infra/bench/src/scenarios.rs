@@ -29,6 +29,36 @@ pub enum ScenarioError {
     Unexpected(String),
 }
 
+/// Busy answers (429, 503) asked again before a step gives up: preparation and reads
+/// are safe to repeat, and a loaded machine's stack is busy for a while at worst.
+const BUSY_RETRIES: u32 = 10;
+
+/// `call` asked again with the load tool's backoff while `status` of its answer is busy
+/// (429 or 503), at most [`BUSY_RETRIES`] times: the last answer, and how many times it
+/// was asked again. For calls that are safe to repeat.
+pub(crate) async fn asked_while_busy<T, F, Fut>(
+    mut call: F,
+    status: impl Fn(&T) -> StatusCode,
+) -> Result<(T, u32), ScenarioError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, ScenarioError>>,
+{
+    let mut retry = 0;
+    loop {
+        let answer = call().await?;
+        let busy = matches!(
+            status(&answer),
+            StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS
+        );
+        if !busy || retry == BUSY_RETRIES {
+            return Ok((answer, retry));
+        }
+        tokio::time::sleep(flashsale_load::surge::backoff(retry)).await;
+        retry += 1;
+    }
+}
+
 /// A client of the stack's API with an admin token.
 pub struct Session {
     pub api: ApiClient,
@@ -151,28 +181,18 @@ impl Session {
         if let Some(shards) = shards {
             sale["shards"] = json!(shards);
         }
+        let (created, retries) = asked_while_busy(
+            || async { Ok(self.api.create_sale(&self.admin, &sale).await?) },
+            |created| created.status,
+        )
+        .await?;
         // A busy answer may hide a committed create (its SDK call timed out), so after
         // one, a 409 for this run's unique id means the sale is there.
-        let mut retry = 0;
-        loop {
-            let created = self.api.create_sale(&self.admin, &sale).await?;
-            match created.status {
-                StatusCode::CREATED => return Ok(sale_id),
-                StatusCode::CONFLICT
-                    if retry > 0 && created.error_code() == Some("sale_exists") =>
-                {
-                    return Ok(sale_id);
-                }
-                StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS if retry < 10 => {
-                    tokio::time::sleep(flashsale_load::surge::backoff(retry)).await;
-                    retry += 1;
-                }
-                _ => {
-                    expect_status(&created, StatusCode::CREATED, "/admin/sales")?;
-                    return Ok(sale_id);
-                }
-            }
+        let there_already = retries > 0 && created.error_code() == Some("sale_exists");
+        if !there_already {
+            expect_status(&created, StatusCode::CREATED, "/admin/sales")?;
         }
+        Ok(sale_id)
     }
 
     /// Buyer tokens and grab paths for `count` new buyers of `sale_id`.
@@ -189,19 +209,11 @@ impl Session {
                     .local_token(&format!("bench-{tag}-{n}-{}", self.run), false)
                     .await?;
                 // Preparation, not measurement: a busy answer is asked again.
-                let mut retry = 0;
-                let pass = loop {
-                    let pass = api.grab_pass(&token, sale_id).await?;
-                    let busy = matches!(
-                        pass.status,
-                        StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS
-                    );
-                    if !busy || retry == 10 {
-                        break pass;
-                    }
-                    tokio::time::sleep(flashsale_load::surge::backoff(retry)).await;
-                    retry += 1;
-                };
+                let (pass, _) = asked_while_busy(
+                    || async { Ok(api.grab_pass(&token, sale_id).await?) },
+                    |pass| pass.status,
+                )
+                .await?;
                 expect_status(&pass, StatusCode::OK, "grab path")?;
                 let path = pass
                     .str_field("grab_path")
