@@ -158,6 +158,16 @@ fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
 }
 
 impl<C: SaleCatalog> CachedCatalog<C> {
+    /// A sale this process holds no copy of, read and remembered, found or not.
+    async fn first_read(&self, sale_id: &SaleId) -> Result<Option<Sale>, StoreError> {
+        let found = self.inner.find_sale(sale_id).await?;
+        match &found {
+            Some(sale) => self.remember(sale.clone()),
+            None => self.remember_miss(sale_id),
+        }
+        Ok(found)
+    }
+
     /// The sale as stored now, if this request has the turn to reread it and the read
     /// works; else the copy held. A failed read is tried again an interval later, not
     /// at once by every request.
@@ -204,21 +214,14 @@ impl<C: SaleCatalog> SaleCatalog for CachedCatalog<C> {
     }
 
     async fn find_sale(&self, sale_id: &SaleId) -> Result<Option<Sale>, StoreError> {
+        // Copied out first: the lock is not held while a read awaits.
         let cached = read(&self.sales).get(sale_id).cloned();
         match cached {
-            Some(cached) if younger_than(cached.read_at, self.refresh) => {
-                return Ok(Some(cached.sale));
-            }
-            Some(stale) => return Ok(Some(self.reread(stale.sale).await)),
-            None if self.recently_missed(sale_id) => return Ok(None),
-            None => {}
+            Some(fresh) if younger_than(fresh.read_at, self.refresh) => Ok(Some(fresh.sale)),
+            Some(stale) => Ok(Some(self.reread(stale.sale).await)),
+            None if self.recently_missed(sale_id) => Ok(None),
+            None => self.first_read(sale_id).await,
         }
-        let found = self.inner.find_sale(sale_id).await?;
-        match &found {
-            Some(sale) => self.remember(sale.clone()),
-            None => self.remember_miss(sale_id),
-        }
-        Ok(found)
     }
 
     async fn control_sale(

@@ -84,16 +84,22 @@ impl SaleService {
             by: by.clone(),
             at: now,
         };
-        if now >= sale.ends_at {
-            // Over by its window: ending it again is a repeat, and nothing reopens it.
-            return match action {
-                SaleAction::End => Ok(Controlled {
+        // Already where the action leads: a repeat, which changes nothing. Anywhere else
+        // the sale is ended, which nothing reopens.
+        let refused = |current: SaleControl| {
+            if current == action.target() {
+                Ok(Controlled {
                     sale_id: sale_id.clone(),
-                    control: SaleControl::Ended,
+                    control: current,
                     changed: false,
-                }),
-                SaleAction::Pause | SaleAction::Resume => Err(AppError::Ended),
-            };
+                })
+            } else {
+                Err(AppError::Ended)
+            }
+        };
+        if now >= sale.ends_at {
+            // Over by its window: ended, whatever its item says.
+            return refused(SaleControl::Ended);
         }
         match self.catalog.control_sale(sale_id, &change).await? {
             ControlWrite::Changed => Ok(Controlled {
@@ -101,13 +107,7 @@ impl SaleService {
                 control: action.target(),
                 changed: true,
             }),
-            ControlWrite::Refused { current } if current == action.target() => Ok(Controlled {
-                sale_id: sale_id.clone(),
-                control: current,
-                changed: false,
-            }),
-            // Only an ended sale refuses an action whose target it is not in.
-            ControlWrite::Refused { .. } => Err(AppError::Ended),
+            ControlWrite::Refused { current } => refused(current),
             ControlWrite::NoSale => Err(AppError::SaleNotFound),
         }
     }
