@@ -882,6 +882,29 @@ fn text(response: &Response<Body>) -> String {
     }
 }
 
+/// Every page of the paid orders' export at `route` (`orders` or `orders.csv`), two
+/// buyers a page, each answered 200, following the cursor `next` reads off a page.
+async fn export_pages(
+    world: &World,
+    route: &str,
+    next: impl Fn(&Response<Body>) -> Option<String>,
+) -> Vec<Response<Body>> {
+    let (mut pages, mut cursor) = (Vec::new(), None::<String>);
+    loop {
+        let mut query = vec![("status", "paid"), ("limit", "2")];
+        if let Some(cursor) = &cursor {
+            query.push(("cursor", cursor));
+        }
+        let response = world.call(export(route, &query)).await;
+        assert_eq!(response.status(), 200);
+        cursor = next(&response);
+        pages.push(response);
+        if cursor.is_none() {
+            return pages;
+        }
+    }
+}
+
 #[tokio::test]
 async fn an_admin_exports_the_paid_orders_page_by_page_as_json_and_as_csv() {
     let world = World::with_sale().await;
@@ -895,24 +918,19 @@ async fn an_admin_exports_the_paid_orders_page_by_page_as_json_and_as_csv() {
     }
 
     // JSON, two buyers a page: every paid order once, and the unpaid one left out.
-    let (mut listed, mut cursor) = (Vec::new(), None::<String>);
-    loop {
-        let mut query = vec![("status", "paid"), ("limit", "2")];
-        if let Some(cursor) = &cursor {
-            query.push(("cursor", cursor));
-        }
-        let response = world.call(export("orders", &query)).await;
-        assert_eq!(response.status(), 200);
-        let page = body_json(&response);
-        for line in page["orders"].as_array().unwrap() {
+    let mut listed = Vec::new();
+    for response in export_pages(&world, "orders", |response| {
+        body_json(response)["next_cursor"]
+            .as_str()
+            .map(str::to_owned)
+    })
+    .await
+    {
+        for line in body_json(&response)["orders"].as_array().unwrap() {
             assert_eq!(line["status"], "paid", "{line}");
             assert_eq!(line["price"]["amount"], 129_900, "{line}");
             assert!(line["paid_at"].is_string(), "{line}");
             listed.push(line["order_id"].as_str().unwrap().to_owned());
-        }
-        match page["next_cursor"].as_str() {
-            Some(next) => cursor = Some(next.to_owned()),
-            None => break,
         }
     }
     listed.sort();
@@ -921,14 +939,12 @@ async fn an_admin_exports_the_paid_orders_page_by_page_as_json_and_as_csv() {
     assert_eq!(listed, expected);
 
     // CSV: the header row on the first page only, the cursor in a header.
-    let (mut csv, mut cursor) = (String::new(), None::<String>);
-    loop {
-        let mut query = vec![("status", "paid"), ("limit", "2")];
-        if let Some(cursor) = &cursor {
-            query.push(("cursor", cursor));
-        }
-        let response = world.call(export("orders.csv", &query)).await;
-        assert_eq!(response.status(), 200);
+    let mut csv = String::new();
+    for response in export_pages(&world, "orders.csv", |response| {
+        header(response, "x-next-cursor").map(str::to_owned)
+    })
+    .await
+    {
         assert_eq!(
             header(&response, "content-type"),
             Some("text/csv; charset=utf-8")
@@ -938,10 +954,6 @@ async fn an_admin_exports_the_paid_orders_page_by_page_as_json_and_as_csv() {
             Some("attachment; filename=\"phone-launch-orders.csv\"")
         );
         csv.push_str(&text(&response));
-        match header(&response, "x-next-cursor") {
-            Some(next) => cursor = Some(next.to_owned()),
-            None => break,
-        }
     }
     let lines: Vec<&str> = csv.lines().collect();
     assert!(csv.ends_with("\r\n"), "RFC 4180 line ends: {csv:?}");
