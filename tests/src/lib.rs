@@ -743,35 +743,28 @@ impl LocalStripe {
 }
 
 /// Stripe's side of the stack's webhook: events signed with the endpoint's signing
-/// secret, which the stack's Stripe secret holds, as Stripe signs them.
+/// secret, as Stripe signs them.
 pub struct StripeWebhook {
     url: String,
     secret: String,
+    http: reqwest::Client,
 }
 
 impl StripeWebhook {
-    /// The webhook of `harness`'s stack, its signing secret read from Secrets Manager
-    /// as the api reads it.
-    pub async fn of(harness: &Harness) -> Self {
-        let secret = harness
-            .stack
-            .model
-            .secret(flashsale_local::local_stripe::KEYS_SECRET)
-            .expect("the stack has a Stripe secret");
-        let keys = aws_sdk_secretsmanager::Client::new(&harness.stack.sdk_config)
-            .get_secret_value()
-            .secret_id(&secret.name)
-            .send()
-            .await
-            .expect("the Stripe secret reads");
-        let keys: Value =
-            serde_json::from_str(keys.secret_string().expect("a string")).expect("JSON keys");
+    /// The webhook of `harness`'s stack, with the signing secret it registered.
+    pub fn of(harness: &Harness) -> Self {
         Self {
-            url: format!("{}/payments/stripe/webhook", harness.stack.api_url),
-            secret: keys["webhook_secret"]
-                .as_str()
-                .expect("webhook_secret")
-                .to_owned(),
+            url: format!(
+                "{}{}",
+                harness.stack.api_url,
+                flashsale_local::local_stripe::WEBHOOK_PATH
+            ),
+            secret: harness
+                .stack
+                .stripe_webhook_secret
+                .clone()
+                .expect("the local stack takes card payments through its local Stripe"),
+            http: reqwest::Client::new(),
         }
     }
 
@@ -790,7 +783,8 @@ impl StripeWebhook {
             &self.secret,
             Utc::now().timestamp(),
         );
-        let response = reqwest::Client::new()
+        let response = self
+            .http
             .post(&self.url)
             .header("stripe-signature", signature)
             .header("content-type", "application/json")

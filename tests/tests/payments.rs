@@ -179,7 +179,7 @@ async fn the_webhook_settles_once_in_any_order_and_refuses_a_payment_not_the_ord
     let (buyer, order_id, payment) =
         a_held_order_with_its_payment(&harness, "card-hook", 600).await;
     let stripe = LocalStripe::of(&harness);
-    let webhook = StripeWebhook::of(&harness).await;
+    let webhook = StripeWebhook::of(&harness);
 
     // Out of order: `succeeded` comes before the card is even confirmed. The
     // settlement reads the payment from Stripe, which still awaits the buyer.

@@ -655,11 +655,8 @@ async function signedInChanged() {
   drawMyOrders();
   ui.myOrders.hidden = !state.session;
   const stored = state.session && saleId && sessionStorage.getItem(orderKey());
-  if (stored) {
-    state.phase = "order";
-    state.order = { order_id: stored, status: "reserved", expires_at: new Date(8.64e15).toISOString() };
-    followOrder(stored);
-  }
+  // Its status and deadline come with the first read.
+  if (stored) followHere({ order_id: stored, status: "reserved", expires_at: new Date(8.64e15).toISOString() });
   refreshMyOrders();
   render();
 }

@@ -209,11 +209,7 @@ impl Session {
                     .local_token(&format!("bench-{tag}-{n}-{}", self.run), false)
                     .await?;
                 // Preparation, not measurement: a busy answer is asked again.
-                let (pass, _) = asked_while_busy(
-                    || async { Ok(api.grab_pass(&token, sale_id).await?) },
-                    |pass| pass.status,
-                )
-                .await?;
+                let pass = api.grab_pass_retrying(&token, sale_id).await?;
                 expect_status(&pass, StatusCode::OK, "grab path")?;
                 let path = pass
                     .str_field("grab_path")

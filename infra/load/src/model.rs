@@ -509,7 +509,7 @@ impl Shards {
     }
 
     /// Table write units of a committed reservation: the shard, the buyer's item (the
-    /// hold, 1 KB at most, plainly written) and the stats index.
+    /// hold, 1 KB at most, plainly written) and its two indexes (stats and buyers').
     fn reservation_wru(&self) -> f64 {
         match self.write {
             ShardWrite::Transaction => {

@@ -180,6 +180,9 @@ pub struct LocalStack {
     pub sqs_endpoint: String,
     /// The local Stripe the stack's card payments go through, if it takes them.
     pub stripe_endpoint: Option<String>,
+    /// The signing secret of the stack's webhook at that local Stripe, which it put in
+    /// the stack's Stripe secret: what a test signs Stripe's events with.
+    pub stripe_webhook_secret: Option<String>,
     lambda: LambdaService,
     jwt: LocalJwt,
     shutdown: watch::Sender<bool>,
@@ -396,7 +399,8 @@ impl LocalStack {
             dynamodb_endpoint,
             moto_endpoint,
             sqs_endpoint,
-            stripe_endpoint: webhook_secret.and(stripe_endpoint),
+            stripe_endpoint: webhook_secret.as_ref().and(stripe_endpoint),
+            stripe_webhook_secret: webhook_secret,
             lambda,
             jwt,
             shutdown,

@@ -347,7 +347,8 @@ pub trait StockLedger: Send + Sync {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PayOutcome {
     /// Paid by this call: it sold the unit. (A store's own resend of the call, after an
-    /// answer lost on the way, is the same call.)
+    /// answer lost on the way, is the same call; a call that failed with its write
+    /// applied is not, and the next settlement finds the order `Settled(Paid)`.)
     Paid,
     /// Another call settled the order first: paid it (with the same payment: a page's
     /// confirm racing Stripe's webhook), cancelled it or let it expire.

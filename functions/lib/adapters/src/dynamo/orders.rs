@@ -148,8 +148,10 @@ impl DynamoStore {
             (paying::ORDER_ITEM, transact::put(record)),
         ]);
         // The SDK resends a transaction whose answer was lost with the same client
-        // request token, which DynamoDB answers as done: so a refusal is never this
-        // call's own write, and a hold found paid was paid by another call.
+        // request token, which DynamoDB answers as done: so a refusal is not this call's
+        // own write, and a hold found paid was paid by another call. (A write whose
+        // answer is lost beyond the SDK's retries fails its call; whoever settles the
+        // order next finds it paid by another: `Settled(Paid)`.)
         match self.run(operation, items).await? {
             Ok(()) => return Ok(PayOutcome::Paid),
             // The hold refused: it is paid, released, past its window, another

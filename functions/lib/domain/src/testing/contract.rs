@@ -638,8 +638,6 @@ pub async fn sale_orders_pages_through_every_buyers_orders_once_in_one_order<S: 
     }
 }
 
-/// `OrderBook::sale_orders` reaches every order of a sale of many buckets and few
-/// buyers, however a store bounds the reads of one page, and ends.
 /// A buyer's own orders in three sales: the sales by when the buyer's first hold there
 /// was recorded, each with the buyer's orders, the latest first, each as `find` has it;
 /// every order once over pages of any size; never another buyer's.
@@ -727,6 +725,8 @@ pub async fn buyer_orders_pages_through_the_buyers_own_orders_newest_first<S: St
     assert_eq!((nobodys.orders.len(), nobodys.next), (0, None));
 }
 
+/// `OrderBook::sale_orders` reaches every order of a sale of many buckets and few
+/// buyers, however a store bounds the reads of one page, and ends.
 pub async fn sale_orders_walks_a_sale_of_many_empty_buckets_over_pages_to_its_few_orders<
     S: Store,
 >(
