@@ -185,7 +185,10 @@ def refund_captured_money_once():
                           f'charge ({left})', param='amount')
         refund = cls(charge=charge, amount=left if amount is None else amount, **data)
         refund.payment_intent = paid.payment_intent
-        schedule_webhook(Event('charge.refunded', paid))
+        # The event is made once this call is done, so that its charge shows the refund as it
+        # begins (a refund test card sets its first status after this: refund_test_cards_move_on).
+        asyncio.get_running_loop().call_soon(
+            lambda: schedule_webhook(Event('charge.refunded', paid)))
         return refund
 
     list_all = Refund._api_list_all
@@ -200,6 +203,125 @@ def refund_captured_money_once():
     Refund._api_list_all = classmethod(_api_list_all)
 
 
+# The statuses of a refund that gave its money back, or never moved it.
+GIVEN_BACK = ('failed', 'canceled')
+
+
+def failed_refunds_refund_nothing():
+    """A charge's `amount_refunded`: "Amount in cents refunded (can be less than the amount
+    attribute on the charge if a partial refund was issued)"; `refunded`: "Whether the charge
+    has been fully refunded." A refund whose status is failed or canceled refunded nothing: its
+    amount is left on the charge, to be refunded again. A pending one counts, as the money is on
+    its way. (localstripe counts every refund, whatever its status.)"""
+    def amount_refunded(self):
+        return sum(refund.amount for refund in self.refunds._list
+                   if refund.status not in GIVEN_BACK)
+
+    Charge.amount_refunded = property(amount_refunded)
+
+
+# Stripe's presentment currencies, in its order, and the amounts it takes in each
+# (docs.stripe.com/currencies): amounts are in the currency's smallest unit, cents for the
+# two-decimal currencies, whole units for the zero-decimal ones, and for the three-decimal
+# ones thousandths that end in 0; ISK is zero-decimal but given with two decimals, always 00.
+PRESENTMENT_CURRENCIES = tuple("""
+    usd aed afn all amd ang aoa ars aud awg azn bam bbd bdt bgn bhd bif bmd bnd bob brl bsd bwp
+    byn bzd cad cdf chf clp cny cop crc cve czk djf dkk dop dzd egp etb eur fjd fkp gbp gel gip
+    gmd gnf gtq gyd hkd hnl htg huf idr ils inr isk jmd jod jpy kes kgs khr kmf krw kwd kyd kzt
+    lak lbp lkr lrd lsl mad mdl mga mkd mmk mnt mop mur mvr mwk mxn myr mzn nad ngn nio nok npr
+    nzd omr pab pen pgk php pkr pln pyg qar ron rsd rub rwf sar sbd scr sek sgd shp sle sos srd
+    std szl thb tjs tnd top try ttd twd tzs uah ugx uyu uzs vnd vuv wst xaf xcd xcg xof xpf yer
+    zar zmw""".split())
+ZERO_DECIMAL_CURRENCIES = frozenset(
+    'bif clp djf gnf jpy kmf krw mga pyg rwf ugx vnd vuv xaf xof xpf'.split())
+THREE_DECIMAL_CURRENCIES = frozenset('bhd jod kwd omr tnd'.split())
+# "The amount value supports up to eight digits".
+MAXIMUM_AMOUNT = 99999999
+# Stripe's table of minimum charge amounts, in the smallest unit. Elsewhere the minimum is
+# "$0.50 US or equivalent in charge currency", at a rate the fake does not have.
+MINIMUM_AMOUNTS = {
+    'usd': 50, 'aed': 200, 'aud': 50, 'bgn': 100, 'brl': 50, 'cad': 50, 'chf': 50,
+    'czk': 1500, 'dkk': 250, 'eur': 50, 'gbp': 30, 'hkd': 400, 'huf': 17500, 'inr': 50,
+    'jpy': 50, 'mxn': 1000, 'myr': 200, 'nok': 300, 'nzd': 50, 'pln': 200, 'ron': 200,
+    'sek': 300, 'sgd': 50, 'thb': 1000,
+}
+
+
+def in_major_units(amount, currency):
+    """`amount` (in the smallest unit of `currency`) as it reads: 50 eur is 0.50 eur."""
+    decimals = (0 if currency in ZERO_DECIMAL_CURRENCIES
+                else 3 if currency in THREE_DECIMAL_CURRENCIES else 2)
+    if decimals == 0:
+        return f'{amount} {currency}'
+    whole, part = divmod(amount, 10 ** decimals)
+    return f'{whole}.{part:0{decimals}d} {currency}'
+
+
+def chargeable(amount, currency):
+    """`amount` and `currency` as Stripe takes them (the currency in lower case, the amount a
+    number), or the refusal Stripe answers them with. An amount that is not a positive whole
+    number, and a missing currency, are left to localstripe's own checks."""
+    if currency is None:
+        return amount, currency
+    if type(currency) is not str or currency.lower() not in PRESENTMENT_CURRENCIES:
+        raise refusal(f'Invalid currency: {currency}. Stripe currently supports these '
+                      f'currencies: {", ".join(PRESENTMENT_CURRENCIES)}', param='currency')
+    currency = currency.lower()
+    amount = resources.try_convert_to_int(amount)
+    if type(amount) is not int or amount <= 0:
+        return amount, currency
+    if amount > MAXIMUM_AMOUNT:
+        raise refusal('Amount must be no more than '
+                      f'{in_major_units(MAXIMUM_AMOUNT, currency)}',
+                      code='amount_too_large', param='amount')
+    if currency in THREE_DECIMAL_CURRENCIES and amount % 10:
+        raise refusal(f'Invalid amount: {amount}. An amount in {currency} must end in 0: '
+                      'round it to the nearest ten.', param='amount')
+    if currency == 'isk' and amount % 100:
+        raise refusal(f'Invalid amount: {amount}. An amount in isk is in whole units given '
+                      'with two decimals, always 00: divisible by 100.', param='amount')
+    if amount < MINIMUM_AMOUNTS.get(currency, 0):
+        raise refusal('Amount must be at least '
+                      f'{in_major_units(MINIMUM_AMOUNTS[currency], currency)}',
+                      code='amount_too_small', param='amount')
+    return amount, currency
+
+
+def charge_only_what_stripe_charges():
+    """Supported currencies (docs.stripe.com/currencies): a PaymentIntent's `currency` is one
+    of Stripe's presentment currencies, or it is refused with "Invalid currency: xyz. Stripe
+    currently supports these currencies: ...". "All API requests expect amount values in the
+    currency's minor unit"; for the three-decimal currencies (BHD, JOD, KWD, OMR, TND) "these
+    API calls require the least-significant (last) digit to be 0"; ISK is zero-decimal but
+    "to maintain backwards compatibility, you must pass in amounts with two decimals. For
+    example, to charge 5 ISK, provide an amount value of 500" (an amount not divisible by 100
+    is refused). "The amount value supports up to eight digits" (`amount_too_large` beyond),
+    and a charge is at least the minimum of Stripe's table (`amount_too_small`, "Amount must
+    be at least €0.50 eur"), where the table has one. The same holds when an update sets
+    `amount` or `currency`. (localstripe takes any currency and any positive amount, and an
+    update stores what it is sent as it is, a string included.)"""
+    create = PaymentIntent._api_create
+    update = PaymentIntent._api_update
+
+    def _api_create(cls, amount=None, currency=None, **data):
+        amount, currency = chargeable(amount, currency)
+        return create(amount=amount, currency=currency, **data)
+
+    def _api_update(cls, id, **data):
+        if 'amount' in data or 'currency' in data:
+            intent = cls._api_retrieve(id)
+            amount = resources.try_convert_to_int(data.get('amount', intent.amount))
+            if type(amount) is not int or amount <= 0:
+                raise refusal(f'Invalid positive integer: {data["amount"]}', param='amount')
+            amount, currency = chargeable(amount, data.get('currency', intent.currency))
+            data.update({key: value for key, value in
+                         (('amount', amount), ('currency', currency)) if key in data})
+        return update(id, **data)
+
+    PaymentIntent._api_create = classmethod(_api_create)
+    PaymentIntent._api_update = classmethod(_api_update)
+
+
 ## --- cards -------------------------------------------------------------------------------
 
 # Stripe's test cards for declined payments (docs.stripe.com/testing#declined-payments): the
@@ -212,9 +334,14 @@ DECLINED_CARDS = {
 }
 
 
-def decline_code(charge):
+def card_number(charge):
+    """The number of the card `charge` was paid with; None for another payment method."""
     method = PaymentMethod._api_retrieve(charge.payment_method)
-    return DECLINED_CARDS.get(getattr(method, '_card_number', None), 'generic_decline')
+    return getattr(method, '_card_number', None)
+
+
+def decline_code(charge):
+    return DECLINED_CARDS.get(card_number(charge), 'generic_decline')
 
 
 def decline_the_declined_cards():
@@ -246,6 +373,48 @@ def decline_the_declined_cards():
     PaymentMethod._charging_is_declined = _charging_is_declined
     Charge._raise_failure = _raise_failure
     PaymentIntent.last_payment_error = property(last_card_error)
+
+
+# Stripe's test cards for refunds (docs.stripe.com/testing#refunds): a refund of a charge paid
+# with one begins in the first status and moves to the second some time later.
+REFUND_CARDS = {
+    '4000000000007726': ('pending', 'succeeded'),
+    '4000000000005126': ('succeeded', 'failed'),
+}
+# "Some time later": how long, in seconds, such a refund stays in its first status.
+REFUND_MOVES_ON_AFTER = 1
+
+
+def refund_test_cards_move_on():
+    """Stripe's refund test cards. 4000000000007726: "Charge succeeds. If you initiate a
+    refund, its status begins as pending. Some time later, its status transitions to succeeded
+    and sends a charge.refund.updated event." 4000000000005126: "Charge succeeds. If you
+    initiate a refund, its status begins as succeeded. Some time later, its status transitions
+    to failed and sends a charge.refund.updated event." A failed refund also sends
+    `refund.failed` ("Occurs whenever a refund has failed"), has a `failure_reason` (unknown:
+    the docs do not say which) and gives its amount back to the charge. Each event's object is
+    the refund. A refund of any other card succeeds at once. (localstripe has every refund
+    succeed at once.)"""
+    create = Refund._api_create
+
+    async def move_on(refund, status):
+        await asyncio.sleep(REFUND_MOVES_ON_AFTER)
+        refund.status = status
+        if status == 'failed':
+            refund.failure_reason = 'unknown'
+        schedule_webhook(Event('charge.refund.updated', refund))
+        if status == 'failed':
+            schedule_webhook(Event('refund.failed', refund))
+
+    def _api_create(cls, **data):
+        refund = create(**data)
+        statuses = REFUND_CARDS.get(card_number(Charge._api_retrieve(refund.charge)))
+        if statuses is not None:
+            refund.status, later = statuses
+            asyncio.ensure_future(move_on(refund, later))
+        return refund
+
+    Refund._api_create = classmethod(_api_create)
 
 
 CONFIRMABLE = ('requires_payment_method', 'requires_confirmation')
@@ -296,7 +465,10 @@ def patch_resources():
     capture_only_what_awaits_capture()
     cancel_with_a_reason_and_announce_it()
     refund_captured_money_once()
+    failed_refunds_refund_nothing()
+    charge_only_what_stripe_charges()
     decline_the_declined_cards()
+    refund_test_cards_move_on()
     confirm_with_a_payment_method()
     # localstripe's extra routes hold the methods as they were at import; the server makes its
     # routes from this list when imported, which is after this.

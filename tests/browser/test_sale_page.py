@@ -266,9 +266,13 @@ def test_a_card_cannot_be_paid_once_the_window_closed_and_no_money_moves(open_pa
 
 def test_a_price_is_shown_with_its_own_currencys_decimals(open_page, stack):
     # JPY has no minor unit and BHD three (ISO 4217): the amounts are in those units.
+    # MGA has two in ISO 4217 (none at Stripe, which is charged 1299) and ISK none (two,
+    # always 00, at Stripe): the page shows ISO's, as the API gives them.
     for price, shown in [
         ({"amount": 1299, "currency": "JPY"}, "¥1,299"),
-        ({"amount": 1299, "currency": "BHD"}, "BHD 1.299"),
+        ({"amount": 1290, "currency": "BHD"}, "BHD 1.290"),
+        ({"amount": 129900, "currency": "MGA"}, "MGA 1,299.00"),
+        ({"amount": 1300, "currency": "ISK"}, "ISK 1,300"),
     ]:
         sale_id, _ = stack.create_sale(stock=1, prefix="price", price=price)
         page = buyer_page(open_page, stack, sale_id)

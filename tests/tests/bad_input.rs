@@ -120,6 +120,15 @@ async fn invalid_sales_are_refused_with_400_and_write_nothing() {
         json!({ "amount": 1299, "currency": "XAU" }),
         json!({ "amount": 1299, "currency": "HRK" }),
         json!({ "amount": 1299, "currency": "EUR", "decimals": 2 }),
+        // Issue 47: prices Stripe never charges, refused before a buyer meets them at
+        // the payment: money it does not take, under its minimum, over its eight digits
+        // in its own unit (ISK's hundredths), or between its steps (a fils of BHD, a
+        // hundredth of an ariary: whole ariary at Stripe).
+        json!({ "amount": 1299, "currency": "IRR" }),
+        json!({ "amount": 49, "currency": "USD" }),
+        json!({ "amount": 1_000_000, "currency": "ISK" }),
+        json!({ "amount": 1299, "currency": "BHD" }),
+        json!({ "amount": 129_950, "currency": "MGA" }),
     ] {
         post(sale_body(json!({ "price": price })), "invalid_input").await;
     }

@@ -3,6 +3,7 @@
 
 import { $, call, formatPrice, humanMessage, sleep, untilAnswered } from "./api.js";
 import { completeProviderSignIn, currentSession, renderSignIn } from "./auth.js";
+import { CURRENCY_DECIMALS } from "./currencies.js";
 
 const SERIES = ["available", "reserved", "paid"];
 const MAX_POINTS = 150;
@@ -28,16 +29,14 @@ function requireAdmin() {
 
 /**
  * The form's price as the API takes it: `{amount, currency}`, the amount in the
- * currency's minor unit, or `{error}`. The decimals come from the browser's currency
- * data; the API answers with ISO 4217's, and the console shows the price it stored.
+ * currency's ISO 4217 minor unit, or `{error}`. Whether Stripe charges that amount (its
+ * minimum, its steps) is the API's to say, naming the price.
  */
 function priceOf(form) {
   const currency = form.elements.currency.value.trim().toUpperCase();
-  let decimals;
-  try {
-    decimals = new Intl.NumberFormat("en", { style: "currency", currency }).resolvedOptions().maximumFractionDigits;
-  } catch {
-    return { error: "The currency must be a three-letter ISO 4217 code such as EUR." };
+  const decimals = Object.hasOwn(CURRENCY_DECIMALS, currency) ? CURRENCY_DECIMALS[currency] : undefined;
+  if (decimals === undefined) {
+    return { error: "The currency must be a three-letter ISO 4217 code that Stripe charges in, such as EUR." };
   }
   const major = Number(form.elements.price.value);
   const minor = major * 10 ** decimals;

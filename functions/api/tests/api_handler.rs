@@ -460,13 +460,32 @@ async fn every_bad_sale_body_is_a_4xx_naming_the_problem_and_writes_nothing() {
             "a free unit",
             with("price", json!({"amount": 0, "currency": "EUR"})),
             "invalid_input",
-            "price.amount must be between 1 and 99999999",
+            "price.amount must be positive",
         ),
         (
-            "a price past eight digits",
+            "a price past Stripe's eight digits",
             with("price", json!({"amount": 100_000_000, "currency": "EUR"})),
             "invalid_input",
-            "price.amount must be between 1 and 99999999",
+            "price.amount must be at most 999999.99 EUR, Stripe's largest charge",
+        ),
+        (
+            "a price under Stripe's minimum charge",
+            with("price", json!({"amount": 49, "currency": "USD"})),
+            "invalid_input",
+            "price.amount must be at least 0.50 USD, Stripe's minimum charge",
+        ),
+        (
+            "a fraction of an ariary, which Stripe charges whole",
+            with("price", json!({"amount": 129_950, "currency": "MGA"})),
+            "invalid_input",
+            "price.amount must be a multiple of 100 (in ISO 4217's minor unit, 2 decimals): \
+             Stripe charges MGA in steps of 1.00",
+        ),
+        (
+            "a currency Stripe does not charge in",
+            with("price", json!({"amount": 1_299, "currency": "IRR"})),
+            "invalid_input",
+            "price.currency must be a currency Stripe charges in, which IRR is not",
         ),
         (
             "a made-up currency",

@@ -438,7 +438,7 @@ async fn a_signed_event_for_another_amount_is_refused_and_settles_nothing() {
         .open(
             &reservation.order_id,
             &reservation.user_id,
-            Price::new(1, "EUR").unwrap(),
+            Price::new(50, "EUR").unwrap(),
         )
         .await
         .unwrap();

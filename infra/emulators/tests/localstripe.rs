@@ -3,7 +3,8 @@
 //! manual-capture payment arrive signed; what Stripe refuses is refused, in Stripe's error
 //! shape; an `Idempotency-Key` answers its first answer again; Stripe's test cards behave
 //! as Stripe documents them when the page confirms them with the publishable key and the
-//! client secret, directly and through the fake Stripe.js; each webhook endpoint gets its
+//! client secret, directly and through the fake Stripe.js; a refund of Stripe's refund test
+//! cards moves on to its later status, with its events; each webhook endpoint gets its
 //! events on its own, and one can be removed; and the launcher registers its webhook at
 //! start.
 
@@ -23,6 +24,10 @@ const WEBHOOK_SECRET: &str = "whsec_flashsale_test";
 const GOOD_CARD: &str = "4242424242424242";
 const DECLINED_CARD: &str = "4000000000000002";
 const THREE_D_SECURE_CARD: &str = "4000002500003155";
+/// Stripe's refund test card whose refund begins pending and succeeds later.
+const REFUND_PENDING_CARD: &str = "4000000000007726";
+/// Stripe's refund test card whose refund begins succeeded and fails later.
+const REFUND_FAILING_CARD: &str = "4000000000005126";
 
 /// One answer: its status, whether Stripe replayed it for an idempotency key, its JSON.
 #[derive(Debug)]
@@ -172,6 +177,16 @@ impl Stripe {
         confirmed
     }
 
+    /// A PaymentIntent paid with `card`: authorised from the page, then captured.
+    async fn paid_with(&self, card: &str) -> Value {
+        let intent = self.intent().await;
+        let confirmed = self.page_confirm(&intent, card).await.ok();
+        assert_eq!(confirmed["status"], "requires_capture", "{card}");
+        let captured = self.act(&intent, "capture", &[]).await.ok();
+        assert_eq!(captured["status"], "succeeded", "{card}");
+        captured
+    }
+
     async fn act(&self, intent: &Value, action: &str, form: &[(&str, &str)]) -> Answer {
         self.post(
             &format!("/v1/payment_intents/{}/{action}", id(intent)),
@@ -189,6 +204,40 @@ impl Stripe {
         let mut form = form.to_vec();
         form.push(("payment_intent", id(intent)));
         self.post("/v1/refunds", &form).await
+    }
+
+    /// `refund` as the list of the refunds of `intent` shows it, as the product reads it.
+    async fn listed(&self, intent: &Value, refund: &Value) -> Value {
+        let list = self
+            .get(&format!(
+                "/v1/refunds?payment_intent={}&limit=100",
+                id(intent)
+            ))
+            .await
+            .ok();
+        list["data"]
+            .as_array()
+            .and_then(|refunds| refunds.iter().find(|listed| listed["id"] == refund["id"]))
+            .cloned()
+            .unwrap_or_else(|| panic!("{} is listed: {list:#}", id(refund)))
+    }
+
+    /// `refund` once the list shows it `status`, waited for up to 10 s.
+    async fn listed_once(&self, intent: &Value, refund: &Value, status: &str) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let listed = self.listed(intent, refund).await;
+            if listed["status"] == status {
+                return listed;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} still {} after 10 s, not {status}",
+                id(refund),
+                listed["status"]
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 }
 
@@ -525,6 +574,10 @@ async fn only_captured_money_is_refunded_and_never_twice() {
         (&part["amount"], &part["payment_intent"]),
         (&1000.into(), &captured["id"])
     );
+    assert_eq!(
+        part["status"], "succeeded",
+        "an ordinary refund is made at once"
+    );
     let too_much = stripe
         .refund(&captured, &[("amount", "1501")])
         .await
@@ -540,6 +593,146 @@ async fn only_captured_money_is_refunded_and_never_twice() {
         .await
         .ok();
     assert_eq!(refunds["data"].as_array().map(Vec::len), Some(2));
+    for listed in refunds["data"].as_array().into_iter().flatten() {
+        assert_eq!(listed["status"], "succeeded", "{listed:#}");
+    }
+}
+
+/// The refund event `kind` about payment `intent`, delivered to `receiver` signed: its refund.
+async fn refund_event(receiver: &Receiver, kind: &str, intent: &Value) -> Value {
+    let event = receiver.event(kind, id(intent), WEBHOOK_SECRET).await;
+    let refund = event["data"]["object"].clone();
+    assert_eq!(refund["object"], "refund", "{kind}: {refund:#}");
+    assert_eq!(
+        refund["charge"], intent["latest_charge"]["id"],
+        "{kind}: {refund:#}"
+    );
+    refund
+}
+
+#[tokio::test]
+async fn a_refund_of_stripes_refund_test_cards_moves_on_later_with_its_event() {
+    let stripe = Stripe::shared().await;
+    let receiver = Receiver::registered(&stripe).await;
+
+    // Pending at first, succeeded some time later.
+    let paid = stripe.paid_with(REFUND_PENDING_CARD).await;
+    let refund = stripe.refund(&paid, &[]).await.ok();
+    assert_eq!(
+        (&refund["status"], &refund["amount"]),
+        (&"pending".into(), &2500.into())
+    );
+    assert_eq!(stripe.listed(&paid, &refund).await["status"], "pending");
+    // What is pending is on its way: nothing is left to refund.
+    stripe
+        .refund(&paid, &[])
+        .await
+        .invalid(Some("charge_already_refunded"));
+    stripe.listed_once(&paid, &refund, "succeeded").await;
+    let updated = refund_event(&receiver, "charge.refund.updated", &paid).await;
+    assert_eq!(
+        (&updated["id"], &updated["status"]),
+        (&refund["id"], &"succeeded".into())
+    );
+
+    // Succeeded at first, failed some time later: its money is left to refund again.
+    let paid = stripe.paid_with(REFUND_FAILING_CARD).await;
+    let refund = stripe.refund(&paid, &[]).await.ok();
+    assert_eq!(
+        (&refund["status"], &refund["amount"]),
+        (&"succeeded".into(), &2500.into())
+    );
+    assert_eq!(stripe.listed(&paid, &refund).await["status"], "succeeded");
+    stripe.listed_once(&paid, &refund, "failed").await;
+    for kind in ["charge.refund.updated", "refund.failed"] {
+        let failed = refund_event(&receiver, kind, &paid).await;
+        assert_eq!(
+            (&failed["id"], &failed["status"]),
+            (&refund["id"], &"failed".into()),
+            "{kind}"
+        );
+    }
+    let charge = stripe
+        .get(&format!("/v1/payment_intents/{}", id(&paid)))
+        .await
+        .ok()["latest_charge"]
+        .clone();
+    assert_eq!(
+        (&charge["amount_refunded"], &charge["refunded"]),
+        (&0.into(), &false.into()),
+        "{charge:#}"
+    );
+    // (It begins succeeded, and will fail too.)
+    let again = stripe.refund(&paid, &[]).await.ok();
+    assert_eq!(again["amount"], 2500, "{again:#}");
+}
+
+#[tokio::test]
+async fn a_payment_intent_is_refused_in_an_amount_or_currency_stripe_cannot_charge() {
+    let stripe = Stripe::shared().await;
+    let open = |amount: &'static str, currency: &'static str| {
+        let stripe = &stripe;
+        async move {
+            stripe
+                .post(
+                    "/v1/payment_intents",
+                    &[("amount", amount), ("currency", currency)],
+                )
+                .await
+        }
+    };
+    // Refused with `code` (none for a malformed amount or currency), on `param`.
+    let refused = |answer: Answer, code: Option<&str>, param: &str| {
+        let error = answer.invalid(code);
+        assert_eq!(error["param"], param, "{error:#}");
+        error
+    };
+
+    for currency in ["xts", "irr"] {
+        let error = refused(open("1000", currency).await, None, "currency");
+        let message = error["message"].as_str().unwrap_or_default();
+        assert!(
+            message.starts_with(&format!("Invalid currency: {currency}.")),
+            "{message}"
+        );
+    }
+    let too_small = Some("amount_too_small");
+    let error = refused(open("49", "usd").await, too_small, "amount");
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("0.50"),
+        "the minimum in dollars: {error:#}"
+    );
+    assert_eq!(open("50", "usd").await.ok()["amount"], 50);
+    // ISK is given with two decimals, always 00; three-decimal amounts end in 0.
+    refused(open("1299", "isk").await, None, "amount");
+    assert_eq!(open("130000", "isk").await.ok()["amount"], 130_000);
+    refused(open("1255", "kwd").await, None, "amount");
+    assert_eq!(open("1250", "kwd").await.ok()["amount"], 1250);
+    assert_eq!(
+        open("1299", "mga").await.ok()["amount"],
+        1299,
+        "zero-decimal"
+    );
+    let too_large = Some("amount_too_large");
+    refused(open("100000000", "eur").await, too_large, "amount");
+    let largest = open("99999999", "eur").await.ok();
+    assert_eq!(largest["amount"], 99_999_999);
+
+    // An update is held to the same.
+    let update = format!("/v1/payment_intents/{}", id(&largest));
+    let update = |form: &'static [(&'static str, &'static str)]| stripe.post(&update, form);
+    refused(update(&[("amount", "49")]).await, too_small, "amount");
+    refused(update(&[("currency", "xts")]).await, None, "currency");
+    let updated = update(&[("amount", "1250"), ("currency", "kwd")])
+        .await
+        .ok();
+    assert_eq!(
+        (&updated["amount"], &updated["currency"]),
+        (&1250.into(), &"kwd".into())
+    );
 }
 
 #[tokio::test]

@@ -9,16 +9,16 @@ use std::sync::Arc;
 
 use flashsale_adapters::DynamoStore;
 use flashsale_adapters::stripe::StripePayments;
-use flashsale_domain::payment::{Payment, PaymentState};
+use flashsale_domain::payment::{Payment, PaymentState, RefundProgress};
 use flashsale_domain::ports::{OrderBook, PaymentProvider, SaleCatalog, StockLedger, SystemClock};
 use flashsale_domain::sale::SaleStats;
 use flashsale_domain::service::{
-    DEFAULT_TAKE_GRACE, ExpiryService, PaymentService, Reconciler, SettleOutcome,
+    DEFAULT_TAKE_GRACE, ExpiryService, PaymentService, Reconciler, SettleOutcome, Settled,
 };
 use flashsale_domain::testing::{FaultyProvider, ManualClock, ProviderFault};
 use flashsale_domain::{Order, OrderStatus, Reservation, Sale, UserId};
 
-use self::support::stripe::authorise;
+use self::support::stripe::authorise_with;
 
 struct Drill {
     store: Arc<DynamoStore>,
@@ -57,6 +57,11 @@ impl Drill {
     /// A unit reserved, its payment opened through the settlement's `open` and
     /// confirmed with Stripe's good test card.
     async fn authorised(&self) -> (Reservation, Payment) {
+        self.authorised_with("4242424242424242").await
+    }
+
+    /// [`Drill::authorised`] with one of Stripe's test cards.
+    async fn authorised_with(&self, card: &str) -> (Reservation, Payment) {
         let reservation = support::reservation(&self.sale, &self.buyer, 0);
         self.store
             .reserve(&self.sale, 0, &reservation)
@@ -68,9 +73,28 @@ impl Drill {
             .open(&reservation.order_id, &self.buyer)
             .await
             .expect("opened");
-        authorise(&payment).await;
+        authorise_with(&payment, card).await;
         assert_eq!(self.at_stripe(&payment).await, PaymentState::Authorised);
         (reservation, payment)
+    }
+
+    /// The settlement Stripe's event about `payment` brings.
+    async fn settled(&self, payment: &Payment) -> Settled {
+        self.payments
+            .settle_payment(&payment.id)
+            .await
+            .expect("settled")
+    }
+
+    /// How much of `payment`'s money Stripe's refunds gave back.
+    async fn refunds(&self, payment: &Payment) -> RefundProgress {
+        let captured = self
+            .stripe
+            .payment(&payment.id)
+            .await
+            .expect("read")
+            .expect("exists");
+        self.stripe.refunds(&captured).await.expect("read")
     }
 
     async fn at_stripe(&self, payment: &Payment) -> PaymentState {
@@ -212,8 +236,15 @@ async fn money_captured_for_an_expired_order_is_refunded_once_and_the_order_show
     assert_eq!(again.outcome, SettleOutcome::Refunded);
     assert!(!again.moves.refunded, "refunded once");
     // Asked once more, Stripe's side answers the refund the settlement made.
-    let refund = drill.stripe.refund(&payment.id).await.expect("the refund");
-    assert_eq!((refund.amount, refund.made_now), (2_500, false));
+    let captured = drill
+        .stripe
+        .payment(&payment.id)
+        .await
+        .expect("read")
+        .expect("exists");
+    // Asked again, Stripe's side makes no second refund.
+    let progress = drill.stripe.refund(&captured).await.expect("the refund");
+    assert_eq!((progress.succeeded, progress.made_now), (2_500, false));
     assert_eq!(
         drill.order(&reservation).await.status,
         OrderStatus::Refunded
@@ -227,5 +258,90 @@ async fn money_captured_for_an_expired_order_is_refunded_once_and_the_order_show
             stats.counts.available
         ),
         (1, 0, 2)
+    );
+}
+
+/// The settlement of `payment` until it answers `outcome`: Stripe moves a test card's
+/// refund on about a second after it is made (the local Stripe as Stripe does), and
+/// its event would settle it as this does.
+async fn settled_until(drill: &Drill, payment: &Payment, outcome: SettleOutcome) {
+    for _ in 0..100 {
+        let settled = drill.settled(payment).await;
+        if settled.outcome == outcome {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    panic!("never {outcome:?}");
+}
+
+/// An expired order with money captured for it, through the timer and a capture that
+/// raced it, paid with `card`.
+async fn late_money(drill: &Drill, card: &str) -> (Reservation, Payment) {
+    let (reservation, payment) = drill.authorised_with(card).await;
+    let timer = ExpiryService {
+        ledger: drill.store.clone(),
+        clock: Arc::new(ManualClock::new(reservation.expires_at)),
+    };
+    timer.expire(&reservation).await.expect("expired");
+    drill.stripe.capture(&payment.id).await.expect("captured");
+    (reservation, payment)
+}
+
+/// Issue 47, with Stripe's test card 4000 0000 0000 7726: "If you initiate a refund,
+/// its status begins as pending. Some time later, its status transitions to
+/// succeeded". Pending is not refunded: the order stays expired with its money
+/// pending, and no second refund is made while it is on its way.
+#[tokio::test]
+async fn a_refund_on_its_way_leaves_the_order_refund_pending_until_it_succeeds() {
+    let drill = Drill::new().await;
+    let (reservation, payment) = late_money(&drill, "4000000000007726").await;
+    let settled = drill.settled(&payment).await;
+    assert_eq!(settled.outcome, SettleOutcome::RefundPending);
+    assert!(settled.moves.refunded);
+    assert_eq!(drill.order(&reservation).await.status, OrderStatus::Expired);
+    assert_eq!(drill.stats().await.counts.refund_pending, 1);
+    settled_until(&drill, &payment, SettleOutcome::Refunded).await;
+    let order = drill.order(&reservation).await;
+    assert_eq!(order.status, OrderStatus::Refunded);
+    let progress = drill.refunds(&payment).await;
+    assert_eq!(
+        (progress.succeeded, progress.pending),
+        (2_500, 0),
+        "one refund, of all of it"
+    );
+    let stats = drill.stats().await;
+    assert!(stats.consistent, "{stats:?}");
+}
+
+/// Issue 47, with Stripe's test card 4000 0000 0000 5126: "If you initiate a refund,
+/// its status begins as succeeded. Some time later, its status transitions to
+/// failed". The order was refunded; it goes back to expired, and is refunded again.
+#[tokio::test]
+async fn a_refund_that_fails_after_it_succeeded_reopens_the_order_and_refunds_again() {
+    let drill = Drill::new().await;
+    let (reservation, payment) = late_money(&drill, "4000000000005126").await;
+    let settled = drill.settled(&payment).await;
+    assert_eq!(settled.outcome, SettleOutcome::Refunded);
+    assert_eq!(
+        drill.order(&reservation).await.status,
+        OrderStatus::Refunded
+    );
+    // A second later the bank sends it back: the settlement that Stripe's
+    // `refund.failed` brings reopens the order and refunds again (that refund, of the
+    // same card, begins succeeded too).
+    let reopened = loop {
+        let settled = drill.settled(&payment).await;
+        if settled.moves.refund_reopened {
+            break settled;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert_eq!(reopened.outcome, SettleOutcome::Refunded);
+    assert!(reopened.moves.refunded, "refunded again");
+    let order = drill.order(&reservation).await;
+    assert_eq!(
+        (order.status, order.refunded_from),
+        (OrderStatus::Refunded, Some(OrderStatus::Expired))
     );
 }

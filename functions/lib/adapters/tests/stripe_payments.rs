@@ -12,7 +12,7 @@ mod support;
 use flashsale_adapters::stripe::StripePayments;
 use flashsale_domain::StoreError;
 use flashsale_domain::payment::{
-    CancelOutcome, CaptureOutcome, Payment, PaymentId, PaymentState, Refund,
+    CancelOutcome, CaptureOutcome, Payment, PaymentId, PaymentState, RefundProgress,
 };
 use flashsale_domain::ports::PaymentProvider;
 use flashsale_domain::{OrderId, Price, SaleId, UserId};
@@ -67,11 +67,17 @@ async fn an_opened_payment_names_its_order_buyer_and_amount_and_waits_for_the_bu
         "Stripe takes the code in lower case"
     );
     assert!(!opened.client_secret.is_empty());
-    assert!(opened.is_for(&order, 129_900, "EUR"));
-    assert!(!opened.is_for(&order, 129_901, "EUR"), "another amount");
-    assert!(!opened.is_for(&order, 129_900, "USD"), "another currency");
+    assert!(opened.is_for(&order, price(129_900, "EUR")));
     assert!(
-        !opened.is_for(&self::order(), 129_900, "EUR"),
+        !opened.is_for(&order, price(129_901, "EUR")),
+        "another amount"
+    );
+    assert!(
+        !opened.is_for(&order, price(129_900, "USD")),
+        "another currency"
+    );
+    assert!(
+        !opened.is_for(&self::order(), price(129_900, "EUR")),
         "another order"
     );
 
@@ -87,6 +93,20 @@ async fn an_opened_payment_names_its_order_buyer_and_amount_and_waits_for_the_bu
         (1_299, "jpy"),
         "minor units as the price has them: a yen has no decimals"
     );
+
+    // Issue 47: Stripe's unit where it is not ISO 4217's. 1,300 kr is 130000 at Stripe
+    // (two decimals, always 00); 1,299.00 Ar is 1299 (zero-decimal at Stripe, two
+    // decimals in ISO 4217). Both are accepted by the local Stripe, which refuses an ISK
+    // amount that is not whole krónur, as Stripe does.
+    for (price, charged) in [
+        (price(1_300, "ISK"), 130_000),
+        (price(129_900, "MGA"), 1_299),
+    ] {
+        let order = self::order();
+        let opened = stripe.open(&order, &buyer(), price).await.expect("opened");
+        assert_eq!(opened.amount, charged, "{price:?}");
+        assert!(opened.is_for(&order, price));
+    }
 }
 
 #[tokio::test]
@@ -161,20 +181,37 @@ async fn a_captured_payment_is_not_cancelled_but_refunded_once_however_often_ask
         "{cancel:?}"
     );
 
-    let refund = stripe.refund(&payment.id).await.expect("refunded");
-    assert!(refund.id.starts_with("re_"), "{}", refund.id);
-    assert_eq!(refund.amount, 129_900);
-    assert_eq!(refund.payment, payment.id);
-    assert!(refund.made_now);
-    let again = stripe.refund(&payment.id).await.expect("answered");
+    let captured = read(&stripe, &payment).await;
+    let refund = stripe.refund(&captured).await.expect("refunded");
+    assert_eq!(
+        refund,
+        RefundProgress {
+            captured: 129_900,
+            succeeded: 129_900,
+            pending: 0,
+            failed: 0,
+            made_now: true,
+        }
+    );
+    assert!(refund.is_complete());
+    let again = stripe.refund(&captured).await.expect("answered");
     assert_eq!(
         again,
-        Refund {
+        RefundProgress {
             made_now: false,
             ..refund
         },
         "the refund made before, not a second one"
     );
+    assert_eq!(stripe.refunds(&captured).await.expect("read"), again);
+}
+
+async fn read(stripe: &StripePayments, payment: &Payment) -> Payment {
+    stripe
+        .payment(&payment.id)
+        .await
+        .expect("read")
+        .expect("exists")
 }
 
 #[tokio::test]

@@ -7,6 +7,7 @@
 pub mod buyer_orders;
 pub mod challenge;
 pub mod control;
+pub mod currency;
 pub mod error;
 pub mod fulfilment;
 pub mod gate;
@@ -25,10 +26,11 @@ pub mod testing;
 pub mod token;
 
 pub use control::{SaleAction, SaleAudit, SaleControl};
+pub use currency::Currency;
 pub use error::{AppError, StoreError, ValidationError, WriteOutcome};
 pub use ids::{OrderId, SaleId, UserId};
 pub use order::{Order, OrderStatus, ReleaseReason, Reservation};
-pub use price::{Currency, Price};
+pub use price::Price;
 pub use sale::{
     ReservePath, Sale, SaleCursor, SaleDraft, SaleList, SalePage, SalePhase, SaleStats, SaleView,
 };

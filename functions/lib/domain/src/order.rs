@@ -3,10 +3,14 @@
 //! ```text
 //!   grab ──► reserved ──pay──► paid
 //!               └──cancel / timeout──► cancelled / expired ──late money refunded──► refunded
+//!                                              ▲                                      │
+//!                                              └────────── its refund failed ─────────┘
 //! ```
-//! `paid` and `refunded` are final; `cancelled` and `expired` are final for the unit, and
-//! become `refunded` only when money the buyer paid for the order came in too late (see
-//! [`crate::service::PaymentService`]). Stock leaves the shard at the grab and
+//! `paid` is final; `cancelled` and `expired` are final for the unit, and become
+//! `refunded` only when money the buyer paid for the order came in too late and all of
+//! it is back with the buyer (see [`crate::service::PaymentService`]). A refund that the
+//! provider reported succeeded can still fail later (the card's bank cannot take it):
+//! the order goes back to where it was refunded from, and is refunded again. Stock leaves the shard at the grab and
 //! comes back exactly once, on the move to `cancelled` or `expired`. The grab's hold is
 //! the order from the start: the order consumer sets the release timer and writes
 //! nothing, so a unit costs the table no write between the grab and its settlement.
@@ -70,6 +74,7 @@ impl OrderStatus {
     /// with conditional writes; this is their specification.
     pub fn can_become(self, next: Self) -> bool {
         match (self, next) {
+            (Self::Refunded, Self::Cancelled | Self::Expired) => true,
             (from, Self::Paid | Self::Cancelled | Self::Expired) => from.is_open(),
             (Self::Cancelled | Self::Expired, Self::Refunded) => true,
             _ => false,
@@ -162,6 +167,10 @@ pub struct Order {
     /// settlement, not shown to the buyer (its state is the order's status).
     #[serde(skip)]
     pub payment: Option<OrderPayment>,
+    /// The status a `refunded` order was refunded from (`cancelled` or `expired`): where
+    /// it goes back to if its refund fails after all. Recorded by the refund.
+    #[serde(skip)]
+    pub refunded_from: Option<OrderStatus>,
 }
 
 impl Order {
@@ -178,6 +187,7 @@ impl Order {
             expired_at: None,
             paid_at: None,
             payment: None,
+            refunded_from: None,
         }
     }
 }
@@ -190,8 +200,13 @@ mod tests {
     fn only_open_orders_can_settle() {
         use OrderStatus::*;
         for from in OrderStatus::ALL {
-            for to in [Paid, Cancelled, Expired] {
-                assert_eq!(from.can_become(to), from.is_open(), "{from} -> {to}");
+            assert_eq!(from.can_become(Paid), from.is_open(), "{from} -> paid");
+            for to in [Cancelled, Expired] {
+                assert_eq!(
+                    from.can_become(to),
+                    from.is_open() || from == Refunded,
+                    "{from} -> {to}: a refund that failed after all goes back"
+                );
             }
             assert_eq!(
                 from.can_become(Refunded),

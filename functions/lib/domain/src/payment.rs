@@ -9,6 +9,7 @@ use std::fmt;
 
 use crate::ids::{OrderId, UserId};
 use crate::order::OrderStatus;
+use crate::price::Price;
 
 /// The provider's id of one order's payment (Stripe's `pi_...`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -109,8 +110,9 @@ pub struct Payment {
     /// The buyer the payment names (its metadata): with the order, the key of the
     /// order's hold, so that an event about the payment finds its order in one read.
     pub buyer: Option<UserId>,
-    /// What it is for, in minor units of its currency: compared with the order's price
-    /// before anything is settled.
+    /// What it is for, in the provider's unit of its currency (Stripe's `amount`, see
+    /// [`Price::stripe_amount`]): compared with the order's price before anything is
+    /// settled.
     pub amount: u64,
     /// The currency as the provider writes it (`eur`).
     pub currency: String,
@@ -121,13 +123,12 @@ pub struct Payment {
 }
 
 impl Payment {
-    /// Whether this payment is for `order`, of `amount` minor units of `currency` (an
-    /// ISO 4217 code, in either case): its metadata, amount and currency all agree. A
-    /// settlement acts on no payment that fails this.
-    pub fn is_for(&self, order: &OrderId, amount: u64, currency: &str) -> bool {
+    /// Whether this payment is for `order`, at `price`: its metadata, amount and
+    /// currency all agree. A settlement acts on no payment that fails this.
+    pub fn is_for(&self, order: &OrderId, price: Price) -> bool {
         self.order_id.as_ref() == Some(order)
-            && self.amount == amount
-            && self.currency.eq_ignore_ascii_case(currency)
+            && self.amount == price.stripe_amount()
+            && self.currency.eq_ignore_ascii_case(price.currency().code())
     }
 }
 
@@ -155,15 +156,91 @@ pub enum CancelOutcome {
     AlreadyCaptured(Payment),
 }
 
+/// Where one refund stands at the provider.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefundStatus {
+    /// On its way: the provider or the card's bank has not finished it, or it waits on
+    /// an action (Stripe's `pending` and `requires_action`).
+    Pending,
+    /// The money is back with the buyer (Stripe's `succeeded`). Stripe may still turn a
+    /// succeeded refund into a failed one later, when the card's bank cannot take it.
+    Succeeded,
+    /// No money went back (Stripe's `failed` and `canceled`): it counts for nothing, and
+    /// what it covered is refunded again.
+    Failed,
+}
+
 /// A refund of a payment's captured money.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refund {
     /// The provider's id of the refund (Stripe's `re_...`).
     pub id: String,
     pub payment: PaymentId,
-    /// Minor units given back.
+    /// In the provider's unit, as [`Payment::amount`].
     pub amount: u64,
-    /// Whether the call that answered it made it (`false`: an earlier call did, and
-    /// this one moved nothing).
+    pub status: RefundStatus,
+}
+
+/// How many refunds of one payment may fail before no more are made on its own: a card
+/// whose bank sends every refund back would otherwise be refunded again and again. The
+/// order stays `refund_pending`, counted and alarmed, for an operator.
+pub const MAX_FAILED_REFUNDS: usize = 3;
+
+/// How much of a captured payment's money has gone back, from every refund of it the
+/// provider lists: [`crate::ports::PaymentProvider::refund`]'s answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefundProgress {
+    /// What was captured, in the provider's unit.
+    pub captured: u64,
+    /// What refunds that succeeded gave back.
+    pub succeeded: u64,
+    /// What refunds still on their way cover.
+    pub pending: u64,
+    /// How many refunds failed or were cancelled.
+    pub failed: usize,
+    /// Whether the call that answered made a refund (`false`: the refunds listed
+    /// already covered the money, and nothing was asked of the provider now).
     pub made_now: bool,
+}
+
+impl RefundProgress {
+    /// The progress that `refunds` (of a payment that captured `captured`) make.
+    pub fn of(captured: u64, refunds: &[Refund], made_now: bool) -> Self {
+        let total = |status: RefundStatus| {
+            refunds
+                .iter()
+                .filter(|refund| refund.status == status)
+                .map(|refund| refund.amount)
+                .sum()
+        };
+        Self {
+            captured,
+            succeeded: total(RefundStatus::Succeeded),
+            pending: total(RefundStatus::Pending),
+            failed: refunds
+                .iter()
+                .filter(|refund| refund.status == RefundStatus::Failed)
+                .count(),
+            made_now,
+        }
+    }
+
+    /// All of the captured money is back: the order is refunded.
+    pub fn is_complete(&self) -> bool {
+        self.succeeded >= self.captured
+    }
+
+    /// What no refund that succeeded or is on its way covers: what a new refund asks
+    /// for.
+    pub fn uncovered(&self) -> u64 {
+        self.captured
+            .saturating_sub(self.succeeded.saturating_add(self.pending))
+    }
+
+    /// What a refund made now would ask for, if one is to be made: money no refund
+    /// covers, and fewer than [`MAX_FAILED_REFUNDS`] refunds failed.
+    pub fn to_refund(&self) -> Option<u64> {
+        let uncovered = self.uncovered();
+        (uncovered > 0 && self.failed < MAX_FAILED_REFUNDS).then_some(uncovered)
+    }
 }

@@ -14,7 +14,9 @@ use crate::error::StoreError;
 use crate::fulfilment::{BuyerCursor, OrderPage};
 use crate::ids::{OrderId, SaleId, UserId};
 use crate::order::{Order, OrderStatus, ReleaseReason, Reservation};
-use crate::payment::{CancelOutcome, CaptureOutcome, OrderPayment, Payment, PaymentId, Refund};
+use crate::payment::{
+    CancelOutcome, CaptureOutcome, OrderPayment, Payment, PaymentId, RefundProgress,
+};
 use crate::price::Price;
 use crate::sale::{Sale, SaleCursor, SalePage, StockCounts};
 
@@ -487,9 +489,17 @@ pub trait PaymentProvider: Send + Sync {
     /// answer.
     async fn cancel(&self, id: &PaymentId) -> Result<CancelOutcome, StoreError>;
 
-    /// Gives all of a captured payment's money back: one refund per payment, however
-    /// often asked.
-    async fn refund(&self, id: &PaymentId) -> Result<Refund, StoreError>;
+    /// Gives back the money of `payment` (read captured just before) that no refund
+    /// covers: one that succeeded or is on its way. A refund that failed or was cancelled
+    /// covers nothing, so what it covered is refunded again, up to
+    /// [`crate::payment::MAX_FAILED_REFUNDS`] failures; once refunds cover all of it,
+    /// asking again asks nothing of the provider. Answers how much is back, and how
+    /// much on its way, counting a refund made by this call.
+    async fn refund(&self, payment: &Payment) -> Result<RefundProgress, StoreError>;
+
+    /// How much of `payment`'s captured money has gone back, from the refunds the
+    /// provider lists: a read, which refunds nothing.
+    async fn refunds(&self, payment: &Payment) -> Result<RefundProgress, StoreError>;
 }
 
 /// What [`OrderPayments::attach_payment`] found.
@@ -551,6 +561,19 @@ pub trait OrderPayments: Send + Sync {
         &self,
         reservation: &Reservation,
         payment: &PaymentId,
+    ) -> Result<bool, StoreError>;
+
+    /// Moves a `refunded` order back to `from`, the status it was refunded from
+    /// ([`Order::refunded_from`]), atomically with its item, if `payment` is the order's:
+    /// its refund failed after it had succeeded (the card's bank could not take it), so
+    /// the money is not back after all. The payment stays recorded captured, so the
+    /// order is unsettled again: a settlement refunds it again, and the reconciler finds
+    /// it. Whether the order is in `from` now (by this call or an earlier one).
+    async fn reopen_refund(
+        &self,
+        reservation: &Reservation,
+        payment: &PaymentId,
+        from: OrderStatus,
     ) -> Result<bool, StoreError>;
 
     /// The sale's orders whose payment a settlement has not finished

@@ -1,121 +1,65 @@
 //! A sale's price: an amount in the smallest unit of its currency (cents for EUR, yen
 //! for JPY), and the currency, by its ISO 4217 code.
 //!
-//! An integer of the minor unit, never a float: that is what a payment provider takes
-//! (Stripe's `amount`), and what adds up exactly. The currency's exponent (how many
-//! decimals its minor unit is: 2 for EUR, 0 for JPY, 3 for BHD) is ISO 4217's, and the
-//! API says it beside the amount (`decimals`), so that a page shows 129900 EUR as
-//! €1,299.00 and 1299 JPY as ¥1,299 without a table of its own.
-
-use std::fmt;
+//! An integer of the minor unit, never a float: what adds up exactly. The currency's
+//! exponent (how many decimals its minor unit is: 2 for EUR, 0 for JPY, 3 for BHD) is
+//! ISO 4217's, and the API says it beside the amount (`decimals`), so that a page shows
+//! 129900 EUR as €1,299.00 and 1299 JPY as ¥1,299 without a table of its own. Stripe's
+//! `amount` is the same money in Stripe's unit ([`Price::stripe_amount`]), which differs
+//! for a few currencies; a price Stripe cannot charge is refused ([`crate::currency`]).
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+pub use crate::currency::Currency;
 use crate::error::ValidationError;
 
-/// The largest amount, in minor units: eight digits, Stripe's own limit for a charge
-/// ($999,999.99, ¥99,999,999), and far above any unit a flash sale sells.
-pub const MAX_PRICE_AMOUNT: u64 = 99_999_999;
+/// The largest amount of any price, in ISO 4217's minor unit: Stripe's eight digits of
+/// whole ariary are 9,999,999,900 of ISO's hundredths. Each currency's own bound is
+/// [`Currency::largest_amount`].
+pub const MAX_PRICE_AMOUNT: u64 = 9_999_999_900;
 
-/// A currency a price may be in: one of ISO 4217's, current, and money a buyer pays in.
-/// Funds (`CLF`, `USN`), the special codes (gold, `XDR`, the test code `XTS`, "no
-/// currency" `XXX`) and superseded currencies (`HRK`, now EUR) are refused.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Currency(iso_currency::Currency);
-
-impl Currency {
-    /// The currency of an upper-case ISO 4217 code such as `EUR`, refused with a reason
-    /// under `field`.
-    pub fn parse(field: &'static str, code: &str) -> Result<Self, ValidationError> {
-        let Some(currency) = iso_currency::Currency::from_code(code) else {
-            let hint = if iso_currency::Currency::from_code(&code.to_ascii_uppercase()).is_some() {
-                " (in upper case)"
-            } else {
-                ""
-            };
-            return Err(ValidationError::new(
-                field,
-                format!("must be an ISO 4217 currency code such as EUR or JPY{hint}"),
-            ));
-        };
-        if let Some(successor) = currency.is_superseded() {
-            return Err(ValidationError::new(
-                field,
-                format!("{code} is superseded by {}", successor.code()),
-            ));
-        }
-        if currency.is_fund() || currency.is_special() || currency.exponent().is_none() {
-            return Err(ValidationError::new(
-                field,
-                format!("{code} is a fund or special ISO 4217 code, not money a buyer pays in"),
-            ));
-        }
-        Ok(Self(currency))
-    }
-
-    /// The ISO 4217 code, upper case: `EUR`.
-    pub fn code(self) -> &'static str {
-        self.0.code()
-    }
-
-    /// The code as Stripe takes it: lower case, `eur`.
-    pub fn stripe_code(self) -> String {
-        self.code().to_ascii_lowercase()
-    }
-
-    /// Decimals of the minor unit (ISO 4217's exponent): 2 for EUR, 0 for JPY, 3 for
-    /// BHD. Every currency [`Currency::parse`] accepts has one.
-    pub fn decimals(self) -> u8 {
-        self.0
-            .exponent()
-            .and_then(|exponent| u8::try_from(exponent).ok())
-            .unwrap_or(0)
-    }
-}
-
-impl fmt::Debug for Currency {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.code())
-    }
-}
-
-impl fmt::Display for Currency {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.code())
-    }
-}
-
-/// What something costs: `amount` minor units of `currency`, at least one, at most
-/// [`MAX_PRICE_AMOUNT`]. In JSON `{"amount": 129900, "currency": "EUR", "decimals": 2}`;
+/// What something costs: `amount` minor units of `currency`, an amount Stripe charges in
+/// that currency. In JSON `{"amount": 129900, "currency": "EUR", "decimals": 2}`;
 /// `decimals` is written for readers and ignored when read (the currency decides it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Price {
     amount: u64,
     currency: Currency,
+    /// The same money as Stripe's `amount`.
+    charged: u64,
 }
 
 impl Price {
     /// A price of `amount` minor units of the currency coded `currency`. Errors name
     /// `price.amount` or `price.currency`, as the sale's JSON does.
     pub fn new(amount: i64, currency: &str) -> Result<Self, ValidationError> {
+        let currency = Currency::parse("price.currency", currency)?;
         let amount = u64::try_from(amount)
             .ok()
-            .filter(|amount| (1..=MAX_PRICE_AMOUNT).contains(amount))
+            .filter(|&amount| amount >= 1)
             .ok_or_else(|| {
                 ValidationError::new(
                     "price.amount",
-                    format!(
-                        "must be between 1 and {MAX_PRICE_AMOUNT}, in the currency's minor unit (cents for EUR)"
-                    ),
+                    "must be positive, in the currency's minor unit (cents for EUR)",
                 )
             })?;
-        let currency = Currency::parse("price.currency", currency)?;
-        Ok(Self { amount, currency })
+        let charged = currency.to_stripe("price.amount", amount)?;
+        Ok(Self {
+            amount,
+            currency,
+            charged,
+        })
     }
 
-    /// The amount in minor units, as Stripe's `amount` takes it.
+    /// The amount in ISO 4217's minor unit, as the API takes and shows it.
     pub fn amount(self) -> u64 {
         self.amount
+    }
+
+    /// The amount as Stripe's `amount` takes it, in Stripe's unit for the currency: the
+    /// money [`Price::major_units`] shows (1,300 ISK is 130000; 1,299.00 MGA is 1299).
+    pub fn stripe_amount(self) -> u64 {
+        self.charged
     }
 
     pub fn currency(self) -> Currency {
@@ -125,14 +69,7 @@ impl Price {
     /// The amount in the currency's major unit, with its own decimals and a dot, as a
     /// spreadsheet reads a number: `1299.00` EUR, `1299` JPY, `1.250` BHD.
     pub fn major_units(self) -> String {
-        let decimals = self.currency.decimals();
-        let scale = 10_u64.pow(u32::from(decimals));
-        let (whole, fraction) = (self.amount / scale, self.amount % scale);
-        if decimals == 0 {
-            whole.to_string()
-        } else {
-            format!("{whole}.{fraction:0width$}", width = usize::from(decimals))
-        }
+        self.currency.major_units(self.amount)
     }
 }
 
@@ -175,7 +112,7 @@ mod tests {
     fn major_units_have_the_currencys_own_decimals() {
         let price = |amount, currency| Price::new(amount, currency).unwrap().major_units();
         assert_eq!(price(129_900, "EUR"), "1299.00");
-        assert_eq!(price(5, "EUR"), "0.05");
+        assert_eq!(Currency::parse("c", "EUR").unwrap().major_units(5), "0.05");
         assert_eq!(price(1_299, "JPY"), "1299");
         assert_eq!(price(1_250, "BHD"), "1.250");
     }
@@ -226,28 +163,129 @@ mod tests {
             .expect("the Currency schema's enum, on one line");
         let listed: Vec<String> = listed.split(", ").map(str::to_owned).collect();
         let accepted = accepted_codes();
-        assert!(accepted.len() > 150, "{accepted:?}");
+        assert_eq!(
+            accepted.len(),
+            crate::currency::STRIPE_CURRENCIES.len(),
+            "{accepted:?}"
+        );
         assert_eq!(listed, accepted);
     }
 
     #[test]
     fn the_minor_unit_is_iso_4217s() {
-        for (code, decimals) in [("EUR", 2), ("USD", 2), ("JPY", 0), ("KRW", 0), ("BHD", 3)] {
+        for (code, decimals) in [
+            ("EUR", 2),
+            ("USD", 2),
+            ("JPY", 0),
+            ("KRW", 0),
+            ("BHD", 3),
+            ("ISK", 0),
+            ("MGA", 2),
+        ] {
             assert_eq!(Currency::parse("c", code).unwrap().decimals(), decimals);
         }
     }
 
     #[test]
-    fn an_amount_is_positive_and_at_most_eight_digits() {
-        assert_eq!(Price::new(1, "EUR").unwrap().amount(), 1);
-        assert_eq!(
-            Price::new(99_999_999, "JPY").unwrap().amount(),
-            MAX_PRICE_AMOUNT
-        );
+    fn an_amount_is_positive_and_at_most_stripes_eight_digits() {
+        assert_eq!(Price::new(50, "EUR").unwrap().amount(), 50);
+        assert_eq!(Price::new(99_999_999, "JPY").unwrap().amount(), 99_999_999);
         for wrong in [0, -1, 100_000_000, i64::MAX, i64::MIN] {
             let error = Price::new(wrong, "EUR").unwrap_err();
             assert_eq!(error.field, "price.amount", "{wrong}");
         }
+    }
+
+    /// Issue 47: the price took ISO 4217's decimals and went to Stripe as it was, so a
+    /// buyer shown 1,299.00 Ar was charged 129,900 Ar, and one shown 1,300 kr was
+    /// charged 13 kr.
+    #[test]
+    fn stripe_is_sent_the_money_the_buyer_is_shown() {
+        let sent = |amount, currency| {
+            let price = Price::new(amount, currency).unwrap();
+            (price.major_units(), price.stripe_amount())
+        };
+        assert_eq!(sent(129_900, "MGA"), ("1299.00".to_owned(), 1_299));
+        assert_eq!(sent(1_300, "ISK"), ("1300".to_owned(), 130_000));
+        assert_eq!(sent(1_299, "ISK"), ("1299".to_owned(), 129_900));
+        assert_eq!(sent(129_900, "EUR"), ("1299.00".to_owned(), 129_900));
+        assert_eq!(sent(1_299, "JPY"), ("1299".to_owned(), 1_299));
+        assert_eq!(sent(5_120, "KWD"), ("5.120".to_owned(), 5_120));
+        assert_eq!(sent(20_000, "HUF"), ("200.00".to_owned(), 20_000));
+        assert_eq!(sent(5_000, "UGX"), ("5000".to_owned(), 5_000));
+    }
+
+    /// Issue 47: a sale was accepted at prices Stripe never takes, and its buyers were
+    /// answered 503 at the payment.
+    #[test]
+    fn a_price_stripe_cannot_charge_is_refused_naming_what_is_wrong() {
+        for (amount, currency, field, expected) in [
+            (
+                129_950,
+                "MGA",
+                "price.amount",
+                "Stripe charges MGA in steps of 1.00",
+            ),
+            (5_125, "KWD", "price.amount", "multiple of 10"),
+            (
+                49,
+                "USD",
+                "price.amount",
+                "at least 0.50 USD, Stripe's minimum",
+            ),
+            (29, "GBP", "price.amount", "at least 0.30 GBP"),
+            (17_499, "HUF", "price.amount", "at least 175.00 HUF"),
+            (49, "JPY", "price.amount", "at least 50 JPY"),
+            (1_000_000, "ISK", "price.amount", "at most 999999 ISK"),
+            (100_000_000, "USD", "price.amount", "at most 999999.99 USD"),
+            (
+                10_000_000_000,
+                "MGA",
+                "price.amount",
+                "at most 99999999.00 MGA",
+            ),
+            (100_000_000, "JPY", "price.amount", "at most 99999999 JPY"),
+            (
+                100,
+                "IRR",
+                "price.currency",
+                "a currency Stripe charges in, which",
+            ),
+            (
+                100,
+                "CUP",
+                "price.currency",
+                "a currency Stripe charges in, which",
+            ),
+        ] {
+            let error = Price::new(amount, currency).unwrap_err();
+            assert_eq!(error.field, field, "{amount} {currency}");
+            assert!(
+                error.problem.contains(expected),
+                "{amount} {currency}: {error}"
+            );
+        }
+        for (amount, currency) in [
+            (50, "USD"),
+            (30, "GBP"),
+            (17_500, "HUF"),
+            (50, "JPY"),
+            (999_999, "ISK"),
+            (9_999_999_900, "MGA"),
+            (5_120, "KWD"),
+            (1, "IDR"),
+        ] {
+            assert!(Price::new(amount, currency).is_ok(), "{amount} {currency}");
+        }
+    }
+
+    #[test]
+    fn the_largest_price_is_the_largest_stripe_charges_in_any_currency() {
+        let largest = accepted_codes()
+            .iter()
+            .map(|code| Currency::parse("c", code).unwrap().largest_amount())
+            .max();
+        assert_eq!(largest, Some(MAX_PRICE_AMOUNT));
     }
 
     #[test]

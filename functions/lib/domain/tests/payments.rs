@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use chrono::{DateTime, Duration, TimeZone, Utc};
-use flashsale_domain::payment::{Payment, PaymentState};
+use flashsale_domain::payment::{MAX_FAILED_REFUNDS, Payment, PaymentState, RefundStatus};
 use flashsale_domain::ports::{
     Clock, OrderBook, OrderPayments, PaymentAttach, PaymentProvider, SaleCatalog, StockLedger,
 };
@@ -45,6 +45,15 @@ struct World {
 impl World {
     async fn new() -> Self {
         Self::interleaved(0).await
+    }
+
+    /// An order whose payment the provider captured as the buyer confirmed it, as an
+    /// integration set to automatic capture does: money moved while the order is open.
+    async fn captured_at_once(&self) -> (Reservation, Payment) {
+        self.provider
+            .automatic_capture
+            .store(true, Ordering::SeqCst);
+        self.authorised().await
     }
 
     /// A world whose provider calls yield a random number of times for `seed` (none
@@ -427,6 +436,128 @@ async fn money_captured_for_an_order_that_ended_is_refunded_exactly_once() {
     let stats = world.stats().await;
     assert!(stats.consistent, "{stats:?}");
     assert_eq!((stats.counts.refunded, stats.counts.expired), (1, 0));
+}
+
+/// Issue 47: the first refund listed was taken as done whatever its status, so a refund
+/// still on its way, or one that failed, made the order `refunded` for good with the
+/// buyer still charged.
+#[tokio::test]
+async fn an_order_is_refunded_only_once_a_refund_that_succeeded_gives_all_its_money_back() {
+    let world = World::new().await;
+    let (reservation, payment) = world.captured_at_once().await;
+    world.expiry.expire(&reservation).await.unwrap();
+
+    // The card's bank takes its time: on its way, not back.
+    world.provider.refunds_begin(RefundStatus::Pending);
+    let settled = world.settle(&reservation).await;
+    assert_eq!(settled.outcome, SettleOutcome::RefundPending);
+    assert!(settled.moves.refunded, "a refund was asked for");
+    assert_eq!(world.order(&reservation).await.status, OrderStatus::Expired);
+    let stats = world.stats().await;
+    assert_eq!(stats.counts.refund_pending, 1, "{stats:?}");
+    // Asked again while it is on its way: no second refund.
+    let again = world.payments.settle_payment(&payment.id).await.unwrap();
+    assert_eq!(again.outcome, SettleOutcome::RefundPending);
+    assert!(!again.moves.refunded);
+
+    // It failed (Stripe: `failed` or `canceled`): it covers nothing, and is made again.
+    world.provider.refunds_begin(RefundStatus::Succeeded);
+    assert!(
+        world
+            .provider
+            .refund_becomes(&payment.id, RefundStatus::Failed)
+    );
+    let settled = world.payments.settle_payment(&payment.id).await.unwrap();
+    assert_eq!(settled.outcome, SettleOutcome::Refunded);
+    assert!(settled.moves.refunded);
+    assert_eq!(world.provider.refunds.load(Ordering::SeqCst), 2);
+    assert_eq!(
+        world.provider.refund_of(&payment.id).unwrap().amount,
+        129_900,
+        "all of it, again"
+    );
+    assert_eq!(
+        world.order(&reservation).await.status,
+        OrderStatus::Refunded
+    );
+    let stats = world.stats().await;
+    assert!(stats.consistent, "{stats:?}");
+    assert_eq!((stats.counts.refunded, stats.counts.refund_pending), (1, 0));
+}
+
+/// Issue 47: Stripe can fail a refund it reported succeeded (`refund.failed`,
+/// `charge.refund.updated`), and `refunded` was final: the buyer stayed charged.
+#[tokio::test]
+async fn a_refund_that_fails_after_it_succeeded_reopens_the_order_and_is_made_again() {
+    let world = World::new().await;
+    let (reservation, payment) = world.captured_at_once().await;
+    world
+        .orders
+        .cancel(&reservation.order_id, &world.buyer)
+        .await
+        .unwrap();
+    let settled = world.settle(&reservation).await;
+    assert_eq!(settled.outcome, SettleOutcome::Refunded);
+    let order = world.order(&reservation).await;
+    assert_eq!(
+        (order.status, order.refunded_from),
+        (OrderStatus::Refunded, Some(OrderStatus::Cancelled))
+    );
+    // A settlement of a refunded order whose refund stands changes nothing.
+    let again = world.payments.settle_payment(&payment.id).await.unwrap();
+    assert_eq!(again.outcome, SettleOutcome::Refunded);
+    assert_eq!(again.moves, MoneyMoves::default());
+
+    // The bank sends it back, and the next refund stays on its way for a while.
+    world.provider.refunds_begin(RefundStatus::Pending);
+    assert!(
+        world
+            .provider
+            .refund_becomes(&payment.id, RefundStatus::Failed)
+    );
+    let reopened = world.payments.settle_payment(&payment.id).await.unwrap();
+    assert_eq!(reopened.outcome, SettleOutcome::RefundPending);
+    assert!(reopened.moves.refund_reopened && reopened.moves.refunded);
+    assert_eq!(
+        world.order(&reservation).await.status,
+        OrderStatus::Cancelled,
+        "back where it was refunded from"
+    );
+    let stats = world.stats().await;
+    assert_eq!(stats.counts.refund_pending, 1, "{stats:?}");
+
+    // The new refund succeeds: refunded, once.
+    assert!(
+        world
+            .provider
+            .refund_becomes(&payment.id, RefundStatus::Succeeded)
+    );
+    let settled = world.payments.settle_payment(&payment.id).await.unwrap();
+    assert_eq!(settled.outcome, SettleOutcome::Refunded);
+    assert!(!settled.moves.refunded, "no third refund");
+    assert_eq!(world.provider.refunds.load(Ordering::SeqCst), 2);
+    let stats = world.stats().await;
+    assert!(stats.consistent, "{stats:?}");
+    assert_eq!((stats.counts.refunded, stats.counts.cancelled), (1, 0));
+}
+
+/// A bank that sends every refund back is not refunded forever: after
+/// `MAX_FAILED_REFUNDS` failures the order stays refund-pending for an operator.
+#[tokio::test]
+async fn refunds_that_keep_failing_stop_after_a_few_and_leave_the_order_refund_pending() {
+    let world = World::new().await;
+    let (reservation, payment) = world.captured_at_once().await;
+    world.expiry.expire(&reservation).await.unwrap();
+    world.provider.refunds_begin(RefundStatus::Failed);
+    for _ in 0..MAX_FAILED_REFUNDS + 2 {
+        let settled = world.payments.settle_payment(&payment.id).await.unwrap();
+        assert_eq!(settled.outcome, SettleOutcome::RefundPending);
+    }
+    assert_eq!(
+        world.provider.refunds.load(Ordering::SeqCst),
+        MAX_FAILED_REFUNDS
+    );
+    assert_eq!(world.stats().await.counts.refund_pending, 1);
 }
 
 #[tokio::test]

@@ -73,6 +73,10 @@ pub const PAYMENT_CAPTURE_FAILURES: &str = "payment_capture_failures";
 pub const PAYMENT_AUTHORISATIONS_CANCELLED: &str = "payment_authorisations_cancelled";
 /// Money captured for an order that ended first, given back.
 pub const PAYMENT_REFUNDS: &str = "payment_refunds";
+/// Refunds that failed after Stripe reported them succeeded (the card's bank could not
+/// take the money): the order was reopened and refunded again. The buyer was charged
+/// and, for a while, told the money was back.
+pub const PAYMENT_REFUNDS_FAILED: &str = "payment_refunds_failed";
 /// Settlements that failed (the next trigger, or the reconciler, tries again).
 pub const PAYMENT_SETTLE_FAILURES: &str = "payment_settle_failures";
 /// Provider events refused: signed, but about a payment that is no order's own (another
@@ -134,6 +138,10 @@ pub fn describe() {
             "authorisations released for ended orders",
         ),
         (PAYMENT_REFUNDS, "late money refunded"),
+        (
+            PAYMENT_REFUNDS_FAILED,
+            "refunds that failed after they succeeded, made again",
+        ),
         (PAYMENT_SETTLE_FAILURES, "payment settlements failed"),
         (PAYMENT_EVENTS_REFUSED, "provider events refused"),
         (
@@ -271,6 +279,7 @@ pub struct PaymentMoves {
     pub capture_failures: u64,
     pub authorisations_cancelled: u64,
     pub refunds: u64,
+    pub refunds_failed: u64,
     pub failures: u64,
 }
 
@@ -284,6 +293,7 @@ impl PaymentMoves {
             capture_failures: u64::from(moves.capture_failed),
             authorisations_cancelled: u64::from(moves.cancelled),
             refunds: u64::from(moves.refunded),
+            refunds_failed: u64::from(moves.refund_reopened),
             failures: 0,
         }
     }
@@ -312,6 +322,7 @@ pub fn payments(moves: PaymentMoves) {
             moves.authorisations_cancelled,
         ),
         (PAYMENT_REFUNDS, moves.refunds),
+        (PAYMENT_REFUNDS_FAILED, moves.refunds_failed),
         (PAYMENT_SETTLE_FAILURES, moves.failures),
     ] {
         counter!(name).increment(count);

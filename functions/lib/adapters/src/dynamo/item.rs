@@ -73,6 +73,9 @@ pub(crate) const EXPIRED_AT: &str = "expired_at";
 pub(crate) const PAID_AT: &str = "paid_at";
 /// On a hold: when the cancel that released it committed.
 const CANCELLED_AT: &str = "cancelled_at";
+/// On a refunded hold and its order's item: the status it was refunded from
+/// (`cancelled` or `expired`), where it goes back to if its refund fails after all.
+pub(crate) const REFUNDED_FROM: &str = "refunded_from";
 /// A price, on a sale, a hold or an order: its amount in minor units and its ISO 4217
 /// code, two plain attributes so that an operator reads them as they are. Both absent
 /// on what was written before sales had prices.
@@ -577,6 +580,18 @@ impl<'a> Fields<'a> {
         Ok(Some(OrderPayment { id, state }))
     }
 
+    /// The status a refunded hold was refunded from, if it records one.
+    fn refunded_from(&self) -> Result<Option<OrderStatus>, ItemError> {
+        if !self.has(REFUNDED_FROM) {
+            return Ok(None);
+        }
+        let raw = self.string(REFUNDED_FROM)?;
+        raw.parse().map(Some).map_err(|source| ItemError::Status {
+            name: self.name(REFUNDED_FROM),
+            source,
+        })
+    }
+
     fn status(&self) -> Result<OrderStatus, ItemError> {
         let raw = self.string(STATUS)?;
         if raw == LEGACY_PENDING_PAYMENT {
@@ -807,6 +822,8 @@ pub(crate) struct Hold {
     pub price: Option<Price>,
     /// The buyer's payment, once one was attached ([`PAYMENT_ID`]).
     pub payment: Option<OrderPayment>,
+    /// Where a refunded hold was refunded from ([`REFUNDED_FROM`]).
+    pub refunded_from: Option<OrderStatus>,
 }
 
 impl Hold {
@@ -820,6 +837,7 @@ impl Hold {
             paid_at: None,
             price: reservation.price,
             payment: None,
+            refunded_from: None,
         }
     }
 
@@ -849,6 +867,9 @@ impl Hold {
                 (PAYMENT_STATE.to_owned(), s(payment.state.name())),
             ]);
         }
+        if let Some(from) = self.refunded_from {
+            map.insert(REFUNDED_FROM.to_owned(), s(from.as_str()));
+        }
         AttributeValue::M(map)
     }
 
@@ -873,6 +894,7 @@ impl Hold {
                 .transpose()?,
             price: fields.price()?,
             payment: fields.payment()?,
+            refunded_from: fields.refunded_from()?,
         })
     }
 
@@ -883,6 +905,7 @@ impl Hold {
             expired_at: self.expired_at,
             paid_at: self.paid_at,
             payment: self.payment.clone(),
+            refunded_from: self.refunded_from,
             ..Order::from_reservation(&reservation, self.status)
         };
         (order, reservation)

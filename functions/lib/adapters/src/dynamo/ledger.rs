@@ -516,6 +516,7 @@ impl DynamoStore {
             // Nothing was sold: the void records no price, and no payment was opened.
             price: None,
             payment: None,
+            refunded_from: None,
         };
         // The user item's index keys, which a buyer who never held anything lacks: without
         // them `count` (which reads the holds through gsi1) would miss the voided order.

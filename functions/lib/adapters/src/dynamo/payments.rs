@@ -17,7 +17,8 @@ use flashsale_domain::{Order, OrderStatus, Reservation, Sale, StoreError};
 
 use super::DynamoStore;
 use super::item::{
-    self, DELIVERY, Hold, OPEN_HOLD, PAYMENT_ID, PAYMENT_STATE, PK, SHARD, STATUS, n, s,
+    self, DELIVERY, Hold, OPEN_HOLD, PAYMENT_ID, PAYMENT_STATE, PK, REFUNDED_FROM, SHARD, STATUS,
+    n, s,
 };
 use super::requests::{built, names, values};
 use super::transact::{self, in_request_order};
@@ -27,6 +28,7 @@ const ATTACH_PAYMENT: &str = "dynamodb.attach_payment";
 const PAY_WITH: &str = "dynamodb.pay_with";
 const RECORD_PAYMENT: &str = "dynamodb.record_payment";
 const RECORD_REFUND: &str = "dynamodb.record_refund";
+const REOPEN_REFUND: &str = "dynamodb.reopen_refund";
 const UNSETTLED_PAYMENTS: &str = "dynamodb.unsettled_payments";
 const WAS_PROCESSED: &str = "dynamodb.was_processed";
 const RECORD_PROCESSED: &str = "dynamodb.record_processed";
@@ -39,9 +41,9 @@ pub struct BuyerItemContended {
     pub attempts: u32,
 }
 
-/// `record_refund`'s transaction items.
+/// `record_refund`'s and `reopen_refund`'s transaction items.
 mod refunding {
-    /// Moves the released hold to `refunded`.
+    /// Moves the released hold to `refunded`, or back.
     pub(super) const USER_ITEM: usize = 0;
     /// Moves the order's item, written by the release, along.
     pub(super) const ORDER_ITEM: usize = 1;
@@ -179,7 +181,7 @@ impl OrderPayments for DynamoStore {
         let end_hold = built(
             RECORD_REFUND,
             self.update(item::user_key(&reservation.sale_id, &reservation.user_id))
-                .update_expression("SET #hold.#status = :refunded")
+                .update_expression("SET #hold.#from = #hold.#status, #hold.#status = :refunded")
                 .condition_expression(
                     "#hold.#status IN (:cancelled, :expired) AND #hold.#payment_id = :payment_id \
                      AND #hold.#payment_state = :captured",
@@ -187,6 +189,7 @@ impl OrderPayments for DynamoStore {
                 .set_expression_attribute_names(names(&[
                     ("#hold", &hold_attribute),
                     ("#status", STATUS),
+                    ("#from", REFUNDED_FROM),
                     ("#payment_id", PAYMENT_ID),
                     ("#payment_state", PAYMENT_STATE),
                 ]))
@@ -204,9 +207,13 @@ impl OrderPayments for DynamoStore {
         let record = built(
             RECORD_REFUND,
             self.update(item::order_key(&reservation.order_id))
-                .update_expression("SET #status = :refunded")
+                .update_expression("SET #from = #status, #status = :refunded")
                 .condition_expression("attribute_exists(#pk)")
-                .set_expression_attribute_names(names(&[("#status", STATUS), ("#pk", PK)]))
+                .set_expression_attribute_names(names(&[
+                    ("#status", STATUS),
+                    ("#from", REFUNDED_FROM),
+                    ("#pk", PK),
+                ]))
                 .set_expression_attribute_values(values([(":refunded", refunded)]))
                 .build(),
         )?;
@@ -226,6 +233,64 @@ impl OrderPayments for DynamoStore {
             .read_hold(RECORD_REFUND, id, &reservation.user_id)
             .await?
             .is_some_and(|hold| hold.status == OrderStatus::Refunded && records(&hold, payment)))
+    }
+
+    async fn reopen_refund(
+        &self,
+        reservation: &Reservation,
+        payment: &PaymentId,
+        from: OrderStatus,
+    ) -> Result<bool, StoreError> {
+        let hold_attribute = item::hold_attribute(&reservation.order_id);
+        let back = s(from.as_str());
+        let reopen_hold = built(
+            REOPEN_REFUND,
+            self.update(item::user_key(&reservation.sale_id, &reservation.user_id))
+                .update_expression("SET #hold.#status = :from REMOVE #hold.#from")
+                .condition_expression(
+                    "#hold.#status = :refunded AND #hold.#from = :from \
+                     AND #hold.#payment_id = :payment_id",
+                )
+                .set_expression_attribute_names(names(&[
+                    ("#hold", &hold_attribute),
+                    ("#status", STATUS),
+                    ("#from", REFUNDED_FROM),
+                    ("#payment_id", PAYMENT_ID),
+                ]))
+                .set_expression_attribute_values(values([
+                    (":from", back.clone()),
+                    (":refunded", s(OrderStatus::Refunded.as_str())),
+                    (":payment_id", s(payment.as_str())),
+                ]))
+                .build(),
+        )?;
+        let reopen_order = built(
+            REOPEN_REFUND,
+            self.update(item::order_key(&reservation.order_id))
+                .update_expression("SET #status = :from REMOVE #from")
+                .condition_expression("attribute_exists(#pk)")
+                .set_expression_attribute_names(names(&[
+                    ("#status", STATUS),
+                    ("#from", REFUNDED_FROM),
+                    ("#pk", PK),
+                ]))
+                .set_expression_attribute_values(values([(":from", back)]))
+                .build(),
+        )?;
+        let items = in_request_order([
+            (refunding::USER_ITEM, transact::update(reopen_hold)),
+            (refunding::ORDER_ITEM, transact::update(reopen_order)),
+        ]);
+        match self.run(REOPEN_REFUND, items).await? {
+            Ok(()) => return Ok(true),
+            // Reopened already, not refunded, or not this payment's order.
+            Err(refusal) if refusal.failed(refunding::USER_ITEM) => {}
+            Err(refusal) => return Err(refusal.unexpected(REOPEN_REFUND)),
+        }
+        Ok(self
+            .read_hold(REOPEN_REFUND, &reservation.order_id, &reservation.user_id)
+            .await?
+            .is_some_and(|hold| hold.status == from && records(&hold, payment)))
     }
 
     /// Read from the holds, as `open_holds` reads them: each hold carries its payment.

@@ -21,7 +21,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use flashsale_domain::ids::{OrderId, UserId};
 use flashsale_domain::payment::{
-    CancelOutcome, CaptureOutcome, Payment, PaymentId, PaymentState, Refund,
+    CancelOutcome, CaptureOutcome, Payment, PaymentId, PaymentState, Refund, RefundProgress,
+    RefundStatus,
 };
 use flashsale_domain::ports::PaymentProvider;
 use flashsale_domain::{Price, StoreError};
@@ -270,15 +271,23 @@ impl From<Intent> for Payment {
 struct StripeRefund {
     id: String,
     amount: u64,
+    /// `pending`, `requires_action`, `succeeded`, `failed` or `canceled`.
+    status: String,
 }
 
 impl StripeRefund {
-    fn of(self, payment: &PaymentId, made_now: bool) -> Refund {
+    fn of(self, payment: &PaymentId) -> Refund {
+        let status = match self.status.as_str() {
+            "succeeded" => RefundStatus::Succeeded,
+            "failed" | "canceled" => RefundStatus::Failed,
+            // `pending`, `requires_action`, and any status Stripe adds: not back yet.
+            _ => RefundStatus::Pending,
+        };
         Refund {
             id: self.id,
             payment: payment.clone(),
             amount: self.amount,
-            made_now,
+            status,
         }
     }
 }
@@ -297,7 +306,7 @@ impl PaymentProvider for StripePayments {
         buyer: &UserId,
         price: Price,
     ) -> Result<Payment, StoreError> {
-        let amount = price.amount().to_string();
+        let amount = price.stripe_amount().to_string();
         let currency = price.currency().stripe_code();
         let order_id = order.to_string();
         let order_key = format!("metadata[{ORDER_METADATA}]");
@@ -362,25 +371,65 @@ impl PaymentProvider for StripePayments {
         }
     }
 
-    async fn refund(&self, id: &PaymentId) -> Result<Refund, StoreError> {
-        // A refund made before is the answer: the idempotency key below covers a retry
-        // within Stripe's 24 hours, this covers one after (and a fake that ignores keys).
-        if let Some(made) = self.refunds(id).await?.into_iter().next() {
-            return Ok(made);
+    async fn refund(&self, payment: &Payment) -> Result<RefundProgress, StoreError> {
+        let mut refunds = self.refund_list(&payment.id).await?;
+        let before = RefundProgress::of(payment.amount, &refunds, false);
+        let Some(uncovered) = before.to_refund() else {
+            return Ok(before);
+        };
+        // No idempotency key: Stripe never refunds more than is left of the charge
+        // (what no refund that succeeded or is pending covers), so a retry whose first
+        // try went through, or a second settlement racing this one, is refused (400) and
+        // reads the refunds instead. A key would make Stripe replay a failure (a 500) to
+        // every retry for 24 hours, and late money would stay with us for a day.
+        let amount = uncovered.to_string();
+        let made = self
+            .call::<StripeRefund>(
+                "refunds.create",
+                Method::POST,
+                "/v1/refunds",
+                &[("payment_intent", payment.id.as_str()), ("amount", &amount)],
+                None,
+            )
+            .await;
+        match made {
+            Ok(refund) => {
+                refunds.push(refund.of(&payment.id));
+                Ok(RefundProgress::of(payment.amount, &refunds, true))
+            }
+            Err(refusal) if refused_with(&refusal, StatusCode::BAD_REQUEST) => {
+                self.refunds(payment).await
+            }
+            Err(e) => Err(e),
         }
-        self.call::<StripeRefund>(
-            "refunds.create",
-            Method::POST,
-            "/v1/refunds",
-            &[("payment_intent", id.as_str())],
-            Some(&format!("refund-{id}")),
-        )
-        .await
-        .map(|refund| refund.of(id, true))
+    }
+
+    async fn refunds(&self, payment: &Payment) -> Result<RefundProgress, StoreError> {
+        let refunds = self.refund_list(&payment.id).await?;
+        Ok(RefundProgress::of(payment.amount, &refunds, false))
     }
 }
 
 impl StripePayments {
+    /// The refunds of payment `id`, whatever their status.
+    async fn refund_list(&self, id: &PaymentId) -> Result<Vec<Refund>, StoreError> {
+        #[derive(Deserialize)]
+        struct List {
+            data: Vec<StripeRefund>,
+        }
+        // A payment has a refund, a few if some failed: one page of Stripe's largest.
+        let list: List = self
+            .call(
+                "refunds.list",
+                Method::GET,
+                &format!("/v1/refunds?payment_intent={}&limit=100", path_segment(id)),
+                &[],
+                None,
+            )
+            .await?;
+        Ok(list.data.into_iter().map(|refund| refund.of(id)).collect())
+    }
+
     /// POSTs `action` (`capture`, `cancel`) on payment `id`. A refusal as invalid (400:
     /// captured before, cancelled, never authorised, or a wrong request) answers the
     /// payment as it is now, with the refusal: only its state tells which, as Stripe's
@@ -413,28 +462,6 @@ impl StripePayments {
             }
             Err(e) => Err(e),
         }
-    }
-
-    /// The refunds of payment `id`, newest first.
-    async fn refunds(&self, id: &PaymentId) -> Result<Vec<Refund>, StoreError> {
-        #[derive(Deserialize)]
-        struct List {
-            data: Vec<StripeRefund>,
-        }
-        let list: List = self
-            .call(
-                "refunds.list",
-                Method::GET,
-                &format!("/v1/refunds?payment_intent={}", path_segment(id)),
-                &[],
-                None,
-            )
-            .await?;
-        Ok(list
-            .data
-            .into_iter()
-            .map(|refund| refund.of(id, false))
-            .collect())
     }
 }
 

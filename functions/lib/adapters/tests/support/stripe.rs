@@ -28,6 +28,12 @@ pub async fn stripe() -> StripePayments {
 /// The buyer's side: a test card attached and the payment confirmed, as Stripe.js does
 /// on the page. Manual capture leaves it authorised.
 pub async fn authorise(payment: &Payment) {
+    authorise_with(payment, "4242424242424242").await;
+}
+
+/// [`authorise`] with one of Stripe's test cards (`4000000000007726`: a refund of it
+/// begins pending; `4000000000005126`: one succeeds, then fails).
+pub async fn authorise_with(payment: &Payment, card: &str) {
     let http = reqwest::Client::new();
     let base = endpoint().await;
     let method: serde_json::Value = http
@@ -35,7 +41,7 @@ pub async fn authorise(payment: &Payment) {
         .bearer_auth(SECRET_KEY)
         .form(&[
             ("type", "card"),
-            ("card[number]", "4242424242424242"),
+            ("card[number]", card),
             ("card[exp_month]", "12"),
             ("card[exp_year]", "2034"),
             ("card[cvc]", "123"),

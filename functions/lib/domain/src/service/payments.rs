@@ -9,8 +9,12 @@
 //!   reserved          wait        pay_with ─won─► capture    pay_with ─won─► done
 //!                                          └lost─► as below             └lost─► as below
 //!   paid              (anomaly)   capture (a pending one)     record it
-//!   cancelled/expired cancel it   cancel it                  refund it, once
+//!   cancelled/expired cancel it   cancel it                  refund what no refund covers
+//!   refunded                                                 reopen it if its refund failed
 //! ```
+//! An ended order becomes `refunded` only once refunds that succeeded cover all of its
+//! money: a refund on its way (`pending`) leaves it to a later settlement (the refund's
+//! event, or the reconciler), and one that failed or was cancelled is made again.
 //! The write that marks the order paid is the same conditional write that picks pay
 //! against the timeout and a cancel, so money is captured only for an order that won,
 //! and money that moved for an order that lost goes back. Every provider call is
@@ -48,6 +52,10 @@ pub enum SettleOutcome {
     Voided(OrderStatus),
     /// The money moved for an order that had ended, and was given back.
     Refunded,
+    /// The money moved for an order that had ended, and is not all back yet: a refund is
+    /// on its way, or one failed and another was asked for. A later settlement (the
+    /// refund's event, or the reconciler) finishes it.
+    RefundPending,
 }
 
 impl SettleOutcome {
@@ -60,6 +68,7 @@ impl SettleOutcome {
             Self::CaptureRefused => "capture_refused",
             Self::Voided(_) => "voided",
             Self::Refunded => "refunded",
+            Self::RefundPending => "refund_pending",
         }
     }
 }
@@ -80,8 +89,10 @@ pub struct MoneyMoves {
     pub capture_failed: bool,
     /// This settlement released an authorisation.
     pub cancelled: bool,
-    /// This settlement refunded captured money.
+    /// This settlement asked the provider for a refund of captured money.
     pub refunded: bool,
+    /// This settlement found a refunded order's refund failed, and reopened the order.
+    pub refund_reopened: bool,
 }
 
 /// A settlement's result: where the order's money stands, and what this call moved.
@@ -181,13 +192,14 @@ impl PaymentService {
         payment: Payment,
     ) -> Result<Settled, AppError> {
         let price = order.price.ok_or(AppError::NotPayable)?;
-        if !payment.is_for(&order.order_id, price.amount(), price.currency().code()) {
+        if !payment.is_for(&order.order_id, price) {
             return Err(AppError::PaymentMismatch);
         }
         let settlement = Settlement {
             service: self,
             reservation: &reservation,
             paid_before: order.status == OrderStatus::Paid,
+            refunded_from: order.refunded_from,
             moves: MoneyMoves::default(),
         };
         settlement.run(order.status, payment).await
@@ -296,6 +308,8 @@ struct Settlement<'a> {
     /// Whether the order was paid before this settlement began: a capture now retries
     /// one that failed.
     paid_before: bool,
+    /// A refunded order's status before its refund ([`Order::refunded_from`]).
+    refunded_from: Option<OrderStatus>,
     moves: MoneyMoves,
 }
 
@@ -307,7 +321,7 @@ impl Settlement<'_> {
             OrderStatus::Cancelled | OrderStatus::Expired => {
                 self.give_back(status, payment).await?
             }
-            OrderStatus::Refunded => SettleOutcome::Refunded,
+            OrderStatus::Refunded => self.check_refund(payment).await?,
         };
         Ok(Settled {
             order_id: self.reservation.order_id.clone(),
@@ -453,17 +467,54 @@ impl Settlement<'_> {
         }
         // Recorded first, so the stats show the late money until it is back.
         self.record(&payment).await?;
-        let refund = service
+        let progress = service
             .provider
-            .refund(&payment.id)
+            .refund(&payment)
             .await
             .map_err(AppError::Provider)?;
-        self.moves.refunded = refund.made_now;
+        self.moves.refunded = progress.made_now;
+        if !progress.is_complete() {
+            return Ok(SettleOutcome::RefundPending);
+        }
         service
             .payments
             .record_refund(self.reservation, &payment.id)
             .await?;
         Ok(SettleOutcome::Refunded)
+    }
+
+    /// A refunded order: still refunded while its refunds that succeeded cover its
+    /// money. Stripe can fail a refund it reported succeeded (the card's bank cannot
+    /// take it, `refund.failed`): the order goes back to where it was refunded from and
+    /// is refunded again.
+    async fn check_refund(&mut self, payment: Payment) -> Result<SettleOutcome, AppError> {
+        let service = self.service;
+        if payment.state != PaymentState::Captured {
+            return Ok(SettleOutcome::Refunded);
+        }
+        let progress = service
+            .provider
+            .refunds(&payment)
+            .await
+            .map_err(AppError::Provider)?;
+        if progress.is_complete() {
+            return Ok(SettleOutcome::Refunded);
+        }
+        let Some(from) = self.refunded_from else {
+            // Refunded before the order recorded where from: an operator's to mend.
+            tracing::error!(order_id = %self.reservation.order_id, payment = %payment.id, "a refunded order's refund failed, and the order does not say what it was refunded from");
+            return Ok(SettleOutcome::RefundPending);
+        };
+        if !service
+            .payments
+            .reopen_refund(self.reservation, &payment.id, from)
+            .await?
+        {
+            return Ok(SettleOutcome::RefundPending);
+        }
+        tracing::warn!(order_id = %self.reservation.order_id, payment = %payment.id, "a refunded order's refund failed: reopened, refunding again");
+        self.moves.refund_reopened = true;
+        self.give_back(from, payment).await
     }
 
     async fn record(&self, payment: &Payment) -> Result<(), AppError> {

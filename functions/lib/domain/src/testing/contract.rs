@@ -75,6 +75,7 @@ macro_rules! contract_tests {
             two_calls_paying_one_order_at_once_sell_it_once,
             record_payment_records_the_state_of_the_orders_own_payment_only,
             record_refund_moves_a_released_order_with_its_payment_to_refunded_once,
+            reopen_refund_moves_a_refunded_order_back_to_where_it_was_refunded_from_once,
             unsettled_payments_lists_exactly_the_orders_a_settlement_has_not_finished,
             a_provider_event_is_recorded_processed_once,
         );
@@ -1385,6 +1386,18 @@ async fn record_refund(store: &impl OrderPayments, held: &Reservation, id: &Paym
         .expect("record the refund")
 }
 
+async fn reopen_refund(
+    store: &impl OrderPayments,
+    held: &Reservation,
+    id: &PaymentId,
+    from: OrderStatus,
+) -> bool {
+    store
+        .reopen_refund(held, id, from)
+        .await
+        .expect("reopen the refund")
+}
+
 fn consistent(sale: &Sale, counts: StockCounts) -> bool {
     SaleStats::reconcile(sale.stock_total, counts).consistent
 }
@@ -1754,6 +1767,89 @@ pub async fn record_payment_records_the_state_of_the_orders_own_payment_only<S: 
         "an expired order whose money moved waits for its refund"
     );
     assert!(!consistent(&sale, counts));
+}
+
+/// `OrderPayments::reopen_refund`: a refunded order whose refund failed after all goes
+/// back to the status it was refunded from, recorded by the refund, once however often
+/// asked, its payment still captured: unsettled again, and counted refund-pending. Not
+/// another payment's order, not to another status, not an order never refunded. The
+/// unit stays back.
+pub async fn reopen_refund_moves_a_refunded_order_back_to_where_it_was_refunded_from_once<
+    S: Store,
+>(
+    store: &S,
+) {
+    let sale = new_sale(store, 4, 1, 1).await;
+    let mut refunded = Vec::new();
+    for (buyer, reason, status) in [
+        ("alice", ReleaseReason::Expired, OrderStatus::Expired),
+        ("bob", ReleaseReason::Cancelled, OrderStatus::Cancelled),
+    ] {
+        let held = reserved(store, &sale, buyer, 0).await;
+        let payment = attached(store, &held, buyer).await;
+        assert_eq!(release(store, &held, reason).await, Settlement::Applied);
+        let captured = payment_in(&payment, PaymentState::Captured);
+        assert!(record_payment(store, &held, &captured).await);
+        assert!(record_refund(store, &held, &payment).await);
+        let (order, _) = found_by_owner(store, &held).await;
+        assert_eq!(
+            (order.status, order.refunded_from),
+            (OrderStatus::Refunded, Some(status)),
+            "{buyer}: the refund records where from"
+        );
+        refunded.push((held, payment, captured, status));
+    }
+    let (alices, alices_payment, _, _) = &refunded[0];
+    assert!(
+        !reopen_refund(store, alices, &payment_id("mallory"), OrderStatus::Expired).await,
+        "not the order's payment"
+    );
+    assert!(
+        !reopen_refund(store, alices, alices_payment, OrderStatus::Cancelled).await,
+        "not where it was refunded from"
+    );
+    assert_eq!(status_of(store, alices).await, Some(OrderStatus::Refunded));
+    for (held, payment, captured, status) in &refunded {
+        for attempt in ["reopen", "reopen again"] {
+            assert!(
+                reopen_refund(store, held, payment, *status).await,
+                "{status}: {attempt}"
+            );
+        }
+        let (order, _) = found_by_owner(store, held).await;
+        assert_eq!(order.status, *status);
+        assert_eq!(order.refunded_from, None);
+        assert_eq!(order.payment.as_ref(), Some(captured), "still captured");
+    }
+    let after = counts(store, &sale).await;
+    assert_eq!(
+        (after.available, after.refund_pending, after.refunded),
+        (4, 2, 0),
+        "{after:?}"
+    );
+    assert!(
+        !consistent(&sale, after),
+        "money not back is not consistent until it is"
+    );
+    assert_eq!(stock(store, &sale).await, vec![4], "the units stay back");
+    let unsettled = store
+        .unsettled_payments(&sale)
+        .await
+        .expect("the unsettled payments");
+    assert_eq!(unsettled.len(), 2, "both are the reconciler's again");
+
+    // Refunded again, and reopened again: the refund records where from each time.
+    let (alices, alices_payment, _, _) = &refunded[0];
+    assert!(record_refund(store, alices, alices_payment).await);
+    assert!(reopen_refund(store, alices, alices_payment, OrderStatus::Expired).await);
+
+    let open = reserved(store, &sale, "carol", 0).await;
+    let carols = attached(store, &open, "carol").await;
+    assert!(
+        !reopen_refund(store, &open, &carols, OrderStatus::Expired).await,
+        "an open order was never refunded"
+    );
+    assert_eq!(status_of(store, &open).await, Some(OrderStatus::Reserved));
 }
 
 /// `OrderPayments::record_refund`: a cancelled or expired order with its own payment

@@ -20,6 +20,7 @@ use crate::ids::{OrderId, SaleId, UserId};
 use crate::order::{Order, OrderStatus, ReleaseReason, Reservation};
 use crate::payment::{
     CancelOutcome, CaptureOutcome, OrderPayment, Payment, PaymentId, PaymentState, Refund,
+    RefundProgress, RefundStatus,
 };
 use crate::ports::{
     Blocklist, Clock, OrderBook, OrderPayments, OrderQueue, Pause, PayOutcome, PaymentAttach,
@@ -188,6 +189,8 @@ struct State {
     expired_at: HashMap<OrderId, DateTime<Utc>>,
     /// When each paid order's pay committed.
     paid_at: HashMap<OrderId, DateTime<Utc>>,
+    /// The status each refunded order was refunded from.
+    refunded_from: HashMap<OrderId, OrderStatus>,
     /// Units taken from a shard by a reserve that never recorded its hold: the
     /// fake's reserve is atomic, so only [`InMemoryStore::leave_take`] makes them.
     loose_takes: HashMap<OrderId, Take>,
@@ -210,6 +213,7 @@ impl State {
             expired_at: self.expired_at.get(id).copied(),
             paid_at: self.paid_at.get(id).copied(),
             payment: self.payments.get(id).cloned(),
+            refunded_from: self.refunded_from.get(id).copied(),
             ..Order::from_reservation(held, status)
         }
     }
@@ -858,10 +862,33 @@ impl OrderPayments for InMemoryStore {
         match state.holds.get(id).map(|(_, status)| *status) {
             Some(OrderStatus::Refunded) => Ok(true),
             Some(status) if status.can_become(OrderStatus::Refunded) => {
+                state.refunded_from.insert(id.clone(), status);
                 state.settle(id, OrderStatus::Refunded);
                 Ok(true)
             }
             _ => Ok(false),
+        }
+    }
+
+    async fn reopen_refund(
+        &self,
+        reservation: &Reservation,
+        payment: &PaymentId,
+        from: OrderStatus,
+    ) -> Result<bool, StoreError> {
+        let mut state = locked(&self.state);
+        let id = &reservation.order_id;
+        if !state.payment_is(id, payment) {
+            return Ok(false);
+        }
+        match state.holds.get(id).map(|(_, status)| *status) {
+            Some(OrderStatus::Refunded) if state.refunded_from.get(id) == Some(&from) => {
+                state.refunded_from.remove(id);
+                state.settle(id, from);
+                Ok(true)
+            }
+            Some(status) => Ok(status == from && from.can_become(OrderStatus::Refunded)),
+            None => Ok(false),
         }
     }
 
@@ -1308,7 +1335,8 @@ pub enum ProviderFault {
 #[derive(Debug, Clone)]
 struct FakePayment {
     payment: Payment,
-    refund: Option<Refund>,
+    /// Its refunds, oldest first.
+    refunds: Vec<Refund>,
 }
 
 #[derive(Debug, Default)]
@@ -1322,7 +1350,10 @@ struct ProviderState {
 /// A payment provider in memory, with Stripe's rules for a manually captured
 /// PaymentIntent: a capture moves the money once, a cancelled payment cannot be
 /// captured, a captured one cannot be cancelled, and only captured money can be
-/// refunded, once. The buyer's side ([`FakePaymentProvider::authorise`]) is played by
+/// refunded, never more of it than a refund that succeeded or is on its way leaves. A
+/// refund begins as [`FakePaymentProvider::refunds_begin`] says (succeeded, unless a
+/// test makes it pending or failed) and moves on when a test says
+/// ([`FakePaymentProvider::refund_becomes`]), as a card's bank moves Stripe's. The buyer's side ([`FakePaymentProvider::authorise`]) is played by
 /// tests; faults come from wrapping it in a [`FaultyProvider`]. Counts the money's
 /// movements, so a test can show nothing moved twice.
 #[derive(Debug, Default)]
@@ -1337,6 +1368,8 @@ pub struct FakePaymentProvider {
     pub cancellations: AtomicUsize,
     /// Refunds made.
     pub refunds: AtomicUsize,
+    /// The status each new refund begins in: succeeded unless a test says.
+    refunds_begin: Mutex<Option<RefundStatus>>,
 }
 
 impl FakePaymentProvider {
@@ -1371,12 +1404,34 @@ impl FakePaymentProvider {
             .map(|fake| fake.payment.state)
     }
 
-    /// The refund made of the payment, if any.
+    /// The newest refund made of the payment, if any.
     pub fn refund_of(&self, id: &PaymentId) -> Option<Refund> {
         locked(&self.state)
             .payments
             .get(id)
-            .and_then(|fake| fake.refund.clone())
+            .and_then(|fake| fake.refunds.last().cloned())
+    }
+
+    /// New refunds begin in `status` (Stripe's `pending` for a bank that takes its
+    /// time, say).
+    pub fn refunds_begin(&self, status: RefundStatus) {
+        *locked(&self.refunds_begin) = Some(status);
+    }
+
+    /// The newest refund of the payment moves to `status`, as the card's bank decides.
+    pub fn refund_becomes(&self, id: &PaymentId, status: RefundStatus) -> bool {
+        let mut state = locked(&self.state);
+        match state
+            .payments
+            .get_mut(id)
+            .and_then(|fake| fake.refunds.last_mut())
+        {
+            Some(refund) => {
+                refund.status = status;
+                true
+            }
+            None => false,
+        }
     }
 
     /// Forgets every idempotency key, as Stripe does after 24 hours.
@@ -1417,7 +1472,7 @@ impl PaymentProvider for FakePaymentProvider {
             id: id.clone(),
             order_id: Some(order.clone()),
             buyer: Some(buyer.clone()),
-            amount: price.amount(),
+            amount: price.stripe_amount(),
             currency: price.currency().stripe_code(),
             state: PaymentState::Open,
             client_secret: format!("{id}_secret"),
@@ -1427,7 +1482,7 @@ impl PaymentProvider for FakePaymentProvider {
             id,
             FakePayment {
                 payment: payment.clone(),
-                refund: None,
+                refunds: Vec::new(),
             },
         );
         Ok(payment)
@@ -1470,15 +1525,10 @@ impl PaymentProvider for FakePaymentProvider {
         })
     }
 
-    async fn refund(&self, id: &PaymentId) -> Result<Refund, StoreError> {
+    async fn refund(&self, payment: &Payment) -> Result<RefundProgress, StoreError> {
+        let begins = locked(&self.refunds_begin).unwrap_or(RefundStatus::Succeeded);
         let mut state = locked(&self.state);
-        let fake = fake_payment(&mut state, "refund", id)?;
-        if let Some(refund) = &fake.refund {
-            return Ok(Refund {
-                made_now: false,
-                ..refund.clone()
-            });
-        }
+        let fake = fake_payment(&mut state, "refund", &payment.id)?;
         if fake.payment.state != PaymentState::Captured {
             // Stripe: a PaymentIntent with no successful charge has nothing to refund.
             return Err(StoreError::permanent(
@@ -1486,15 +1536,29 @@ impl PaymentProvider for FakePaymentProvider {
                 ProviderRefused("nothing captured to refund"),
             ));
         }
-        let refund = Refund {
-            id: format!("re_fake_{}", id.as_str()),
-            payment: id.clone(),
-            amount: fake.payment.amount,
-            made_now: true,
+        let before = RefundProgress::of(fake.payment.amount, &fake.refunds, false);
+        let Some(amount) = before.to_refund() else {
+            return Ok(before);
         };
-        fake.refund = Some(refund.clone());
+        let refund = Refund {
+            id: format!("re_fake_{}_{}", payment.id.as_str(), fake.refunds.len() + 1),
+            payment: payment.id.clone(),
+            amount,
+            status: begins,
+        };
+        fake.refunds.push(refund);
         self.refunds.fetch_add(1, Ordering::SeqCst);
-        Ok(refund)
+        Ok(RefundProgress::of(fake.payment.amount, &fake.refunds, true))
+    }
+
+    async fn refunds(&self, payment: &Payment) -> Result<RefundProgress, StoreError> {
+        let mut state = locked(&self.state);
+        let fake = fake_payment(&mut state, "refunds", &payment.id)?;
+        Ok(RefundProgress::of(
+            fake.payment.amount,
+            &fake.refunds,
+            false,
+        ))
     }
 }
 
@@ -1613,7 +1677,11 @@ impl PaymentProvider for FaultyProvider {
         self.call("cancel", self.inner.cancel(id)).await
     }
 
-    async fn refund(&self, id: &PaymentId) -> Result<Refund, StoreError> {
-        self.call("refund", self.inner.refund(id)).await
+    async fn refund(&self, payment: &Payment) -> Result<RefundProgress, StoreError> {
+        self.call("refund", self.inner.refund(payment)).await
+    }
+
+    async fn refunds(&self, payment: &Payment) -> Result<RefundProgress, StoreError> {
+        self.call("refunds", self.inner.refunds(payment)).await
     }
 }
