@@ -740,6 +740,21 @@ impl LocalStripe {
         assert_eq!(response.status(), StatusCode::OK, "create a PaymentIntent");
         response.json().await.expect("JSON")
     }
+
+    /// Cancels the PaymentIntent `intent` with the secret key, as the API withdraws a
+    /// payment its order did not take: the PaymentIntent as cancelled.
+    pub async fn cancel(&self, intent: &Value) -> Value {
+        let id = intent["id"].as_str().expect("an id");
+        let response = self
+            .http
+            .post(format!("{}/v1/payment_intents/{id}/cancel", self.base))
+            .bearer_auth(flashsale_local::local_stripe::SECRET_KEY)
+            .send()
+            .await
+            .expect("the local Stripe answers");
+        assert_eq!(response.status(), StatusCode::OK, "cancel a PaymentIntent");
+        response.json().await.expect("JSON")
+    }
 }
 
 /// Stripe's side of the stack's webhook: events signed with the endpoint's signing

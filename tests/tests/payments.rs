@@ -272,3 +272,38 @@ async fn the_webhook_settles_once_in_any_order_and_refuses_a_payment_not_the_ord
         "{stats}"
     );
 }
+
+/// Issue 47: a Pay clicked at the deadline (or in a second tab) opens a PaymentIntent
+/// the order does not take, and the API cancels it. Stripe's `payment_intent.canceled`
+/// about it was refused and counted as a forged payment, firing
+/// PaymentEventsRefusedAlarm. It is a withdrawn payment; one that still could hold
+/// money stays refused.
+#[tokio::test]
+async fn the_cancel_of_a_payment_the_order_did_not_take_is_withdrawn_not_refused() {
+    let harness = Harness::start("card-withdrawn").await;
+    let (buyer, order_id, payment) =
+        a_held_order_with_its_payment(&harness, "card-withdrawn", 600).await;
+    let stripe = LocalStripe::of(&harness);
+    let webhook = StripeWebhook::of(&harness);
+    let own = stripe.intent(&payment).await;
+    let buyer_id = own["metadata"]["user_id"].as_str().expect("the buyer");
+    let metadata = [("order_id", order_id.as_str()), ("user_id", buyer_id)];
+
+    // As the API opens and withdraws one: the order's price, its metadata, cancelled.
+    let second = stripe.create_intent(129_900, "eur", &metadata).await;
+    let withdrawn = stripe.cancel(&second).await;
+    let (status, answer) = webhook
+        .deliver("evt_withdrawn", "payment_intent.canceled", &withdrawn)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer["outcome"], "withdrawn", "{answer}");
+
+    // Not cancelled: it could still take the buyer's money, so it is refused.
+    let stray = stripe.create_intent(129_900, "eur", &metadata).await;
+    let (status, answer) = webhook
+        .deliver("evt_stray", "payment_intent.created", &stray)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer["outcome"], "refused", "{answer}");
+    assert_eq!(harness.order_status(&buyer, &order_id).await, "reserved");
+}

@@ -187,6 +187,7 @@ pub(crate) async fn stripe_webhook(deps: &Deps, req: &Request) -> Result<Respons
         }
         EventHandled::Duplicate => "duplicate",
         EventHandled::Ignored => "ignored",
+        EventHandled::Withdrawn => "withdrawn",
         EventHandled::Refused => {
             metrics::payment_event_refused();
             "refused"

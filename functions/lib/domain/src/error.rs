@@ -185,6 +185,11 @@ pub enum AppError {
     /// one the order records. Nothing is settled on it.
     #[error("the payment does not match the order")]
     PaymentMismatch,
+    /// The payment names the order but is not the one it records, and it is cancelled:
+    /// one this service opened and withdrew (a Pay at the deadline, a second tab's),
+    /// which never held money. Nothing to settle, and nothing suspicious.
+    #[error("the payment was withdrawn: the order took another, or none")]
+    PaymentWithdrawn,
     #[error("administrator rights are required")]
     Forbidden,
     /// The user is on the blocklist and may not take part in sales.

@@ -101,8 +101,8 @@ impl OrderPayment {
     }
 }
 
-/// One order's payment at the provider.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One order's payment at the provider. Its `Debug` leaves the client secret out.
+#[derive(Clone, PartialEq, Eq)]
 pub struct Payment {
     pub id: PaymentId,
     /// The order the payment names (its metadata), if it names one.
@@ -120,6 +120,22 @@ pub struct Payment {
     /// What the page hands to the provider's script to confirm the payment. Secret to
     /// the buyer of the order: never logged.
     pub client_secret: String,
+}
+
+/// Everything but the client secret, which a log line must never carry: with it anyone
+/// could confirm the buyer's payment from a page of their own.
+impl fmt::Debug for Payment {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Payment")
+            .field("id", &self.id)
+            .field("order_id", &self.order_id)
+            .field("buyer", &self.buyer)
+            .field("amount", &self.amount)
+            .field("currency", &self.currency)
+            .field("state", &self.state)
+            .field("client_secret", &"<redacted>")
+            .finish()
+    }
 }
 
 impl Payment {
@@ -242,5 +258,31 @@ impl RefundProgress {
     pub fn to_refund(&self) -> Option<u64> {
         let uncovered = self.uncovered();
         (uncovered > 0 && self.failed < MAX_FAILED_REFUNDS).then_some(uncovered)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 47: `Payment`'s derived `Debug` printed the client secret into any log line
+    /// or panic that showed a payment.
+    #[test]
+    fn a_payments_debug_never_shows_its_client_secret() {
+        let payment = Payment {
+            id: PaymentId::new("pi_1"),
+            order_id: None,
+            buyer: None,
+            amount: 129_900,
+            currency: "eur".to_owned(),
+            state: PaymentState::Open,
+            client_secret: "pi_1_secret_TOPSECRET".to_owned(),
+        };
+        let shown = format!("{payment:?} {payment:#?}");
+        assert!(!shown.contains("TOPSECRET"), "{shown}");
+        assert!(
+            shown.contains("pi_1") && shown.contains("<redacted>"),
+            "{shown}"
+        );
     }
 }

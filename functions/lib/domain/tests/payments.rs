@@ -799,6 +799,45 @@ async fn the_webhook_settles_each_event_once_however_often_and_in_whatever_order
     assert_eq!(world.order(&reservation).await.status, OrderStatus::Paid);
 }
 
+/// Issue 47: a Pay clicked at the deadline opens a payment the order no longer takes,
+/// and withdraws (cancels) it. Stripe's `payment_intent.canceled` about it was refused,
+/// counted and alarmed as if someone held the webhook's secret.
+#[tokio::test]
+async fn the_cancel_of_a_payment_withdrawn_at_the_deadline_is_no_refusal() {
+    let world = World::new().await;
+    let reservation = world.reserved().await;
+    world.expiry.expire(&reservation).await.unwrap();
+    // The buyer's Pay, a moment late: opened at the provider, then the order refuses it
+    // (the fake provider forgets nothing, so the open is played as the API's is: a
+    // payment for the order, then the withdrawal).
+    let late = world
+        .provider
+        .open(
+            &reservation.order_id,
+            &world.buyer,
+            world.sale.price.unwrap(),
+        )
+        .await
+        .unwrap();
+    world.provider.cancel(&late.id).await.unwrap();
+    let webhook = world.webhook();
+    assert_eq!(
+        webhook
+            .handle("evt_canceled", Some(&late.id))
+            .await
+            .unwrap(),
+        EventHandled::Withdrawn
+    );
+    assert_eq!(
+        webhook
+            .handle("evt_canceled", Some(&late.id))
+            .await
+            .unwrap(),
+        EventHandled::Duplicate
+    );
+    assert_eq!(world.moved(), (0, 1, 0));
+}
+
 #[tokio::test]
 async fn the_webhook_refuses_a_payment_no_order_owns_and_fails_what_it_could_not_do() {
     let world = World::new().await;

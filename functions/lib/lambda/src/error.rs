@@ -174,7 +174,10 @@ fn app_status_and_code(err: &AppError) -> (StatusCode, &'static str) {
         AppError::OrderPaid => (StatusCode::CONFLICT, "order_paid"),
         AppError::NotPayable => (StatusCode::CONFLICT, "not_payable"),
         AppError::NoPayment => (StatusCode::CONFLICT, "no_payment"),
-        AppError::PaymentMismatch => (StatusCode::CONFLICT, "payment_mismatch"),
+        // Only the webhook meets a withdrawn payment, and answers it 200 `withdrawn`.
+        AppError::PaymentMismatch | AppError::PaymentWithdrawn => {
+            (StatusCode::CONFLICT, "payment_mismatch")
+        }
         // Whatever the provider's trouble, the buyer can only wait: never a 5xx of ours.
         AppError::Provider(_) => (StatusCode::SERVICE_UNAVAILABLE, "payment_unavailable"),
         AppError::Forbidden => (StatusCode::FORBIDDEN, "forbidden"),
@@ -231,6 +234,7 @@ mod tests {
             (AppError::NotPayable, 409, "not_payable"),
             (AppError::NoPayment, 409, "no_payment"),
             (AppError::PaymentMismatch, 409, "payment_mismatch"),
+            (AppError::PaymentWithdrawn, 409, "payment_mismatch"),
             (
                 AppError::Provider(StoreError::permanent("stripe.open", Boom)),
                 503,

@@ -172,7 +172,8 @@ impl PaymentService {
 
     /// Settles the order a payment names, from the payment as the provider has it now:
     /// the webhook's, which knows only the payment. A payment that names no order of
-    /// ours, or an order whose own payment is another, is refused and nothing changes.
+    /// ours, or an order whose own payment is another, is refused and nothing changes;
+    /// a cancelled one of those is a payment [`PaymentService::open`] withdrew.
     pub async fn settle_payment(&self, id: &PaymentId) -> Result<Settled, AppError> {
         let payment = self.read(id).await?;
         let (Some(order_id), Some(buyer)) = (&payment.order_id, &payment.buyer) else {
@@ -180,7 +181,11 @@ impl PaymentService {
         };
         let (order, reservation) = self.owned(order_id, buyer).await?;
         if order.payment.as_ref().map(|recorded| &recorded.id) != Some(id) {
-            return Err(AppError::PaymentMismatch);
+            return Err(if payment.state == PaymentState::Cancelled {
+                AppError::PaymentWithdrawn
+            } else {
+                AppError::PaymentMismatch
+            });
         }
         self.settle_with(order, reservation, payment).await
     }
@@ -250,6 +255,10 @@ pub enum EventHandled {
     /// currency, or the order records another payment): refused, nothing changed, and
     /// recorded so that its redeliveries are not refused again.
     Refused,
+    /// The payment names one of our orders, is not its own, and is cancelled: one that
+    /// [`PaymentService::open`] opened and withdrew when the order took another or had
+    /// ended (a Pay at the deadline). No money, nothing to settle, and no alarm.
+    Withdrawn,
 }
 
 /// The provider's webhook: each event settles the payment it names, at most once per
@@ -286,6 +295,10 @@ impl PaymentWebhook {
                 Err(AppError::PaymentMismatch) => {
                     tracing::warn!(event_id, payment = %id, "an event's payment is not its order's own");
                     EventHandled::Refused
+                }
+                Err(AppError::PaymentWithdrawn) => {
+                    tracing::info!(event_id, payment = %id, "an event about a payment the order did not take, withdrawn");
+                    EventHandled::Withdrawn
                 }
                 Err(error) => return Err(error),
             },
