@@ -46,6 +46,7 @@ async fn a_buyer_or_an_address_over_its_limit_is_refused_at_the_edge_and_nobody_
             ("EnableWaf", "true"),
             ("WafGrabRateLimitPerUser", &PER_USER.to_string()),
             ("WafGrabRateLimitPerIp", &PER_IP.to_string()),
+            ("WafPaymentRateLimitPerUser", &PER_USER.to_string()),
             ("WafRateWindowSecs", WINDOW_SECS),
             // The route throttle is another row of the funnel; out of the way here.
             ("TokenThrottleRateLimit", "1000"),
@@ -129,4 +130,63 @@ async fn a_buyer_or_an_address_over_its_limit_is_refused_at_the_edge_and_nobody_
         blocked.counter("waf_blocked_requests", &[("rule", "grab-per-ip")]),
         1.0
     );
+    // Per buyer on the payment routes (issue 47): each calls Stripe, whose rate limit
+    // the whole account shares. A buyer's eleventh payment request in a minute is
+    // refused at the edge; the token route, limited apart, still answers.
+    let payer = harness.user("e2e-edge-payer");
+    let payment_path = "/orders/edge.01ARZ3NDEKTSV4RRFFQ69G5FAV/payment";
+    let api_before = api_invocations(&harness).await;
+    for (n, path) in (1..=PER_USER).zip(
+        [payment_path.to_owned(), format!("{payment_path}/confirm")]
+            .into_iter()
+            .cycle(),
+    ) {
+        let (answer, _) = address(31)
+            .send_for_retry_after(Method::POST, &path, Some(&payer))
+            .await
+            .expect("the payment route answers");
+        assert_ne!(
+            answer.status,
+            StatusCode::TOO_MANY_REQUESTS,
+            "request {n}: {}",
+            answer.body
+        );
+    }
+    assert_eq!(
+        api_invocations(&harness).await,
+        api_before + f64::from(PER_USER)
+    );
+    for path in [payment_path.to_owned(), format!("{payment_path}/confirm")] {
+        let refused = address(32)
+            .send_for_retry_after(Method::POST, &path, Some(&payer))
+            .await
+            .expect("the payment route answers");
+        assert_limited(&refused);
+        assert!(
+            refused.0.body["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("payment requests")),
+            "{}",
+            refused.0.body
+        );
+    }
+    assert_eq!(
+        api_invocations(&harness).await,
+        api_before + f64::from(PER_USER),
+        "no refused payment request reached the api function"
+    );
+    let (answer, _) = token_request(&address(31), &payer).await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    let blocked = harness.local_metrics().await;
+    assert_eq!(
+        blocked.counter("waf_blocked_requests", &[("rule", "payment-per-user")]),
+        2.0
+    );
+}
+
+async fn api_invocations(harness: &Harness) -> f64 {
+    harness
+        .local_metrics()
+        .await
+        .counter("lambda_invocations", &[("function", "ApiFunction")])
 }

@@ -286,7 +286,7 @@ fn waf_matches(statement: &Value, path: &str) -> bool {
 }
 
 #[test]
-fn the_optional_waf_limits_token_and_grab_requests_per_ip_and_per_buyer() {
+fn the_optional_waf_limits_token_grab_and_payment_requests_per_ip_and_per_buyer() {
     let acl = stack().raw_resource("PagesWebAcl");
     assert_eq!(acl["Condition"], "HasWaf");
     assert_eq!(acl["Properties"]["Scope"], "CLOUDFRONT");
@@ -310,13 +310,35 @@ fn the_optional_waf_limits_token_and_grab_requests_per_ip_and_per_buyer() {
     assert_eq!(per_ip.len(), 1, "one per-IP rate rule");
     assert_eq!(
         per_buyer.len(),
-        1,
-        "one rate rule per Authorization header: one buyer"
+        2,
+        "two rate rules per Authorization header (one buyer): the grab's and the payment's"
     );
+    let grab_route = |path: &str| path.ends_with("/token") || path.contains("/grab/");
+    let payment_route =
+        |path: &str| path.ends_with("/payment") || path.ends_with("/payment/confirm");
+    let by_limit = |limit: &str| -> &Value {
+        per_buyer
+            .iter()
+            .find(|rule| rule["Statement"]["RateBasedStatement"]["Limit"] == json!({"Ref": limit}))
+            .unwrap_or_else(|| panic!("a per-buyer rule limited by {limit}"))
+    };
     let routes = routes();
-    for (rule, limit) in [
-        (per_ip[0], "WafGrabRateLimitPerIp"),
-        (per_buyer[0], "WafGrabRateLimitPerUser"),
+    for (rule, limit, hot) in [
+        (
+            per_ip[0],
+            "WafGrabRateLimitPerIp",
+            &grab_route as &dyn Fn(&str) -> bool,
+        ),
+        (
+            by_limit("WafGrabRateLimitPerUser"),
+            "WafGrabRateLimitPerUser",
+            &grab_route,
+        ),
+        (
+            by_limit("WafPaymentRateLimitPerUser"),
+            "WafPaymentRateLimitPerUser",
+            &payment_route,
+        ),
     ] {
         let statement = &rule["Statement"]["RateBasedStatement"];
         assert_eq!(
@@ -348,11 +370,10 @@ fn the_optional_waf_limits_token_and_grab_requests_per_ip_and_per_buyer() {
         let scope = &statement["ScopeDownStatement"];
         for route in &routes {
             let path = route.sample_path();
-            let hot = route.path.ends_with("/token") || route.path.contains("/grab/");
             assert_eq!(
                 waf_matches(scope, &path),
-                hot,
-                "{}: {} {}: limited exactly when it is the token or grab path",
+                hot(&route.path),
+                "{}: {} {}: limited exactly on its own paths",
                 rule["Name"],
                 route.method,
                 route.path
@@ -362,5 +383,10 @@ fn the_optional_waf_limits_token_and_grab_requests_per_ip_and_per_buyer() {
     assert!(
         routes.iter().filter(|r| r.path.contains("/grab/")).count() == 1,
         "the grab route exists"
+    );
+    assert_eq!(
+        routes.iter().filter(|r| payment_route(&r.path)).count(),
+        2,
+        "the payment routes exist: open and confirm"
     );
 }
