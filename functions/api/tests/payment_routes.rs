@@ -430,9 +430,7 @@ async fn a_signed_event_for_another_amount_is_refused_and_settles_nothing() {
     let world = World::new().await;
     let reservation = world.reserve("alice").await;
     world.open(&reservation).await;
-    // A payment that names the order, for one cent: not the order's own. (The fake
-    // provider would answer the order's own payment for its idempotency key.)
-    world.provider.forget_idempotency_keys();
+    // A payment that names the order, for less: not the order's own.
     let cheap = world
         .provider
         .open(

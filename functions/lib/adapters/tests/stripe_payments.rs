@@ -109,6 +109,27 @@ async fn an_opened_payment_names_its_order_buyer_and_amount_and_waits_for_the_bu
     }
 }
 
+/// Issue 47: an opening carried the order's `Idempotency-Key`, so Stripe replayed a
+/// failed open (a 500) to every retry for 24 hours, and one provider error cost the
+/// buyer the unit. Each open is a new payment now; the order's conditional attach keeps
+/// one of them.
+#[tokio::test]
+async fn each_open_is_a_new_payment_so_no_failure_is_replayed_to_a_retry() {
+    let stripe = stripe().await;
+    let order = order();
+    let first = stripe
+        .open(&order, &buyer(), price(129_900, "EUR"))
+        .await
+        .expect("opened");
+    let second = stripe
+        .open(&order, &buyer(), price(129_900, "EUR"))
+        .await
+        .expect("opened again");
+    assert_ne!(first.id, second.id);
+    assert!(first.is_for(&order, price(129_900, "EUR")));
+    assert!(second.is_for(&order, price(129_900, "EUR")));
+}
+
 #[tokio::test]
 async fn an_authorised_payment_is_captured_and_a_second_capture_moves_nothing() {
     let stripe = stripe().await;

@@ -457,20 +457,20 @@ pub trait Blocklist: Send + Sync {
 /// A payment provider: the buyer's money for one order, authorised on the buyer's side
 /// (the page confirms the payment with the provider's script) and moved only by
 /// [`PaymentProvider::capture`], which a settlement calls once the order is paid on our
-/// side. Every call is idempotent: a retried call after an error in doubt (a timeout)
-/// acts at most once, by a key derived from the order (an opening, a refund) or by the
-/// payment's own state (a capture or a cancel of a payment already captured or
-/// cancelled answers what it is). `StoreError::Transient` is a provider that did not answer or asked to slow
+/// side. Every call is safe to retry after an error in doubt (a timeout): a capture or
+/// a cancel of a payment already captured or cancelled answers what it is, a refund
+/// gives back only what no refund covers, and an opening is a new payment each time,
+/// of which the order records one ([`OrderPayments::attach_payment`]). `StoreError::Transient` is a provider that did not answer or asked to slow
 /// down; `Permanent` is a request it will never take (a wrong key, a malformed id).
 #[async_trait]
 pub trait PaymentProvider: Send + Sync {
     /// A payment of `order`, bought by `buyer`, for `price`, to be captured manually
     /// and naming the order and the buyer in its metadata (what finds the order's hold
-    /// from an event about the payment). The request carries an idempotency key of the
-    /// order, so a retry of a call whose answer was lost gets the same payment while the
-    /// provider remembers the key; a caller records the payment's id on the order
-    /// ([`OrderPayments::attach_payment`]) and reads it with
-    /// [`PaymentProvider::payment`] rather than open another.
+    /// from an event about the payment). Each call opens a new payment (no idempotency
+    /// key: a provider that replays a failure to a retry would cost the buyer the
+    /// unit); a caller records one payment's id on the order
+    /// ([`OrderPayments::attach_payment`]), withdraws any other it opened, and reads the
+    /// recorded one with [`PaymentProvider::payment`] rather than open another.
     async fn open(
         &self,
         order: &OrderId,

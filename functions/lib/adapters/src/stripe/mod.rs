@@ -3,10 +3,12 @@
 //!
 //! Plain HTTPS on the hyper and rustls builds the AWS SDK already links (the same
 //! crates and features as `aws-smithy-http-client`), so the api bootstrap gains no TLS
-//! stack of its own; the few calls are form-encoded requests with JSON answers. An
-//! opening and a refund carry an `Idempotency-Key` derived from the order or the
-//! payment, so a retry after an answer lost in transit is the same request to Stripe; a
-//! capture and a cancel are made once by the payment's state instead (see `act_on`).
+//! stack of its own; the few calls are form-encoded requests with JSON answers. None
+//! carries an `Idempotency-Key`: Stripe replays a stored failure (a 500) to every retry
+//! with the same key for 24 hours, so each call is made safe to retry otherwise. An
+//! opening by the order's conditional attach (one payment recorded per order), a refund
+//! by Stripe's refusal to refund more than is left, a capture and a cancel by the
+//! payment's state (see `act_on`).
 //!
 //! Why not async-stripe: measured side by side on the api bootstrap (x86_64, the
 //! release profile, these five calls linked in), async-stripe 1.0.0-rc.10 made it
@@ -116,10 +118,9 @@ impl StripePayments {
         method: Method,
         path: &str,
         form: &[(&str, &str)],
-        idempotency_key: Option<&str>,
     ) -> Result<T, StoreError> {
         let body = serde_urlencoded::to_string(form).expect("string pairs always encode");
-        let mut request = Request::builder()
+        let request = Request::builder()
             .method(method)
             .uri(format!(
                 "{}{path}",
@@ -133,9 +134,6 @@ impl StripePayments {
                 http::header::CONTENT_TYPE,
                 "application/x-www-form-urlencoded",
             );
-        if let Some(key) = idempotency_key {
-            request = request.header("Idempotency-Key", key);
-        }
         let request = request
             .body(Full::new(Bytes::from(body)))
             .map_err(|e| StoreError::permanent(operation, e))?;
@@ -177,8 +175,8 @@ impl StripePayments {
             });
         }
         let refusal = refusal(status, &bytes);
-        // Stripe's advice: 429, 5xx and 409 (the same idempotency key still in flight)
-        // may be retried, with the same key.
+        // Stripe's advice: 429, 5xx and 409 (a conflicting request in flight) may be
+        // retried.
         let retryable = status == StatusCode::TOO_MANY_REQUESTS
             || status == StatusCode::CONFLICT
             || status.is_server_error();
@@ -311,6 +309,11 @@ impl PaymentProvider for StripePayments {
         let order_id = order.to_string();
         let order_key = format!("metadata[{ORDER_METADATA}]");
         let buyer_key = format!("metadata[{BUYER_METADATA}]");
+        // No idempotency key: the order's conditional attach records one payment per
+        // order, and one opened by a call that lost it, or whose answer was lost, is
+        // withdrawn or never confirmed. A key of the order's made Stripe replay a failure
+        // (a 500) to every retry for 24 hours, so one provider error at the open cost the
+        // buyer their unit.
         self.call::<Intent>(
             "payment_intents.create",
             Method::POST,
@@ -323,7 +326,6 @@ impl PaymentProvider for StripePayments {
                 (&order_key, &order_id),
                 (&buyer_key, buyer.as_str()),
             ],
-            Some(&format!("open-{order_id}")),
         )
         .await
         .map(Payment::from)
@@ -336,7 +338,6 @@ impl PaymentProvider for StripePayments {
                 Method::GET,
                 &format!("/v1/payment_intents/{}", path_segment(id)),
                 &[],
-                None,
             )
             .await
         {
@@ -389,7 +390,6 @@ impl PaymentProvider for StripePayments {
                 Method::POST,
                 "/v1/refunds",
                 &[("payment_intent", payment.id.as_str()), ("amount", &amount)],
-                None,
             )
             .await;
         match made {
@@ -424,7 +424,6 @@ impl StripePayments {
                 Method::GET,
                 &format!("/v1/refunds?payment_intent={}&limit=100", path_segment(id)),
                 &[],
-                None,
             )
             .await?;
         Ok(list.data.into_iter().map(|refund| refund.of(id)).collect())
@@ -449,7 +448,6 @@ impl StripePayments {
                 Method::POST,
                 &format!("/v1/payment_intents/{}/{action}", path_segment(id)),
                 &[],
-                None,
             )
             .await;
         match acted {

@@ -1342,9 +1342,6 @@ struct FakePayment {
 #[derive(Debug, Default)]
 struct ProviderState {
     payments: HashMap<PaymentId, FakePayment>,
-    /// The payment each order's idempotency key opened, as long as the provider
-    /// remembers the key.
-    opened_for: HashMap<OrderId, PaymentId>,
 }
 
 /// A payment provider in memory, with Stripe's rules for a manually captured
@@ -1433,11 +1430,6 @@ impl FakePaymentProvider {
             None => false,
         }
     }
-
-    /// Forgets every idempotency key, as Stripe does after 24 hours.
-    pub fn forget_idempotency_keys(&self) {
-        locked(&self.state).opened_for.clear();
-    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -1463,10 +1455,9 @@ impl PaymentProvider for FakePaymentProvider {
         buyer: &UserId,
         price: Price,
     ) -> Result<Payment, StoreError> {
+        // No idempotency key, as the Stripe adapter sends none: every open is a new
+        // payment, and the order's conditional attach keeps one.
         let mut state = locked(&self.state);
-        if let Some(id) = state.opened_for.get(order) {
-            return Ok(state.payments[id].payment.clone());
-        }
         let id = PaymentId::new(format!("pi_fake_{}", state.payments.len() + 1));
         let payment = Payment {
             id: id.clone(),
@@ -1477,7 +1468,6 @@ impl PaymentProvider for FakePaymentProvider {
             state: PaymentState::Open,
             client_secret: format!("{id}_secret"),
         };
-        state.opened_for.insert(order.clone(), id.clone());
         state.payments.insert(
             id,
             FakePayment {
