@@ -686,12 +686,86 @@ def webhooks_can_be_removed(server):
     server.app.router.add_delete('/_config/webhooks/{id}', remove_webhook)
 
 
+
+# The restricted keys registered with `POST /_config/restricted_keys/{key}`, each with its
+# permissions.
+RESTRICTED_KEYS = {}
+
+
+def required_permission(method, path):
+    """The permission a call needs, named as Stripe names it in its refusal: `rak_` and the
+    resource, `_read` for a GET, `_write` for anything else (Write grants Read)."""
+    resource = path.removeprefix('/v1/').split('/', 1)[0]
+    singular = {'payment_intents': 'payment_intent', 'refunds': 'refund',
+                'payment_methods': 'payment_method', 'charges': 'charge',
+                'events': 'event'}.get(resource, resource.rstrip('s'))
+    return f'rak_{singular}_{"read" if method == "GET" else "write"}'
+
+
+def restricted_keys_have_only_their_permissions(server):
+    """Restricted API keys (docs.stripe.com/keys/restricted-api-keys): a key `rk_test_...` or
+    `rk_live_...` "can only perform the actions you authorize", each resource Read, Write or
+    None; "if a restricted API key doesn't have the correct permissions to complete an API
+    request, Stripe returns a permission error": 403, `invalid_request_error`, "The provided
+    key 'rk_test_***...' does not have the required permissions for this endpoint on account
+    'acct_...'. Having the 'rak_refund_write' permission would allow this request to
+    continue." (localstripe refuses every `rk_` key with 401.) The dashboard makes the key;
+    here `POST /_config/restricted_keys/{key}` with `permissions[]` registers it, Write
+    implying Read."""
+    secret_key = server.get_api_key
+
+    def bearer(request):
+        header = request.headers.get('Authorization', '')
+        return header.removeprefix('Bearer ') if header.startswith('Bearer ') else None
+
+    def get_api_key(request):
+        key = bearer(request)
+        return key if key in RESTRICTED_KEYS else secret_key(request)
+
+    @web.middleware
+    async def permissions(request, handler):
+        key = bearer(request)
+        if key is None or not key.startswith('rk_') or not request.path.startswith('/v1/'):
+            return await handler(request)
+        granted = RESTRICTED_KEYS.get(key)
+        if granted is None:
+            return server.json_response(
+                {'error': {'type': 'invalid_request_error',
+                           'message': f'Invalid API Key provided: {key[:8]}****{key[-4:]}'}},
+                status=401)
+        needed = required_permission(request.method, request.path)
+        if needed in granted or needed.replace('_read', '_write') in granted:
+            return await handler(request)
+        return server.json_response(
+            {'error': {'type': 'invalid_request_error',
+                       'message': f"The provided key '{key[:8]}***{key[-4:]}' does not have "
+                                  "the required permissions for this endpoint on account "
+                                  f"'acct_localstripe'. Having the '{needed}' permission "
+                                  "would allow this request to continue."}},
+            status=403)
+
+    async def register(request):
+        key = request.match_info['key']
+        if not key.startswith(('rk_test_', 'rk_live_')):
+            return web.json_response({'error': {'type': 'invalid_request_error',
+                                                'message': 'a restricted key is rk_test_...'}},
+                                     status=400)
+        form = await request.post()
+        RESTRICTED_KEYS[key] = frozenset(form.getall('permissions[]', []))
+        return web.json_response({'key': key, 'permissions': sorted(RESTRICTED_KEYS[key])})
+
+    server.get_api_key = get_api_key
+    server.app.router.add_post('/_config/restricted_keys/{key}', register)
+    server.app.middlewares.insert(0, permissions)
+
+
 def patch_server(server):
     webhooks_can_be_removed(server)
     publishable_key_with_client_secret(server)
     json_errors(server)
     idempotent_requests(server)
     stripe_js_confirms_the_card(server)
+    restricted_keys_have_only_their_permissions(server)
 
 
 def patched_server():

@@ -5,8 +5,8 @@
 //! as Stripe documents them when the page confirms them with the publishable key and the
 //! client secret, directly and through the fake Stripe.js; a refund of Stripe's refund test
 //! cards moves on to its later status, with its events; each webhook endpoint gets its
-//! events on its own, and one can be removed; and the launcher registers its webhook at
-//! start.
+//! events on its own, and one can be removed; a restricted key makes only the calls its
+//! permissions allow; and the launcher registers its webhook at start.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -908,6 +908,88 @@ async fn the_publishable_key_reaches_only_the_intent_its_client_secret_names() {
     )
     .await;
     assert_eq!(read.status, StatusCode::UNAUTHORIZED);
+}
+
+/// Stripe's restricted keys: a key has only the permissions made for it (Write granting
+/// Read), a call it lacks one for is refused with 403 naming the permission, and a key
+/// Stripe does not know is refused with 401.
+#[tokio::test]
+async fn a_restricted_key_makes_only_the_calls_its_permissions_allow() {
+    let stripe = Stripe::shared().await;
+    let register = |permissions: &'static [&'static str]| {
+        let stripe = &stripe;
+        async move {
+            let key = format!("rk_test_{}", unique_suffix());
+            let form: Vec<_> = permissions.iter().map(|p| ("permissions[]", *p)).collect();
+            let answer = Stripe::send(
+                stripe
+                    .http
+                    .post(format!("{}/_config/restricted_keys/{key}", stripe.base))
+                    .form(&form),
+            )
+            .await;
+            answer.ok();
+            key
+        }
+    };
+    let with = |key: &str, request: reqwest::RequestBuilder| request.bearer_auth(key.to_owned());
+    let intents_only = register(&["rak_payment_intent_write"]).await;
+    let opened = Stripe::send(with(
+        &intents_only,
+        stripe
+            .http
+            .post(format!("{}/v1/payment_intents", stripe.base))
+            .form(&[
+                ("amount", "2500"),
+                ("currency", "eur"),
+                ("capture_method", "manual"),
+            ]),
+    ))
+    .await
+    .ok();
+    let read = format!("{}/v1/payment_intents/{}", stripe.base, id(&opened));
+    Stripe::send(with(&intents_only, stripe.http.get(&read)))
+        .await
+        .ok();
+    let refunds = format!("{}/v1/refunds", stripe.base);
+    let listed = Stripe::send(with(
+        &intents_only,
+        stripe
+            .http
+            .get(&refunds)
+            .query(&[("payment_intent", id(&opened))]),
+    ))
+    .await
+    .refused(StatusCode::FORBIDDEN, "invalid_request_error", None);
+    assert!(
+        listed["message"]
+            .as_str()
+            .unwrap()
+            .contains("'rak_refund_read'"),
+        "{listed:#}"
+    );
+    let refunds_read_only = register(&["rak_refund_read"]).await;
+    for key in [&intents_only, &refunds_read_only] {
+        let made = Stripe::send(with(
+            key,
+            stripe
+                .http
+                .post(&refunds)
+                .form(&[("payment_intent", id(&opened))]),
+        ))
+        .await
+        .refused(StatusCode::FORBIDDEN, "invalid_request_error", None);
+        assert!(
+            made["message"]
+                .as_str()
+                .unwrap()
+                .contains("'rak_refund_write'"),
+            "{made:#}"
+        );
+    }
+    let unknown = format!("rk_test_{}", unique_suffix());
+    let answer = Stripe::send(with(&unknown, stripe.http.get(&read))).await;
+    assert_eq!(answer.status, StatusCode::UNAUTHORIZED, "{:#}", answer.body);
 }
 
 #[tokio::test]

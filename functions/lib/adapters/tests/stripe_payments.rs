@@ -3,9 +3,9 @@
 //! The buyer's side (a card, confirmed on the page by Stripe.js) is played here with
 //! the same API calls Stripe.js makes.
 //!
-//! The local Stripe honours `Idempotency-Key` as Stripe does (infra/stripe), so a capture
-//! or cancel asked twice is answered from the first; a refund asked twice is found by the
-//! adapter's own listing first (Stripe would refuse a second one: already refunded).
+//! The adapter sends no `Idempotency-Key`: a capture or cancel asked twice is answered
+//! from the payment's state, a refund asked twice is found by the adapter's own listing
+//! first (Stripe would refuse a second one: already refunded).
 
 mod support;
 
@@ -17,7 +17,7 @@ use flashsale_domain::payment::{
 use flashsale_domain::ports::PaymentProvider;
 use flashsale_domain::{OrderId, Price, SaleId, UserId};
 
-use self::support::stripe::{SECRET_KEY, authorise, endpoint, payments, stripe};
+use self::support::stripe::{SECRET_KEY, authorise, endpoint, payments, restricted_key, stripe};
 
 fn order() -> OrderId {
     let sale = SaleId::parse(format!("stripe-{}", flashsale_emulators::unique_suffix()))
@@ -268,4 +268,106 @@ async fn an_unreachable_stripe_is_a_transient_failure() {
         matches!(failed, Err(StoreError::Transient { .. })),
         "{failed:?}"
     );
+}
+
+/// The restricted key's permissions, as docs/deploy.md lists them (Stripe's names).
+const DOCUMENTED_PERMISSIONS: [(&str, &str); 2] = [
+    ("| PaymentIntents | Write |", "rak_payment_intent_write"),
+    ("| Refunds | Write |", "rak_refund_write"),
+];
+
+async fn with_key(permissions: &[&str]) -> StripePayments {
+    payments(endpoint().await, &restricted_key(permissions).await)
+}
+
+/// Every call the adapter makes, with `stripe`'s key, on a payment the buyer authorised
+/// (their steps on the page use the publishable key, not ours): each call's name and
+/// result.
+async fn every_call(stripe: &StripePayments) -> Vec<(&'static str, Result<(), StoreError>)> {
+    let full = self::support::stripe::stripe().await;
+    let to_capture = authorised(&full).await;
+    let to_cancel = authorised(&full).await;
+    let captured = authorised(&full).await;
+    full.capture(&captured.id).await.expect("captured");
+    let captured = read(&full, &captured).await;
+    vec![
+        (
+            "open",
+            stripe
+                .open(&order(), &buyer(), price(129_900, "EUR"))
+                .await
+                .map(drop),
+        ),
+        ("payment", stripe.payment(&to_capture.id).await.map(drop)),
+        ("capture", stripe.capture(&to_capture.id).await.map(drop)),
+        ("cancel", stripe.cancel(&to_cancel.id).await.map(drop)),
+        ("refund", stripe.refund(&captured).await.map(drop)),
+        ("refunds", stripe.refunds(&captured).await.map(drop)),
+    ]
+}
+
+/// Issue 47: docs/deploy.md said PaymentIntents write was enough for the restricted key,
+/// but a refund needs Refunds write, so every refund of late money failed with the
+/// documented key. The key with the documented permissions makes every call.
+#[tokio::test]
+async fn the_documented_restricted_key_makes_every_call_the_adapter_makes() {
+    let deploy = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../../docs/deploy.md"
+    ))
+    .expect("docs/deploy.md");
+    for (row, _) in DOCUMENTED_PERMISSIONS {
+        assert!(deploy.contains(row), "docs/deploy.md lists {row}");
+    }
+    let permissions = DOCUMENTED_PERMISSIONS.map(|(_, permission)| permission);
+    let stripe = with_key(&permissions).await;
+    for (call, result) in every_call(&stripe).await {
+        assert!(result.is_ok(), "{call}: {result:?}");
+    }
+}
+
+/// A key without one of the documented permissions: each call that needs it fails
+/// permanently, with the error docs/deploy.md quotes and Stripe's message naming the
+/// permission; the others go through.
+#[tokio::test]
+async fn a_key_lacking_a_documented_permission_fails_the_calls_that_need_it_naming_it() {
+    let needs: [(&str, &[&str]); 2] = [
+        (
+            "rak_payment_intent_write",
+            &["open", "payment", "capture", "cancel"],
+        ),
+        ("rak_refund_write", &["refund", "refunds"]),
+    ];
+    for (lacking, calls_that_need_it) in needs {
+        let others: Vec<&str> = DOCUMENTED_PERMISSIONS
+            .iter()
+            .map(|(_, permission)| *permission)
+            .filter(|permission| *permission != lacking)
+            .collect();
+        let stripe = with_key(&others).await;
+        for (call, result) in every_call(&stripe).await {
+            if !calls_that_need_it.contains(&call) {
+                assert!(result.is_ok(), "without {lacking}, {call}: {result:?}");
+                continue;
+            }
+            let error = result.expect_err(call);
+            assert!(
+                matches!(error, StoreError::Permanent { .. }),
+                "without {lacking}, {call}: {error:?}"
+            );
+            let source = std::error::Error::source(&error)
+                .expect("a cause")
+                .to_string();
+            assert!(
+                source.starts_with("the Stripe key lacks a permission this call needs (docs/deploy.md lists the key's permissions)"),
+                "without {lacking}, {call}: {source}"
+            );
+            // A read needs the read permission, which the write one grants.
+            let read = lacking.replace("_write", "_read");
+            assert!(
+                source.contains(lacking) || source.contains(&read),
+                "without {lacking}, {call}: {source}"
+            );
+        }
+    }
 }

@@ -75,6 +75,13 @@ pub enum StripeError {
         code: String,
         message: String,
     },
+    /// A restricted key without a permission the call needs (403): a deployment's key
+    /// made with fewer permissions than docs/deploy.md lists. Stripe's message names the
+    /// permission missing.
+    #[error(
+        "the Stripe key lacks a permission this call needs (docs/deploy.md lists the key's permissions): {message}"
+    )]
+    KeyLacksPermission { message: String },
     #[error("Stripe's answer to {what} is not what its API documents")]
     Unexpected {
         what: &'static str,
@@ -188,7 +195,8 @@ impl StripePayments {
     }
 }
 
-/// The refusal in a non-2xx answer: Stripe's `{"error": {"code", "type", "message"}}`.
+/// The refusal in a non-2xx answer: Stripe's `{"error": {"code", "type", "message"}}`,
+/// a 403 being a restricted key's missing permission.
 fn refusal(status: StatusCode, body: &[u8]) -> StripeError {
     #[derive(Deserialize, Default)]
     struct Envelope {
@@ -205,6 +213,11 @@ fn refusal(status: StatusCode, body: &[u8]) -> StripeError {
     let detail = serde_json::from_slice::<Envelope>(body)
         .unwrap_or_default()
         .error;
+    if status == StatusCode::FORBIDDEN {
+        return StripeError::KeyLacksPermission {
+            message: detail.message.unwrap_or_default(),
+        };
+    }
     StripeError::Refused {
         status,
         code: detail.code.or(detail.kind).unwrap_or_default(),

@@ -69,3 +69,26 @@ pub async fn authorise_with(payment: &Payment, card: &str) {
             .expect("the buyer's step is taken");
     }
 }
+
+/// A restricted key (`rk_test_...`) with just `permissions` (Stripe's names:
+/// `rak_payment_intent_write`, ...), registered with the local Stripe as the dashboard
+/// makes one.
+pub async fn restricted_key(permissions: &[&str]) -> String {
+    let key = format!("rk_test_{}", flashsale_emulators::unique_suffix());
+    let form: Vec<(&str, &str)> = permissions
+        .iter()
+        .map(|permission| ("permissions[]", *permission))
+        .collect();
+    reqwest::Client::new()
+        .post(format!(
+            "{}/_config/restricted_keys/{key}",
+            endpoint().await
+        ))
+        .form(&form)
+        .send()
+        .await
+        .expect("localstripe answers")
+        .error_for_status()
+        .expect("the key is registered");
+    key
+}
