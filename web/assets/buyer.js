@@ -12,7 +12,7 @@ import { completeProviderSignIn, currentSession, renderSignIn } from "./auth.js"
 import { openCardForm, takesCards } from "./card.js";
 import { ServerClock, servedFromCache } from "./clock.js";
 
-const FINAL = new Set(["paid", "cancelled", "expired", "refunded"]);
+const FINAL = new Set(["paid", "cancelled", "expired", "refunded", "payment_failed"]);
 const MAX_GRAB_ATTEMPTS = 40;
 
 /** From `?sale=`, read once the provider's sign-in answer is off the address. */
@@ -421,6 +421,8 @@ const ORDER_TEXT = {
   expired: "Expired - the payment window closed and the unit went back on sale",
   cancelled: "Cancelled - the unit went back on sale",
   refunded: "Refunded - your payment came after the order ended, and was given back",
+  payment_failed:
+    "Payment failed - your card's authorisation ended before the payment was taken; you were not charged, and the unit went back on sale",
 };
 
 function renderOrder(now) {
@@ -559,6 +561,7 @@ const MY_ORDER_TEXT = {
   expired: "Expired",
   cancelled: "Cancelled",
   refunded: "Refunded",
+  payment_failed: "Payment failed",
 };
 
 /** The buyer's list as read so far: its pages, where the next starts, the latest read. */

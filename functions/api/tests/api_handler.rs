@@ -1054,6 +1054,7 @@ async fn an_admin_sees_stats_that_reconcile() {
             "cancelled": 1,
             "expired": 0,
             "refunded": 0,
+            "payment_failed": 0,
             "capture_pending": 0,
             "refund_pending": 0,
             "consistent": true,

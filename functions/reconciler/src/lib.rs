@@ -259,6 +259,7 @@ async fn reconcile(deps: &Deps) -> Result<ReconcileReport, ReconcileError> {
         capture_failures,
         authorisations_cancelled,
         refunds,
+        captures_refused,
         payment_failures,
     } = report;
     let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
@@ -275,6 +276,7 @@ async fn reconcile(deps: &Deps) -> Result<ReconcileReport, ReconcileError> {
         capture_failures: count(capture_failures),
         authorisations_cancelled: count(authorisations_cancelled),
         refunds: count(refunds),
+        captures_refused: count(captures_refused),
         failures: count(payment_failures),
         // A refunded order is settled by Stripe's events to the api, never by a pass.
         refunds_failed: 0,

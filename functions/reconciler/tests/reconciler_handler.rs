@@ -182,6 +182,7 @@ fn report(answer: Value) -> ReconcileReport {
         capture_failures: field("capture_failures"),
         authorisations_cancelled: field("authorisations_cancelled"),
         refunds: field("refunds"),
+        captures_refused: field("captures_refused"),
         payment_failures: field("payment_failures"),
     }
 }
@@ -248,7 +249,7 @@ async fn a_hold_within_its_window_is_left_alone_though_no_timer_was_set() {
             "sales": 1, "open_holds": 1, "expired": 0, "failed": 0, "failed_sales": 0,
             "takes_returned": 0, "payments_settled": 0, "captures": 0, "capture_retries": 0,
             "capture_failures": 0, "authorisations_cancelled": 0, "refunds": 0,
-            "payment_failures": 0
+            "captures_refused": 0, "payment_failures": 0
         })
     );
     assert_eq!(

@@ -1,7 +1,8 @@
 //! The settlement on the real parts: `DynamoStore` on DynamoDB Local and Stripe's adapter
 //! on localstripe, with a fault injected between them ([`FaultyProvider`]). The drills
 //! of the settlement's hard cases: a capture that fails after the order's pay write won,
-//! and money captured for an order that had expired.
+//! an authorisation gone before the capture, and money captured for an order that had
+//! expired.
 
 mod support;
 
@@ -115,6 +116,12 @@ impl Drill {
             .0
     }
 
+    /// The order's status and its payment's state as the order records it.
+    async fn order_and_payment(&self, reservation: &Reservation) -> (OrderStatus, PaymentState) {
+        let order = self.order(reservation).await;
+        (order.status, order.payment.expect("recorded").state)
+    }
+
     async fn stats(&self) -> SaleStats {
         SaleStats::reconcile(
             self.sale.stock_total,
@@ -186,11 +193,9 @@ async fn a_capture_that_fails_after_the_pay_write_won_is_captured_once_by_the_ne
             "{fault:?}: a capture whose answer was lost is only recorded: {report:?}"
         );
         assert_eq!(drill.at_stripe(&payment).await, PaymentState::Captured);
-        let order = drill.order(&reservation).await;
-        assert_eq!(order.status, OrderStatus::Paid);
         assert_eq!(
-            order.payment.expect("recorded").state,
-            PaymentState::Captured
+            drill.order_and_payment(&reservation).await,
+            (OrderStatus::Paid, PaymentState::Captured)
         );
         let stats = drill.stats().await;
         assert!(stats.consistent, "{fault:?}: {stats:?}");
@@ -204,6 +209,64 @@ async fn a_capture_that_fails_after_the_pay_write_won_is_captured_once_by_the_ne
             0
         );
     }
+}
+
+/// Issue 47: a paid order whose authorisation is gone at Stripe before its capture got
+/// through (it lapsed after 7 days of failed captures, or was cancelled in the
+/// dashboard) stayed `paid` for good, its unit sold for no money. The reconciler's next
+/// pass fails it: `payment_failed`, the unit back on its shard, counted once.
+#[tokio::test]
+async fn a_paid_order_whose_authorisation_is_cancelled_at_stripe_fails_and_its_unit_comes_back() {
+    let drill = Drill::new().await;
+    let (reservation, payment) = drill.authorised().await;
+    drill.faults.inject("capture", ProviderFault::NoAnswer);
+    let settled = drill.settled(&payment).await;
+    assert_eq!(settled.outcome, SettleOutcome::CapturePending);
+    let before = drill.stats().await;
+    assert_eq!((before.counts.paid, before.counts.capture_pending), (1, 1));
+
+    // Stripe cancels the authorisation, as it does when one lapses.
+    drill.stripe.cancel(&payment.id).await.expect("cancelled");
+    let report = drill.reconciler().run().await.expect("a pass");
+    assert_eq!(
+        (
+            report.payments_settled,
+            report.captures_refused,
+            report.payment_failures
+        ),
+        (1, 1, 0),
+        "{report:?}"
+    );
+    assert_eq!(
+        drill.order_and_payment(&reservation).await,
+        (OrderStatus::PaymentFailed, PaymentState::Cancelled)
+    );
+    let after = drill.stats().await;
+    assert_eq!(
+        (
+            after.counts.paid,
+            after.counts.payment_failed,
+            after.counts.capture_pending,
+            after.counts.available
+        ),
+        (0, 1, 0, before.counts.available + 1),
+        "{after:?}"
+    );
+    assert!(after.consistent, "{after:?}");
+    // Stripe's `payment_intent.canceled` arrives after the pass: nothing more moves.
+    let event = drill.settled(&payment).await;
+    assert_eq!(event.outcome, SettleOutcome::CaptureRefused);
+    assert!(!event.moves.payment_failed, "counted once");
+    assert_eq!(drill.stats().await, after);
+    assert_eq!(
+        drill
+            .reconciler()
+            .run()
+            .await
+            .expect("a pass")
+            .payments_settled,
+        0
+    );
 }
 
 /// Money captured at Stripe for an order the timeout had already expired (a capture

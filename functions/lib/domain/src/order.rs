@@ -35,15 +35,20 @@ pub enum OrderStatus {
     /// Cancelled or expired, and the money the buyer's payment moved anyway (a capture
     /// that raced the timeout, an automatic capture) was given back.
     Refunded,
+    /// Paid on our side, and then the provider would never give the money: the
+    /// authorisation lapsed (a card's lasts 7 days) or was cancelled at the provider
+    /// before a capture got through. The unit went back to its shard and no money moved.
+    PaymentFailed,
 }
 
 impl OrderStatus {
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 6] = [
         Self::Reserved,
         Self::Paid,
         Self::Cancelled,
         Self::Expired,
         Self::Refunded,
+        Self::PaymentFailed,
     ];
 
     /// Statuses from which the order can still be paid, cancelled or expire: the stock
@@ -57,6 +62,7 @@ impl OrderStatus {
             Self::Cancelled => "cancelled",
             Self::Expired => "expired",
             Self::Refunded => "refunded",
+            Self::PaymentFailed => "payment_failed",
         }
     }
 
@@ -65,9 +71,12 @@ impl OrderStatus {
     }
 
     /// Whether the order's unit went back to its shard: cancelled, expired, or either
-    /// and then refunded.
+    /// and then refunded, or paid and then its payment failed.
     pub fn gave_the_unit_back(self) -> bool {
-        matches!(self, Self::Cancelled | Self::Expired | Self::Refunded)
+        matches!(
+            self,
+            Self::Cancelled | Self::Expired | Self::Refunded | Self::PaymentFailed
+        )
     }
 
     /// Whether the state machine allows `self → next`. Stores enforce the same edges
@@ -77,6 +86,7 @@ impl OrderStatus {
             (Self::Refunded, Self::Cancelled | Self::Expired) => true,
             (from, Self::Paid | Self::Cancelled | Self::Expired) => from.is_open(),
             (Self::Cancelled | Self::Expired, Self::Refunded) => true,
+            (Self::Paid, Self::PaymentFailed) => true,
             _ => false,
         }
     }
@@ -216,6 +226,11 @@ mod tests {
         }
         for from in OrderStatus::ALL {
             assert!(!from.can_become(Reserved), "{from} -> reserved");
+            assert_eq!(
+                from.can_become(PaymentFailed),
+                from == Paid,
+                "{from} -> payment_failed: only a paid order's payment fails after it"
+            );
         }
     }
 

@@ -87,16 +87,19 @@ impl OrderPayment {
     /// Whether an order in `status` with this payment still needs a settlement: open
     /// with a payment (the buyer may authorise it); paid with its money authorised and
     /// not yet captured (the capture is pending); cancelled or expired with its payment
-    /// not seen cancelled (an authorisation to release, or money to give back). A
-    /// refunded order is done, and so is a paid one whose money the provider will no
-    /// longer capture (an authorisation that lapsed): no settlement can mend that, the
-    /// stats show it (`capture_pending`) for an operator.
+    /// not seen cancelled (an authorisation to release, or money to give back); paid
+    /// with its payment seen cancelled (an authorisation that lapsed: the order is to
+    /// become `payment_failed`, its unit back). A refunded order is done, and so is one
+    /// whose payment failed.
     pub fn needs_settling(&self, status: OrderStatus) -> bool {
         match status {
             OrderStatus::Reserved => true,
-            OrderStatus::Paid => self.state == PaymentState::Authorised,
+            OrderStatus::Paid => matches!(
+                self.state,
+                PaymentState::Authorised | PaymentState::Cancelled
+            ),
             OrderStatus::Cancelled | OrderStatus::Expired => self.state != PaymentState::Cancelled,
-            OrderStatus::Refunded => false,
+            OrderStatus::Refunded | OrderStatus::PaymentFailed => false,
         }
     }
 }

@@ -576,9 +576,27 @@ pub trait OrderPayments: Send + Sync {
         from: OrderStatus,
     ) -> Result<bool, StoreError>;
 
+    /// Moves a `paid` order whose payment is recorded cancelled (its authorisation
+    /// lapsed or was cancelled at the provider before a capture got through: the money
+    /// can never be taken) to `payment_failed` and gives its unit back: one transaction
+    /// on the user's and the order's items, if `payment` is the order's, then a
+    /// conditional write on the shard that removes the order's take, as
+    /// [`StockLedger::release`] does (a death between the two leaves a take no open or
+    /// paid hold accounts for, which the reconciler gives back). The hold stops counting
+    /// against the buyer's limit and counts as abandoned, as a lapsed hold does.
+    /// Whether this call moved it (`false`: it was `payment_failed` already, or is no
+    /// paid order whose payment is recorded cancelled), so that each failure is counted
+    /// once. Idempotent: a call again gives back a take an earlier one left.
+    async fn fail_payment(
+        &self,
+        reservation: &Reservation,
+        payment: &PaymentId,
+        now: DateTime<Utc>,
+    ) -> Result<bool, StoreError>;
+
     /// The sale's orders whose payment a settlement has not finished
     /// ([`OrderPayment::needs_settling`]): open with a payment; paid with a payment
-    /// recorded authorised; cancelled or expired with a payment not recorded cancelled. A read for the reconciler, which may lag the
+    /// recorded authorised or cancelled; cancelled or expired with a payment not recorded cancelled. A read for the reconciler, which may lag the
     /// latest writes like [`OrderBook::open_holds`]; every settlement reads the order
     /// again and acts only through the conditional writes above.
     async fn unsettled_payments(

@@ -514,8 +514,8 @@ fn gcd(mut a: u32, mut b: u32) -> u32 {
 }
 
 /// Counts of a sale's stock by where it is. Sold stock is `paid`; held stock is
-/// `reserved`; `cancelled`, `expired` and `refunded` are orders whose stock came back
-/// and are counted for reporting only. Two counts say where money and units disagree:
+/// `reserved`; `cancelled`, `expired`, `refunded` and `payment_failed` are orders whose
+/// stock came back and are counted for reporting only. Two counts say where money and units disagree:
 /// `capture_pending`, of the `paid` orders, those whose money is not seen captured
 /// (authorised and awaiting its capture, which a settlement retries, or, rarely, no
 /// longer capturable, which an operator must look at); `refund_pending`, of the
@@ -529,6 +529,8 @@ pub struct StockCounts {
     pub expired: u64,
     #[serde(default)]
     pub refunded: u64,
+    #[serde(default)]
+    pub payment_failed: u64,
     #[serde(default)]
     pub capture_pending: u64,
     #[serde(default)]
@@ -544,6 +546,7 @@ impl StockCounts {
             OrderStatus::Cancelled => &mut self.cancelled,
             OrderStatus::Expired => &mut self.expired,
             OrderStatus::Refunded => &mut self.refunded,
+            OrderStatus::PaymentFailed => &mut self.payment_failed,
         };
         *counter += 1;
         let Some(payment) = payment else {

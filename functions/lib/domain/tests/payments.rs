@@ -606,10 +606,12 @@ async fn a_capture_that_fails_leaves_the_unit_sold_and_a_later_settlement_captur
     }
 }
 
-/// A paid order whose authorisation the provider dropped before its capture (it lapsed):
-/// no settlement can capture it, so none keeps trying; the stats keep showing it.
+/// Issue 47: a paid order whose authorisation the provider dropped before its capture
+/// (it lapsed) stayed `paid` for good, keeping its unit, its buyer told "paid", and no
+/// money ever taken. Now the next settlement (the reconciler's pass, or Stripe's event)
+/// fails it: `payment_failed`, the unit back in stock, counted once.
 #[tokio::test]
-async fn a_paid_order_whose_authorisation_lapsed_is_shown_not_settled_again_and_again() {
+async fn a_paid_order_whose_authorisation_lapsed_fails_and_gives_its_unit_back_once() {
     let world = World::new().await;
     let (reservation, payment) = world.authorised().await;
     world.faults.inject("capture", ProviderFault::NoAnswer);
@@ -617,23 +619,60 @@ async fn a_paid_order_whose_authorisation_lapsed_is_shown_not_settled_again_and_
         world.settle(&reservation).await.outcome,
         SettleOutcome::CapturePending
     );
+    let available = world.stats().await.counts.available;
     // The provider releases the authorisation on its own, as Stripe does after 7 days.
     world.provider.cancel(&payment.id).await.unwrap();
-    assert_eq!(
-        world.settle(&reservation).await.outcome,
-        SettleOutcome::CaptureRefused
-    );
-    let order = world.order(&reservation).await;
-    assert_eq!(order.status, OrderStatus::Paid);
-    assert_eq!(order.payment.unwrap().state, PaymentState::Cancelled);
     let report = world.reconciler().run().await.unwrap();
     assert_eq!(
-        report.payments_settled, 0,
-        "nothing left to try: {report:?}"
+        (report.payments_settled, report.captures_refused),
+        (1, 1),
+        "{report:?}"
     );
+    let order = world.order(&reservation).await;
+    assert_eq!(order.status, OrderStatus::PaymentFailed);
+    assert_eq!(order.payment.unwrap().state, PaymentState::Cancelled);
     let stats = world.stats().await;
-    assert_eq!(stats.counts.capture_pending, 1, "{stats:?}");
-    assert!(!stats.consistent, "a unit sold without its money shows");
+    assert_eq!(
+        (
+            stats.counts.paid,
+            stats.counts.payment_failed,
+            stats.counts.capture_pending,
+            stats.counts.available
+        ),
+        (0, 1, 0, available + 1),
+        "{stats:?}"
+    );
+    assert!(
+        stats.consistent,
+        "the unit is back, and no money was taken: {stats:?}"
+    );
+    // Stripe's `payment_intent.canceled` comes after: the order is failed already.
+    let again = world.payments.settle_payment(&payment.id).await.unwrap();
+    assert_eq!(again.outcome, SettleOutcome::CaptureRefused);
+    assert!(!again.moves.payment_failed, "counted once");
+    assert_eq!(world.stats().await, stats);
+    let report = world.reconciler().run().await.unwrap();
+    assert_eq!(report.payments_settled, 0, "nothing left to do: {report:?}");
+    assert_eq!(world.moved().0, 0, "no money was ever taken");
+}
+
+/// Stripe's `payment_intent.canceled` about a paid order's payment (its authorisation
+/// lapsed, or an operator cancelled it in the dashboard) fails the order at once.
+#[tokio::test]
+async fn the_cancel_event_of_a_paid_orders_payment_fails_the_order_at_once() {
+    let world = World::new().await;
+    let (reservation, payment) = world.authorised().await;
+    world.faults.inject("capture", ProviderFault::NoAnswer);
+    world.settle(&reservation).await;
+    world.provider.cancel(&payment.id).await.unwrap();
+    let settled = world.payments.settle_payment(&payment.id).await.unwrap();
+    assert_eq!(settled.outcome, SettleOutcome::CaptureRefused);
+    assert!(settled.moves.payment_failed);
+    assert_eq!(
+        world.order(&reservation).await.status,
+        OrderStatus::PaymentFailed
+    );
+    assert!(world.stats().await.consistent);
 }
 
 #[tokio::test]
@@ -1092,6 +1131,8 @@ async fn run_race(seed: u64) -> Ending {
             }
         }
         OrderStatus::Reserved => panic!("{context}: left open"),
+        // No race here drops an authorisation at the provider.
+        OrderStatus::PaymentFailed => panic!("{context}: its payment failed"),
     }
 }
 

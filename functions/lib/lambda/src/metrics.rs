@@ -77,6 +77,10 @@ pub const PAYMENT_REFUNDS: &str = "payment_refunds";
 /// take the money): the order was reopened and refunded again. The buyer was charged
 /// and, for a while, told the money was back.
 pub const PAYMENT_REFUNDS_FAILED: &str = "payment_refunds_failed";
+/// Paid orders whose capture the provider refused for good, their authorisation gone
+/// (lapsed after 7 days, or cancelled at the provider): the order is `payment_failed`,
+/// its unit back in stock, and no money was taken for it.
+pub const PAYMENT_CAPTURES_REFUSED: &str = "payment_captures_refused";
 /// Settlements that failed (the next trigger, or the reconciler, tries again).
 pub const PAYMENT_SETTLE_FAILURES: &str = "payment_settle_failures";
 /// Provider events refused: signed, but about a payment that is no order's own (another
@@ -141,6 +145,10 @@ pub fn describe() {
         (
             PAYMENT_REFUNDS_FAILED,
             "refunds that failed after they succeeded, made again",
+        ),
+        (
+            PAYMENT_CAPTURES_REFUSED,
+            "paid orders whose authorisation was gone before the capture, failed",
         ),
         (PAYMENT_SETTLE_FAILURES, "payment settlements failed"),
         (PAYMENT_EVENTS_REFUSED, "provider events refused"),
@@ -280,6 +288,7 @@ pub struct PaymentMoves {
     pub authorisations_cancelled: u64,
     pub refunds: u64,
     pub refunds_failed: u64,
+    pub captures_refused: u64,
     pub failures: u64,
 }
 
@@ -294,6 +303,7 @@ impl PaymentMoves {
             authorisations_cancelled: u64::from(moves.cancelled),
             refunds: u64::from(moves.refunded),
             refunds_failed: u64::from(moves.refund_reopened),
+            captures_refused: u64::from(moves.payment_failed),
             failures: 0,
         }
     }
@@ -323,6 +333,7 @@ pub fn payments(moves: PaymentMoves) {
         ),
         (PAYMENT_REFUNDS, moves.refunds),
         (PAYMENT_REFUNDS_FAILED, moves.refunds_failed),
+        (PAYMENT_CAPTURES_REFUSED, moves.captures_refused),
         (PAYMENT_SETTLE_FAILURES, moves.failures),
     ] {
         counter!(name).increment(count);

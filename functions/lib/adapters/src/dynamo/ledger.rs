@@ -413,7 +413,7 @@ impl DynamoStore {
 
     /// Gives the order's take on `shard` back, if the shard still records it. Whether
     /// this call gave it back.
-    async fn give_back(
+    pub(super) async fn give_back(
         &self,
         operation: &'static str,
         reservation: &Reservation,

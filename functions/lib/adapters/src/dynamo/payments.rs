@@ -17,8 +17,8 @@ use flashsale_domain::{Order, OrderStatus, Reservation, Sale, StoreError};
 
 use super::DynamoStore;
 use super::item::{
-    self, DELIVERY, Hold, OPEN_HOLD, PAYMENT_ID, PAYMENT_STATE, PK, REFUNDED_FROM, SHARD, STATUS,
-    n, s,
+    self, ABANDONED, ACTIVE, DELIVERY, Hold, OPEN_HOLD, PAYMENT_ID, PAYMENT_STATE, PK,
+    REFUNDED_FROM, SETTLED_RETENTION, SHARD, STATUS, TTL, n, s,
 };
 use super::requests::{built, names, values};
 use super::transact::{self, in_request_order};
@@ -29,6 +29,7 @@ const PAY_WITH: &str = "dynamodb.pay_with";
 const RECORD_PAYMENT: &str = "dynamodb.record_payment";
 const RECORD_REFUND: &str = "dynamodb.record_refund";
 const REOPEN_REFUND: &str = "dynamodb.reopen_refund";
+const FAIL_PAYMENT: &str = "dynamodb.fail_payment";
 const UNSETTLED_PAYMENTS: &str = "dynamodb.unsettled_payments";
 const WAS_PROCESSED: &str = "dynamodb.was_processed";
 const RECORD_PROCESSED: &str = "dynamodb.record_processed";
@@ -46,6 +47,14 @@ mod refunding {
     /// Moves the released hold to `refunded`, or back.
     pub(super) const USER_ITEM: usize = 0;
     /// Moves the order's item, written by the release, along.
+    pub(super) const ORDER_ITEM: usize = 1;
+}
+
+/// `fail_payment`'s transaction items.
+mod failing {
+    /// Moves the paid hold to `payment_failed`, out of the buyer's limit.
+    pub(super) const USER_ITEM: usize = 0;
+    /// Moves the order's item, written by the pay, along.
     pub(super) const ORDER_ITEM: usize = 1;
 }
 
@@ -294,6 +303,93 @@ impl OrderPayments for DynamoStore {
     }
 
     /// Read from the holds, as `open_holds` reads them: each hold carries its payment.
+    async fn fail_payment(
+        &self,
+        reservation: &Reservation,
+        payment: &PaymentId,
+        now: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        let hold_attribute = item::hold_attribute(&reservation.order_id);
+        let failed = s(OrderStatus::PaymentFailed.as_str());
+        let end_hold = built(
+            FAIL_PAYMENT,
+            self.update(item::user_key(&reservation.sale_id, &reservation.user_id))
+                .update_expression(
+                    "SET #hold.#status = :failed, #active = #active - :one ADD #abandoned :one",
+                )
+                .condition_expression(
+                    "#hold.#status = :paid AND #hold.#shard = :shard \
+                     AND #hold.#payment_id = :payment_id AND #hold.#payment_state = :cancelled",
+                )
+                .set_expression_attribute_names(names(&[
+                    ("#hold", &hold_attribute),
+                    ("#status", STATUS),
+                    ("#shard", SHARD),
+                    ("#payment_id", PAYMENT_ID),
+                    ("#payment_state", PAYMENT_STATE),
+                    ("#active", ACTIVE),
+                    ("#abandoned", ABANDONED),
+                ]))
+                .set_expression_attribute_values(values([
+                    (":failed", failed.clone()),
+                    (":one", n(1)),
+                    (":paid", s(OrderStatus::Paid.as_str())),
+                    (":shard", n(reservation.shard)),
+                    (":payment_id", s(payment.as_str())),
+                    (":cancelled", s(PaymentState::Cancelled.name())),
+                ]))
+                .build(),
+        )?;
+        // The pay wrote the order's item: updated, and given the settled orders' TTL.
+        let record = built(
+            FAIL_PAYMENT,
+            self.update(item::order_key(&reservation.order_id))
+                .update_expression("SET #status = :failed, #updated = :now, #ttl = :ttl")
+                .condition_expression("attribute_exists(#pk)")
+                .set_expression_attribute_names(names(&[
+                    ("#status", STATUS),
+                    ("#updated", "updated_at"),
+                    ("#ttl", TTL),
+                    ("#pk", PK),
+                ]))
+                .set_expression_attribute_values(values([
+                    (":failed", failed),
+                    (":now", item::time(now)),
+                    (":ttl", n((now + SETTLED_RETENTION).timestamp())),
+                ]))
+                .build(),
+        )?;
+        let items = in_request_order([
+            (failing::USER_ITEM, transact::update(end_hold)),
+            (failing::ORDER_ITEM, transact::update(record)),
+        ]);
+        let moved = match self.run(FAIL_PAYMENT, items).await? {
+            Ok(()) => true,
+            // Failed already, not paid, or not this payment's order.
+            Err(refusal) if refusal.failed(failing::USER_ITEM) => false,
+            // A paid hold without its order's item contradicts the data model.
+            Err(refusal) => return Err(refusal.unexpected(FAIL_PAYMENT)),
+        };
+        if !moved {
+            let failed_before = self
+                .read_hold(FAIL_PAYMENT, &reservation.order_id, &reservation.user_id)
+                .await?
+                .is_some_and(|hold| {
+                    hold.status == OrderStatus::PaymentFailed
+                        && hold.shard == reservation.shard
+                        && records(&hold, payment)
+                });
+            if !failed_before {
+                return Ok(false);
+            }
+        }
+        // An error here leaves the order failed and its take on the shard: a call again
+        // (the next settlement) or the reconciler gives the unit back.
+        self.give_back(FAIL_PAYMENT, reservation, reservation.shard)
+            .await?;
+        Ok(moved)
+    }
+
     async fn unsettled_payments(
         &self,
         sale: &Sale,

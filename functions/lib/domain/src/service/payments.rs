@@ -9,6 +9,7 @@
 //!   reserved          wait        pay_with ─won─► capture    pay_with ─won─► done
 //!                                          └lost─► as below             └lost─► as below
 //!   paid              (anomaly)   capture (a pending one)     record it
+//!   paid, the payment cancelled (its authorisation lapsed): payment_failed, the unit back
 //!   cancelled/expired cancel it   cancel it                  refund what no refund covers
 //!   refunded                                                 reopen it if its refund failed
 //! ```
@@ -45,7 +46,8 @@ pub enum SettleOutcome {
     /// settlement captures it.
     CapturePending,
     /// Paid on our side, but the provider will no longer capture the money (the
-    /// authorisation lapsed or was cancelled at the provider): for an operator.
+    /// authorisation lapsed or was cancelled at the provider): the order is
+    /// `payment_failed`, its unit back in stock.
     CaptureRefused,
     /// The order ended (`cancelled` or `expired`) before the money: its authorisation is
     /// released (or the buyer never gave one), and no money moved.
@@ -93,6 +95,9 @@ pub struct MoneyMoves {
     pub refunded: bool,
     /// This settlement found a refunded order's refund failed, and reopened the order.
     pub refund_reopened: bool,
+    /// This settlement found a paid order's authorisation gone before its capture, and
+    /// moved the order to `payment_failed`, its unit back in stock.
+    pub payment_failed: bool,
 }
 
 /// A settlement's result: where the order's money stands, and what this call moved.
@@ -335,6 +340,7 @@ impl Settlement<'_> {
                 self.give_back(status, payment).await?
             }
             OrderStatus::Refunded => self.check_refund(payment).await?,
+            OrderStatus::PaymentFailed => SettleOutcome::CaptureRefused,
         };
         Ok(Settled {
             order_id: self.reservation.order_id.clone(),
@@ -410,11 +416,12 @@ impl Settlement<'_> {
                 Ok(SettleOutcome::Paid)
             }
             PaymentState::Authorised => self.capture(payment).await,
-            // Paid with no money held: an authorisation the provider dropped after our
-            // write.
-            PaymentState::Open | PaymentState::Cancelled => {
-                tracing::error!(order_id = %self.reservation.order_id, payment = %payment.id, state = ?payment.state, "a paid order's payment holds no money");
-                // Recorded, so that no later settlement takes it for a pending capture.
+            PaymentState::Cancelled => self.fail(payment).await,
+            // Paid, and the payment back to waiting for the buyer: not a state Stripe
+            // moves a manually captured payment to, so for an operator. It is not
+            // failed: the buyer could still confirm it.
+            PaymentState::Open => {
+                tracing::error!(order_id = %self.reservation.order_id, payment = %payment.id, "a paid order's payment holds no money and is open again");
                 self.record(&payment).await?;
                 Ok(SettleOutcome::CaptureRefused)
             }
@@ -436,7 +443,10 @@ impl Settlement<'_> {
                 Ok(SettleOutcome::Paid)
             }
             Ok(CaptureOutcome::NotCapturable(refused)) => {
-                tracing::error!(order_id = %self.reservation.order_id, payment = %refused.id, "the provider refused to capture a paid order's money");
+                tracing::error!(order_id = %self.reservation.order_id, payment = %refused.id, state = ?refused.state, "the provider refused to capture a paid order's money");
+                if refused.state == PaymentState::Cancelled {
+                    return self.fail(refused).await;
+                }
                 self.record(&refused).await?;
                 Ok(SettleOutcome::CaptureRefused)
             }
@@ -446,6 +456,25 @@ impl Settlement<'_> {
                 Ok(SettleOutcome::CapturePending)
             }
         }
+    }
+
+    /// A paid order whose authorisation is gone (it lapsed, as a card's does after 7
+    /// days, or was cancelled at the provider) before a capture got through: the money
+    /// can never be taken, so the order is `payment_failed` and its unit goes back to
+    /// stock, for another buyer while the sale lasts. Recorded first: the store fails
+    /// only an order whose payment it holds cancelled.
+    async fn fail(&mut self, payment: Payment) -> Result<SettleOutcome, AppError> {
+        self.record(&payment).await?;
+        if self
+            .service
+            .payments
+            .fail_payment(self.reservation, &payment.id, self.service.clock.now())
+            .await?
+        {
+            tracing::error!(order_id = %self.reservation.order_id, payment = %payment.id, "a paid order's authorisation is gone before its capture: the order's payment failed, its unit is back in stock");
+            self.moves.payment_failed = true;
+        }
+        Ok(SettleOutcome::CaptureRefused)
     }
 
     /// An order that ended: no money may stay moved for it.

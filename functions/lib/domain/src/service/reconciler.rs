@@ -39,6 +39,9 @@ pub struct ReconcileReport {
     pub authorisations_cancelled: usize,
     /// Money captured for orders that ended, given back.
     pub refunds: usize,
+    /// Paid orders whose authorisation was gone before their capture, moved to
+    /// `payment_failed` with their unit back in stock.
+    pub captures_refused: usize,
     /// Settlements that failed; the next pass tries them again.
     pub payment_failures: usize,
 }
@@ -53,6 +56,7 @@ impl ReconcileReport {
             (moves.capture_failed, &mut self.capture_failures),
             (moves.cancelled, &mut self.authorisations_cancelled),
             (moves.refunded, &mut self.refunds),
+            (moves.payment_failed, &mut self.captures_refused),
         ] {
             *counter += usize::from(moved);
         }

@@ -76,6 +76,7 @@ macro_rules! contract_tests {
             record_payment_records_the_state_of_the_orders_own_payment_only,
             record_refund_moves_a_released_order_with_its_payment_to_refunded_once,
             reopen_refund_moves_a_refunded_order_back_to_where_it_was_refunded_from_once,
+            fail_payment_gives_a_paid_orders_unit_back_once_its_payment_is_recorded_cancelled,
             unsettled_payments_lists_exactly_the_orders_a_settlement_has_not_finished,
             a_provider_event_is_recorded_processed_once,
         );
@@ -1849,6 +1850,89 @@ pub async fn reopen_refund_moves_a_refunded_order_back_to_where_it_was_refunded_
         !reopen_refund(store, &open, &carols, OrderStatus::Expired).await,
         "an open order was never refunded"
     );
+    assert_eq!(status_of(store, &open).await, Some(OrderStatus::Reserved));
+}
+
+/// `OrderPayments::fail_payment`: a paid order whose own payment is recorded cancelled
+/// (its authorisation gone before the capture) becomes `payment_failed` and its unit
+/// goes back, once however often asked, and the buyer's limit is free again; an order
+/// whose payment is recorded authorised, another payment, or an open order is refused
+/// and nothing changes.
+pub async fn fail_payment_gives_a_paid_orders_unit_back_once_its_payment_is_recorded_cancelled<
+    S: Store,
+>(
+    store: &S,
+) {
+    let sale = new_sale(store, 3, 1, 1).await;
+    let held = reserved(store, &sale, "alice", 0).await;
+    let payment = attached(store, &held, "alice").await;
+    let authorised = payment_in(&payment, PaymentState::Authorised);
+    assert_eq!(
+        pay_with(store, &held, &authorised, during(&sale)).await,
+        PayOutcome::Paid
+    );
+    let now = during(&sale);
+    let fail = |held: &Reservation, id: &PaymentId| {
+        let (held, id) = (held.clone(), id.clone());
+        async move { store.fail_payment(&held, &id, now).await.expect("fail") }
+    };
+    assert!(
+        !fail(&held, &payment).await,
+        "its payment is still authorised"
+    );
+    let cancelled = payment_in(&payment, PaymentState::Cancelled);
+    assert!(record_payment(store, &held, &cancelled).await);
+    assert!(
+        !fail(&held, &payment_id("mallory")).await,
+        "not the order's payment"
+    );
+    assert_eq!(status_of(store, &held).await, Some(OrderStatus::Paid));
+    assert_eq!(stock(store, &sale).await, vec![2]);
+
+    assert!(fail(&held, &payment).await);
+    assert!(
+        !fail(&held, &payment).await,
+        "failed before: not counted again"
+    );
+    let (order, _) = found_by_owner(store, &held).await;
+    assert_eq!(order.status, OrderStatus::PaymentFailed);
+    assert_eq!(order.payment, Some(cancelled));
+    assert_eq!(stock(store, &sale).await, vec![3], "the unit back, once");
+    let after = counts(store, &sale).await;
+    assert_eq!(
+        (
+            after.available,
+            after.paid,
+            after.payment_failed,
+            after.capture_pending
+        ),
+        (3, 0, 1, 0),
+        "{after:?}"
+    );
+    assert!(consistent(&sale, after), "{after:?}");
+    assert!(
+        store
+            .unsettled_payments(&sale)
+            .await
+            .expect("the unsettled payments")
+            .is_empty(),
+        "nothing left to settle"
+    );
+    assert!(
+        store
+            .unaccounted_takes(&sale)
+            .await
+            .expect("the takes")
+            .is_empty(),
+        "the take went with the unit"
+    );
+    // The buyer's limit of one counts the failed order no more.
+    reserved(store, &sale, "alice", 0).await;
+
+    let open = reserved(store, &sale, "bob", 0).await;
+    let bobs = attached(store, &open, "bob").await;
+    assert!(record_payment(store, &open, &payment_in(&bobs, PaymentState::Cancelled)).await);
+    assert!(!fail(&open, &bobs).await, "an open order was never paid");
     assert_eq!(status_of(store, &open).await, Some(OrderStatus::Reserved));
 }
 

@@ -892,6 +892,37 @@ impl OrderPayments for InMemoryStore {
         }
     }
 
+    async fn fail_payment(
+        &self,
+        reservation: &Reservation,
+        payment: &PaymentId,
+        _now: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        let mut state = locked(&self.state);
+        let id = &reservation.order_id;
+        let cancelled = state.payments.get(id).is_some_and(|recorded| {
+            &recorded.id == payment && recorded.state == PaymentState::Cancelled
+        });
+        if !cancelled {
+            return Ok(false);
+        }
+        match state.holds.get(id).map(|(_, status)| *status) {
+            Some(OrderStatus::Paid) => {
+                let (held, _) = state.holds[id].clone();
+                let user_key = (held.sale_id.clone(), held.user_id.clone());
+                *state.active.entry(user_key.clone()).or_default() -= 1;
+                *state.abandoned.entry(user_key).or_default() += 1;
+                *state
+                    .shards
+                    .entry((held.sale_id.clone(), held.shard))
+                    .or_default() += 1;
+                state.settle(id, OrderStatus::PaymentFailed);
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
     async fn unsettled_payments(
         &self,
         sale: &Sale,
