@@ -261,6 +261,8 @@ async fn reconcile(deps: &Deps) -> Result<ReconcileReport, ReconcileError> {
         refunds,
         captures_refused,
         payment_failures,
+        money_unsettled,
+        money_unsettled_oldest_secs,
     } = report;
     let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
     flashsale_lambda::metrics::reconciled(
@@ -269,6 +271,12 @@ async fn reconcile(deps: &Deps) -> Result<ReconcileReport, ReconcileError> {
         count(failed),
         count(failed_sales),
     );
+    if deps.reconciler.payments.is_some() {
+        flashsale_lambda::metrics::money_unsettled(
+            count(money_unsettled),
+            u64::try_from(money_unsettled_oldest_secs).unwrap_or(0),
+        );
+    }
     flashsale_lambda::metrics::payments(PaymentMoves {
         settled: count(payments_settled),
         captures: count(captures),

@@ -184,6 +184,10 @@ fn report(answer: Value) -> ReconcileReport {
         refunds: field("refunds"),
         captures_refused: field("captures_refused"),
         payment_failures: field("payment_failures"),
+        money_unsettled: field("money_unsettled"),
+        money_unsettled_oldest_secs: answer["money_unsettled_oldest_secs"]
+            .as_i64()
+            .expect("money_unsettled_oldest_secs"),
     }
 }
 
@@ -249,7 +253,8 @@ async fn a_hold_within_its_window_is_left_alone_though_no_timer_was_set() {
             "sales": 1, "open_holds": 1, "expired": 0, "failed": 0, "failed_sales": 0,
             "takes_returned": 0, "payments_settled": 0, "captures": 0, "capture_retries": 0,
             "capture_failures": 0, "authorisations_cancelled": 0, "refunds": 0,
-            "captures_refused": 0, "payment_failures": 0
+            "captures_refused": 0, "payment_failures": 0, "money_unsettled": 0,
+            "money_unsettled_oldest_secs": 0
         })
     );
     assert_eq!(

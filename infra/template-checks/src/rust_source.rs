@@ -410,21 +410,44 @@ pub fn callees(body: &str) -> BTreeSet<String> {
     found
 }
 
-/// The methods called on `self.<field>` in `body`: `self.ledger.reserve(` gives `reserve`
-/// for field `ledger`. This is how the use cases reach their ports.
+/// The methods called on `self.<field>` in `body`, or on a local binding of the same
+/// name (`let Some(payments) = &self.payments;` then `payments.settle(`):
+/// `self.ledger.reserve(` gives `reserve` for field `ledger`. This is how the use cases
+/// reach their ports.
 pub fn field_calls(body: &str, field: &str) -> BTreeSet<String> {
-    let needle = format!("self.{field}.");
+    let needle = format!("{field}.");
     let mut found = BTreeSet::new();
-    let mut rest = body;
-    while let Some(at) = rest.find(&needle) {
-        let after = &rest[at + needle.len()..];
+    for (at, _) in body.match_indices(&needle) {
+        let before = &body[..at];
+        // `self.field.`, `binding.field.` or a binding `field.`; not `x_field.`.
+        let receiver_ok = before.chars().next_back().is_none_or(|c| !is_ident(c));
+        if !receiver_ok
+            || (before.ends_with('.')
+                && !before.ends_with("self.")
+                && !ends_with_binding_of(before, field))
+        {
+            continue;
+        }
+        let after = &body[at + needle.len()..];
         let name: String = after.chars().take_while(|c| is_ident(*c)).collect();
         if !name.is_empty() && after[name.len()..].starts_with('(') {
             found.insert(name);
         }
-        rest = after;
     }
     found
+}
+
+/// Whether `before` ends with `<field>.` on a receiver of its own: the service held in
+/// a binding named after its field, as in `payments.payments.` (the service's port).
+fn ends_with_binding_of(before: &str, field: &str) -> bool {
+    before
+        .strip_suffix('.')
+        .and_then(|rest| rest.strip_suffix(field))
+        .is_some_and(|rest| {
+            rest.chars()
+                .next_back()
+                .is_none_or(|c| !is_ident(c) && c != '.')
+        })
 }
 
 /// The `operations` called fluently in `body`: `.op()` with no arguments, which is how
@@ -440,6 +463,23 @@ pub fn fluent_calls(body: &str, operations: &BTreeSet<String>) -> BTreeSet<Strin
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The reconciler reached its ports as `let Some(payments) = &self.payments;` then
+    /// `payments.payments.follow_money(`: unseen, so its role missed the actions.
+    #[test]
+    fn calls_on_a_local_binding_named_after_the_field_are_field_calls() {
+        let body = "let Some(payments) = &self.payments else { return; }; \
+                    payments.payments.follow_money(x); self.ledger.release(y); \
+                    other.payments.nope(); my_payments.nope_either(); payments.len;";
+        assert_eq!(
+            field_calls(body, "payments"),
+            BTreeSet::from(["follow_money".to_owned()])
+        );
+        assert_eq!(
+            field_calls(body, "ledger"),
+            BTreeSet::from(["release".to_owned()])
+        );
+    }
 
     #[test]
     fn comments_and_strings_never_count_as_calls() {

@@ -589,6 +589,7 @@ fn actions_confined_to_a_partition_are_reached_only_from_its_adapter() {
     let partition_module = |keys: &Value| -> String {
         match keys.as_array().map(Vec::as_slice) {
             Some([Value::String(key)]) if key == "BLOCKLIST" => "dynamo/blocklist.rs".to_owned(),
+            Some([Value::String(key)]) if key == "MONEY" => "dynamo/payments.rs".to_owned(),
             _ => panic!("a LeadingKeys condition this test does not map to a module: {keys}"),
         }
     };
@@ -775,15 +776,17 @@ fn each_permission_names_only_the_resources_the_function_is_configured_with() {
                 assert!(
                     on_the_index
                         || confined_to_the_blocklist(statement)
+                        || confined_to_followed_money(statement)
                         || confined_to_audit_trails(statement),
                     "{what}: queries only the gsi1 and gsi2 indexes, or the base table's \
-                     blocklist or audit-trail partitions"
+                     blocklist, followed-money or audit-trail partitions"
                 );
             }
             if statement.actions.iter().any(|a| a == "dynamodb:DeleteItem") {
                 assert!(
-                    confined_to_the_blocklist(statement),
-                    "{what}: deletes only blocklist items; everything else ends by TTL or stays"
+                    confined_to_the_blocklist(statement) || confined_to_followed_money(statement),
+                    "{what}: deletes only blocklist and followed-money items; everything else \
+                     ends by TTL or stays"
                 );
             }
         }
@@ -796,6 +799,14 @@ fn each_permission_names_only_the_resources_the_function_is_configured_with() {
 fn confined_to_the_blocklist(statement: &Statement) -> bool {
     statement.condition
         == Some(json!({"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": ["BLOCKLIST"]}}))
+}
+
+/// Whether the statement's `dynamodb:LeadingKeys` condition confines it to the one
+/// partition of the followed money (`pk = MONEY`): the orders whose money a settlement
+/// left unsettled, each deleted once settled.
+fn confined_to_followed_money(statement: &Statement) -> bool {
+    statement.condition
+        == Some(json!({"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": ["MONEY"]}}))
 }
 
 /// Whether the statement's `dynamodb:LeadingKeys` condition confines it to the sales'

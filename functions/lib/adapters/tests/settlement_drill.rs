@@ -11,7 +11,9 @@ use std::sync::Arc;
 use flashsale_adapters::DynamoStore;
 use flashsale_adapters::stripe::StripePayments;
 use flashsale_domain::payment::{Payment, PaymentState, RefundProgress};
-use flashsale_domain::ports::{OrderBook, PaymentProvider, SaleCatalog, StockLedger, SystemClock};
+use flashsale_domain::ports::{
+    Clock, OrderBook, PaymentProvider, SaleCatalog, StockLedger, SystemClock,
+};
 use flashsale_domain::sale::SaleStats;
 use flashsale_domain::service::{
     DEFAULT_TAKE_GRACE, ExpiryService, PaymentService, Reconciler, SettleOutcome, Settled,
@@ -130,11 +132,16 @@ impl Drill {
     }
 
     fn reconciler(&self) -> Reconciler {
+        self.reconciler_at(Arc::new(SystemClock))
+    }
+
+    /// The reconciler as it runs at `clock`'s time.
+    fn reconciler_at(&self, clock: Arc<dyn Clock>) -> Reconciler {
         Reconciler {
             catalog: self.store.clone(),
             orders: self.store.clone(),
             ledger: self.store.clone(),
-            clock: Arc::new(SystemClock),
+            clock,
             timer_grace: chrono::Duration::seconds(180),
             take_grace: DEFAULT_TAKE_GRACE,
             payments: Some(self.payments.clone()),
@@ -209,6 +216,51 @@ async fn a_capture_that_fails_after_the_pay_write_won_is_captured_once_by_the_ne
             0
         );
     }
+}
+
+/// Issue 47: a capture still failing when its sale left the reconciler's reach (the
+/// sales that ended within the longest payment window) was never tried again. The
+/// settlement follows the money in the table, and a pass two days later, when no sale is
+/// in reach, captures it and stops following it.
+#[tokio::test]
+async fn a_capture_still_failing_after_the_sale_left_the_passes_reach_is_captured_by_a_later_pass()
+{
+    let drill = Drill::new().await;
+    let (reservation, payment) = drill.authorised().await;
+    drill.faults.inject("capture", ProviderFault::NoAnswer);
+    assert_eq!(
+        drill.settled(&payment).await.outcome,
+        SettleOutcome::CapturePending
+    );
+    let two_days_on = Arc::new(ManualClock::new(
+        chrono::Utc::now() + chrono::Duration::days(2),
+    ));
+    let report = drill
+        .reconciler_at(two_days_on.clone())
+        .run()
+        .await
+        .expect("a pass");
+    assert_eq!(
+        (
+            report.sales,
+            report.captures,
+            report.capture_retries,
+            report.money_unsettled
+        ),
+        (0, 1, 1, 0),
+        "{report:?}"
+    );
+    assert_eq!(drill.at_stripe(&payment).await, PaymentState::Captured);
+    assert_eq!(
+        drill.order_and_payment(&reservation).await,
+        (OrderStatus::Paid, PaymentState::Captured)
+    );
+    let report = drill
+        .reconciler_at(two_days_on)
+        .run()
+        .await
+        .expect("a pass");
+    assert_eq!(report.payments_settled, 0, "followed no more: {report:?}");
 }
 
 /// Issue 47: a paid order whose authorisation is gone at Stripe before its capture got

@@ -75,6 +75,16 @@ impl PaymentState {
     }
 }
 
+/// An order whose money a settlement left unsettled, followed past its sale's reach
+/// ([`OrderPayments::follow_money`](crate::ports::OrderPayments::follow_money)): what
+/// the reconciler needs to settle it again, and since when it has been unsettled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FollowedMoney {
+    pub order_id: OrderId,
+    pub buyer: UserId,
+    pub since: chrono::DateTime<chrono::Utc>,
+}
+
 /// An order's payment as the order records it: which payment at the provider is the
 /// order's (one per order, recorded once), and its state when a settlement last read it.
 #[derive(Debug, Clone, PartialEq, Eq)]

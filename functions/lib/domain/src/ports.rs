@@ -15,7 +15,7 @@ use crate::fulfilment::{BuyerCursor, OrderPage};
 use crate::ids::{OrderId, SaleId, UserId};
 use crate::order::{Order, OrderStatus, ReleaseReason, Reservation};
 use crate::payment::{
-    CancelOutcome, CaptureOutcome, OrderPayment, Payment, PaymentId, RefundProgress,
+    CancelOutcome, CaptureOutcome, FollowedMoney, OrderPayment, Payment, PaymentId, RefundProgress,
 };
 use crate::price::Price;
 use crate::sale::{Sale, SaleCursor, SalePage, StockCounts};
@@ -593,6 +593,27 @@ pub trait OrderPayments: Send + Sync {
         payment: &PaymentId,
         now: DateTime<Utc>,
     ) -> Result<bool, StoreError>;
+
+    /// Follows the order's money past what the sale's own reads reach: an entry in an
+    /// index of only the orders whose money a settlement left unsettled (a capture to
+    /// retry, a refund on its way or to be made again, an authorisation to release),
+    /// which the reconciler reads whatever the sale's age, until a settlement finishes
+    /// the money. A card's authorisation lasts 7 days and a refund may fail days after
+    /// it succeeded, long after the sale ended. One write keyed by the order:
+    /// idempotent, the first `since` kept.
+    async fn follow_money(
+        &self,
+        reservation: &Reservation,
+        since: DateTime<Utc>,
+    ) -> Result<(), StoreError>;
+
+    /// Stops following the order's money: its settlement is finished. Idempotent.
+    async fn unfollow_money(&self, order_id: &OrderId) -> Result<(), StoreError>;
+
+    /// Every order whose money is followed. One read of the index, whose size is the
+    /// number of payments left unsettled, not of sales or orders, so the reconciler's
+    /// cost does not grow with old sales.
+    async fn followed_money(&self) -> Result<Vec<FollowedMoney>, StoreError>;
 
     /// The sale's orders whose payment a settlement has not finished
     /// ([`OrderPayment::needs_settling`]): open with a payment; paid with a payment

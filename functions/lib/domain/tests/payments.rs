@@ -606,6 +606,97 @@ async fn a_capture_that_fails_leaves_the_unit_sold_and_a_later_settlement_captur
     }
 }
 
+/// Issue 47: the reconciler visited only the sales that ended within the longest payment
+/// window, so a capture still failing when its sale left that reach was never tried
+/// again (the webhook had answered, Stripe would not redeliver), and the money stayed
+/// authorised until it lapsed. The settlement follows money it leaves unsettled, and
+/// each pass settles what is followed, whatever the sale's age, until it is settled.
+#[tokio::test]
+async fn a_capture_still_failing_when_the_sale_left_the_passes_reach_is_retried_until_it_lands() {
+    let world = World::new().await;
+    let (reservation, payment) = world.authorised().await;
+    world.faults.inject("capture", ProviderFault::NoAnswer);
+    assert_eq!(
+        world.settle(&reservation).await.outcome,
+        SettleOutcome::CapturePending
+    );
+    // Two days later the sale is long out of the pass's reach, and Stripe still fails.
+    world.clock.advance(Duration::days(2));
+    world.faults.inject("capture", ProviderFault::NoAnswer);
+    let report = world.reconciler().run().await.unwrap();
+    assert_eq!(report.sales, 0, "no sale in reach: {report:?}");
+    assert_eq!(
+        (
+            report.payments_settled,
+            report.capture_retries,
+            report.money_unsettled
+        ),
+        (1, 1, 1),
+        "{report:?}"
+    );
+    assert!(
+        report.money_unsettled_oldest_secs >= Duration::days(2).num_seconds(),
+        "{report:?}"
+    );
+    assert_eq!(world.moved().0, 0);
+
+    let report = world.reconciler().run().await.unwrap();
+    assert_eq!(
+        (report.captures, report.money_unsettled),
+        (1, 0),
+        "captured, and followed no more: {report:?}"
+    );
+    assert_eq!(
+        world.provider.state_of(&payment.id),
+        Some(PaymentState::Captured)
+    );
+    assert!(world.stats().await.consistent);
+    let report = world.reconciler().run().await.unwrap();
+    assert_eq!(report.payments_settled, 0, "nothing left: {report:?}");
+}
+
+/// A refund on its way when its sale leaves the pass's reach, which fails days later
+/// (Stripe's `refund.failed` answered, not redelivered): the followed order is
+/// reopened and refunded again by a pass, whatever the sale's age.
+#[tokio::test]
+async fn money_to_refund_after_the_sale_left_the_passes_reach_is_refunded_by_a_pass() {
+    let world = World::new().await;
+    let (reservation, payment) = world.captured_at_once().await;
+    world
+        .orders
+        .cancel(&reservation.order_id, &world.buyer)
+        .await
+        .unwrap();
+    world.faults.inject("refund", ProviderFault::NoAnswer);
+    let failed = world
+        .payments
+        .settle(&reservation.order_id, &world.buyer)
+        .await;
+    assert!(failed.is_err(), "{failed:?}");
+    // The pass in reach, once the order's window has closed, fails once more, and
+    // follows it.
+    world.faults.inject("refund", ProviderFault::NoAnswer);
+    world.clock.advance(Duration::minutes(14));
+    let report = world.reconciler().run().await.unwrap();
+    assert_eq!(
+        (report.payment_failures, report.money_unsettled),
+        (1, 1),
+        "{report:?}"
+    );
+    world.clock.advance(Duration::days(3));
+    let report = world.reconciler().run().await.unwrap();
+    assert_eq!(
+        (report.sales, report.refunds, report.money_unsettled),
+        (0, 1, 0),
+        "{report:?}"
+    );
+    assert_eq!(
+        world.order(&reservation).await.status,
+        OrderStatus::Refunded
+    );
+    assert_eq!(world.moved().2, 1, "refunded once: {payment:?}");
+}
+
 /// Issue 47: a paid order whose authorisation the provider dropped before its capture
 /// (it lapsed) stayed `paid` for good, keeping its unit, its buyer told "paid", and no
 /// money ever taken. Now the next settlement (the reconciler's pass, or Stripe's event)

@@ -100,6 +100,11 @@ pub const STOCK_PAID: &str = "stock_paid";
 /// captured money is not yet refunded, as last counted (gauges).
 pub const PAYMENTS_CAPTURE_PENDING: &str = "payments_capture_pending";
 pub const PAYMENTS_REFUND_PENDING: &str = "payments_refund_pending";
+/// Orders whose money a settlement left unsettled, followed whatever their sale's
+/// age, after each reconciler pass, and how long the oldest has been (gauges, no sale
+/// dimension: they outlive the sales' own gauges).
+pub const PAYMENTS_UNSETTLED: &str = "payments_unsettled";
+pub const PAYMENTS_UNSETTLED_OLDEST: &str = "payments_unsettled_oldest";
 /// Poison queue messages the consumer parked in the dead-letter queue.
 pub const DLQ_PARKED: &str = "dlq_parked";
 
@@ -175,9 +180,18 @@ pub fn describe() {
             PAYMENTS_REFUND_PENDING,
             "ended orders whose money is not refunded",
         ),
+        (
+            PAYMENTS_UNSETTLED,
+            "orders of any sale whose money is still unsettled",
+        ),
     ] {
         describe_gauge!(name, Unit::Count, what);
     }
+    describe_gauge!(
+        PAYMENTS_UNSETTLED_OLDEST,
+        Unit::Seconds,
+        "how long the oldest unsettled payment has been so"
+    );
     describe_histogram!(
         RELEASE_LAG,
         Unit::Seconds,
@@ -352,6 +366,14 @@ pub fn stock(sale_id: &SaleId, counts: &StockCounts) {
         // A gauge is an f64; stock counts are far below 2^53.
         gauge!(name, SALE_ID => sale_id.to_string()).set(units as f64);
     }
+}
+
+/// The money still unsettled after a reconciler pass, over every sale: how many
+/// orders, and the oldest's age in seconds.
+pub fn money_unsettled(orders: u64, oldest_secs: u64) {
+    // A gauge is an f64; these are far below 2^53.
+    gauge!(PAYMENTS_UNSETTLED).set(orders as f64);
+    gauge!(PAYMENTS_UNSETTLED_OLDEST).set(oldest_secs as f64);
 }
 
 /// A poison message parked in the dead-letter queue.

@@ -12,7 +12,7 @@ use chrono::{DateTime, Datelike, Duration, SecondsFormat, Utc};
 use flashsale_domain::buyer_orders::BuyerOrdersCursor;
 use flashsale_domain::challenge::ChallengeWork;
 use flashsale_domain::order::UnknownStatus;
-use flashsale_domain::payment::{OrderPayment, PaymentId, PaymentState};
+use flashsale_domain::payment::{FollowedMoney, OrderPayment, PaymentId, PaymentState};
 use flashsale_domain::ports::{PROCESSED_EVENT_RETENTION, Take};
 use flashsale_domain::{
     Order, OrderId, OrderStatus, Price, ReleaseReason, Reservation, ReservePath, Sale, SaleAction,
@@ -128,6 +128,15 @@ const SALES_GSI_PK: &str = "SALES";
 /// whole every few seconds per process, far below one partition's limits.
 const BLOCKLIST_PK: &str = "BLOCKLIST";
 const BLOCKED_USER_PREFIX: &str = "USER#";
+/// The one partition of the followed money: an item per order whose money a settlement
+/// left unsettled, written only then (never on the way of a sale that goes well) and
+/// read whole once per reconciler pass, so a few items, far below one partition's
+/// limits.
+const FOLLOWED_MONEY_PK: &str = "MONEY";
+const FOLLOWED_ORDER_PREFIX: &str = "ORDER#";
+/// On a followed order's item: its buyer, and since when its money is unsettled.
+pub(crate) const FOLLOWED_BUYER: &str = "user_id";
+pub(crate) const FOLLOWED_SINCE: &str = "since";
 /// A provider's event a webhook processed: one item each, in a partition of its own,
 /// so that recording one is a conditional put on nothing else.
 const EVENT_PREFIX: &str = "EVENT#";
@@ -245,6 +254,38 @@ pub(crate) fn parse_blocked_user(item: &Item) -> Result<UserId, ItemError> {
     UserId::parse(user).map_err(|source| ItemError::Id {
         name: SK.to_owned(),
         source,
+    })
+}
+
+pub(crate) fn followed_money_pk() -> AttributeValue {
+    s(FOLLOWED_MONEY_PK)
+}
+
+/// The item that follows `order_id`'s money: the order id in `sk`.
+pub(crate) fn followed_money_key(order_id: &OrderId) -> Item {
+    key(
+        FOLLOWED_MONEY_PK.to_owned(),
+        &format!("{FOLLOWED_ORDER_PREFIX}{order_id}"),
+    )
+}
+
+/// A followed order, from its item.
+pub(crate) fn parse_followed_money(item: &Item) -> Result<FollowedMoney, ItemError> {
+    let fields = Fields::of(item);
+    let sk = fields.string(SK)?;
+    let order = sk
+        .strip_prefix(FOLLOWED_ORDER_PREFIX)
+        .ok_or_else(|| ItemError::Form {
+            name: SK.to_owned(),
+            expected: "ORDER#{order_id}",
+        })?;
+    Ok(FollowedMoney {
+        order_id: OrderId::parse(order).map_err(|source| ItemError::Id {
+            name: SK.to_owned(),
+            source,
+        })?,
+        buyer: fields.id(FOLLOWED_BUYER, |raw| UserId::parse(raw))?,
+        since: fields.time(FOLLOWED_SINCE)?,
     })
 }
 

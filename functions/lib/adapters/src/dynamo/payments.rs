@@ -11,16 +11,16 @@ use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder;
 use aws_sdk_dynamodb::types::ReturnValuesOnConditionCheckFailure;
 use chrono::{DateTime, Utc};
-use flashsale_domain::payment::{OrderPayment, PaymentId, PaymentState};
+use flashsale_domain::payment::{FollowedMoney, OrderPayment, PaymentId, PaymentState};
 use flashsale_domain::ports::{OrderPayments, PayOutcome, PaymentAttach, ProviderEvents};
-use flashsale_domain::{Order, OrderStatus, Reservation, Sale, StoreError};
+use flashsale_domain::{Order, OrderId, OrderStatus, Reservation, Sale, StoreError};
 
 use super::DynamoStore;
 use super::item::{
     self, ABANDONED, ACTIVE, DELIVERY, Hold, OPEN_HOLD, PAYMENT_ID, PAYMENT_STATE, PK,
     REFUNDED_FROM, SETTLED_RETENTION, SHARD, STATUS, TTL, n, s,
 };
-use super::requests::{built, names, values};
+use super::requests::{built, corrupt, names, values};
 use super::transact::{self, in_request_order};
 use crate::classify::store_error;
 
@@ -30,6 +30,9 @@ const RECORD_PAYMENT: &str = "dynamodb.record_payment";
 const RECORD_REFUND: &str = "dynamodb.record_refund";
 const REOPEN_REFUND: &str = "dynamodb.reopen_refund";
 const FAIL_PAYMENT: &str = "dynamodb.fail_payment";
+const FOLLOW_MONEY: &str = "dynamodb.follow_money";
+const UNFOLLOW_MONEY: &str = "dynamodb.unfollow_money";
+const FOLLOWED_MONEY: &str = "dynamodb.followed_money";
 const UNSETTLED_PAYMENTS: &str = "dynamodb.unsettled_payments";
 const WAS_PROCESSED: &str = "dynamodb.was_processed";
 const RECORD_PROCESSED: &str = "dynamodb.record_processed";
@@ -388,6 +391,64 @@ impl OrderPayments for DynamoStore {
         self.give_back(FAIL_PAYMENT, reservation, reservation.shard)
             .await?;
         Ok(moved)
+    }
+
+    async fn follow_money(
+        &self,
+        reservation: &Reservation,
+        since: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        // Unconditional, and the first `since` kept: a resend applies the same again.
+        self.update_item(item::followed_money_key(&reservation.order_id))
+            .update_expression("SET #buyer = :buyer, #since = if_not_exists(#since, :since)")
+            .set_expression_attribute_names(names(&[
+                ("#buyer", item::FOLLOWED_BUYER),
+                ("#since", item::FOLLOWED_SINCE),
+            ]))
+            .set_expression_attribute_values(values([
+                (":buyer", s(reservation.user_id.as_str())),
+                (":since", item::time(since)),
+            ]))
+            .send()
+            .await
+            .map_err(|error| store_error(FOLLOW_MONEY, error))?;
+        Ok(())
+    }
+
+    async fn unfollow_money(&self, order_id: &OrderId) -> Result<(), StoreError> {
+        // Deleting a missing key succeeds, which is the idempotent unfollow.
+        self.client
+            .delete_item()
+            .table_name(&self.table)
+            .set_key(Some(item::followed_money_key(order_id)))
+            .send()
+            .await
+            .map_err(|error| store_error(UNFOLLOW_MONEY, error))?;
+        Ok(())
+    }
+
+    async fn followed_money(&self) -> Result<Vec<FollowedMoney>, StoreError> {
+        // Eventually consistent: a follow a moment old is read on the next pass, and
+        // each settlement reads the order and the payment afresh anyway.
+        let mut pages = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .key_condition_expression("#pk = :money")
+            .set_expression_attribute_names(names(&[("#pk", PK)]))
+            .set_expression_attribute_values(values([(":money", item::followed_money_pk())]))
+            .into_paginator()
+            .items()
+            .send();
+        let mut followed = Vec::new();
+        while let Some(found) = pages.next().await {
+            let found = found.map_err(|error| store_error(FOLLOWED_MONEY, error))?;
+            followed.push(
+                item::parse_followed_money(&found)
+                    .map_err(|error| corrupt(FOLLOWED_MONEY, &found, error))?,
+            );
+        }
+        Ok(followed)
     }
 
     async fn unsettled_payments(

@@ -61,6 +61,12 @@ pub enum SettleOutcome {
 }
 
 impl SettleOutcome {
+    /// Whether the order's money is left for a later settlement: a capture to retry,
+    /// or a refund on its way or to make again.
+    pub fn leaves_money_unsettled(self) -> bool {
+        matches!(self, Self::CapturePending | Self::RefundPending)
+    }
+
     /// The outcome as the API names it.
     pub fn name(self) -> &'static str {
         match self {
@@ -212,7 +218,14 @@ impl PaymentService {
             refunded_from: order.refunded_from,
             moves: MoneyMoves::default(),
         };
-        settlement.run(order.status, payment).await
+        let settled = settlement.run(order.status, payment).await?;
+        if settled.outcome.leaves_money_unsettled() {
+            // Followed until a settlement finishes it, however long after the sale.
+            self.payments
+                .follow_money(&reservation, self.clock.now())
+                .await?;
+        }
+        Ok(settled)
     }
 
     async fn owned(

@@ -1,12 +1,15 @@
 //! The reconciler: the safety net under the happy path.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
 
 use crate::error::{AppError, StoreError};
+use crate::ids::OrderId;
 use crate::order::{OrderStatus, ReleaseReason, Reservation};
+use crate::payment::FollowedMoney;
 #[cfg(doc)]
 use crate::ports::OrderPayments;
 use crate::ports::{Clock, OrderBook, SaleCatalog, Settlement, StockLedger, TakeReturn};
@@ -44,6 +47,11 @@ pub struct ReconcileReport {
     pub captures_refused: usize,
     /// Settlements that failed; the next pass tries them again.
     pub payment_failures: usize,
+    /// Orders whose money is followed after the pass, unsettled still, whatever their
+    /// sale's age: a capture to retry, a refund on its way or failing.
+    pub money_unsettled: usize,
+    /// How long the oldest of them has been unsettled, in seconds (0 for none).
+    pub money_unsettled_oldest_secs: i64,
 }
 
 impl ReconcileReport {
@@ -79,7 +87,11 @@ impl ReconcileReport {
 /// authorised (its capture failed, or is in flight), at once; any other once the
 /// order's window has closed `timer_grace` ago (until then the buyer's page
 /// and the provider's webhook settle it). Through the same [`PaymentService::settle`]
-/// as every other trigger.
+/// as every other trigger. A sale leaves the pass's reach soon after its end, but money
+/// does not settle on the sale's clock (an authorisation lasts 7 days, a refund can fail
+/// days later): every settlement that leaves money unsettled follows it
+/// ([`OrderPayments::follow_money`]), and each pass settles the followed ones too, at a
+/// cost of the payments left unsettled, never of the sales.
 pub struct Reconciler {
     pub catalog: Arc<dyn SaleCatalog>,
     pub orders: Arc<dyn OrderBook>,
@@ -111,6 +123,8 @@ impl Reconciler {
         let longest_window = Duration::seconds(i64::from(MAX_PAYMENT_TIMEOUT_SECS));
         let cutoff = now - longest_window - self.timer_grace;
         let mut report = ReconcileReport::default();
+        // Each order this pass settled, and whether its money is still unsettled.
+        let mut settled_here = HashMap::new();
         for sale in self.catalog.sales_ending_after(cutoff).await? {
             report.sales += 1;
             // One sale whose holds cannot be read must not leave every other sale's
@@ -129,8 +143,11 @@ impl Reconciler {
             };
             self.return_unaccounted_takes(&sale, now, &mut report).await;
             self.release_stuck_holds(holds, now, &mut report).await;
-            self.settle_left_payments(&sale, now, &mut report).await;
+            self.settle_left_payments(&sale, now, &mut report, &mut settled_here)
+                .await;
         }
+        self.settle_followed_money(&settled_here, now, &mut report)
+            .await;
         Ok(report)
     }
 
@@ -164,6 +181,7 @@ impl Reconciler {
         sale: &Sale,
         now: DateTime<Utc>,
         report: &mut ReconcileReport,
+        settled_here: &mut HashMap<OrderId, bool>,
     ) {
         let Some(payments) = &self.payments else {
             return;
@@ -189,16 +207,90 @@ impl Reconciler {
                 Ok(settled) => {
                     tracing::warn!(order_id = %order.order_id, ?settled, "settled a payment left unsettled");
                     report.count_settlement(&settled);
+                    settled_here.insert(
+                        order.order_id.clone(),
+                        settled.outcome.leaves_money_unsettled(),
+                    );
                 }
                 Err(error) => {
                     report.payment_failures += 1;
+                    settled_here.insert(order.order_id.clone(), true);
                     tracing::error!(
                         order_id = %order.order_id,
                         error = &error as &dyn std::error::Error,
                         "settling a payment left unsettled failed"
                     );
+                    // Followed, so that it is tried again after the sale leaves this
+                    // pass's reach (best effort: the next pass follows it otherwise).
+                    if let Err(error) = payments.payments.follow_money(&reservation, now).await {
+                        tracing::error!(order_id = %order.order_id, error = &error as &dyn std::error::Error, "following an unsettled payment failed");
+                    }
                 }
             }
+        }
+    }
+
+    /// Settles the followed orders ([`OrderPayments::follow_money`]), whatever their
+    /// sale's age, but for those this pass settled already (`settled_here`: whether
+    /// each one's money is still unsettled), and stops following each once its
+    /// settlement is finished. Reports how many are still followed, and the oldest.
+    async fn settle_followed_money(
+        &self,
+        settled_here: &HashMap<OrderId, bool>,
+        now: DateTime<Utc>,
+        report: &mut ReconcileReport,
+    ) {
+        let Some(payments) = &self.payments else {
+            return;
+        };
+        let followed = match payments.payments.followed_money().await {
+            Ok(followed) => followed,
+            Err(error) => {
+                report.payment_failures += 1;
+                tracing::error!(
+                    error = &error as &dyn std::error::Error,
+                    "reading the followed payments failed"
+                );
+                return;
+            }
+        };
+        for money in followed {
+            let unsettled = match settled_here.get(&money.order_id) {
+                Some(unsettled) => *unsettled,
+                None => match payments.settle(&money.order_id, &money.buyer).await {
+                    Ok(settled) => {
+                        report.count_settlement(&settled);
+                        tracing::warn!(order_id = %money.order_id, ?settled, "settled a followed payment");
+                        settled.outcome.leaves_money_unsettled()
+                    }
+                    // No such order: nothing to follow.
+                    Err(AppError::OrderNotFound) => false,
+                    Err(error) => {
+                        report.payment_failures += 1;
+                        tracing::error!(order_id = %money.order_id, error = &error as &dyn std::error::Error, "settling a followed payment failed");
+                        true
+                    }
+                },
+            };
+            if !unsettled {
+                self.unfollow(payments, &money, report).await;
+                continue;
+            }
+            report.money_unsettled += 1;
+            let age = (now - money.since).num_seconds().max(0);
+            report.money_unsettled_oldest_secs = report.money_unsettled_oldest_secs.max(age);
+        }
+    }
+
+    async fn unfollow(
+        &self,
+        payments: &PaymentService,
+        money: &FollowedMoney,
+        report: &mut ReconcileReport,
+    ) {
+        if let Err(error) = payments.payments.unfollow_money(&money.order_id).await {
+            report.payment_failures += 1;
+            tracing::error!(order_id = %money.order_id, error = &error as &dyn std::error::Error, "unfollowing a settled payment failed");
         }
     }
 

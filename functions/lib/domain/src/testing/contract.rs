@@ -16,7 +16,7 @@ use crate::control::{ControlWrite, SaleAction, SaleAudit, SaleControl};
 use crate::fulfilment::BuyerCursor;
 use crate::ids::{OrderId, SaleId, UserId};
 use crate::order::{Order, OrderStatus, ReleaseReason, Reservation};
-use crate::payment::{OrderPayment, PaymentId, PaymentState};
+use crate::payment::{FollowedMoney, OrderPayment, PaymentId, PaymentState};
 use crate::ports::{
     Blocklist, OrderBook, OrderPayments, PayOutcome, PaymentAttach, ProviderEvents, ReserveRefusal,
     SaleCatalog, Settlement, ShardTakers, StockLedger, Take, TakeReturn,
@@ -77,6 +77,7 @@ macro_rules! contract_tests {
             record_refund_moves_a_released_order_with_its_payment_to_refunded_once,
             reopen_refund_moves_a_refunded_order_back_to_where_it_was_refunded_from_once,
             fail_payment_gives_a_paid_orders_unit_back_once_its_payment_is_recorded_cancelled,
+            followed_money_lists_each_followed_order_once_since_its_first_follow,
             unsettled_payments_lists_exactly_the_orders_a_settlement_has_not_finished,
             a_provider_event_is_recorded_processed_once,
         );
@@ -1934,6 +1935,54 @@ pub async fn fail_payment_gives_a_paid_orders_unit_back_once_its_payment_is_reco
     assert!(record_payment(store, &open, &payment_in(&bobs, PaymentState::Cancelled)).await);
     assert!(!fail(&open, &bobs).await, "an open order was never paid");
     assert_eq!(status_of(store, &open).await, Some(OrderStatus::Reserved));
+}
+
+/// `OrderPayments::follow_money`, `unfollow_money` and `followed_money`: each followed
+/// order is listed once, with its buyer and its first `since` however often it is
+/// followed again, whatever its sale's age, until it is unfollowed; unfollowing one
+/// not followed changes nothing.
+pub async fn followed_money_lists_each_followed_order_once_since_its_first_follow<S: Store>(
+    store: &S,
+) {
+    let sale = new_sale(store, 3, 1, 1).await;
+    assert!(store.followed_money().await.expect("followed").is_empty());
+    let alices = reserved(store, &sale, "alice", 0).await;
+    let bobs = reserved(store, &sale, "bob", 0).await;
+    let first = during(&sale);
+    let later = first + Duration::days(3);
+    for (held, since) in [(&alices, first), (&bobs, first), (&alices, later)] {
+        store.follow_money(held, since).await.expect("follow");
+    }
+    let mut followed = store.followed_money().await.expect("followed");
+    followed.sort_by(|a, b| a.buyer.cmp(&b.buyer));
+    assert_eq!(
+        followed,
+        [&alices, &bobs].map(|held| FollowedMoney {
+            order_id: held.order_id.clone(),
+            buyer: held.user_id.clone(),
+            since: first,
+        }),
+        "once each, since the first follow"
+    );
+    for _ in ["unfollow", "unfollow again"] {
+        store
+            .unfollow_money(&alices.order_id)
+            .await
+            .expect("unfollow");
+    }
+    let never = reservation(&sale, "carol", 0);
+    store
+        .unfollow_money(&never.order_id)
+        .await
+        .expect("unfollow one never followed");
+    let followed = store.followed_money().await.expect("followed");
+    assert_eq!(
+        followed
+            .iter()
+            .map(|money| &money.order_id)
+            .collect::<Vec<_>>(),
+        [&bobs.order_id]
+    );
 }
 
 /// `OrderPayments::record_refund`: a cancelled or expired order with its own payment

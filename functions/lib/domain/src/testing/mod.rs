@@ -19,8 +19,8 @@ use crate::fulfilment::{BuyerCursor, OrderPage};
 use crate::ids::{OrderId, SaleId, UserId};
 use crate::order::{Order, OrderStatus, ReleaseReason, Reservation};
 use crate::payment::{
-    CancelOutcome, CaptureOutcome, OrderPayment, Payment, PaymentId, PaymentState, Refund,
-    RefundProgress, RefundStatus,
+    CancelOutcome, CaptureOutcome, FollowedMoney, OrderPayment, Payment, PaymentId, PaymentState,
+    Refund, RefundProgress, RefundStatus,
 };
 use crate::ports::{
     Blocklist, Clock, OrderBook, OrderPayments, OrderQueue, Pause, PayOutcome, PaymentAttach,
@@ -196,6 +196,8 @@ struct State {
     loose_takes: HashMap<OrderId, Take>,
     /// Each order's payment, as [`OrderPayments`] records it.
     payments: HashMap<OrderId, OrderPayment>,
+    /// The orders whose money is followed, with their buyer and since when.
+    followed_money: BTreeMap<OrderId, (UserId, DateTime<Utc>)>,
     /// The provider events recorded processed.
     processed_events: HashSet<String>,
     /// Each sale's audit trail, oldest first.
@@ -921,6 +923,35 @@ impl OrderPayments for InMemoryStore {
             }
             _ => Ok(false),
         }
+    }
+
+    async fn follow_money(
+        &self,
+        reservation: &Reservation,
+        since: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        locked(&self.state)
+            .followed_money
+            .entry(reservation.order_id.clone())
+            .or_insert((reservation.user_id.clone(), since));
+        Ok(())
+    }
+
+    async fn unfollow_money(&self, order_id: &OrderId) -> Result<(), StoreError> {
+        locked(&self.state).followed_money.remove(order_id);
+        Ok(())
+    }
+
+    async fn followed_money(&self) -> Result<Vec<FollowedMoney>, StoreError> {
+        Ok(locked(&self.state)
+            .followed_money
+            .iter()
+            .map(|(order_id, (buyer, since))| FollowedMoney {
+                order_id: order_id.clone(),
+                buyer: buyer.clone(),
+                since: *since,
+            })
+            .collect())
     }
 
     async fn unsettled_payments(
