@@ -190,9 +190,13 @@ async fn a_capture_that_fails_after_the_pay_write_won_is_captured_once_by_the_ne
 
         let report = drill.reconciler().run().await.expect("a pass");
         assert_eq!(
-            (report.payments_settled, report.payment_failures),
-            (1, 0),
-            "{fault:?}: {report:?}"
+            (
+                report.payments_settled,
+                report.captures,
+                report.payment_failures
+            ),
+            (1, 1, 0),
+            "{fault:?}: the capture counted once, by the pass that records it: {report:?}"
         );
         assert_eq!(
             report.capture_retries,

@@ -345,6 +345,24 @@ pub trait StockLedger: Send + Sync {
     async fn return_take(&self, take: &Take, now: DateTime<Utc>) -> Result<TakeReturn, StoreError>;
 }
 
+/// What [`OrderPayments::record_payment`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PaymentRecorded {
+    /// The order recorded another state of its payment before: this call changed it.
+    Changed,
+    /// The order records this state of its payment already.
+    Unchanged,
+    /// Not the order's payment, no such order, or another final state recorded before.
+    Refused,
+}
+
+impl PaymentRecorded {
+    /// Whether the order records the state now.
+    pub fn is_recorded(self) -> bool {
+        self != Self::Refused
+    }
+}
+
 /// What [`OrderPayments::pay_with`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PayOutcome {
@@ -546,12 +564,14 @@ pub trait OrderPayments: Send + Sync {
     /// Records the state a settlement read of the order's payment, if `payment.id` is
     /// the order's and the state recorded is not another final one
     /// ([`is_final`](crate::payment::PaymentState::is_final)): a stale read recorded late undoes nothing. The
-    /// order's status does not change. Whether it was recorded. Idempotent.
+    /// order's status does not change. Whether this call changed the recorded state,
+    /// found it recorded already, or was refused: a change is made once, so what it
+    /// moved (a capture) is counted once however many settlements race. Idempotent.
     async fn record_payment(
         &self,
         reservation: &Reservation,
         payment: &OrderPayment,
-    ) -> Result<bool, StoreError>;
+    ) -> Result<PaymentRecorded, StoreError>;
 
     /// Moves a cancelled or expired order whose payment was captured, and then
     /// refunded, to `refunded`, atomically with its item, if `payment` is the order's

@@ -602,6 +602,13 @@ async fn a_capture_that_fails_leaves_the_unit_sold_and_a_later_settlement_captur
             "{fault:?}"
         );
         assert_eq!(world.moved(), (1, 0, 0), "{fault:?}: captured once");
+        // Issue 47: a capture whose answer was lost was counted by no settlement (the
+        // first saw a failure, the retry found the money moved): the settlement that
+        // records the money captured counts it, once.
+        assert!(retried.moves.captured, "{fault:?}: counted once, here");
+        assert!(!settled.moves.captured);
+        let again = world.payments.settle_payment(&payment.id).await.unwrap();
+        assert!(!again.moves.captured, "{fault:?}: not counted twice");
         assert!(world.stats().await.consistent);
     }
 }

@@ -62,7 +62,8 @@ pub const RECONCILER_FAILED_SALES: &str = "reconciler_failed_sales";
 /// Settlements of an order's payment that ended (the page's, the webhook's, the
 /// reconciler's), each once.
 pub const PAYMENTS_SETTLED: &str = "payments_settled";
-/// Payments whose money a settlement captured.
+/// Payments whose money a settlement captured, counted once per order by the settlement
+/// that records it captured (after a lost answer, the one that finds it done).
 pub const PAYMENT_CAPTURES: &str = "payment_captures";
 /// Captures asked of orders already paid when their settlement began: a retry after a
 /// failed capture, or a second trigger racing the first (only one moves money).

@@ -12,7 +12,9 @@ use aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder;
 use aws_sdk_dynamodb::types::ReturnValuesOnConditionCheckFailure;
 use chrono::{DateTime, Utc};
 use flashsale_domain::payment::{FollowedMoney, OrderPayment, PaymentId, PaymentState};
-use flashsale_domain::ports::{OrderPayments, PayOutcome, PaymentAttach, ProviderEvents};
+use flashsale_domain::ports::{
+    OrderPayments, PayOutcome, PaymentAttach, PaymentRecorded, ProviderEvents,
+};
 use flashsale_domain::{Order, OrderId, OrderStatus, Reservation, Sale, StoreError};
 
 use super::DynamoStore;
@@ -157,17 +159,18 @@ impl OrderPayments for DynamoStore {
         &self,
         reservation: &Reservation,
         payment: &OrderPayment,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<PaymentRecorded, StoreError> {
         let hold_attribute = item::hold_attribute(&reservation.order_id);
         // The payment id names the order's payment once and for all: whatever the hold's
-        // status, the state read is recorded, unless the recorded one is final (a stale
-        // read arriving late must not undo it).
+        // status, a new state read is recorded, unless the recorded one is final (a stale
+        // read arriving late must not undo it). Only a change applies, so one call, and
+        // one only, changes it.
         let record = self
             .update_item(item::user_key(&reservation.sale_id, &reservation.user_id))
             .update_expression("SET #hold.#payment_state = :state")
             .condition_expression(
-                "#hold.#payment_id = :payment_id AND (#hold.#payment_state = :state \
-                 OR NOT #hold.#payment_state IN (:captured, :cancelled))",
+                "#hold.#payment_id = :payment_id AND #hold.#payment_state <> :state \
+                 AND NOT #hold.#payment_state IN (:captured, :cancelled)",
             )
             .set_expression_attribute_names(names(&[
                 ("#hold", &hold_attribute),
@@ -180,7 +183,21 @@ impl OrderPayments for DynamoStore {
                 (":captured", s(PaymentState::Captured.name())),
                 (":cancelled", s(PaymentState::Cancelled.name())),
             ]));
-        self.write_on_buyer_item(RECORD_PAYMENT, record).await
+        if self.write_on_buyer_item(RECORD_PAYMENT, record).await? {
+            return Ok(PaymentRecorded::Changed);
+        }
+        // Refused: recorded already (by another settlement, or by this call's first
+        // try whose answer the SDK did not get), or not this order's to record.
+        let hold = self
+            .read_hold(RECORD_PAYMENT, &reservation.order_id, &reservation.user_id)
+            .await?;
+        Ok(
+            if hold.is_some_and(|hold| hold.payment.as_ref() == Some(payment)) {
+                PaymentRecorded::Unchanged
+            } else {
+                PaymentRecorded::Refused
+            },
+        )
     }
 
     async fn record_refund(

@@ -31,8 +31,8 @@ use crate::payment::{
     CancelOutcome, CaptureOutcome, OrderPayment, Payment, PaymentId, PaymentState,
 };
 use crate::ports::{
-    Clock, OrderBook, OrderPayments, PayOutcome, PaymentAttach, PaymentProvider, ProviderEvents,
-    Settlement as Release, StockLedger,
+    Clock, OrderBook, OrderPayments, PayOutcome, PaymentAttach, PaymentProvider, PaymentRecorded,
+    ProviderEvents, Settlement as Release, StockLedger,
 };
 
 /// Where an order's money stands after a settlement.
@@ -87,7 +87,9 @@ impl SettleOutcome {
 pub struct MoneyMoves {
     /// This settlement found the order open and marked it paid: the unit is sold.
     pub paid: bool,
-    /// This settlement captured the money.
+    /// This settlement recorded the paid order's money captured: the capture counted,
+    /// once per order, whichever settlement's call moved it (a capture whose answer was
+    /// lost is counted by the settlement that finds the money moved).
     pub captured: bool,
     /// This settlement asked for a capture of an order already paid on our side when it
     /// began: a retry of a capture that failed before, or one still in flight elsewhere
@@ -424,8 +426,10 @@ impl Settlement<'_> {
     /// A paid order: its money captured, once.
     async fn finish_paid(&mut self, payment: Payment) -> Result<SettleOutcome, AppError> {
         match payment.state {
+            // Captured by an earlier settlement whose answer was lost, or whose record
+            // did not follow: counted by whichever settlement records it.
             PaymentState::Captured => {
-                self.record(&payment).await?;
+                self.record_capture(&payment).await?;
                 Ok(SettleOutcome::Paid)
             }
             PaymentState::Authorised => self.capture(payment).await,
@@ -445,14 +449,9 @@ impl Settlement<'_> {
         let service = self.service;
         self.moves.capture_retried = self.paid_before;
         match service.provider.capture(&payment.id).await {
-            Ok(CaptureOutcome::Captured(captured)) => {
-                self.moves.captured = true;
-                self.record(&captured).await?;
-                Ok(SettleOutcome::Paid)
-            }
-            // Another settlement's capture got there first.
-            Ok(CaptureOutcome::AlreadyCaptured(captured)) => {
-                self.record(&captured).await?;
+            // Captured now, or another settlement's capture got there first.
+            Ok(CaptureOutcome::Captured(captured) | CaptureOutcome::AlreadyCaptured(captured)) => {
+                self.record_capture(&captured).await?;
                 Ok(SettleOutcome::Paid)
             }
             Ok(CaptureOutcome::NotCapturable(refused)) => {
@@ -572,15 +571,23 @@ impl Settlement<'_> {
         self.give_back(from, payment).await
     }
 
-    async fn record(&self, payment: &Payment) -> Result<(), AppError> {
+    async fn record(&self, payment: &Payment) -> Result<PaymentRecorded, AppError> {
         let seen = OrderPayment {
             id: payment.id.clone(),
             state: payment.state,
         };
-        self.service
+        Ok(self
+            .service
             .payments
             .record_payment(self.reservation, &seen)
-            .await?;
+            .await?)
+    }
+
+    /// Records a paid order's money captured: the settlement whose record changes the
+    /// order to captured counts the capture, so it is counted once, even when the
+    /// capture's answer was lost and a later settlement finds the money moved.
+    async fn record_capture(&mut self, captured: &Payment) -> Result<(), AppError> {
+        self.moves.captured = self.record(captured).await? == PaymentRecorded::Changed;
         Ok(())
     }
 }

@@ -18,8 +18,9 @@ use crate::ids::{OrderId, SaleId, UserId};
 use crate::order::{Order, OrderStatus, ReleaseReason, Reservation};
 use crate::payment::{FollowedMoney, OrderPayment, PaymentId, PaymentState};
 use crate::ports::{
-    Blocklist, OrderBook, OrderPayments, PayOutcome, PaymentAttach, ProviderEvents, ReserveRefusal,
-    SaleCatalog, Settlement, ShardTakers, StockLedger, Take, TakeReturn,
+    Blocklist, OrderBook, OrderPayments, PayOutcome, PaymentAttach, PaymentRecorded,
+    ProviderEvents, ReserveRefusal, SaleCatalog, Settlement, ShardTakers, StockLedger, Take,
+    TakeReturn,
 };
 use crate::sale::{MAX_ABANDONED_HOLDS, Sale, SaleCursor, SaleStats, StockCounts};
 use crate::testing::{InMemoryStore, pay_by_card, sale};
@@ -1370,11 +1371,20 @@ async fn pay_with(
     store.pay_with(held, payment, now).await.expect("pay with")
 }
 
+/// Whether the order records `payment` once this call is done.
 async fn record_payment(
     store: &impl OrderPayments,
     held: &Reservation,
     payment: &OrderPayment,
 ) -> bool {
+    recorded_as(store, held, payment).await.is_recorded()
+}
+
+async fn recorded_as(
+    store: &impl OrderPayments,
+    held: &Reservation,
+    payment: &OrderPayment,
+) -> PaymentRecorded {
     store
         .record_payment(held, payment)
         .await
@@ -1695,7 +1705,8 @@ pub async fn pay_with_and_release_of_one_order_have_exactly_one_winner<S: Store>
 }
 
 /// `OrderPayments::record_payment`: records the state only of the order's own payment,
-/// whatever the order's status, and changes no status. Idempotent.
+/// whatever the order's status, and changes no status. Idempotent, and a change is
+/// answered `Changed` once: the same state again is `Unchanged`.
 pub async fn record_payment_records_the_state_of_the_orders_own_payment_only<S: Store>(store: &S) {
     let sale = new_sale(store, 4, 1, 1).await;
     let held = reserved(store, &sale, "alice", 0).await;
@@ -1711,8 +1722,15 @@ pub async fn record_payment_records_the_state_of_the_orders_own_payment_only<S: 
         "nothing changed"
     );
     let authorised = payment_in(&own, PaymentState::Authorised);
-    for attempt in ["record", "record again"] {
-        assert!(record_payment(store, &held, &authorised).await, "{attempt}");
+    for (attempt, answer) in [
+        ("record", PaymentRecorded::Changed),
+        ("record again", PaymentRecorded::Unchanged),
+    ] {
+        assert_eq!(
+            recorded_as(store, &held, &authorised).await,
+            answer,
+            "{attempt}: a change is made, and counted, once"
+        );
     }
     let (order, _) = found_by_owner(store, &held).await;
     assert_eq!(order.status, OrderStatus::Reserved, "the status stays");
@@ -1749,8 +1767,9 @@ pub async fn record_payment_records_the_state_of_the_orders_own_payment_only<S: 
             "{stale:?} after captured"
         );
     }
-    assert!(
-        record_payment(store, &expired, &captured).await,
+    assert_eq!(
+        recorded_as(store, &expired, &captured).await,
+        PaymentRecorded::Unchanged,
         "the same again"
     );
     let (order, _) = found_by_owner(store, &expired).await;

@@ -24,8 +24,9 @@ use crate::payment::{
 };
 use crate::ports::{
     Blocklist, Clock, OrderBook, OrderPayments, OrderQueue, Pause, PayOutcome, PaymentAttach,
-    PaymentProvider, ProofOfWork, ProviderEvents, ReleaseScheduler, ReserveRefusal, SaleCatalog,
-    Settlement, ShardState, ShardTakers, StockLedger, Take, TakeReturn,
+    PaymentProvider, PaymentRecorded, ProofOfWork, ProviderEvents, ReleaseScheduler,
+    ReserveRefusal, SaleCatalog, Settlement, ShardState, ShardTakers, StockLedger, Take,
+    TakeReturn,
 };
 use crate::price::Price;
 use crate::sale::{
@@ -834,18 +835,22 @@ impl OrderPayments for InMemoryStore {
         &self,
         reservation: &Reservation,
         payment: &OrderPayment,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<PaymentRecorded, StoreError> {
         let mut state = locked(&self.state);
         let Some(recorded) = state.payments.get_mut(&reservation.order_id) else {
-            return Ok(false);
+            return Ok(PaymentRecorded::Refused);
         };
-        if recorded.id != payment.id
-            || (recorded.state != payment.state && recorded.state.is_final())
-        {
-            return Ok(false);
+        if recorded.id != payment.id {
+            return Ok(PaymentRecorded::Refused);
+        }
+        if recorded.state == payment.state {
+            return Ok(PaymentRecorded::Unchanged);
+        }
+        if recorded.state.is_final() {
+            return Ok(PaymentRecorded::Refused);
         }
         recorded.state = payment.state;
-        Ok(true)
+        Ok(PaymentRecorded::Changed)
     }
 
     async fn record_refund(
