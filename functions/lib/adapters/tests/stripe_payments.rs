@@ -227,6 +227,34 @@ async fn a_captured_payment_is_not_cancelled_but_refunded_once_however_often_ask
     assert_eq!(stripe.refunds(&captured).await.expect("read"), again);
 }
 
+/// Issue 47: two settlements refunding one payment at once (the page's and Stripe's
+/// event) both counted in `payment_refunds`. Stripe refunds no more than is left, so
+/// one refund is made, and only the call that made it says so.
+#[tokio::test]
+async fn two_refunds_of_one_payment_at_once_refund_it_once_and_say_so_once() {
+    let stripe = stripe().await;
+    let payment = authorised(&stripe).await;
+    stripe.capture(&payment.id).await.expect("captured");
+    let captured = read(&stripe, &payment).await;
+    let (first, second) = tokio::join!(stripe.refund(&captured), stripe.refund(&captured));
+    let (first, second) = (first.expect("refunded"), second.expect("refunded"));
+    assert_eq!(
+        usize::from(first.made_now) + usize::from(second.made_now),
+        1,
+        "{first:?} {second:?}"
+    );
+    for progress in [first, second] {
+        assert_eq!(progress.captured, 129_900);
+        assert_eq!(
+            progress.succeeded + progress.pending,
+            129_900,
+            "{progress:?}"
+        );
+    }
+    let after = stripe.refunds(&captured).await.expect("read");
+    assert_eq!((after.succeeded, after.made_now), (129_900, false));
+}
+
 async fn read(stripe: &StripePayments, payment: &Payment) -> Payment {
     stripe
         .payment(&payment.id)
