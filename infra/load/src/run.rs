@@ -17,6 +17,19 @@ use crate::surge::{self, Outcome, SurgePlan};
 use crate::tokens::{TokenError, TokenSource};
 use crate::{audit, plot, report};
 
+/// Stripe's rate limit in test mode, which a stack paid by the load tool is in: about
+/// 25 write operations a second for the account (docs.stripe.com/rate-limits).
+const STRIPE_TEST_MODE_WRITES_PER_SEC: u32 = 25;
+/// The writes one payment costs Stripe (docs/capacity.md, "Stripe's rate limit"): the
+/// PaymentIntent created, the card confirmed, the money captured.
+const STRIPE_WRITES_PER_PAYMENT: u32 = 3;
+
+/// The least time between two payments' starts, so that the run's payments stay under
+/// Stripe's test-mode limit with room for the account's other traffic (half of it).
+fn payment_spacing() -> Duration {
+    Duration::from_secs(1) * STRIPE_WRITES_PER_PAYMENT * 2 / STRIPE_TEST_MODE_WRITES_PER_SEC
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
     #[error(transparent)]
@@ -110,7 +123,10 @@ pub async fn run(
     let mut pay_latencies = Vec::with_capacity(to_pay);
     let mut paid = 0;
     let mut lapsed_before_payment = 0;
+    let mut pacer = tokio::time::interval(payment_spacing());
+    pacer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     for (buyer, order) in orders.iter().take(to_pay) {
+        pacer.tick().await;
         let token = tokens[buyer];
         let started = Instant::now();
         let answer = client.pay_by_card(token, order, &config.stripe_api).await?;
@@ -339,5 +355,21 @@ impl Outputs {
             &report.timeline,
         )?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_runs_payments_ask_stripe_for_at_most_half_its_test_mode_write_limit() {
+        let payments_per_sec = 1.0 / payment_spacing().as_secs_f64();
+        let writes_per_sec = payments_per_sec * f64::from(STRIPE_WRITES_PER_PAYMENT);
+        assert!(
+            writes_per_sec <= f64::from(STRIPE_TEST_MODE_WRITES_PER_SEC) / 2.0 + 1e-9,
+            "{writes_per_sec} writes a second"
+        );
+        assert_eq!(payment_spacing(), Duration::from_millis(240));
     }
 }
