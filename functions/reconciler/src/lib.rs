@@ -263,6 +263,7 @@ async fn reconcile(deps: &Deps) -> Result<ReconcileReport, ReconcileError> {
         payment_failures,
         money_unsettled,
         money_unsettled_oldest_secs,
+        money_unsettled_known,
     } = report;
     let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
     flashsale_lambda::metrics::reconciled(
@@ -271,7 +272,8 @@ async fn reconcile(deps: &Deps) -> Result<ReconcileReport, ReconcileError> {
         count(failed),
         count(failed_sales),
     );
-    if deps.reconciler.payments.is_some() {
+    // Unknown (no payments, or the read failed): no datapoint rather than a false 0.
+    if money_unsettled_known {
         flashsale_lambda::metrics::money_unsettled(
             count(money_unsettled),
             u64::try_from(money_unsettled_oldest_secs).unwrap_or(0),

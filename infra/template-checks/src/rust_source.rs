@@ -410,23 +410,31 @@ pub fn callees(body: &str) -> BTreeSet<String> {
     found
 }
 
-/// The methods called on `self.<field>` in `body`, or on a local binding of the same
-/// name (`let Some(payments) = &self.payments;` then `payments.settle(`):
-/// `self.ledger.reserve(` gives `reserve` for field `ledger`. This is how the use cases
-/// reach their ports.
+/// The methods called on `self.<field>` in `body`, on the field of a binding of the
+/// service (`service.ledger.release(` in a settlement holding `let service =
+/// self.service`), or on a local binding named after the field (`let Some(payments) =
+/// &self.payments;` then `payments.settle(`): `self.ledger.reserve(` gives `reserve` for
+/// field `ledger`. This is how the use cases reach their ports.
 pub fn field_calls(body: &str, field: &str) -> BTreeSet<String> {
     let needle = format!("{field}.");
     let mut found = BTreeSet::new();
     for (at, _) in body.match_indices(&needle) {
         let before = &body[..at];
-        // `self.field.`, `binding.field.` or a binding `field.`; not `x_field.`.
-        let receiver_ok = before.chars().next_back().is_none_or(|c| !is_ident(c));
-        if !receiver_ok
-            || (before.ends_with('.')
-                && !before.ends_with("self.")
-                && !ends_with_binding_of(before, field))
-        {
-            continue;
+        if before.chars().next_back().is_some_and(is_ident) {
+            continue; // `x_field.`
+        }
+        if let Some(receiver_end) = before.strip_suffix('.') {
+            let receiver: String = receiver_end
+                .chars()
+                .rev()
+                .take_while(|c| is_ident(*c))
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect();
+            if !["self", "service", field].contains(&receiver.as_str()) {
+                continue; // `other.field.`
+            }
         }
         let after = &body[at + needle.len()..];
         let name: String = after.chars().take_while(|c| is_ident(*c)).collect();
@@ -435,19 +443,6 @@ pub fn field_calls(body: &str, field: &str) -> BTreeSet<String> {
         }
     }
     found
-}
-
-/// Whether `before` ends with `<field>.` on a receiver of its own: the service held in
-/// a binding named after its field, as in `payments.payments.` (the service's port).
-fn ends_with_binding_of(before: &str, field: &str) -> bool {
-    before
-        .strip_suffix('.')
-        .and_then(|rest| rest.strip_suffix(field))
-        .is_some_and(|rest| {
-            rest.chars()
-                .next_back()
-                .is_none_or(|c| !is_ident(c) && c != '.')
-        })
 }
 
 /// The `operations` called fluently in `body`: `.op()` with no arguments, which is how
@@ -470,14 +465,15 @@ mod tests {
     fn calls_on_a_local_binding_named_after_the_field_are_field_calls() {
         let body = "let Some(payments) = &self.payments else { return; }; \
                     payments.payments.follow_money(x); self.ledger.release(y); \
+                    service.ledger.give_back(z); self.service.payments.pay_with(w); \
                     other.payments.nope(); my_payments.nope_either(); payments.len;";
         assert_eq!(
             field_calls(body, "payments"),
-            BTreeSet::from(["follow_money".to_owned()])
+            BTreeSet::from(["follow_money".to_owned(), "pay_with".to_owned()])
         );
         assert_eq!(
             field_calls(body, "ledger"),
-            BTreeSet::from(["release".to_owned()])
+            BTreeSet::from(["release".to_owned(), "give_back".to_owned()])
         );
     }
 

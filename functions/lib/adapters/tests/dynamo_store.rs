@@ -964,3 +964,74 @@ async fn orders_an_earlier_version_opened_read_as_reserved_and_settle_as_ever() 
     assert_eq!((counts.paid, counts.expired, counts.available), (1, 1, 2));
     assert_reconciles(&sale, &counts);
 }
+
+/// Issue 47: a settlement counts a capture when its write changes the order's recorded
+/// payment to captured. When that write applied but its answer was lost, the SDK's
+/// resend was refused (the state is captured already) and the change was counted by
+/// no call. The write leaves a token of its call, so the refused resend still tells
+/// that the change was its own; another call finds it `Unchanged`.
+#[tokio::test]
+async fn a_payment_state_change_whose_answer_was_lost_is_still_this_calls_change() {
+    use flashsale_domain::payment::{OrderPayment, PaymentId, PaymentState};
+    use flashsale_domain::ports::PaymentRecorded;
+
+    let (store, _, table) = support::store().await;
+    let sale = support::sale(2, 1, 1);
+    created(&store, &sale).await;
+    let reservation = support::reservation(&sale, &support::user("alice"), 0);
+    store
+        .reserve(&sale, 0, &reservation)
+        .await
+        .expect("reserve")
+        .expect("a unit");
+    let id = PaymentId::new("pi_lost_answer");
+    store
+        .attach_payment(&reservation, &id)
+        .await
+        .expect("attach");
+    let in_state = |state| OrderPayment {
+        id: id.clone(),
+        state,
+    };
+    assert_eq!(
+        store
+            .pay_with(
+                &reservation,
+                &in_state(PaymentState::Authorised),
+                Utc::now()
+            )
+            .await
+            .expect("pay"),
+        PayOutcome::Paid
+    );
+
+    let (lossy, injector) = support::lossy_writes_client(Pattern::Only(0)).await;
+    let lossy = DynamoStore::new(lossy, &table);
+    let captured = in_state(PaymentState::Captured);
+    assert_eq!(
+        lossy
+            .record_payment(&reservation, &captured)
+            .await
+            .expect("recorded"),
+        PaymentRecorded::Changed
+    );
+    assert_eq!(
+        (injector.injected(), injector.seen()),
+        (1, 2),
+        "the answer lost, the write resent"
+    );
+    assert_eq!(
+        store
+            .record_payment(&reservation, &captured)
+            .await
+            .expect("recorded"),
+        PaymentRecorded::Unchanged,
+        "another call's change"
+    );
+    let (order, _) = store
+        .find(&reservation.order_id, &reservation.user_id)
+        .await
+        .expect("find")
+        .expect("the order");
+    assert_eq!(order.payment, Some(captured));
+}

@@ -83,6 +83,9 @@ pub struct FollowedMoney {
     pub order_id: OrderId,
     pub buyer: UserId,
     pub since: chrono::DateTime<chrono::Utc>,
+    /// How many times it was followed: an unfollow decided on this read stops
+    /// following only if no settlement has followed it again since.
+    pub version: u64,
 }
 
 /// An order's payment as the order records it: which payment at the provider is the

@@ -619,16 +619,18 @@ pub trait OrderPayments: Send + Sync {
     /// retry, a refund on its way or to be made again, an authorisation to release),
     /// which the reconciler reads whatever the sale's age, until a settlement finishes
     /// the money. A card's authorisation lasts 7 days and a refund may fail days after
-    /// it succeeded, long after the sale ended. One write keyed by the order:
-    /// idempotent, the first `since` kept.
+    /// it succeeded, long after the sale ended. One write keyed by the order, the first
+    /// `since` kept and its version raised.
     async fn follow_money(
         &self,
         reservation: &Reservation,
         since: DateTime<Utc>,
     ) -> Result<(), StoreError>;
 
-    /// Stops following the order's money: its settlement is finished. Idempotent.
-    async fn unfollow_money(&self, order_id: &OrderId) -> Result<(), StoreError>;
+    /// Stops following the order's money, as `read` found it followed: its settlement
+    /// is finished. One conditional delete: a settlement that followed it again since
+    /// the read (a refund that failed after, say) keeps it followed. Idempotent.
+    async fn unfollow_money(&self, read: &FollowedMoney) -> Result<(), StoreError>;
 
     /// Every order whose money is followed. One read of the index, whose size is the
     /// number of payments left unsettled, not of sales or orders, so the reconciler's

@@ -137,6 +137,7 @@ const FOLLOWED_ORDER_PREFIX: &str = "ORDER#";
 /// On a followed order's item: its buyer, and since when its money is unsettled.
 pub(crate) const FOLLOWED_BUYER: &str = "user_id";
 pub(crate) const FOLLOWED_SINCE: &str = "since";
+pub(crate) const FOLLOWED_VERSION: &str = "version";
 /// A provider's event a webhook processed: one item each, in a partition of its own,
 /// so that recording one is a conditional put on nothing else.
 const EVENT_PREFIX: &str = "EVENT#";
@@ -286,6 +287,7 @@ pub(crate) fn parse_followed_money(item: &Item) -> Result<FollowedMoney, ItemErr
         })?,
         buyer: fields.id(FOLLOWED_BUYER, |raw| UserId::parse(raw))?,
         since: fields.time(FOLLOWED_SINCE)?,
+        version: fields.number(FOLLOWED_VERSION)?,
     })
 }
 

@@ -7,6 +7,7 @@
 //! one more condition, so it races a cancel and the timeout exactly as `pay` does.
 
 use async_trait::async_trait;
+use aws_sdk_dynamodb::operation::delete_item::DeleteItemError;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder;
 use aws_sdk_dynamodb::types::ReturnValuesOnConditionCheckFailure;
@@ -15,7 +16,7 @@ use flashsale_domain::payment::{FollowedMoney, OrderPayment, PaymentId, PaymentS
 use flashsale_domain::ports::{
     OrderPayments, PayOutcome, PaymentAttach, PaymentRecorded, ProviderEvents,
 };
-use flashsale_domain::{Order, OrderId, OrderStatus, Reservation, Sale, StoreError};
+use flashsale_domain::{Order, OrderStatus, Reservation, Sale, StoreError};
 
 use super::DynamoStore;
 use super::item::{
@@ -29,6 +30,8 @@ use crate::classify::store_error;
 const ATTACH_PAYMENT: &str = "dynamodb.attach_payment";
 const PAY_WITH: &str = "dynamodb.pay_with";
 const RECORD_PAYMENT: &str = "dynamodb.record_payment";
+/// On a hold: a token of the call that last changed its payment's state.
+const PAYMENT_RECORDED_BY: &str = "payment_recorded_by";
 const RECORD_REFUND: &str = "dynamodb.record_refund";
 const REOPEN_REFUND: &str = "dynamodb.reopen_refund";
 const FAIL_PAYMENT: &str = "dynamodb.fail_payment";
@@ -164,10 +167,12 @@ impl OrderPayments for DynamoStore {
         // The payment id names the order's payment once and for all: whatever the hold's
         // status, a new state read is recorded, unless the recorded one is final (a stale
         // read arriving late must not undo it). Only a change applies, so one call, and
-        // one only, changes it.
+        // one only, changes it; it leaves a token of this call, so that a resend of it
+        // after a lost answer, refused, still tells that it was this call's change.
+        let token = format!("{:032x}", rand::random::<u128>());
         let record = self
             .update_item(item::user_key(&reservation.sale_id, &reservation.user_id))
-            .update_expression("SET #hold.#payment_state = :state")
+            .update_expression("SET #hold.#payment_state = :state, #hold.#recorded_by = :token")
             .condition_expression(
                 "#hold.#payment_id = :payment_id AND #hold.#payment_state <> :state \
                  AND NOT #hold.#payment_state IN (:captured, :cancelled)",
@@ -176,26 +181,45 @@ impl OrderPayments for DynamoStore {
                 ("#hold", &hold_attribute),
                 ("#payment_id", PAYMENT_ID),
                 ("#payment_state", PAYMENT_STATE),
+                ("#recorded_by", PAYMENT_RECORDED_BY),
             ]))
             .set_expression_attribute_values(values([
                 (":state", s(payment.state.name())),
                 (":payment_id", s(payment.id.as_str())),
                 (":captured", s(PaymentState::Captured.name())),
                 (":cancelled", s(PaymentState::Cancelled.name())),
+                (":token", s(&token)),
             ]));
         if self.write_on_buyer_item(RECORD_PAYMENT, record).await? {
             return Ok(PaymentRecorded::Changed);
         }
-        // Refused: recorded already (by another settlement, or by this call's first
-        // try whose answer the SDK did not get), or not this order's to record.
-        let hold = self
-            .read_hold(RECORD_PAYMENT, &reservation.order_id, &reservation.user_id)
+        // Refused: this call's own change (its answer lost, the SDK's resend refused),
+        // recorded already by another call, or not this order's to record.
+        let found = self
+            .get(
+                RECORD_PAYMENT,
+                item::user_key(&reservation.sale_id, &reservation.user_id),
+                Some(("#hold", &hold_attribute)),
+            )
             .await?;
+        let hold = found
+            .as_ref()
+            .and_then(|found| found.get(&hold_attribute))
+            .and_then(|hold| hold.as_m().ok());
+        let field = |name: &str| {
+            hold.and_then(|hold| hold.get(name))
+                .and_then(|value| value.as_s().ok())
+                .map(String::as_str)
+        };
         Ok(
-            if hold.is_some_and(|hold| hold.payment.as_ref() == Some(payment)) {
-                PaymentRecorded::Unchanged
-            } else {
+            if field(PAYMENT_ID) != Some(payment.id.as_str())
+                || field(PAYMENT_STATE) != Some(payment.state.name())
+            {
                 PaymentRecorded::Refused
+            } else if field(PAYMENT_RECORDED_BY) == Some(token.as_str()) {
+                PaymentRecorded::Changed
+            } else {
+                PaymentRecorded::Unchanged
             },
         )
     }
@@ -322,7 +346,6 @@ impl OrderPayments for DynamoStore {
             .is_some_and(|hold| hold.status == from && records(&hold, payment)))
     }
 
-    /// Read from the holds, as `open_holds` reads them: each hold carries its payment.
     async fn fail_payment(
         &self,
         reservation: &Reservation,
@@ -415,16 +438,21 @@ impl OrderPayments for DynamoStore {
         reservation: &Reservation,
         since: DateTime<Utc>,
     ) -> Result<(), StoreError> {
-        // Unconditional, and the first `since` kept: a resend applies the same again.
+        // Unconditional, the first `since` kept; the version raised, so that an unfollow
+        // decided before this follow leaves it (a resend raises it again: harmless).
         self.update_item(item::followed_money_key(&reservation.order_id))
-            .update_expression("SET #buyer = :buyer, #since = if_not_exists(#since, :since)")
+            .update_expression(
+                "SET #buyer = :buyer, #since = if_not_exists(#since, :since) ADD #version :one",
+            )
             .set_expression_attribute_names(names(&[
                 ("#buyer", item::FOLLOWED_BUYER),
                 ("#since", item::FOLLOWED_SINCE),
+                ("#version", item::FOLLOWED_VERSION),
             ]))
             .set_expression_attribute_values(values([
                 (":buyer", s(reservation.user_id.as_str())),
                 (":since", item::time(since)),
+                (":one", n(1)),
             ]))
             .send()
             .await
@@ -432,16 +460,31 @@ impl OrderPayments for DynamoStore {
         Ok(())
     }
 
-    async fn unfollow_money(&self, order_id: &OrderId) -> Result<(), StoreError> {
-        // Deleting a missing key succeeds, which is the idempotent unfollow.
-        self.client
+    async fn unfollow_money(&self, read: &FollowedMoney) -> Result<(), StoreError> {
+        // Deleted only as read: a follow since raised the version, and the refusal
+        // keeps it. A missing item is refused too: unfollowed already.
+        let deleted = self
+            .client
             .delete_item()
             .table_name(&self.table)
-            .set_key(Some(item::followed_money_key(order_id)))
+            .set_key(Some(item::followed_money_key(&read.order_id)))
+            .condition_expression("#version = :version")
+            .set_expression_attribute_names(names(&[("#version", item::FOLLOWED_VERSION)]))
+            .set_expression_attribute_values(values([(":version", n(read.version))]))
             .send()
-            .await
-            .map_err(|error| store_error(UNFOLLOW_MONEY, error))?;
-        Ok(())
+            .await;
+        match deleted {
+            Ok(_) => Ok(()),
+            Err(error)
+                if matches!(
+                    error.as_service_error(),
+                    Some(DeleteItemError::ConditionalCheckFailedException(_))
+                ) =>
+            {
+                Ok(())
+            }
+            Err(error) => Err(store_error(UNFOLLOW_MONEY, error)),
+        }
     }
 
     async fn followed_money(&self) -> Result<Vec<FollowedMoney>, StoreError> {
@@ -468,6 +511,7 @@ impl OrderPayments for DynamoStore {
         Ok(followed)
     }
 
+    /// Read from the holds, as `open_holds` reads them: each hold carries its payment.
     async fn unsettled_payments(
         &self,
         sale: &Sale,

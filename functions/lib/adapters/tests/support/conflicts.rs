@@ -42,13 +42,16 @@ pub enum Target {
     /// `UpdateItem`, answered `InternalServerError` (which the SDK retries, to no
     /// avail): with `FromCall`, a writer that dies part way, after the calls before.
     FailingPlainWrites,
+    /// `UpdateItem`, sent on to DynamoDB, which applies it, and its answer replaced by
+    /// `InternalServerError`: an answer lost in transit, which the SDK resends.
+    LostPlainWrites,
 }
 
 impl Target {
     fn operation(self) -> &'static str {
         match self {
             Self::Transactions => ".TransactWriteItems",
-            Self::PlainWrites | Self::FailingPlainWrites => ".UpdateItem",
+            Self::PlainWrites | Self::FailingPlainWrites | Self::LostPlainWrites => ".UpdateItem",
         }
     }
 
@@ -56,14 +59,14 @@ impl Target {
         match self {
             Self::Transactions => CONFLICT_BODY,
             Self::PlainWrites => PLAIN_CONFLICT_BODY,
-            Self::FailingPlainWrites => SERVER_ERROR_BODY,
+            Self::FailingPlainWrites | Self::LostPlainWrites => SERVER_ERROR_BODY,
         }
     }
 
     fn status(self) -> u16 {
         match self {
             Self::Transactions | Self::PlainWrites => 400,
-            Self::FailingPlainWrites => 500,
+            Self::FailingPlainWrites | Self::LostPlainWrites => 500,
         }
     }
 }
@@ -158,14 +161,25 @@ impl HttpConnector for Connector {
             };
             if conflict {
                 self.state.injected.fetch_add(1, Ordering::SeqCst);
-                let mut response = HttpResponse::new(
-                    StatusCode::try_from(self.state.target.status()).expect("a valid status"),
-                    SdkBody::from(self.state.target.body()),
-                );
-                response
-                    .headers_mut()
-                    .insert("content-type", "application/x-amz-json-1.0");
-                return HttpConnectorFuture::ready(Ok(response));
+                let target = self.state.target;
+                let answer = move || {
+                    let mut response = HttpResponse::new(
+                        StatusCode::try_from(target.status()).expect("a valid status"),
+                        SdkBody::from(target.body()),
+                    );
+                    response
+                        .headers_mut()
+                        .insert("content-type", "application/x-amz-json-1.0");
+                    response
+                };
+                if let Target::LostPlainWrites = target {
+                    let applied = self.inner.call(request);
+                    return HttpConnectorFuture::new(async move {
+                        applied.await?;
+                        Ok(answer())
+                    });
+                }
+                return HttpConnectorFuture::ready(Ok(answer()));
             }
         }
         self.inner.call(request)

@@ -161,6 +161,12 @@ pub async fn failing_writes_client(
     injecting_client(Target::FailingPlainWrites, pattern).await
 }
 
+/// A DynamoDB client whose plain `UpdateItem` calls apply but lose their answer as
+/// `pattern` says: the SDK resends them, as it does after a timeout.
+pub async fn lossy_writes_client(pattern: Pattern) -> (aws_sdk_dynamodb::Client, ConflictInjector) {
+    injecting_client(Target::LostPlainWrites, pattern).await
+}
+
 async fn injecting_client(
     target: Target,
     pattern: Pattern,

@@ -45,9 +45,10 @@ pub enum SettleOutcome {
     /// Paid on our side, the unit sold, but the capture did not go through: a later
     /// settlement captures it.
     CapturePending,
-    /// Paid on our side, but the provider will no longer capture the money (the
-    /// authorisation lapsed or was cancelled at the provider): the order is
-    /// `payment_failed`, its unit back in stock.
+    /// Paid on our side, but the provider will no longer capture the money. When the
+    /// authorisation lapsed or was cancelled at the provider (the usual cause), the
+    /// order is `payment_failed`, its unit back in stock; otherwise it stays paid, for
+    /// an operator.
     CaptureRefused,
     /// The order ended (`cancelled` or `expired`) before the money: its authorisation is
     /// released (or the buyer never gave one), and no money moved.
@@ -179,8 +180,24 @@ impl PaymentService {
     pub async fn settle(&self, order_id: &OrderId, buyer: &UserId) -> Result<Settled, AppError> {
         let (order, reservation) = self.owned(order_id, buyer).await?;
         let recorded = order.payment.clone().ok_or(AppError::NoPayment)?;
-        let payment = self.read(&recorded.id).await?;
+        let payment = match self.read(&recorded.id).await {
+            Ok(payment) => payment,
+            Err(error) => return Err(self.followed_after(error, &reservation).await),
+        };
         self.settle_with(order, reservation, payment).await
+    }
+
+    /// `error`, a settlement of `reservation`'s order failed on: its money is followed
+    /// (best effort), so that a later pass settles it however long after the sale.
+    async fn followed_after(&self, error: AppError, reservation: &Reservation) -> AppError {
+        if let Err(follow) = self
+            .payments
+            .follow_money(reservation, self.clock.now())
+            .await
+        {
+            tracing::error!(order_id = %reservation.order_id, error = &follow as &dyn std::error::Error, "following a payment whose settlement failed failed");
+        }
+        error
     }
 
     /// Settles the order a payment names, from the payment as the provider has it now:
@@ -220,9 +237,13 @@ impl PaymentService {
             refunded_from: order.refunded_from,
             moves: MoneyMoves::default(),
         };
-        let settled = settlement.run(order.status, payment).await?;
+        // Money a settlement leaves unsettled, or fails on, is followed until one finishes
+        // it, however long after the sale.
+        let settled = match settlement.run(order.status, payment).await {
+            Ok(settled) => settled,
+            Err(error) => return Err(self.followed_after(error, &reservation).await),
+        };
         if settled.outcome.leaves_money_unsettled() {
-            // Followed until a settlement finishes it, however long after the sale.
             self.payments
                 .follow_money(&reservation, self.clock.now())
                 .await?;
@@ -355,7 +376,14 @@ impl Settlement<'_> {
                 self.give_back(status, payment).await?
             }
             OrderStatus::Refunded => self.check_refund(payment).await?,
-            OrderStatus::PaymentFailed => SettleOutcome::CaptureRefused,
+            OrderStatus::PaymentFailed => {
+                // Again, so that a unit an earlier call failed to give back goes back.
+                self.service
+                    .payments
+                    .fail_payment(self.reservation, &payment.id, self.service.clock.now())
+                    .await?;
+                SettleOutcome::CaptureRefused
+            }
         };
         Ok(Settled {
             order_id: self.reservation.order_id.clone(),

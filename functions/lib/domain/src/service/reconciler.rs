@@ -52,6 +52,9 @@ pub struct ReconcileReport {
     pub money_unsettled: usize,
     /// How long the oldest of them has been unsettled, in seconds (0 for none).
     pub money_unsettled_oldest_secs: i64,
+    /// Whether the pass read the followed money: without payments, or when the read
+    /// failed, the two counts above say nothing.
+    pub money_unsettled_known: bool,
 }
 
 impl ReconcileReport {
@@ -220,19 +223,14 @@ impl Reconciler {
                         error = &error as &dyn std::error::Error,
                         "settling a payment left unsettled failed"
                     );
-                    // Followed, so that it is tried again after the sale leaves this
-                    // pass's reach (best effort: the next pass follows it otherwise).
-                    if let Err(error) = payments.payments.follow_money(&reservation, now).await {
-                        tracing::error!(order_id = %order.order_id, error = &error as &dyn std::error::Error, "following an unsettled payment failed");
-                    }
                 }
             }
         }
     }
 
     /// Settles the followed orders ([`OrderPayments::follow_money`]), whatever their
-    /// sale's age, but for those this pass settled already (`settled_here`: whether
-    /// each one's money is still unsettled), and stops following each once its
+    /// sale's age, but for those this pass left unsettled already (`settled_here`:
+    /// whether each one's money is still unsettled), and stops following each once its
     /// settlement is finished. Reports how many are still followed, and the oldest.
     async fn settle_followed_money(
         &self,
@@ -244,7 +242,10 @@ impl Reconciler {
             return;
         };
         let followed = match payments.payments.followed_money().await {
-            Ok(followed) => followed,
+            Ok(followed) => {
+                report.money_unsettled_known = true;
+                followed
+            }
             Err(error) => {
                 report.payment_failures += 1;
                 tracing::error!(
@@ -255,6 +256,10 @@ impl Reconciler {
             }
         };
         for money in followed {
+            // Settled once a pass: one this pass settled already is decided by that
+            // settlement. (A follow between it and the read above would be unfollowed
+            // with it, but its sale is in reach: the next pass settles it again, and
+            // follows it if still unsettled.)
             let unsettled = match settled_here.get(&money.order_id) {
                 Some(unsettled) => *unsettled,
                 None => match payments.settle(&money.order_id, &money.buyer).await {
@@ -288,7 +293,7 @@ impl Reconciler {
         money: &FollowedMoney,
         report: &mut ReconcileReport,
     ) {
-        if let Err(error) = payments.payments.unfollow_money(&money.order_id).await {
+        if let Err(error) = payments.payments.unfollow_money(money).await {
             report.payment_failures += 1;
             tracing::error!(order_id = %money.order_id, error = &error as &dyn std::error::Error, "unfollowing a settled payment failed");
         }

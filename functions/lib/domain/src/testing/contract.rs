@@ -1958,7 +1958,8 @@ pub async fn fail_payment_gives_a_paid_orders_unit_back_once_its_payment_is_reco
 
 /// `OrderPayments::follow_money`, `unfollow_money` and `followed_money`: each followed
 /// order is listed once, with its buyer and its first `since` however often it is
-/// followed again, whatever its sale's age, until it is unfollowed; unfollowing one
+/// followed again, whatever its sale's age, until it is unfollowed as last read; an
+/// unfollow decided on a read older than a follow leaves it followed; unfollowing one
 /// not followed changes nothing.
 pub async fn followed_money_lists_each_followed_order_once_since_its_first_follow<S: Store>(
     store: &S,
@@ -1972,36 +1973,42 @@ pub async fn followed_money_lists_each_followed_order_once_since_its_first_follo
     for (held, since) in [(&alices, first), (&bobs, first), (&alices, later)] {
         store.follow_money(held, since).await.expect("follow");
     }
-    let mut followed = store.followed_money().await.expect("followed");
-    followed.sort_by(|a, b| a.buyer.cmp(&b.buyer));
+    let read = followed_by_buyer(store).await;
     assert_eq!(
-        followed,
-        [&alices, &bobs].map(|held| FollowedMoney {
-            order_id: held.order_id.clone(),
-            buyer: held.user_id.clone(),
-            since: first,
-        }),
+        read.iter()
+            .map(|money| (&money.order_id, &money.buyer, money.since))
+            .collect::<Vec<_>>(),
+        [&alices, &bobs].map(|held| (&held.order_id, &held.user_id, first)),
         "once each, since the first follow"
     );
+    let (alices_read, bobs_read) = (&read[0], &read[1]);
+
+    // Alice's is followed again after the read: the unfollow decided on it keeps it.
+    store.follow_money(&alices, later).await.expect("follow");
+    store.unfollow_money(alices_read).await.expect("unfollow");
+    let reread = followed_by_buyer(store).await;
+    assert_eq!(reread.len(), 2, "followed again since the read: {reread:?}");
     for _ in ["unfollow", "unfollow again"] {
-        store
-            .unfollow_money(&alices.order_id)
-            .await
-            .expect("unfollow");
+        store.unfollow_money(&reread[0]).await.expect("unfollow");
     }
-    let never = reservation(&sale, "carol", 0);
+    let never = FollowedMoney {
+        order_id: reservation(&sale, "carol", 0).order_id,
+        ..bobs_read.clone()
+    };
     store
-        .unfollow_money(&never.order_id)
+        .unfollow_money(&never)
         .await
         .expect("unfollow one never followed");
-    let followed = store.followed_money().await.expect("followed");
     assert_eq!(
-        followed
-            .iter()
-            .map(|money| &money.order_id)
-            .collect::<Vec<_>>(),
-        [&bobs.order_id]
+        followed_by_buyer(store).await,
+        std::slice::from_ref(bobs_read)
     );
+}
+
+async fn followed_by_buyer(store: &impl OrderPayments) -> Vec<FollowedMoney> {
+    let mut followed = store.followed_money().await.expect("followed");
+    followed.sort_by(|a, b| a.buyer.cmp(&b.buyer));
+    followed
 }
 
 /// `OrderPayments::record_refund`: a cancelled or expired order with its own payment

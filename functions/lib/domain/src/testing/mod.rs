@@ -197,8 +197,8 @@ struct State {
     loose_takes: HashMap<OrderId, Take>,
     /// Each order's payment, as [`OrderPayments`] records it.
     payments: HashMap<OrderId, OrderPayment>,
-    /// The orders whose money is followed, with their buyer and since when.
-    followed_money: BTreeMap<OrderId, (UserId, DateTime<Utc>)>,
+    /// The orders whose money is followed, with their buyer, since when, and version.
+    followed_money: BTreeMap<OrderId, (UserId, DateTime<Utc>, u64)>,
     /// The provider events recorded processed.
     processed_events: HashSet<String>,
     /// Each sale's audit trail, oldest first.
@@ -913,9 +913,9 @@ impl OrderPayments for InMemoryStore {
         if !cancelled {
             return Ok(false);
         }
-        match state.holds.get(id).map(|(_, status)| *status) {
-            Some(OrderStatus::Paid) => {
-                let (held, _) = state.holds[id].clone();
+        match state.holds.get(id) {
+            Some((held, OrderStatus::Paid)) if held.shard == reservation.shard => {
+                let held = held.clone();
                 let user_key = (held.sale_id.clone(), held.user_id.clone());
                 *state.active.entry(user_key.clone()).or_default() -= 1;
                 *state.abandoned.entry(user_key).or_default() += 1;
@@ -938,12 +938,20 @@ impl OrderPayments for InMemoryStore {
         locked(&self.state)
             .followed_money
             .entry(reservation.order_id.clone())
-            .or_insert((reservation.user_id.clone(), since));
+            .or_insert((reservation.user_id.clone(), since, 0))
+            .2 += 1;
         Ok(())
     }
 
-    async fn unfollow_money(&self, order_id: &OrderId) -> Result<(), StoreError> {
-        locked(&self.state).followed_money.remove(order_id);
+    async fn unfollow_money(&self, read: &FollowedMoney) -> Result<(), StoreError> {
+        let mut state = locked(&self.state);
+        if state
+            .followed_money
+            .get(&read.order_id)
+            .is_some_and(|(_, _, version)| *version == read.version)
+        {
+            state.followed_money.remove(&read.order_id);
+        }
         Ok(())
     }
 
@@ -951,10 +959,11 @@ impl OrderPayments for InMemoryStore {
         Ok(locked(&self.state)
             .followed_money
             .iter()
-            .map(|(order_id, (buyer, since))| FollowedMoney {
+            .map(|(order_id, (buyer, since, version))| FollowedMoney {
                 order_id: order_id.clone(),
                 buyer: buyer.clone(),
                 since: *since,
+                version: *version,
             })
             .collect())
     }
