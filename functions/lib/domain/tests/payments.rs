@@ -704,6 +704,35 @@ async fn money_to_refund_after_the_sale_left_the_passes_reach_is_refunded_by_a_p
     assert_eq!(world.moved().2, 1, "refunded once: {payment:?}");
 }
 
+/// A settlement that fails when the sale is already out of the pass's reach (Stripe's
+/// event about money captured for a cancelled order, days later, and the refund call
+/// fails): the webhook answers the failure, but the money is followed, and the next
+/// pass refunds it.
+#[tokio::test]
+async fn a_settlement_failing_after_the_sale_left_the_passes_reach_is_finished_by_a_pass() {
+    let world = World::new().await;
+    let (reservation, payment) = world.captured_at_once().await;
+    world
+        .orders
+        .cancel(&reservation.order_id, &world.buyer)
+        .await
+        .unwrap();
+    world.clock.advance(Duration::days(3));
+    world.faults.inject("refund", ProviderFault::NoAnswer);
+    let failed = world.payments.settle_payment(&payment.id).await;
+    assert!(failed.is_err(), "{failed:?}");
+    let report = world.reconciler().run().await.unwrap();
+    assert_eq!(
+        (report.sales, report.refunds, report.money_unsettled),
+        (0, 1, 0),
+        "{report:?}"
+    );
+    assert_eq!(
+        world.order(&reservation).await.status,
+        OrderStatus::Refunded
+    );
+}
+
 /// Issue 47: a paid order whose authorisation the provider dropped before its capture
 /// (it lapsed) stayed `paid` for good, keeping its unit, its buyer told "paid", and no
 /// money ever taken. Now the next settlement (the reconciler's pass, or Stripe's event)
