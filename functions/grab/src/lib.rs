@@ -21,6 +21,7 @@ use flashsale_adapters::{DynamoStore, SqsOrderQueue, TokioPause};
 use flashsale_domain::gate::SoldOutGate;
 use flashsale_domain::ports::{
     Blocklist, Clock, OrderBook, OrderQueue, Pause, SaleCatalog, StockLedger, SystemClock,
+    SystemIds,
 };
 use flashsale_domain::service::{
     Attempt, CachedBlocklist, CachedCatalog, ContentionPolicy, GrabOutcome, GrabReport,
@@ -173,6 +174,7 @@ impl Deps {
                 orders: ports.orders,
                 queue: ports.queue,
                 clock: ports.clock,
+                ids: Arc::new(SystemIds),
                 pause: ports.pause,
                 challenges: Arc::new(AltchaChallenges::new(&signer)),
                 signer,

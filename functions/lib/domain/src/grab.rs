@@ -34,7 +34,8 @@ use crate::gate::{SoldOutGate, TakeSlot};
 use crate::ids::{OrderId, SaleId, UserId};
 use crate::order::Reservation;
 use crate::ports::{
-    Clock, OrderBook, OrderQueue, Pause, ProofOfWork, ReserveRefusal, SaleCatalog, StockLedger,
+    Clock, IdSource, OrderBook, OrderQueue, Pause, ProofOfWork, ReserveRefusal, SaleCatalog,
+    StockLedger,
 };
 use crate::sale::{Sale, SalePhase, TOKEN_LEAD};
 use crate::service::CachedBlocklist;
@@ -379,6 +380,9 @@ pub struct GrabService {
     pub orders: Arc<dyn OrderBook>,
     pub queue: Arc<dyn OrderQueue>,
     pub clock: Arc<dyn Clock>,
+    /// The order ids of grab paths that need no challenge (a solved challenge names
+    /// its own).
+    pub ids: Arc<dyn IdSource>,
     /// Waits between walks over contended shards.
     pub pause: Arc<dyn Pause>,
     pub signer: GrabTokenSigner,
@@ -467,7 +471,7 @@ impl GrabService {
         let order = match (sale.challenge_work, solved) {
             (Some(_), None) => return Err(AppError::ChallengeRequired),
             (_, Some(solved)) => solved.order(),
-            (None, None) => ulid::Ulid::new(),
+            (None, None) => self.ids.ulid(),
         };
         let now = self.clock.now();
         let expires_at = sale.ends_at.min(now + GRAB_PATH_LIFETIME);

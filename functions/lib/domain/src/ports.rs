@@ -35,6 +35,24 @@ impl Clock for SystemClock {
     }
 }
 
+/// Where the domain's new identifiers come from. A ULID is a time and 80 random bits,
+/// so, like the time ([`Clock`]), it is a port: a run that fixes both from a seed
+/// replays exactly.
+pub trait IdSource: Send + Sync {
+    /// A new ULID, unique, and ordered by the time it carries.
+    fn ulid(&self) -> ulid::Ulid;
+}
+
+/// The system's identifiers: the wall clock and the thread's random numbers.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemIds;
+
+impl IdSource for SystemIds {
+    fn ulid(&self) -> ulid::Ulid {
+        ulid::Ulid::new()
+    }
+}
+
 /// Waiting between tries. A port so tests need not wait (or can count the waits).
 #[async_trait]
 pub trait Pause: Send + Sync {

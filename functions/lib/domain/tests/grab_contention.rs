@@ -15,7 +15,7 @@ use flashsale_domain::service::{
 use flashsale_domain::testing;
 use flashsale_domain::testing::{
     InMemoryBlocklist, InMemoryStore, ManualClock, PlainChallenges, RecordedPauses, RecordingQueue,
-    ReserveScript, ScriptedLedger,
+    ReserveScript, ScriptedLedger, SeededIds,
 };
 use flashsale_domain::token::GrabTokenSigner;
 use flashsale_domain::{AppError, OrderId, OrderStatus, Sale, UserId};
@@ -56,6 +56,7 @@ impl World {
             ledger: ledger.clone(),
             orders: store.clone(),
             queue: queue.clone(),
+            ids: Arc::new(SeededIds::new(7, clock.clone())),
             clock,
             pause: pauses.clone(),
             signer: GrabTokenSigner::new(SECRET).unwrap(),

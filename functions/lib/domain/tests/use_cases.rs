@@ -15,7 +15,7 @@ use flashsale_domain::service::{
 use flashsale_domain::testing;
 use flashsale_domain::testing::{
     InMemoryBlocklist, InMemoryStore, ManualClock, PlainChallenges, RecordedPauses, RecordingQueue,
-    RecordingScheduler,
+    RecordingScheduler, SeededIds,
 };
 use flashsale_domain::token::GrabTokenSigner;
 use flashsale_domain::{AppError, OrderStatus, Sale, SaleAction, SaleControl, SaleId, UserId};
@@ -74,6 +74,7 @@ impl World {
                 orders: store.clone(),
                 queue: queue.clone(),
                 clock: clock_port.clone(),
+                ids: Arc::new(SeededIds::new(7, clock_port.clone())),
                 signer: GrabTokenSigner::new(SECRET).unwrap(),
                 challenges: challenges.clone(),
                 gate: SoldOutGate::new(Duration::seconds(1)),
@@ -176,6 +177,36 @@ fn operator() -> UserId {
 
 fn user(name: &str) -> UserId {
     UserId::parse(name).unwrap()
+}
+
+/// Issue 48, part: time and ids come only from ports. Two worlds on the same seed and
+/// clock hand out grab paths to the same orders, in the same order, so a run replays
+/// from its seed; another seed, other orders. (The grab drew `Ulid::new()` itself
+/// before. A path's tag also signs the sale's id, which each world draws anew.)
+#[tokio::test]
+async fn the_same_seed_and_time_hand_out_grab_paths_to_the_same_orders() {
+    let paths = |seed: u64| async move {
+        let mut world = World::new();
+        world.grabs.ids = Arc::new(SeededIds::new(seed, world.clock.clone()));
+        let sale = world.sale(10, 1, 1).await;
+        world.clock.set(start());
+        let mut paths = Vec::new();
+        for buyer in ["alice", "bob", "alice"] {
+            let token = world.token(&sale, buyer).await.unwrap();
+            // `{expiry}.{order}.{tag}`
+            paths.push(token.split('.').nth(1).unwrap().to_owned());
+            world.clock.advance(Duration::milliseconds(3));
+        }
+        paths
+    };
+    let first = paths(42).await;
+    assert_eq!(first, paths(42).await);
+    assert_ne!(first, paths(43).await);
+    assert_eq!(
+        first.iter().collect::<std::collections::HashSet<_>>().len(),
+        3,
+        "each path names its own order: {first:?}"
+    );
 }
 
 #[tokio::test]

@@ -3,7 +3,6 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::SystemTime;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Duration, Utc};
@@ -11,7 +10,7 @@ use chrono::{DateTime, Duration, Utc};
 use crate::control::{ControlWrite, SaleAudit};
 use crate::error::StoreError;
 use crate::ids::{SaleId, UserId};
-use crate::ports::{Blocklist, SaleCatalog};
+use crate::ports::{Blocklist, Clock, SaleCatalog, SystemClock};
 use crate::sale::{Sale, SaleCursor, SalePage};
 
 /// How long a [`CachedCatalog`] answers a found sale from memory before it rereads it,
@@ -38,13 +37,16 @@ pub struct CachedCatalog<C> {
     /// The sales one request is rereading now.
     refreshing: Mutex<HashSet<SaleId>>,
     miss_lifetime: std::time::Duration,
-    misses: RwLock<HashMap<SaleId, SystemTime>>,
+    misses: RwLock<HashMap<SaleId, DateTime<Utc>>>,
+    /// What the ages are told by: the clock port, so that a simulation's time drives
+    /// the cache as it drives everything else.
+    clock: Arc<dyn Clock>,
 }
 
 #[derive(Clone)]
 struct CachedSale {
     sale: Sale,
-    read_at: SystemTime,
+    read_at: DateTime<Utc>,
 }
 
 impl<C> CachedCatalog<C> {
@@ -61,7 +63,24 @@ impl<C> CachedCatalog<C> {
             refreshing: Mutex::new(HashSet::new()),
             miss_lifetime: Self::MISS_LIFETIME,
             misses: RwLock::new(HashMap::new()),
+            clock: Arc::new(SystemClock),
         }
+    }
+
+    /// This cache, telling the ages of what it remembers by `clock`.
+    #[must_use]
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Whether something remembered `at` is younger than `age` now, by the clock port:
+    /// the wall clock in a function, since a monotonic clock may not advance while
+    /// Lambda freezes the process between invocations, which would keep a copy "fresh"
+    /// for as long as the process sleeps. A clock set back reads as old.
+    fn younger_than(&self, at: DateTime<Utc>, age: std::time::Duration) -> bool {
+        let elapsed = self.clock.now() - at;
+        elapsed >= Duration::zero() && elapsed.to_std().is_ok_and(|elapsed| elapsed < age)
     }
 
     /// This cache, remembering a miss for `lifetime` instead.
@@ -82,19 +101,19 @@ impl<C> CachedCatalog<C> {
     fn recently_missed(&self, sale_id: &SaleId) -> bool {
         read(&self.misses)
             .get(sale_id)
-            .is_some_and(|at| younger_than(*at, self.miss_lifetime))
+            .is_some_and(|at| self.younger_than(*at, self.miss_lifetime))
     }
 
     fn remember_miss(&self, sale_id: &SaleId) {
         let mut misses = write(&self.misses);
         if misses.len() >= self.capacity {
             let lifetime = self.miss_lifetime;
-            misses.retain(|_, at| younger_than(*at, lifetime));
+            misses.retain(|_, at| self.younger_than(*at, lifetime));
             if misses.len() >= self.capacity {
                 misses.clear();
             }
         }
-        misses.insert(sale_id.clone(), SystemTime::now());
+        misses.insert(sale_id.clone(), self.clock.now());
     }
 
     fn remember(&self, sale: Sale) {
@@ -106,7 +125,7 @@ impl<C> CachedCatalog<C> {
             sale.sale_id.clone(),
             CachedSale {
                 sale,
-                read_at: SystemTime::now(),
+                read_at: self.clock.now(),
             },
         );
     }
@@ -138,13 +157,6 @@ impl Drop for RereadTurn<'_> {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .remove(&self.sale_id);
     }
-}
-
-/// Whether `at` is less than `age` ago, by the wall clock: a monotonic clock may not
-/// advance while Lambda freezes the process between invocations, which would keep a
-/// copy "fresh" for as long as the process sleeps. A clock set back reads as old.
-fn younger_than(at: SystemTime, age: std::time::Duration) -> bool {
-    at.elapsed().is_ok_and(|elapsed| elapsed < age)
 }
 
 fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
@@ -217,7 +229,7 @@ impl<C: SaleCatalog> SaleCatalog for CachedCatalog<C> {
         // Copied out first: the lock is not held while a read awaits.
         let cached = read(&self.sales).get(sale_id).cloned();
         match cached {
-            Some(fresh) if younger_than(fresh.read_at, self.refresh) => Ok(Some(fresh.sale)),
+            Some(fresh) if self.younger_than(fresh.read_at, self.refresh) => Ok(Some(fresh.sale)),
             Some(stale) => Ok(Some(self.reread(stale.sale).await)),
             None if self.recently_missed(sale_id) => Ok(None),
             None => self.first_read(sale_id).await,
@@ -357,7 +369,7 @@ mod tests {
 
     use super::*;
     use crate::SaleControl;
-    use crate::testing::{InMemoryStore, sale};
+    use crate::testing::{InMemoryStore, ManualClock, sale};
 
     /// The store behind the cache, counting the lookups that reach it.
     #[derive(Default)]
@@ -417,7 +429,10 @@ mod tests {
     #[tokio::test]
     async fn another_process_pause_is_seen_once_the_copy_is_a_refresh_old_at_one_read() {
         let refresh = std::time::Duration::from_millis(200);
-        let cache = CachedCatalog::new(CountedLookups::default(), 8).with_refresh(refresh);
+        let clock = Arc::new(ManualClock::new(Utc::now()));
+        let cache = CachedCatalog::new(CountedLookups::default(), 8)
+            .with_refresh(refresh)
+            .with_clock(clock.clone());
         let made = sale(10, 2).build();
         assert!(cache.inner.create_sale(&made).await.expect("create"));
         assert_eq!(
@@ -433,10 +448,11 @@ mod tests {
             .expect("pause");
         assert_eq!(paused, ControlWrite::Changed);
         for _ in 0..20 {
+            clock.advance(Duration::milliseconds(9));
             let found = cache.find_sale(&made.sale_id).await.expect("find");
             assert_eq!(found.map(|sale| sale.control), Some(SaleControl::Open));
         }
-        tokio::time::sleep(refresh).await;
+        clock.advance(Duration::milliseconds(20));
         let rereads = (0..20).map(|_| cache.find_sale(&made.sale_id));
         for found in futures::future::join_all(rereads).await {
             let found = found.expect("find").expect("the sale");
@@ -473,7 +489,10 @@ mod tests {
     #[tokio::test]
     async fn a_missing_sale_is_looked_up_once_per_miss_lifetime_and_found_once_created() {
         let lifetime = std::time::Duration::from_millis(200);
-        let cache = CachedCatalog::new(CountedLookups::default(), 8).with_miss_lifetime(lifetime);
+        let clock = Arc::new(ManualClock::new(Utc::now()));
+        let cache = CachedCatalog::new(CountedLookups::default(), 8)
+            .with_miss_lifetime(lifetime)
+            .with_clock(clock.clone());
         let made = sale(10, 2).build();
         for _ in 0..50 {
             assert_eq!(cache.find_sale(&made.sale_id).await.expect("find"), None);
@@ -486,8 +505,9 @@ mod tests {
 
         // Created by another process: this one finds it once its miss has lapsed.
         assert!(cache.inner.create_sale(&made).await.expect("create"));
+        clock.advance(Duration::milliseconds(199));
         assert_eq!(cache.find_sale(&made.sale_id).await.expect("find"), None);
-        tokio::time::sleep(lifetime).await;
+        clock.advance(Duration::milliseconds(1));
         assert_eq!(
             cache.find_sale(&made.sale_id).await.expect("find"),
             Some(made.clone())

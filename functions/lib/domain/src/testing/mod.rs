@@ -23,8 +23,8 @@ use crate::payment::{
     Refund, RefundProgress, RefundStatus,
 };
 use crate::ports::{
-    Blocklist, Clock, OrderBook, OrderPayments, OrderQueue, Pause, PayOutcome, PaymentAttach,
-    PaymentProvider, PaymentRecorded, ProofOfWork, ProviderEvents, ReleaseScheduler,
+    Blocklist, Clock, IdSource, OrderBook, OrderPayments, OrderQueue, Pause, PayOutcome,
+    PaymentAttach, PaymentProvider, PaymentRecorded, ProofOfWork, ProviderEvents, ReleaseScheduler,
     ReserveRefusal, SaleCatalog, Settlement, ShardState, ShardTakers, StockLedger, Take,
     TakeReturn,
 };
@@ -171,6 +171,43 @@ impl ManualClock {
 impl Clock for ManualClock {
     fn now(&self) -> DateTime<Utc> {
         *locked(&self.0)
+    }
+}
+
+/// Identifiers from a seed: ULIDs of the clock's time and the seed's random bits
+/// (xorshift64), so that a run with the same seed and times draws the same ones.
+pub struct SeededIds {
+    clock: Arc<dyn Clock>,
+    state: Mutex<u64>,
+}
+
+impl SeededIds {
+    pub fn new(seed: u64, clock: Arc<dyn Clock>) -> Self {
+        // splitmix64 of the seed: neighbouring seeds start far apart, and xorshift's
+        // state must not be 0.
+        let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        Self {
+            clock,
+            state: Mutex::new((z ^ (z >> 31)).max(1)),
+        }
+    }
+
+    fn next(&self) -> u64 {
+        let mut state = locked(&self.state);
+        *state ^= *state << 13;
+        *state ^= *state >> 7;
+        *state ^= *state << 17;
+        *state
+    }
+}
+
+impl IdSource for SeededIds {
+    fn ulid(&self) -> ulid::Ulid {
+        let millis = u64::try_from(self.clock.now().timestamp_millis()).unwrap_or(0);
+        let random = (u128::from(self.next()) << 64 | u128::from(self.next())) & ((1 << 80) - 1);
+        ulid::Ulid::from_parts(millis, random)
     }
 }
 
