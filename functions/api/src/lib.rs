@@ -8,7 +8,7 @@ use flashsale_adapters::breaker::BreakerPolicy;
 use flashsale_adapters::{DynamoStore, EventBridgeScheduler};
 use flashsale_domain::buyer_orders::BuyerOrdersCursor;
 use flashsale_domain::ports::{
-    Blocklist, Clock, OrderBook, ReleaseScheduler, SaleCatalog, StockLedger, SystemClock,
+    Blocklist, Clock, OrderBook, ReleaseScheduler, SaleCatalog, StockLedger, SystemClock, SystemIds,
 };
 use flashsale_domain::service::{
     BlocklistService, CachedCatalog, OrderService, PaymentService, PaymentWebhook, SaleService,
@@ -223,6 +223,7 @@ impl Deps {
                 ledger: ports.ledger.clone(),
                 orders: ports.orders.clone(),
                 clock: ports.clock.clone(),
+                ids: Arc::new(SystemIds),
             },
             orders: OrderService {
                 orders: ports.orders,

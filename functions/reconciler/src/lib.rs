@@ -14,7 +14,7 @@ use std::sync::Arc;
 use chrono::Duration;
 use flashsale_adapters::DynamoStore;
 use flashsale_domain::AppError;
-use flashsale_domain::ports::{Clock, OrderBook, SaleCatalog, StockLedger, SystemClock};
+use flashsale_domain::ports::{Clock, OrderBook, SaleCatalog, StockLedger, SystemClock, SystemIds};
 use flashsale_domain::service::{PaymentService, ReconcileReport, Reconciler, SaleService};
 use flashsale_lambda::failure::{diagnostic, error_chain};
 use flashsale_lambda::metrics::PaymentMoves;
@@ -145,6 +145,8 @@ impl Deps {
                 ledger: ports.ledger.clone(),
                 orders: ports.orders.clone(),
                 clock: ports.clock.clone(),
+                // The reconciler creates no sale: its stats only.
+                ids: Arc::new(SystemIds),
             },
             reconciler: Reconciler {
                 catalog: ports.catalog,

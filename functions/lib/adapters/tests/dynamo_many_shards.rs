@@ -11,7 +11,9 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use chrono::{Duration, Utc};
 use flashsale_adapters::DynamoStore;
 use flashsale_domain::gate::SoldOutGate;
-use flashsale_domain::ports::{ReserveRefusal, SaleCatalog, ShardTakers, StockLedger, SystemClock};
+use flashsale_domain::ports::{
+    ReserveRefusal, SaleCatalog, ShardTakers, StockLedger, SystemClock, SystemIds,
+};
 use flashsale_domain::sale::MAX_SHARDS;
 use flashsale_domain::service::SaleService;
 use flashsale_domain::{Reservation, Sale};
@@ -30,6 +32,7 @@ fn stats_service(store: &DynamoStore) -> SaleService {
         ledger: store.clone(),
         orders: store,
         clock: Arc::new(SystemClock),
+        ids: Arc::new(SystemIds),
     }
 }
 

@@ -36,7 +36,12 @@ impl SaleId {
     }
 
     pub fn generate() -> Self {
-        Self(format!("sale-{}", Ulid::new().to_string().to_lowercase()))
+        Self::from_ulid(Ulid::new())
+    }
+
+    /// The id of a new sale drawn as `ulid` ([`crate::ports::IdSource`]).
+    pub fn from_ulid(ulid: Ulid) -> Self {
+        Self(format!("sale-{}", ulid.to_string().to_lowercase()))
     }
 
     pub fn as_str(&self) -> &str {

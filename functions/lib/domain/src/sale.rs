@@ -372,9 +372,17 @@ fn within_sale_calendar(field: &'static str, value: DateTime<Utc>) -> Result<(),
 
 impl Sale {
     pub fn from_draft(draft: SaleDraft) -> Result<Self, ValidationError> {
+        Self::from_draft_or(draft, SaleId::generate)
+    }
+
+    /// [`Sale::from_draft`], a draft that names no id taking `new_id()`'s.
+    pub fn from_draft_or(
+        draft: SaleDraft,
+        new_id: impl FnOnce() -> SaleId,
+    ) -> Result<Self, ValidationError> {
         let sale_id = match draft.sale_id {
             Some(raw) => SaleId::parse(raw)?,
-            None => SaleId::generate(),
+            None => new_id(),
         };
         let name = draft.name;
         if name.chars().count() > MAX_NAME_LEN || !name.chars().any(|c| !c.is_whitespace()) {

@@ -67,6 +67,7 @@ impl World {
                 ledger: store.clone(),
                 orders: store.clone(),
                 clock: clock_port.clone(),
+                ids: Arc::new(SeededIds::new(11, clock_port.clone())),
             },
             grabs: GrabService {
                 catalog: store.clone(),
@@ -180,11 +181,11 @@ fn user(name: &str) -> UserId {
 }
 
 /// Issue 48, part: time and ids come only from ports. Two worlds on the same seed and
-/// clock hand out grab paths to the same orders, in the same order, so a run replays
-/// from its seed; another seed, other orders. (The grab drew `Ulid::new()` itself
-/// before. A path's tag also signs the sale's id, which each world draws anew.)
+/// clock create the same sale and hand out the same grab paths, in the same order, so a
+/// run replays from its seed; another seed, paths to other orders. (The sale service
+/// and the grab drew `Ulid::new()` themselves before.)
 #[tokio::test]
-async fn the_same_seed_and_time_hand_out_grab_paths_to_the_same_orders() {
+async fn the_same_seed_and_time_create_the_same_sale_and_hand_out_the_same_grab_paths() {
     let paths = |seed: u64| async move {
         let mut world = World::new();
         world.grabs.ids = Arc::new(SeededIds::new(seed, world.clock.clone()));
@@ -192,18 +193,25 @@ async fn the_same_seed_and_time_hand_out_grab_paths_to_the_same_orders() {
         world.clock.set(start());
         let mut paths = Vec::new();
         for buyer in ["alice", "bob", "alice"] {
-            let token = world.token(&sale, buyer).await.unwrap();
-            // `{expiry}.{order}.{tag}`
-            paths.push(token.split('.').nth(1).unwrap().to_owned());
+            paths.push(world.token(&sale, buyer).await.unwrap());
             world.clock.advance(Duration::milliseconds(3));
         }
-        paths
+        (sale, paths)
     };
-    let first = paths(42).await;
-    assert_eq!(first, paths(42).await);
-    assert_ne!(first, paths(43).await);
+    let (sale, first) = paths(42).await;
+    assert_eq!((sale.clone(), first.clone()), paths(42).await);
+    let (same_sale, other) = paths(43).await;
+    assert_eq!(same_sale, sale, "the sale's ids come from their own seed");
+    let order = |token: &String| token.split('.').nth(1).unwrap().to_owned();
+    for (mine, theirs) in first.iter().zip(&other) {
+        assert_ne!(order(mine), order(theirs), "`{{expiry}}.{{order}}.{{tag}}`");
+    }
     assert_eq!(
-        first.iter().collect::<std::collections::HashSet<_>>().len(),
+        first
+            .iter()
+            .map(order)
+            .collect::<std::collections::HashSet<_>>()
+            .len(),
         3,
         "each path names its own order: {first:?}"
     );

@@ -7,7 +7,7 @@ use crate::error::AppError;
 use crate::fulfilment::{BuyerCursor, FulfilmentLine, FulfilmentPage};
 use crate::ids::{SaleId, UserId};
 use crate::order::OrderStatus;
-use crate::ports::{Clock, OrderBook, SaleCatalog, StockLedger};
+use crate::ports::{Clock, IdSource, OrderBook, SaleCatalog, StockLedger};
 use crate::sale::{
     MAX_ABANDONED_HOLDS, Sale, SaleCursor, SaleDraft, SaleList, SaleStats, SaleView,
 };
@@ -22,11 +22,13 @@ pub struct SaleService {
     pub ledger: Arc<dyn StockLedger>,
     pub orders: Arc<dyn OrderBook>,
     pub clock: Arc<dyn Clock>,
+    /// The ids of sales created without one.
+    pub ids: Arc<dyn IdSource>,
 }
 
 impl SaleService {
     pub async fn create(&self, draft: SaleDraft) -> Result<Sale, AppError> {
-        let sale = Sale::from_draft(draft)?;
+        let sale = Sale::from_draft_or(draft, || SaleId::from_ulid(self.ids.ulid()))?;
         if self.catalog.create_sale(&sale).await? {
             Ok(sale)
         } else {
