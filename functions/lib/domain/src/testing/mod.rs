@@ -281,6 +281,26 @@ impl State {
         }
     }
 
+    /// Ends the order's hold in `status`, as [`Self::settle`] does, and gives its unit
+    /// back: the shard's stock, and the buyer's limit, which counts it abandoned.
+    fn end_giving_the_unit_back(&mut self, id: &OrderId, status: OrderStatus) {
+        let Some((held, _)) = self.holds.get(id).cloned() else {
+            return;
+        };
+        let buyer = (held.sale_id.clone(), held.user_id.clone());
+        *self.active.entry(buyer.clone()).or_default() -= 1;
+        *self.abandoned.entry(buyer).or_default() += 1;
+        *self.shards.entry((held.sale_id, held.shard)).or_default() += 1;
+        self.settle(id, status);
+    }
+
+    /// Whether the order records `payment` as its own, in `state`.
+    fn payment_in(&self, id: &OrderId, payment: &PaymentId, state: PaymentState) -> bool {
+        self.payments
+            .get(id)
+            .is_some_and(|recorded| &recorded.id == payment && recorded.state == state)
+    }
+
     fn payment_is(&self, id: &OrderId, payment: &PaymentId) -> bool {
         self.payments
             .get(id)
@@ -541,19 +561,7 @@ impl StockLedger for InMemoryStore {
                 if reason == ReleaseReason::Expired {
                     state.expired_at.insert(id.clone(), now);
                 }
-                let (held, status) = state.holds.get_mut(id).expect("present");
-                *status = reason.final_status();
-                let held = held.clone();
-                let user_key = (held.sale_id.clone(), held.user_id.clone());
-                *state.active.entry(user_key.clone()).or_default() -= 1;
-                *state.abandoned.entry(user_key).or_default() += 1;
-                *state
-                    .shards
-                    .entry((held.sale_id.clone(), held.shard))
-                    .or_default() += 1;
-                state
-                    .orders
-                    .insert(id.clone(), (held, reason.final_status()));
+                state.end_giving_the_unit_back(id, reason.final_status());
                 Ok(Settlement::Applied)
             }
             Some(status) => Ok(Settlement::AlreadySettled(status)),
@@ -897,10 +905,7 @@ impl OrderPayments for InMemoryStore {
     ) -> Result<bool, StoreError> {
         let mut state = locked(&self.state);
         let id = &reservation.order_id;
-        let captured = state.payments.get(id).is_some_and(|recorded| {
-            &recorded.id == payment && recorded.state == PaymentState::Captured
-        });
-        if !captured {
+        if !state.payment_in(id, payment, PaymentState::Captured) {
             return Ok(false);
         }
         match state.holds.get(id).map(|(_, status)| *status) {
@@ -944,23 +949,12 @@ impl OrderPayments for InMemoryStore {
     ) -> Result<bool, StoreError> {
         let mut state = locked(&self.state);
         let id = &reservation.order_id;
-        let cancelled = state.payments.get(id).is_some_and(|recorded| {
-            &recorded.id == payment && recorded.state == PaymentState::Cancelled
-        });
-        if !cancelled {
+        if !state.payment_in(id, payment, PaymentState::Cancelled) {
             return Ok(false);
         }
         match state.holds.get(id) {
             Some((held, OrderStatus::Paid)) if held.shard == reservation.shard => {
-                let held = held.clone();
-                let user_key = (held.sale_id.clone(), held.user_id.clone());
-                *state.active.entry(user_key.clone()).or_default() -= 1;
-                *state.abandoned.entry(user_key).or_default() += 1;
-                *state
-                    .shards
-                    .entry((held.sale_id.clone(), held.shard))
-                    .or_default() += 1;
-                state.settle(id, OrderStatus::PaymentFailed);
+                state.end_giving_the_unit_back(id, OrderStatus::PaymentFailed);
                 Ok(true)
             }
             _ => Ok(false),
