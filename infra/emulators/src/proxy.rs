@@ -150,6 +150,13 @@ pub enum Fault {
     ConnectionReset,
     /// Forward (the upstream acts on it), then close the connection without the answer.
     CommitThenDrop,
+    /// Forward (the upstream acts on it), then answer 500 `InternalServerError` instead
+    /// of the upstream's answer: the write applied, and its caller is told it failed.
+    CommitThenServerError,
+    /// Refuse as a transaction in flight on the items would, without forwarding: a plain
+    /// write gets `TransactionConflictException`, a `TransactWriteItems` is cancelled
+    /// with `TransactionConflict` on every item. Other operations pass.
+    TransactionConflict,
 }
 
 /// Applies `fault` to requests of `operation` (`"*"`: every operation): the first
@@ -205,6 +212,11 @@ impl ActiveRule {
         }
     }
 
+    /// Whether it has faulted as many times as it may.
+    fn spent(&self) -> bool {
+        self.rule.times.is_some_and(|times| self.faulted >= times)
+    }
+
     /// Counts one matching request; whether it faults.
     fn strikes(&mut self) -> bool {
         self.matched += 1;
@@ -234,12 +246,13 @@ impl FaultBook {
     }
 
     /// The fault for this request, if a rule applies to it; the first matching rule
-    /// decides (and counts the request) even when it lets it pass.
+    /// that has faults left decides (and counts the request) even when it lets it
+    /// pass. A spent rule steps aside, so rules for one operation play in turn: a lost
+    /// answer, then a conflict on the SDK's resend.
     fn decide(&mut self, operation: &str) -> Option<Fault> {
-        let active = self
-            .rules
-            .iter_mut()
-            .find(|active| active.rule.operation == "*" || active.rule.operation == operation)?;
+        let active = self.rules.iter_mut().find(|active| {
+            (active.rule.operation == "*" || active.rule.operation == operation) && !active.spent()
+        })?;
         active.strikes().then_some(active.rule.fault)
     }
 }
@@ -476,7 +489,13 @@ async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Result<Proxy
             record("reset", Cause::Fault);
             return Err(Cut::Reset);
         }
-        Some(Fault::CommitThenDrop) | None => {}
+        Some(Fault::TransactionConflict) => {
+            if let Some(refusal) = conflict_refusal(&operation, &body) {
+                record("400", Cause::Fault);
+                return Ok(refusal_answer(&refusal));
+            }
+        }
+        Some(Fault::CommitThenDrop | Fault::CommitThenServerError) | None => {}
     }
     let hold = match admit(&shared, &operation, &parts.headers, &body).await {
         Admission::Free => None,
@@ -497,6 +516,14 @@ async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Result<Proxy
         (Ok(_), Some(Fault::CommitThenDrop)) => {
             record("dropped_after_commit", Cause::Fault);
             Err(Cut::DroppedAfterCommit)
+        }
+        (Ok(_), Some(Fault::CommitThenServerError)) => {
+            record("500_after_commit", Cause::Fault);
+            Ok(error_answer(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "InternalServerError",
+                "Internal server error after the write applied (injected by the fault proxy)",
+            ))
         }
         (Ok(response), _) => {
             record(response.status().as_str(), Cause::Upstream);
@@ -733,6 +760,20 @@ fn throttle_code(operation: &str) -> String {
         "com.amazonaws.sqs#RequestThrottled".to_owned()
     } else {
         "ThrottlingException".to_owned()
+    }
+}
+
+/// The refusal a transaction in flight on every item of `body` would cause, if
+/// `operation` is a DynamoDB write that such a transaction can refuse.
+fn conflict_refusal(operation: &str, body: &Bytes) -> Option<Refusal> {
+    match operation.strip_prefix("DynamoDB_20120810.")? {
+        "PutItem" | "UpdateItem" | "DeleteItem" => Some(Refusal::conflict()),
+        "TransactWriteItems" => {
+            let request: serde_json::Value = serde_json::from_slice(body).ok()?;
+            let items = request.get("TransactItems")?.as_array()?.len();
+            Some(Refusal::cancelled(&vec![true; items]))
+        }
+        _ => None,
     }
 }
 

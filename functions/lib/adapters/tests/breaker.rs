@@ -9,22 +9,7 @@ use std::time::Duration;
 use flashsale_adapters::breaker::{BreakerPolicy, CircuitBreaker};
 use flashsale_adapters::{DynamoStore, dynamodb_behind};
 use flashsale_domain::ports::SaleCatalog;
-use flashsale_emulators::proxy::{Fault, FaultRule, Proxy};
-
-/// A proxy in front of the shared DynamoDB Local, and the SDK configuration that sends
-/// DynamoDB's requests through it.
-async fn proxied() -> (Proxy, aws_config::SdkConfig) {
-    let emulators = flashsale_emulators::shared().await;
-    let proxy = Proxy::start(&emulators.dynamodb_endpoint, 0)
-        .await
-        .expect("a proxy starts");
-    let sdk = flashsale_emulators::sdk_config_for(flashsale_emulators::LocalEndpoints {
-        dynamodb: proxy.url(),
-        ..emulators.endpoints()
-    })
-    .await;
-    (proxy, sdk)
-}
+use flashsale_emulators::proxy::{Fault, FaultRule};
 
 const POLICY: BreakerPolicy = BreakerPolicy {
     failures: 3,
@@ -34,7 +19,7 @@ const POLICY: BreakerPolicy = BreakerPolicy {
 
 #[tokio::test]
 async fn a_failing_table_is_called_until_the_breaker_opens_then_once_per_cool_off() {
-    let (proxy, sdk) = proxied().await;
+    let (proxy, sdk) = support::proxied().await;
     let (plain, _, table) = support::store().await;
     let sale = support::sale(3, 1, 1);
     assert!(plain.create_sale(&sale).await.expect("create the sale"));
@@ -109,7 +94,7 @@ async fn a_failing_table_is_called_until_the_breaker_opens_then_once_per_cool_of
 
 #[tokio::test]
 async fn a_refusal_from_a_healthy_table_keeps_the_breaker_closed() {
-    let (_proxy, sdk) = proxied().await;
+    let (_proxy, sdk) = support::proxied().await;
     let breaker = CircuitBreaker::new("dynamodb", POLICY);
     // No such table: a 400 each time, an answer from a service that is up.
     let store = DynamoStore::new(dynamodb_behind(&sdk, &breaker), "no-such-table");

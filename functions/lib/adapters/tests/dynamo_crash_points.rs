@@ -42,14 +42,6 @@ async fn unaccounted(store: &DynamoStore, sale: &Sale) -> Vec<Take> {
     store.unaccounted_takes(sale).await.expect("takes")
 }
 
-async fn status_of(store: &DynamoStore, reservation: &Reservation) -> Option<OrderStatus> {
-    store
-        .find(&reservation.order_id, &reservation.user_id)
-        .await
-        .expect("find")
-        .map(|(order, _)| order.status)
-}
-
 async fn new_sale(store: &DynamoStore, stock: u32, shards: u16, limit: u32) -> Sale {
     let sale = support::sale(stock, shards, limit);
     assert!(store.create_sale(&sale).await.expect("create"));
@@ -139,7 +131,7 @@ async fn a_take_no_retry_finishes_is_given_back_and_its_late_hold_is_refused() {
         Err(ReserveRefusal::AlreadyHeld)
     );
     assert_eq!(
-        status_of(&store, &reservation).await,
+        support::status_of(&store, &reservation).await,
         Some(OrderStatus::Expired)
     );
     assert_eq!(stock_of(&store, &sale).await, vec![1]);
@@ -179,7 +171,7 @@ async fn a_take_whose_order_is_held_by_then_is_left_alone() {
     );
     assert_eq!(stock_of(&store, &sale).await, vec![1]);
     assert_eq!(
-        status_of(&store, &reservation).await,
+        support::status_of(&store, &reservation).await,
         Some(OrderStatus::Reserved)
     );
 }
@@ -219,7 +211,7 @@ async fn a_take_superseded_by_a_retry_on_another_shard_is_given_back() {
     );
     assert_eq!(stock_of(&store, &sale).await, vec![1, 0]);
     assert_eq!(
-        status_of(&store, &elsewhere).await,
+        support::status_of(&store, &elsewhere).await,
         Some(OrderStatus::Reserved)
     );
     let counts = store.count(&sale).await.expect("count");
@@ -293,7 +285,10 @@ async fn a_release_killed_before_its_shard_write_is_finished_by_its_retry() {
         .await
         .expect_err("killed before the give-back");
     assert!(error.is_retryable(), "{error:?}");
-    assert_eq!(status_of(&store, &held).await, Some(OrderStatus::Expired));
+    assert_eq!(
+        support::status_of(&store, &held).await,
+        Some(OrderStatus::Expired)
+    );
     assert_eq!(stock_of(&store, &sale).await, vec![0]);
     assert_eq!(
         unaccounted(&store, &sale).await.len(),
@@ -343,7 +338,10 @@ async fn a_release_killed_before_its_shard_write_is_finished_by_the_reconciler()
         TakeReturn::Returned
     );
     assert_eq!(stock_of(&store, &sale).await, vec![1]);
-    assert_eq!(status_of(&store, &held).await, Some(OrderStatus::Cancelled));
+    assert_eq!(
+        support::status_of(&store, &held).await,
+        Some(OrderStatus::Cancelled)
+    );
     // A late retry of the release gives nothing back twice.
     assert_eq!(
         store

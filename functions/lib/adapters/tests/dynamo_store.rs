@@ -38,14 +38,6 @@ async fn reserved(store: &DynamoStore, sale: &Sale, user: &UserId, shard: u16) -
     reservation
 }
 
-async fn status_of(store: &DynamoStore, reservation: &Reservation) -> Option<OrderStatus> {
-    store
-        .find(&reservation.order_id, &reservation.user_id)
-        .await
-        .expect("find")
-        .map(|(order, _)| order.status)
-}
-
 fn assert_reconciles(sale: &Sale, counts: &StockCounts) {
     let accounted = counts.available + counts.reserved + counts.paid;
     assert_eq!(
@@ -141,7 +133,10 @@ async fn reserving_the_same_order_again_answers_already_held_and_takes_nothing()
         store.availability(&sale).await.expect("availability"),
         vec![4]
     );
-    assert_eq!(status_of(&store, &first).await, Some(OrderStatus::Reserved));
+    assert_eq!(
+        support::status_of(&store, &first).await,
+        Some(OrderStatus::Reserved)
+    );
     // Her one hold counts once, so her limit of two still allows a second order.
     reserved(&store, &sale, &alice, 0).await;
     let counts = store.count(&sale).await.expect("count");
@@ -279,7 +274,7 @@ async fn after_a_release_the_same_order_id_answers_already_held_and_writes_nothi
         "stock unchanged"
     );
     assert_eq!(
-        status_of(&store, &cancelled).await,
+        support::status_of(&store, &cancelled).await,
         Some(OrderStatus::Cancelled)
     );
     assert_eq!(
@@ -383,7 +378,7 @@ async fn a_conflicted_take_then_hold_answers_contended_at_once_and_writes_nothin
         plain.availability(&sale).await.expect("availability"),
         vec![3]
     );
-    assert!(status_of(&plain, &reservation).await.is_none());
+    assert!(support::status_of(&plain, &reservation).await.is_none());
 
     // The hold conflicts (a transaction of alice's held her item): the take stays,
     // since a concurrent request of the same order may share it, and the caller hears
@@ -400,7 +395,7 @@ async fn a_conflicted_take_then_hold_answers_contended_at_once_and_writes_nothin
         plain.availability(&sale).await.expect("availability"),
         vec![2]
     );
-    assert!(status_of(&plain, &reservation).await.is_none());
+    assert!(support::status_of(&plain, &reservation).await.is_none());
 
     // The same reservation again finishes the take it left, once.
     contended
@@ -436,7 +431,10 @@ async fn a_reserve_whose_transaction_conflicts_on_its_shard_goes_on_with_plain_w
     // writes instead, once.
     let alice = reserve("alice", 0).await;
     assert_eq!(injector.seen(), 1, "one transaction, conflicted");
-    assert_eq!(status_of(&plain, &alice).await, Some(OrderStatus::Reserved));
+    assert_eq!(
+        support::status_of(&plain, &alice).await,
+        Some(OrderStatus::Reserved)
+    );
     assert_eq!(plain.availability(&sale).await.expect("stock"), vec![2, 3]);
     // The sale is hot in this process: no transaction is tried on any of its shards
     // for a while...
@@ -470,7 +468,10 @@ async fn a_sale_set_to_take_then_hold_sends_no_transaction_and_one_set_to_transa
     created(&plain, &surge).await;
     let alice = reserved(&store, &surge, &support::user("alice"), 0).await;
     assert_eq!(injector.seen(), 0, "no transaction, not even a first one");
-    assert_eq!(status_of(&plain, &alice).await, Some(OrderStatus::Reserved));
+    assert_eq!(
+        support::status_of(&plain, &alice).await,
+        Some(OrderStatus::Reserved)
+    );
     assert_eq!(plain.availability(&surge).await.expect("stock"), vec![2]);
 
     let strict = Sale {
@@ -482,7 +483,10 @@ async fn a_sale_set_to_take_then_hold_sends_no_transaction_and_one_set_to_transa
         let bob = support::reservation(&strict, &support::user("bob"), 0);
         let answer = store.reserve(&strict, 0, &bob).await.expect("answers");
         assert_eq!(answer, Err(ReserveRefusal::Contended), "attempt {attempt}");
-        assert!(status_of(&plain, &bob).await.is_none(), "nothing written");
+        assert!(
+            support::status_of(&plain, &bob).await.is_none(),
+            "nothing written"
+        );
     }
     assert_eq!(
         injector.seen(),
@@ -544,7 +548,10 @@ async fn contention_that_outlasts_the_retries_is_transient_and_writes_nothing() 
         plain.availability(&sale).await.expect("availability"),
         vec![2]
     );
-    assert_eq!(status_of(&plain, &held).await, Some(OrderStatus::Reserved));
+    assert_eq!(
+        support::status_of(&plain, &held).await,
+        Some(OrderStatus::Reserved)
+    );
 }
 
 /// 300 buyers at once on a stock of 20: exactly 20 get one, whatever the sharding.
@@ -934,7 +941,7 @@ async fn orders_an_earlier_version_opened_read_as_reserved_and_settle_as_ever() 
     }
 
     assert_eq!(
-        status_of(&store, &paying).await,
+        support::status_of(&store, &paying).await,
         Some(OrderStatus::Reserved)
     );
     let counts = store.count(&sale).await.expect("count");
@@ -955,9 +962,12 @@ async fn orders_an_earlier_version_opened_read_as_reserved_and_settle_as_ever() 
             .expect("release"),
         Settlement::Applied
     );
-    assert_eq!(status_of(&store, &paying).await, Some(OrderStatus::Paid));
     assert_eq!(
-        status_of(&store, &lapsing).await,
+        support::status_of(&store, &paying).await,
+        Some(OrderStatus::Paid)
+    );
+    assert_eq!(
+        support::status_of(&store, &lapsing).await,
         Some(OrderStatus::Expired)
     );
     let counts = store.count(&sale).await.expect("count");

@@ -191,7 +191,7 @@ const CONFLICT_MESSAGE: &str = "Transaction is ongoing for the item";
 
 impl Refusal {
     /// `TransactionCanceledException`, one reason per item in request order.
-    fn cancelled(conflicting: &[bool]) -> Self {
+    pub(super) fn cancelled(conflicting: &[bool]) -> Self {
         let error_type = "com.amazonaws.dynamodb.v20120810#TransactionCanceledException";
         let codes: Vec<&str> = conflicting
             .iter()
@@ -235,7 +235,7 @@ impl Refusal {
     }
 
     /// `TransactionConflictException`, a plain write's refusal.
-    fn conflict() -> Self {
+    pub(super) fn conflict() -> Self {
         let error_type = "com.amazonaws.dynamodb.v20120810#TransactionConflictException";
         Self {
             error_type,

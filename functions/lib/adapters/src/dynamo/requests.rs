@@ -2,12 +2,21 @@
 //! builders, running a transaction, and the reads that tell why one was refused.
 
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use aws_sdk_dynamodb::error::BuildError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder;
 use aws_sdk_dynamodb::types::builders::{PutBuilder, UpdateBuilder};
 use aws_sdk_dynamodb::types::{AttributeValue, KeysAndAttributes, Put, TransactWriteItem, Update};
+use aws_smithy_runtime_api::box_error::BoxError;
+use aws_smithy_runtime_api::client::interceptors::Intercept;
+use aws_smithy_runtime_api::client::interceptors::context::{
+    BeforeTransmitInterceptorContextRef, FinalizerInterceptorContextRef,
+};
+use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
+use aws_smithy_types::config_bag::ConfigBag;
 use chrono::{DateTime, Utc};
 use flashsale_domain::{OrderId, OrderStatus, Reservation, Sale, StoreError, UserId};
 
@@ -55,6 +64,58 @@ pub(super) fn corrupt(operation: &'static str, key: &Item, error: ItemError) -> 
 
 /// The most keys one `BatchGetItem` may ask for (DynamoDB's limit).
 const MAX_BATCH_GET_KEYS: usize = 100;
+
+/// A write whose SDK resend met a transaction, after a try whose answer was lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("a resend met a transaction on the item after an earlier try's answer was lost")]
+pub struct ConflictAfterALostAnswer;
+
+/// Counts the tries of one call that were sent and got no answer, or a 5xx: each may
+/// have applied.
+#[derive(Debug, Clone, Default)]
+struct LostAnswers {
+    sent: Arc<AtomicBool>,
+    lost: Arc<AtomicBool>,
+}
+
+impl LostAnswers {
+    fn any(&self) -> bool {
+        self.lost.load(Ordering::Relaxed)
+    }
+}
+
+impl Intercept for LostAnswers {
+    fn name(&self) -> &'static str {
+        "LostAnswers"
+    }
+
+    fn read_before_transmit(
+        &self,
+        _context: &BeforeTransmitInterceptorContextRef<'_>,
+        _runtime_components: &RuntimeComponents,
+        _cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        self.sent.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn read_after_attempt(
+        &self,
+        context: &FinalizerInterceptorContextRef<'_>,
+        _runtime_components: &RuntimeComponents,
+        _cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        // A try refused before it was sent (the breaker) did nothing.
+        if self.sent.swap(false, Ordering::Relaxed)
+            && context
+                .response()
+                .is_none_or(|response| response.status().is_server_error())
+        {
+            self.lost.store(true, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+}
 
 /// What a plain conditional write came to.
 #[derive(Debug)]
@@ -154,12 +215,17 @@ impl DynamoStore {
     /// Sends a conditional `UpdateItem`. The SDK's own retries resend the same request,
     /// which is safe for every write here: each one's condition refuses it once it has
     /// applied, and the refusal's old item tells the caller so.
+    ///
+    /// But a conflict says nothing was written only of the try it answers: when the SDK
+    /// resent the write after a try whose answer was lost, that try may have applied,
+    /// so the conflict leaves the outcome unknown.
     pub(super) async fn write(
         &self,
         operation: &'static str,
         update: UpdateItemFluentBuilder,
     ) -> Result<Written, StoreError> {
-        let error = match update.send().await {
+        let lost = LostAnswers::default();
+        let error = match update.customize().interceptor(lost.clone()).send().await {
             Ok(_) => return Ok(Written::Done),
             Err(error) => error,
         };
@@ -169,6 +235,9 @@ impl DynamoStore {
             }
             Some(UpdateItemError::TransactionConflictException(_)) => {
                 count_conflict(operation);
+                if lost.any() {
+                    return Err(StoreError::transient(operation, ConflictAfterALostAnswer));
+                }
                 Ok(Written::Contended)
             }
             _ => Err(store_error(operation, error)),

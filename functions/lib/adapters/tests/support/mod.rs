@@ -14,10 +14,11 @@ use aws_sdk_dynamodb::types::{
 };
 use chrono::{Duration, Utc};
 use flashsale_adapters::DynamoStore;
-use flashsale_domain::ports::ShardTakers;
+use flashsale_domain::ports::{OrderBook, ShardTakers};
 use flashsale_domain::{
-    OrderId, Price, Reservation, ReservePath, Sale, SaleControl, SaleId, UserId,
+    OrderId, OrderStatus, Price, Reservation, ReservePath, Sale, SaleControl, SaleId, UserId,
 };
+use flashsale_emulators::proxy::Proxy;
 
 use self::conflicts::{ConflictInjector, Pattern, Target};
 use self::old_items::OldItems;
@@ -25,6 +26,30 @@ use self::pages::SmallPages;
 
 pub async fn sdk_config() -> aws_config::SdkConfig {
     flashsale_emulators::shared().await.sdk_config().await
+}
+
+/// A fault proxy in front of the shared DynamoDB Local, and the SDK configuration that
+/// sends DynamoDB's requests through it.
+pub async fn proxied() -> (Proxy, aws_config::SdkConfig) {
+    let emulators = flashsale_emulators::shared().await;
+    let proxy = Proxy::start(&emulators.dynamodb_endpoint, 0)
+        .await
+        .expect("a proxy starts");
+    let sdk = flashsale_emulators::sdk_config_for(flashsale_emulators::LocalEndpoints {
+        dynamodb: proxy.url(),
+        ..emulators.endpoints()
+    })
+    .await;
+    (proxy, sdk)
+}
+
+/// The order's status, if it is held or settled.
+pub async fn status_of(store: &DynamoStore, reservation: &Reservation) -> Option<OrderStatus> {
+    store
+        .find(&reservation.order_id, &reservation.user_id)
+        .await
+        .expect("find")
+        .map(|(order, _)| order.status)
 }
 
 pub async fn dynamodb() -> aws_sdk_dynamodb::Client {
