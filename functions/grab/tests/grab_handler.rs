@@ -10,7 +10,7 @@ use flashsale_domain::ports::Blocklist;
 use flashsale_domain::ports::{SaleCatalog, StockLedger};
 use flashsale_domain::testing;
 use flashsale_domain::testing::{
-    FailingLedger, InMemoryBlocklist, InMemoryStore, ManualClock, RecordingQueue,
+    FailingLedger, InMemoryBlocklist, InMemoryStore, ManualClock, RecordedPauses, RecordingQueue,
 };
 use flashsale_domain::token::GrabTokenSigner;
 use flashsale_domain::{SaleId, UserId};
@@ -81,7 +81,7 @@ impl World {
                 queue: queue.clone(),
                 clock: clock.clone(),
                 blocklist: blocklist.clone(),
-                pause: Arc::new(flashsale_adapters::TokioPause),
+                pause: Arc::new(RecordedPauses::advancing(clock.clone())),
             },
         );
         Self {

@@ -175,6 +175,29 @@ impl SoldOutGate {
         })
     }
 
+    /// The takes this process has in flight on the sale's shards. A reserve whose hold
+    /// is refused gives its take back before it answers, so while one is in flight a
+    /// shard seen empty may have a unit again a moment later.
+    pub fn takes_in_flight(&self, sale_id: &SaleId, shards: u16) -> u32 {
+        self.with_marks(sale_id, shards, |marks| marks.in_flight.iter().sum())
+    }
+
+    /// A slot for a take on `shard` whatever the cap: the reserve that finishes a take
+    /// this order may already have there is sent whatever the crowd, and counted all
+    /// the same.
+    pub fn admit_regardless(&self, sale_id: &SaleId, shards: u16, shard: u16) -> TakeSlot {
+        self.with_marks(sale_id, shards, |marks| {
+            if let Some(in_flight) = marks.in_flight.get_mut(usize::from(shard)) {
+                *in_flight += 1;
+            }
+        });
+        TakeSlot {
+            gate: self.clone(),
+            sale_id: sale_id.clone(),
+            shard,
+        }
+    }
+
     /// `shard` was seen empty at `now`, held by `takers`.
     pub fn mark_empty(
         &self,

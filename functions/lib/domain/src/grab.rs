@@ -21,6 +21,11 @@
 //!   asked again on the same shard (idempotent per order id), which finds a take that
 //!   landed and finishes it (`AlreadyHeld` if the hold landed too) rather than hiding
 //!   it behind a "sold out".
+//! - **"Sold out" only when the stock says so.** Every shard known empty from the
+//!   table, and no unit on its way back: no reserve of this process in flight (one whose
+//!   hold is refused gives its take back), no take younger than the undo window, and no
+//!   failed read in place of an answer. Otherwise the answer is a 503, whose retry
+//!   tells.
 
 use std::ops::ControlFlow;
 use std::sync::Arc;
@@ -126,12 +131,16 @@ pub struct ContentionPolicy {
     /// left to resolve an unknown outcome and answer within the function's deadline.
     pub budget: Duration,
     /// How long after it was written a take may still be undone: a take comes before
-    /// its hold, and a hold refused for the buyer's limit gives the take back, one
-    /// write later. (Counted from the take, not from its grab's start: a grab may wait
-    /// for a slot or out of contention for most of its budget before it takes.) A grab that found every shard empty, one of them with a take this
-    /// young, waits until that take is this old (within its budget) and reads the
-    /// shards once before it answers "sold out", so that a unit about to come back is
-    /// not answered as gone to every buyer in between.
+    /// its hold, and a hold refused (the buyer's limit, or the order held on another
+    /// shard) gives the take back, one write later. (Counted from the take, not from its
+    /// grab's start: a grab may wait for a slot or out of contention for most of its
+    /// budget before it takes.) A grab that found every shard empty, one of them with a
+    /// take this young, waits until that take is this old (within its budget) and reads
+    /// the shards once before it answers "sold out", so that a unit about to come back
+    /// is not answered as gone to every buyer in between; a take still this young when
+    /// the budget is spent, or a read that fails, is answered 503, not "sold out".
+    /// (This process's own reserves in flight are waited for as such: see
+    /// [`SoldOutGate::takes_in_flight`].)
     pub undo_window: Duration,
     /// Reserves whose outcome was unknown (and whose hold the read did not find) that a
     /// grab goes on after. One more means the table is failing rather than slow: the
@@ -404,6 +413,23 @@ pub struct ContentionOutlasted {
 
 const GRAB: &str = "grab";
 
+/// How often a grab that found every shard empty looks again while takes of this
+/// process are in flight: about a write's round trip.
+const LANDING_POLL: std::time::Duration = std::time::Duration::from_millis(10);
+/// A bound on those looks besides the budget (a clock that stands still in a test).
+const MAX_POLLS_FOR_LANDING: u32 = 300;
+
+/// Every shard was seen empty, but a unit could still come back when the grab had to
+/// answer: a take in flight or young, or a read that failed. "Sold out" is not known;
+/// the buyer's retry (503, `Retry-After`) tells.
+#[derive(Debug, thiserror::Error)]
+#[error("every shard was seen empty, but a unit could still come back")]
+pub struct SoldOutUnsettled;
+
+fn sold_out_unsettled() -> AppError {
+    AppError::Store(StoreError::transient(GRAB, SoldOutUnsettled))
+}
+
 impl GrabService {
     async fn sale(&self, sale_id: &SaleId) -> Result<Sale, AppError> {
         self.catalog
@@ -611,12 +637,9 @@ impl GrabService {
     ) -> Result<ControlFlow<GrabOutcome, Vec<u16>>, AppError> {
         let mut shards = self
             .shards_worth_a_write(walk.sale, walk.user, walk.started)
-            .await;
+            .await?;
         let doubted = walk.tally.doubt.shard.is_some();
-        if shards.is_empty() {
-            if !doubted && attempt == Attempt::First {
-                return Ok(ControlFlow::Break(GrabOutcome::SoldOut(SoldOutBy::Gate)));
-            }
+        if shards.is_empty() && (doubted || attempt == Attempt::Retry) {
             // A doubted take elsewhere than the hold is no one's: it goes back now, or
             // the unit waits for the reconciler while the sale looks sold out.
             let held = match walk.tally.doubt.shard {
@@ -626,7 +649,10 @@ impl GrabService {
             if let Some(held) = held {
                 return Ok(ControlFlow::Break(GrabOutcome::Resumed(held)));
             }
-            if !doubted {
+        }
+        if shards.is_empty() && !doubted {
+            shards = self.once_takes_land(walk).await?;
+            if shards.is_empty() {
                 return Ok(ControlFlow::Break(GrabOutcome::SoldOut(SoldOutBy::Gate)));
             }
         }
@@ -674,7 +700,7 @@ impl GrabService {
         let (sale_id, shards) = (&walk.sale.sale_id, walk.sale.shards);
         let slot = if walk.tally.doubt.is_on(shard) {
             // The shard this order may have a take on is asked whatever the crowd.
-            None
+            self.gate.admit_regardless(sale_id, shards, shard)
         } else if !self.gate.is_worth_a_write(sale_id, shards, shard) {
             // Another grab found it empty since this walk was planned: a write there
             // now would only be refused (and billed).
@@ -682,7 +708,7 @@ impl GrabService {
         } else {
             let cap = self.contention.max_takes_in_flight_per_shard;
             match self.gate.admit(sale_id, shards, shard, cap) {
-                Some(slot) => Some(slot),
+                Some(slot) => slot,
                 None => return ShardAnswer::AtCap,
             }
         };
@@ -697,13 +723,15 @@ impl GrabService {
 
     /// What a reserve's answer on `shard` means for the grab. The slot frees only once
     /// the gate knows what the take found, so a grab waiting for it never writes to a
-    /// shard just found empty; and before anything else is awaited.
+    /// shard just found empty, and a grab waiting for takes to land (see
+    /// [`GrabService::once_takes_land`]) never answers "sold out" before a unit that the
+    /// reserve gave back is marked.
     async fn take_in(
         &self,
         walk: &mut Walk<'_>,
         shard: u16,
         answer: Result<Result<(), ReserveRefusal>, StoreError>,
-        slot: Option<TakeSlot>,
+        slot: TakeSlot,
     ) -> ShardAnswer {
         let (sale_id, shards) = (&walk.sale.sale_id, walk.sale.shards);
         match answer {
@@ -736,8 +764,15 @@ impl GrabService {
                 ShardAnswer::Answered(Err(AppError::LimitReached))
             }
             Ok(Err(ReserveRefusal::AlreadyHeld)) => {
-                drop(slot);
                 let held = self.resume(walk.order_id(), walk.user).await;
+                if let Ok(Some(held)) = &held
+                    && held.shard != shard
+                {
+                    // Held on another shard: a take of this request's here was given
+                    // back, so the shard may have its unit again.
+                    self.gate.mark_stocked(sale_id, shards, shard);
+                }
+                drop(slot);
                 ShardAnswer::Answered(held.and_then(|held| {
                     held.map(GrabOutcome::Resumed)
                         .ok_or(AppError::OrderNotFound)
@@ -752,8 +787,11 @@ impl GrabService {
                 }
             }
             Err(error) if error.outcome() == WriteOutcome::InDoubt => {
+                // The slot is kept until the doubt is looked into: a take superseded
+                // elsewhere goes back meanwhile.
+                let answer = self.resolve_unknown(walk, shard, error).await;
                 drop(slot);
-                self.resolve_unknown(walk, shard, error).await
+                answer
             }
             // Never sent (nothing is in doubt, and asking again now would only be
             // refused the same way), or refused for good.
@@ -813,12 +851,18 @@ impl GrabService {
             .doubt
             .lead(&mut shards, &self.gate, walk.sale, walk.order_id());
         if shards.is_empty() {
-            let shards = self.stock_back_from_undone_takes(walk).await;
-            if shards.is_empty() {
-                return ControlFlow::Break(Ok(GrabOutcome::SoldOut(SoldOutBy::Database)));
-            }
-            // No contention pause: the wait for the undo was the pause.
-            return ControlFlow::Continue(shards);
+            let back = match self.once_takes_land(walk).await {
+                Ok(back) if back.is_empty() => self.stock_back_from_undone_takes(walk).await,
+                landed => landed,
+            };
+            return match back {
+                Ok(shards) if shards.is_empty() => {
+                    ControlFlow::Break(Ok(GrabOutcome::SoldOut(SoldOutBy::Database)))
+                }
+                // No contention pause: the wait for the unit was the pause.
+                Ok(shards) => ControlFlow::Continue(shards),
+                Err(unsettled) => ControlFlow::Break(Err(unsettled)),
+            };
         }
         self.pause_before_next_walk(walk, left.wrote).await?;
         ControlFlow::Continue(shards)
@@ -871,55 +915,91 @@ impl GrabService {
 
     /// The sale's shards that the gate thinks worth a write, in the buyer's order. If
     /// this grab drew the sale's one recheck turn of the interval, it first reads the
-    /// shards (one read, no write) and the gate takes in what came back.
+    /// shards (one read, no write) and the gate takes in what came back. A recheck that
+    /// could not read leaves its grab nothing known to answer "sold out" on: a 503.
     async fn shards_worth_a_write(
         &self,
         sale: &Sale,
         user: &UserId,
         now: DateTime<Utc>,
-    ) -> Vec<u16> {
+    ) -> Result<Vec<u16>, AppError> {
         let mut plan = self
             .gate
             .plan(&sale.sale_id, sale.shards, sale.shard_order(user), now);
         if let Some(recheck) = plan.recheck.take() {
-            recheck.settle(self.ledger.shard_states(sale).await, self.clock.now());
+            let read = self.ledger.shard_states(sale).await;
+            let unread = read.is_err();
+            recheck.settle(read, self.clock.now());
             plan = self
                 .gate
                 .plan(&sale.sale_id, sale.shards, sale.shard_order(user), now);
+            if unread && plan.shards.is_empty() {
+                return Err(sold_out_unsettled());
+            }
         }
-        plan.shards
+        Ok(plan.shards)
     }
 
     /// Every shard was found empty, one of them with a take young enough to be undone
     /// still: waits until it is not, or until the grab's budget is spent, then reads
     /// every shard once (no write) and answers the shards the gate, told what the read
-    /// saw, now thinks worth a write. Once per grab; empty: sold out after all. (A unit
-    /// back after the budget is spent is answered 503, and the buyer's retry takes it.)
-    async fn stock_back_from_undone_takes(&self, walk: &mut Walk<'_>) -> Vec<u16> {
+    /// saw, now thinks worth a write. Once per grab; empty: sold out after all. Not
+    /// known, and so a 503 that the buyer's retry settles rather than "sold out": a read
+    /// that failed, or a take on an empty shard still young when the budget is spent.
+    async fn stock_back_from_undone_takes(
+        &self,
+        walk: &mut Walk<'_>,
+    ) -> Result<Vec<u16>, AppError> {
         let Some(until) = walk.undo_possible_until.take() else {
-            return Vec::new();
+            return Ok(Vec::new());
         };
         let sale = walk.sale;
         let until = until.min(walk.started + self.contention.budget);
         let wait = (until - self.clock.now()).to_std().unwrap_or_default();
         self.pause.pause(wait).await;
-        match self.ledger.shard_states(sale).await {
-            Ok(states) => {
-                let now = self.clock.now();
-                self.gate.apply(&sale.sale_id, states, now);
-                self.gate
-                    .plan(&sale.sale_id, sale.shards, sale.shard_order(walk.user), now)
-                    .shards
-            }
-            Err(error) => {
-                tracing::warn!(
-                    sale_id = %sale.sale_id,
-                    error = &error as &dyn std::error::Error,
-                    "could not read the shards after a young take; answering sold out"
-                );
-                Vec::new()
-            }
+        let states = self.ledger.shard_states(sale).await.inspect_err(|error| {
+            tracing::warn!(
+                sale_id = %sale.sale_id,
+                error = error as &dyn std::error::Error,
+                "could not read the shards after a young take; answering 503, not sold out"
+            );
+        })?;
+        let now = self.clock.now();
+        let undo_window = self.contention.undo_window;
+        let still_young = states
+            .iter()
+            .filter(|state| state.available == 0)
+            .filter_map(|state| state.takers.latest_take())
+            .any(|taken| taken + undo_window > now);
+        self.gate.apply(&sale.sale_id, states, now);
+        let shards = self
+            .gate
+            .plan(&sale.sale_id, sale.shards, sale.shard_order(walk.user), now)
+            .shards;
+        if shards.is_empty() && still_young {
+            return Err(sold_out_unsettled());
         }
+        Ok(shards)
+    }
+
+    /// Every shard is known empty. But a reserve in flight in this process may yet give
+    /// its unit back (one whose hold is refused undoes its take before it answers): the
+    /// grab waits for them to land, within its budget, and answers the shards that the
+    /// gate then thinks worth a write; none: sold out. Still in flight when the budget is
+    /// spent: "sold out" is not known, and the answer is a 503.
+    async fn once_takes_land(&self, walk: &Walk<'_>) -> Result<Vec<u16>, AppError> {
+        let (sale_id, shards) = (&walk.sale.sale_id, walk.sale.shards);
+        for _ in 0..MAX_POLLS_FOR_LANDING {
+            if self.gate.takes_in_flight(sale_id, shards) == 0 {
+                let order = walk.sale.shard_order(walk.user).collect();
+                return Ok(self.gate.still_worth_a_write(sale_id, shards, order));
+            }
+            if self.clock.now() - walk.started >= self.contention.budget {
+                break;
+            }
+            self.pause.pause(LANDING_POLL).await;
+        }
+        Err(sold_out_unsettled())
     }
 
     /// The path's order, if it is held and open: the hand-over is finished (the queue
@@ -944,17 +1024,22 @@ impl GrabService {
     /// order turned out held on another shard (a concurrent request of the same path
     /// won there): that take is no one's, so it goes back at once rather than wait for
     /// the reconciler while buyers are told "sold out".
-    async fn drop_if_superseded(&self, held: &Reservation, shard: u16) {
+    async fn drop_if_superseded(&self, sale: &Sale, held: &Reservation, shard: u16) {
         if held.shard == shard {
             return;
         }
-        if let Err(error) = self.ledger.drop_superseded_take(held, shard).await {
-            tracing::warn!(
-                order_id = %held.order_id,
-                shard,
-                error = &error as &dyn std::error::Error,
-                "giving back a superseded take failed; the reconciler returns it"
-            );
+        match self.ledger.drop_superseded_take(held, shard).await {
+            // Its unit is back: later grabs of this process may take it at once.
+            Ok(true) => self.gate.mark_stocked(&sale.sale_id, sale.shards, shard),
+            Ok(false) => {}
+            Err(error) => {
+                tracing::warn!(
+                    order_id = %held.order_id,
+                    shard,
+                    error = &error as &dyn std::error::Error,
+                    "giving back a superseded take failed; the reconciler returns it"
+                );
+            }
         }
     }
 
@@ -970,7 +1055,7 @@ impl GrabService {
         let held = self.resume(walk.order_id(), walk.user).await?;
         if let Some(held) = &held {
             walk.tally.doubt.resolve();
-            self.drop_if_superseded(held, shard).await;
+            self.drop_if_superseded(walk.sale, held, shard).await;
         }
         Ok(held)
     }

@@ -33,6 +33,7 @@ struct World {
     ledger: Arc<ScriptedLedger>,
     queue: Arc<RecordingQueue>,
     pauses: Arc<RecordedPauses>,
+    clock: Arc<ManualClock>,
     grabs: GrabService,
     sale: Sale,
 }
@@ -49,8 +50,9 @@ impl World {
         assert!(store.create_sale(&sale).await.unwrap());
         let ledger = Arc::new(ScriptedLedger::new(store.clone(), script));
         let queue = Arc::new(RecordingQueue::default());
-        let pauses = Arc::new(RecordedPauses::default());
-        let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(start()));
+        let manual_clock = Arc::new(ManualClock::new(start()));
+        let pauses = Arc::new(RecordedPauses::advancing(manual_clock.clone()));
+        let clock: Arc<dyn Clock> = manual_clock.clone();
         let grabs = GrabService {
             catalog: store.clone(),
             ledger: ledger.clone(),
@@ -73,6 +75,7 @@ impl World {
             ledger,
             queue,
             pauses,
+            clock: manual_clock,
             grabs,
             sale,
         }
@@ -555,9 +558,10 @@ async fn a_shard_whose_takes_are_past_their_undo_window_is_sold_out_at_once() {
 }
 
 #[tokio::test]
-async fn the_wait_for_an_undo_ends_with_the_grabs_budget() {
+async fn a_take_still_young_when_the_budget_is_spent_is_answered_503_not_sold_out() {
     // A take whose undo window (3 s here) outlasts the grab's budget: the grab, begun at
-    // 0.2 s, waits until its budget ends at 2.7 s, not until 3 s.
+    // 0.2 s, waits until its budget ends at 2.7 s, not until 3 s; the take may still be
+    // given back then, so "sold out" is not known.
     let (mut world, _) = a_sale_with_a_young_take(start()).await;
     let clock = Arc::new(ManualClock::new(start()));
     world.grabs.clock = clock.clone();
@@ -566,19 +570,66 @@ async fn the_wait_for_an_undo_ends_with_the_grabs_budget() {
     world.grabs.contention.budget = Duration::milliseconds(2500);
     world.grabs.contention.undo_window = Duration::seconds(3);
     clock.set(start() + Duration::milliseconds(200));
+    world.grabs.pause = Arc::new(RecordedPauses::advancing(clock.clone()));
     let report = world
         .grabs
         .grab(&world.sale.sale_id, &token, &bob, Attempt::First)
         .await;
-    assert_eq!(
-        (report.outcome.ok(), report.reserves),
-        (Some(GrabOutcome::SoldOut(SoldOutBy::Database)), 1)
+    assert_eq!(report.reserves, 1);
+    let error = report
+        .outcome
+        .expect_err("a unit may still come back: not sold out");
+    assert!(error.is_retryable(), "a 503 the buyer retries: {error:?}");
+    assert_eq!(world.available(), 0);
+}
+
+#[tokio::test]
+async fn a_grab_that_finds_every_shard_empty_waits_for_this_processs_takes_in_flight() {
+    // Another grab of this process has a reserve in flight on the one shard: its take
+    // emptied it, the gate marked it so, and its hold will be refused (its order is held
+    // elsewhere), so the take goes back before that reserve answers. A grab arriving
+    // meanwhile must not be told "sold out" from memory: it waits for the reserve to
+    // land, then takes the unit.
+    let world = World::new(1, 1, []).await;
+    let (sale_id, shards) = (world.sale.sale_id.clone(), world.sale.shards);
+    let take = Take {
+        shard: 0,
+        order_id: OrderId::new(sale_id.clone()),
+        user_id: UserId::parse("eve").unwrap(),
+        taken_at: start(),
+    };
+    world.store.leave_take(&world.sale, take.clone());
+    let gate = world.grabs.gate.clone();
+    let cap = ContentionPolicy::DEFAULT.max_takes_in_flight_per_shard;
+    let in_flight = gate.admit(&sale_id, shards, 0, cap).expect("a slot");
+    gate.mark_empty(
+        &sale_id,
+        shards,
+        0,
+        flashsale_domain::ports::ShardTakers::of([&take.order_id]),
+        start(),
     );
-    assert_eq!(
-        world.pauses.taken(),
-        [std::time::Duration::from_millis(2500)],
-        "until the budget's end (started at 0.2 s, the take's window ends at 3 s)"
-    );
+    let pause = Arc::new(MeanwhileAtFirstPause {
+        meanwhile: std::sync::Mutex::new(None),
+        pauses: RecordedPauses::default(),
+    });
+    let (store, sale) = (world.store.clone(), world.sale.clone());
+    *pause.meanwhile.lock().unwrap() = Some(Box::new(move || {
+        // The reserve in flight lands: its take goes back, the shard is marked, the slot
+        // freed, as `take_in` does.
+        store.undo_take(&sale, &take);
+        gate.mark_stocked(&sale.sale_id, sale.shards, 0);
+        drop(in_flight);
+    }));
+    let mut world = world;
+    world.grabs.pause = pause.clone();
+
+    let report = world.grab("bob").await;
+    assert_eq!(reserved(&report).shard, 0);
+    assert_eq!(report.reserves, 1, "no write until the unit was back");
+    assert_eq!(pause.pauses.taken().len(), 1, "one look after the first");
+    assert_eq!(world.available(), 0);
+    assert!(world.no_stray_takes().await);
 }
 
 /// Takes in flight on a shard, held as another grab of this process would hold them.
@@ -688,4 +739,95 @@ async fn a_reserve_refused_unsent_is_answered_at_once_with_nothing_read_or_in_do
         "nothing was sent, so nothing is in doubt"
     );
     assert_eq!(world.available(), 8);
+}
+
+#[tokio::test]
+async fn a_read_that_fails_after_a_young_take_is_answered_503_not_sold_out() {
+    let (world, _) = a_sale_with_a_young_take(start() - Duration::milliseconds(400)).await;
+    world.ledger.fail_next_reads(1);
+    let report = world.grab("bob").await;
+    assert_eq!(report.reserves, 1);
+    let error = report
+        .outcome
+        .expect_err("the shards could not be read: not known sold out");
+    assert!(error.is_retryable(), "a 503 the buyer retries: {error:?}");
+    // Once the take is past its window, the next grab is told what the table said.
+    assert!(matches!(
+        world.grab("bob").await.outcome,
+        Ok(GrabOutcome::SoldOut(_))
+    ));
+}
+
+#[tokio::test]
+async fn a_recheck_that_cannot_read_is_answered_503_and_the_marks_it_kept_say_sold_out() {
+    let world = World::new(1, 1, []).await;
+    reserved(&world.grab("alice").await);
+    assert_eq!(
+        world.grab("bob").await.outcome.ok(),
+        Some(GrabOutcome::SoldOut(SoldOutBy::Database))
+    );
+    // Past the recheck interval, the grab that draws the recheck cannot read.
+    world.clock.advance(Duration::seconds(2));
+    world.ledger.fail_next_reads(1);
+    let report = world.grab("carol").await;
+    let error = report
+        .outcome
+        .expect_err("its marks are stale and the table did not answer");
+    assert!(error.is_retryable(), "{error:?}");
+    // The marks were the table's answer, trusted one interval more: the gate says so.
+    assert_eq!(
+        world.grab("dave").await.outcome.ok(),
+        Some(GrabOutcome::SoldOut(SoldOutBy::Gate))
+    );
+}
+
+#[tokio::test]
+async fn a_take_given_back_because_its_order_is_held_elsewhere_reopens_its_shard_in_the_gate() {
+    // A double click: the path's order is held on one shard, and its other request took
+    // a unit on another, a shard the gate had since seen empty. The hold is refused, the
+    // take goes back, and the gate must know that shard has its unit again, or this
+    // process answers "sold out" with a unit on it.
+    let world = World::new(2, 2, []).await;
+    let bob = UserId::parse("bob").unwrap();
+    let order: Vec<u16> = world.sale.shard_order(&bob).collect();
+    let (token, order_id) = world.path_of(&bob).await;
+    let held_on = order[1];
+    let held = flashsale_domain::Reservation {
+        order_id: order_id.clone(),
+        sale_id: world.sale.sale_id.clone(),
+        user_id: bob.clone(),
+        shard: held_on,
+        created_at: start(),
+        expires_at: world.sale.payment_deadline(start()),
+        price: world.sale.price,
+    };
+    world
+        .store
+        .reserve(&world.sale, held_on, &held)
+        .await
+        .unwrap()
+        .expect("held");
+    let (gate, sale_id, shards) = (&world.grabs.gate, &world.sale.sale_id, world.sale.shards);
+    gate.mark_empty(
+        sale_id,
+        shards,
+        order[0],
+        flashsale_domain::ports::ShardTakers::of([&order_id]),
+        start(),
+    );
+
+    let report = world
+        .grabs
+        .grab(sale_id, &token, &bob, Attempt::First)
+        .await;
+    assert!(
+        matches!(&report.outcome, Ok(GrabOutcome::Resumed(resumed)) if resumed.shard == held_on),
+        "{report:?}"
+    );
+    assert!(
+        gate.is_worth_a_write(sale_id, shards, order[0]),
+        "the unit given back is there to sell"
+    );
+    assert_eq!(world.available(), 1);
+    assert!(world.no_stray_takes().await);
 }

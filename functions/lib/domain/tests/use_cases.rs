@@ -80,7 +80,7 @@ impl World {
                 challenges: challenges.clone(),
                 gate: SoldOutGate::new(Duration::seconds(1)),
                 blocked_users: CachedBlocklist::new(blocklist.clone(), BLOCKLIST_REFRESH),
-                pause: Arc::new(RecordedPauses::default()),
+                pause: Arc::new(RecordedPauses::advancing(clock.clone())),
                 contention: ContentionPolicy::DEFAULT,
             },
             admin: BlocklistService {

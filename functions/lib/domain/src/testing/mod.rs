@@ -1062,13 +1062,23 @@ pub async fn pay_by_card<S: OrderPayments + ?Sized>(
     store.pay_with(reservation, &payment, now).await
 }
 
-/// Pauses that do not wait, each recorded.
+/// Pauses that do not wait, each recorded; with a clock, each moves it on by as long,
+/// as a real pause would.
 #[derive(Debug, Default)]
 pub struct RecordedPauses {
     pub pauses: Mutex<Vec<std::time::Duration>>,
+    clock: Option<Arc<ManualClock>>,
 }
 
 impl RecordedPauses {
+    /// Pauses that move `clock` on.
+    pub fn advancing(clock: Arc<ManualClock>) -> Self {
+        Self {
+            pauses: Mutex::default(),
+            clock: Some(clock),
+        }
+    }
+
     pub fn taken(&self) -> Vec<std::time::Duration> {
         locked(&self.pauses).clone()
     }
@@ -1078,6 +1088,9 @@ impl RecordedPauses {
 impl Pause for RecordedPauses {
     async fn pause(&self, how_long: std::time::Duration) {
         locked(&self.pauses).push(how_long);
+        if let Some(clock) = &self.clock {
+            clock.advance(Duration::from_std(how_long).unwrap_or(Duration::MAX));
+        }
     }
 }
 
@@ -1107,6 +1120,8 @@ pub struct ScriptedLedger {
     script: Mutex<VecDeque<ReserveScript>>,
     /// The shard of every reserve call, in call order.
     pub shards_tried: Mutex<Vec<u16>>,
+    /// How many of the next reads of the shards fail transiently.
+    failing_reads: AtomicUsize,
 }
 
 impl ScriptedLedger {
@@ -1118,7 +1133,14 @@ impl ScriptedLedger {
             inner,
             script: Mutex::new(script.into_iter().collect()),
             shards_tried: Mutex::new(Vec::new()),
+            failing_reads: AtomicUsize::new(0),
         }
+    }
+
+    /// The next `reads` reads of the shards fail transiently, as a throttled or timed
+    /// out read does.
+    pub fn fail_next_reads(&self, reads: usize) {
+        self.failing_reads.store(reads, Ordering::SeqCst);
     }
 
     pub fn tried(&self) -> Vec<u16> {
@@ -1169,6 +1191,14 @@ impl StockLedger for ScriptedLedger {
     }
 
     async fn shard_states(&self, sale: &Sale) -> Result<Vec<ShardState>, StoreError> {
+        let failing = self
+            .failing_reads
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
+                left.checked_sub(1)
+            });
+        if failing.is_ok() {
+            return Err(StoreError::transient("shard_states", InjectedFailure));
+        }
         self.inner.shard_states(sale).await
     }
 
