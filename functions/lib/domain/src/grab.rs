@@ -1023,24 +1023,34 @@ impl GrabService {
     /// A reserve on `shard` whose outcome was lost may have taken a unit there, but the
     /// order turned out held on another shard (a concurrent request of the same path
     /// won there): that take is no one's, so it goes back at once rather than wait for
-    /// the reconciler while buyers are told "sold out".
-    async fn drop_if_superseded(&self, sale: &Sale, held: &Reservation, shard: u16) {
+    /// the reconciler while buyers are told "sold out". Failing that, the take is still
+    /// there.
+    async fn drop_if_superseded(
+        &self,
+        sale: &Sale,
+        held: &Reservation,
+        shard: u16,
+    ) -> Result<(), StoreError> {
         if held.shard == shard {
-            return;
+            return Ok(());
         }
-        match self.ledger.drop_superseded_take(held, shard).await {
-            // Its unit is back: later grabs of this process may take it at once.
-            Ok(true) => self.gate.mark_stocked(&sale.sale_id, sale.shards, shard),
-            Ok(false) => {}
-            Err(error) => {
+        let given_back = self
+            .ledger
+            .drop_superseded_take(held, shard)
+            .await
+            .inspect_err(|error| {
                 tracing::warn!(
                     order_id = %held.order_id,
                     shard,
-                    error = &error as &dyn std::error::Error,
-                    "giving back a superseded take failed; the reconciler returns it"
+                    error = error as &dyn std::error::Error,
+                    "giving back a superseded take failed; the path's next request gives it back"
                 );
-            }
+            })?;
+        if given_back {
+            // Its unit is back: later grabs of this process may take it at once.
+            self.gate.mark_stocked(&sale.sale_id, sale.shards, shard);
         }
+        Ok(())
     }
 
     /// The order's hold, if a reserve on `shard` whose answer was lost turns out to have
@@ -1055,7 +1065,13 @@ impl GrabService {
         let held = self.resume(walk.order_id(), walk.user).await?;
         if let Some(held) = &held {
             walk.tally.doubt.resolve();
-            self.drop_if_superseded(walk.sale, held, shard).await;
+            if let Err(error) = self.drop_if_superseded(walk.sale, held, shard).await {
+                // The take is still there, no one's: rather than answer the hold and
+                // leave it for the reconciler, the grab answers 503, and the path's
+                // next request comes back to this shard and gives it back.
+                walk.tally.doubt.suspect(shard);
+                return Err(error.into());
+            }
         }
         Ok(held)
     }

@@ -831,3 +831,74 @@ async fn a_take_given_back_because_its_order_is_held_elsewhere_reopens_its_shard
     assert_eq!(world.available(), 1);
     assert!(world.no_stray_takes().await);
 }
+
+#[tokio::test]
+async fn a_superseded_take_whose_give_back_fails_is_answered_503_and_given_back_by_the_retry() {
+    // A double click: the path's order is held on one shard, and its other request's
+    // take on another shard was left in doubt there. Giving that take back fails: the
+    // grab must not answer the hold and leave the unit taken by no one until the
+    // reconciler's grace; the path's retry comes back to it.
+    let world = World::new(2, 2, []).await;
+    let bob = UserId::parse("bob").unwrap();
+    let order: Vec<u16> = world.sale.shard_order(&bob).collect();
+    let (token, order_id) = world.path_of(&bob).await;
+    let (held_on, taken_on) = (order[1], order[0]);
+    let held = flashsale_domain::Reservation {
+        order_id: order_id.clone(),
+        sale_id: world.sale.sale_id.clone(),
+        user_id: bob.clone(),
+        shard: held_on,
+        created_at: start(),
+        expires_at: world.sale.payment_deadline(start()),
+        price: world.sale.price,
+    };
+    world
+        .store
+        .reserve(&world.sale, held_on, &held)
+        .await
+        .unwrap()
+        .expect("held");
+    world.store.leave_take(
+        &world.sale,
+        Take {
+            shard: taken_on,
+            order_id: order_id.clone(),
+            user_id: bob.clone(),
+            taken_at: start(),
+        },
+    );
+    let (gate, sale_id, shards) = (&world.grabs.gate, &world.sale.sale_id, world.sale.shards);
+    for shard in 0..shards {
+        gate.mark_empty(
+            sale_id,
+            shards,
+            shard,
+            flashsale_domain::ports::ShardTakers::of([&order_id]),
+            start(),
+        );
+    }
+    gate.note_doubt(sale_id, shards, &order_id, Some(taken_on), start());
+    world.ledger.fail_next_give_backs(1);
+
+    let first = world
+        .grabs
+        .grab(sale_id, &token, &bob, Attempt::Retry)
+        .await;
+    let error = first
+        .outcome
+        .expect_err("the superseded take is still there: not the answer yet");
+    assert!(error.is_retryable(), "a 503 the buyer retries: {error:?}");
+    assert!(!world.no_stray_takes().await, "the give-back failed");
+
+    let retry = world
+        .grabs
+        .grab(sale_id, &token, &bob, Attempt::Retry)
+        .await;
+    assert!(
+        matches!(&retry.outcome, Ok(GrabOutcome::Resumed(resumed)) if resumed.shard == held_on),
+        "{retry:?}"
+    );
+    assert!(world.no_stray_takes().await, "the retry gave it back");
+    assert_eq!(world.available(), 1);
+    assert!(gate.is_worth_a_write(sale_id, shards, taken_on));
+}

@@ -1122,6 +1122,8 @@ pub struct ScriptedLedger {
     pub shards_tried: Mutex<Vec<u16>>,
     /// How many of the next reads of the shards fail transiently.
     failing_reads: AtomicUsize,
+    /// How many of the next give-backs of a superseded take fail transiently.
+    failing_give_backs: AtomicUsize,
 }
 
 impl ScriptedLedger {
@@ -1134,7 +1136,14 @@ impl ScriptedLedger {
             script: Mutex::new(script.into_iter().collect()),
             shards_tried: Mutex::new(Vec::new()),
             failing_reads: AtomicUsize::new(0),
+            failing_give_backs: AtomicUsize::new(0),
         }
+    }
+
+    /// The next `give_backs` give-backs of a superseded take fail transiently, with
+    /// nothing written.
+    pub fn fail_next_give_backs(&self, give_backs: usize) {
+        self.failing_give_backs.store(give_backs, Ordering::SeqCst);
     }
 
     /// The next `reads` reads of the shards fail transiently, as a throttled or timed
@@ -1146,6 +1155,14 @@ impl ScriptedLedger {
     pub fn tried(&self) -> Vec<u16> {
         locked(&self.shards_tried).clone()
     }
+}
+
+/// Counts one off `left`, if any is left.
+fn take_one(left: &AtomicUsize) -> bool {
+    left.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
+        left.checked_sub(1)
+    })
+    .is_ok()
 }
 
 #[async_trait]
@@ -1191,12 +1208,7 @@ impl StockLedger for ScriptedLedger {
     }
 
     async fn shard_states(&self, sale: &Sale) -> Result<Vec<ShardState>, StoreError> {
-        let failing = self
-            .failing_reads
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
-                left.checked_sub(1)
-            });
-        if failing.is_ok() {
+        if take_one(&self.failing_reads) {
             return Err(StoreError::transient("shard_states", InjectedFailure));
         }
         self.inner.shard_states(sale).await
@@ -1207,6 +1219,12 @@ impl StockLedger for ScriptedLedger {
         reservation: &Reservation,
         shard: u16,
     ) -> Result<bool, StoreError> {
+        if take_one(&self.failing_give_backs) {
+            return Err(StoreError::transient(
+                "drop_superseded_take",
+                InjectedFailure,
+            ));
+        }
         self.inner.drop_superseded_take(reservation, shard).await
     }
 
