@@ -212,8 +212,22 @@ impl Harness {
         shards: u16,
         payment_timeout_secs: u32,
     ) {
+        self.active_sale_with(sale_id, stock, shards, payment_timeout_secs, json!({}))
+            .await;
+    }
+
+    /// [`Harness::active_sale`] with more fields of the create request (`{"reserve":
+    /// "transaction"}`, say), which replace the defaults.
+    pub async fn active_sale_with(
+        &self,
+        sale_id: &str,
+        stock: u32,
+        shards: u16,
+        payment_timeout_secs: u32,
+        fields: Value,
+    ) {
         let now = Utc::now();
-        let sale = json!({
+        let mut sale = json!({
             "sale_id": sale_id,
             "name": format!("e2e {sale_id}"),
             "price": flashsale_load::client::sale_price(),
@@ -223,6 +237,9 @@ impl Harness {
             "starts_at": now - chrono::Duration::seconds(1),
             "ends_at": now + chrono::Duration::hours(1),
         });
+        if let (Some(sale), Value::Object(fields)) = (sale.as_object_mut(), fields) {
+            sale.extend(fields);
+        }
         // A busy DynamoDB Local (another test's surge) can make the create answer 503,
         // which means "try again". The attempt may still have committed, so after a 503
         // a retry's 409 sale_exists is that attempt's sale; without one it is a failure.

@@ -14,6 +14,16 @@
 //! so a drill can state the rate it ran at. `make bench` counts through it, and the
 //! e2e fault drills (tests/tests/drills.rs) inject through it.
 //!
+//! A fault mix ([`FaultMix`], off by default) draws faults at random instead, from a
+//! seeded generator: each request of its operation filter draws once, and is answered
+//! a 500 before forwarding, forwarded and then answered a 500 (the upstream applied
+//! it), throttled, or delayed by a uniform time before being forwarded as usual, each
+//! with the probability the mix gives it. The same seed gives the same sequence of
+//! draws ([`FaultMix::draws`]); which request gets which draw is the order the requests
+//! reach the proxy. A rule that faults a request takes precedence over the mix's draw
+//! for it (the draw is still used up, so the mix's sequence does not depend on the
+//! rules). Every fault is counted by kind ([`OperationCounts::by_fault`]).
+//!
 //! Transaction conflicts (off by default; `proxy/conflicts.rs` has the rule): DynamoDB
 //! Local runs one transaction at a time and never answers `TransactionConflict`; with a
 //! [`ConflictMode`] the proxy plays DynamoDB's rule. A `TransactWriteItems` holds its
@@ -27,14 +37,18 @@
 //! Control routes, on the same port: `GET /__counts` (JSON [`Counts`]), `POST /__reset`
 //! (zero the counts), `PUT /__faults` (a JSON list of [`FaultRule`]), `DELETE /__faults`,
 //! `PUT /__conflicts` (a JSON [`ConflictMode`]: `{"commit_time_ms": 15}`),
-//! `DELETE /__conflicts`, `GET /__conflicts` (the mode and how many items are held).
+//! `DELETE /__conflicts`, `GET /__conflicts` (the mode and how many items are held),
+//! `PUT /__mix` (a JSON [`FaultMix`]), `DELETE /__mix`, `GET /__mix` (the mix and how
+//! many requests it has drawn for).
 
 mod conflicts;
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
+use std::ops::RangeInclusive;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, Uri};
@@ -60,8 +74,15 @@ pub struct OperationCounts {
     /// upstream did not answer), `"body_unreadable"` (the caller's body broke off),
     /// `"caller_gone"` (the caller hung up before its answer).
     pub by_outcome: BTreeMap<String, u64>,
-    /// How many of `total` a fault rule answered or cut.
+    /// How many of `total` a fault rule or the fault mix answered or cut. A delayed
+    /// request is not among them: its answer is the upstream's (see `by_fault`).
     pub faults: u64,
+    /// Faults injected, by kind: a [`Fault`]'s name (`"server_error"`, `"throttle"`,
+    /// `"commit_then_server_error"`, ...), from a rule or the mix, and `"delay"` for a
+    /// request the mix delayed before forwarding it (counted under its upstream
+    /// outcome, and not in `faults`).
+    #[serde(default)]
+    pub by_fault: BTreeMap<String, u64>,
     /// How many of `total` the conflict mode answered with a transaction conflict
     /// (also counted under outcome `"400"`).
     #[serde(default)]
@@ -99,6 +120,15 @@ impl Counts {
                 })
                 .filter(|(_, v)| *v > 0)
                 .collect();
+            let by_fault: BTreeMap<String, u64> = now
+                .by_fault
+                .iter()
+                .map(|(k, v)| {
+                    let was = before.by_fault.get(k).copied().unwrap_or(0);
+                    (k.clone(), v.saturating_sub(was))
+                })
+                .filter(|(_, v)| *v > 0)
+                .collect();
             let total = now.total.saturating_sub(before.total);
             if total > 0 {
                 operations.insert(
@@ -107,6 +137,7 @@ impl Counts {
                         total,
                         by_outcome,
                         faults: now.faults.saturating_sub(before.faults),
+                        by_fault,
                         conflicts: now.conflicts.saturating_sub(before.conflicts),
                     },
                 );
@@ -115,10 +146,24 @@ impl Counts {
         Counts { operations }
     }
 
-    fn record(&mut self, operation: &str, outcome: &str, cause: Cause) {
+    /// Faults injected into every operation, by kind (see [`OperationCounts::by_fault`]).
+    pub fn faults_by_kind(&self) -> BTreeMap<String, u64> {
+        let mut kinds = BTreeMap::new();
+        for op in self.operations.values() {
+            for (kind, count) in &op.by_fault {
+                *kinds.entry(kind.clone()).or_default() += count;
+            }
+        }
+        kinds
+    }
+
+    fn record(&mut self, operation: &str, outcome: &str, cause: Cause, fault: Option<&str>) {
         let entry = self.operations.entry(operation.to_owned()).or_default();
         entry.total += 1;
         *entry.by_outcome.entry(outcome.to_owned()).or_default() += 1;
+        if let Some(kind) = fault {
+            *entry.by_fault.entry(kind.to_owned()).or_default() += 1;
+        }
         match cause {
             Cause::Upstream => {}
             Cause::Fault => entry.faults += 1,
@@ -132,7 +177,7 @@ impl Counts {
 enum Cause {
     /// The upstream answered (or failed to), or the caller broke off.
     Upstream,
-    /// A fault rule.
+    /// A fault rule or the fault mix.
     Fault,
     /// The conflict mode.
     Conflict,
@@ -157,6 +202,20 @@ pub enum Fault {
     /// write gets `TransactionConflictException`, a `TransactWriteItems` is cancelled
     /// with `TransactionConflict` on every item. Other operations pass.
     TransactionConflict,
+}
+
+impl Fault {
+    /// Its name in the counts ([`OperationCounts::by_fault`]), as it is spelled in JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Throttle => "throttle",
+            Self::ServerError => "server_error",
+            Self::ConnectionReset => "connection_reset",
+            Self::CommitThenDrop => "commit_then_drop",
+            Self::CommitThenServerError => "commit_then_server_error",
+            Self::TransactionConflict => "transaction_conflict",
+        }
+    }
 }
 
 /// Applies `fault` to requests of `operation` (`"*"`: every operation): the first
@@ -234,10 +293,183 @@ impl ActiveRule {
     }
 }
 
-/// The rules in force.
+/// Faults drawn at random, per request, from a seeded generator: each request of
+/// `operation` (`"*"`: every operation) draws once, and gets a 500 before forwarding
+/// with probability `server_error`, a 500 after the upstream applied it with
+/// `commit_then_server_error`, a throttle with `throttle`, or a delay drawn uniformly
+/// from `delay_ms` (milliseconds) before being forwarded as usual with `delay`; else it
+/// passes. The probabilities are each within 0..=1 and add up to at most 1.
+///
+/// The same seed gives the same sequence of draws ([`FaultMix::draws`]), one per
+/// matching request in the order they reach the proxy. The generator is SplitMix64
+/// (Steele, Lea and Flood, 2014), so a seed means the same sequence on every machine
+/// and version.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FaultMix {
+    pub seed: u64,
+    #[serde(default = "every_operation")]
+    pub operation: String,
+    #[serde(default)]
+    pub server_error: f64,
+    #[serde(default)]
+    pub commit_then_server_error: f64,
+    #[serde(default)]
+    pub throttle: f64,
+    #[serde(default)]
+    pub delay: f64,
+    /// JSON: `{"start": 100, "end": 400}`.
+    #[serde(default = "no_delay")]
+    pub delay_ms: RangeInclusive<u64>,
+}
+
+fn every_operation() -> String {
+    "*".to_owned()
+}
+
+fn no_delay() -> RangeInclusive<u64> {
+    0..=0
+}
+
+/// Why a [`FaultMix`] cannot be played.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum InvalidMix {
+    #[error("the probability of {0} is {1}, not within 0..=1")]
+    Probability(&'static str, f64),
+    #[error("the probabilities add up to {0}, more than 1")]
+    Sum(f64),
+    #[error("the delay range {0:?} is empty")]
+    DelayRange(RangeInclusive<u64>),
+}
+
+/// What the mix drew for one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MixDraw {
+    Pass,
+    ServerError,
+    CommitThenServerError,
+    Throttle,
+    /// Forwarded as usual after this long.
+    Delay(Duration),
+}
+
+impl FaultMix {
+    /// A mix of `seed` on every operation that injects nothing yet: set its
+    /// probabilities.
+    pub fn seeded(seed: u64) -> Self {
+        Self {
+            seed,
+            operation: every_operation(),
+            server_error: 0.0,
+            commit_then_server_error: 0.0,
+            throttle: 0.0,
+            delay: 0.0,
+            delay_ms: no_delay(),
+        }
+    }
+
+    /// Whether the mix can be played.
+    pub fn validate(&self) -> Result<(), InvalidMix> {
+        let named = [
+            ("server_error", self.server_error),
+            ("commit_then_server_error", self.commit_then_server_error),
+            ("throttle", self.throttle),
+            ("delay", self.delay),
+        ];
+        for (name, p) in named {
+            if !(0.0..=1.0).contains(&p) {
+                return Err(InvalidMix::Probability(name, p));
+            }
+        }
+        let sum: f64 = named.iter().map(|(_, p)| p).sum();
+        // Room for the rounding of decimal fractions (0.3 + 0.7).
+        if sum > 1.0 + 1e-9 {
+            return Err(InvalidMix::Sum(sum));
+        }
+        if self.delay_ms.is_empty() {
+            return Err(InvalidMix::DelayRange(self.delay_ms.clone()));
+        }
+        Ok(())
+    }
+
+    /// The draws this mix makes, in order: the `n`-th is the one the `n`-th matching
+    /// request gets.
+    pub fn draws(&self) -> impl Iterator<Item = MixDraw> + use<> {
+        let mix = self.clone();
+        let mut generator = SplitMix64(self.seed);
+        std::iter::repeat_with(move || mix.draw(generator.next()))
+    }
+
+    /// The draw for one 64-bit number: its top 53 bits are a uniform fraction in 0..1,
+    /// which falls in one kind's band; within the delay's band, where it falls is the
+    /// delay (one number per request, so the sequence of draws is the generator's).
+    fn draw(&self, number: u64) -> MixDraw {
+        let u = (number >> 11) as f64 / (1_u64 << 53) as f64;
+        let bands = [
+            (self.server_error, MixDraw::ServerError),
+            (
+                self.commit_then_server_error,
+                MixDraw::CommitThenServerError,
+            ),
+            (self.throttle, MixDraw::Throttle),
+        ];
+        let mut floor = 0.0;
+        for (p, drawn) in bands {
+            if u < floor + p {
+                return drawn;
+            }
+            floor += p;
+        }
+        if u < floor + self.delay {
+            let within = ((u - floor) / self.delay).clamp(0.0, 1.0);
+            let (low, high) = (*self.delay_ms.start(), *self.delay_ms.end());
+            let span = high.saturating_sub(low);
+            let ms = low + ((within * (span as f64 + 1.0)) as u64).min(span);
+            return MixDraw::Delay(Duration::from_millis(ms));
+        }
+        MixDraw::Pass
+    }
+
+    fn applies_to(&self, operation: &str) -> bool {
+        self.operation == "*" || self.operation == operation
+    }
+}
+
+/// SplitMix64: a tiny, well-known generator, good enough to spread faults and stable
+/// across versions (no crate's algorithm can change under a seed).
+#[derive(Debug, Clone)]
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+}
+
+/// The mix in force, with its generator's state.
+#[derive(Debug)]
+struct ActiveMix {
+    mix: FaultMix,
+    generator: SplitMix64,
+    drawn: u64,
+}
+
+/// What happens to one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Decision {
+    Pass,
+    Fault(Fault),
+    Delay(Duration),
+}
+
+/// The rules and the mix in force.
 #[derive(Debug, Default)]
 struct FaultBook {
     rules: Vec<ActiveRule>,
+    mix: Option<ActiveMix>,
 }
 
 impl FaultBook {
@@ -245,15 +477,45 @@ impl FaultBook {
         self.rules = rules.into_iter().map(ActiveRule::new).collect();
     }
 
-    /// The fault for this request, if a rule applies to it; the first matching rule
-    /// that has faults left decides (and counts the request) even when it lets it
-    /// pass. A spent rule steps aside, so rules for one operation play in turn: a lost
-    /// answer, then a conflict on the SDK's resend.
-    fn decide(&mut self, operation: &str) -> Option<Fault> {
-        let active = self.rules.iter_mut().find(|active| {
-            (active.rule.operation == "*" || active.rule.operation == operation) && !active.spent()
-        })?;
-        active.strikes().then_some(active.rule.fault)
+    /// Plays `mix` from the start of its sequence (`None`: no mix).
+    fn set_mix(&mut self, mix: Option<FaultMix>) {
+        self.mix = mix.map(|mix| ActiveMix {
+            generator: SplitMix64(mix.seed),
+            mix,
+            drawn: 0,
+        });
+    }
+
+    /// What happens to this request. The mix draws for every request it applies to,
+    /// whatever the rules do, so its sequence is its seed's. Then the rules: the first
+    /// matching rule that has faults left decides (and counts the request) even when
+    /// it lets it pass; a fault of a rule replaces the mix's draw. A spent rule steps
+    /// aside, so rules for one operation play in turn: a lost answer, then a conflict
+    /// on the SDK's resend.
+    fn decide(&mut self, operation: &str) -> Decision {
+        let drawn = match self.mix.as_mut() {
+            Some(active) if active.mix.applies_to(operation) => {
+                active.drawn += 1;
+                active.mix.draw(active.generator.next())
+            }
+            _ => MixDraw::Pass,
+        };
+        let ruled = self
+            .rules
+            .iter_mut()
+            .find(|active| {
+                (active.rule.operation == "*" || active.rule.operation == operation)
+                    && !active.spent()
+            })
+            .and_then(|active| active.strikes().then_some(active.rule.fault));
+        match (ruled, drawn) {
+            (Some(fault), _) => Decision::Fault(fault),
+            (None, MixDraw::Pass) => Decision::Pass,
+            (None, MixDraw::ServerError) => Decision::Fault(Fault::ServerError),
+            (None, MixDraw::CommitThenServerError) => Decision::Fault(Fault::CommitThenServerError),
+            (None, MixDraw::Throttle) => Decision::Fault(Fault::Throttle),
+            (None, MixDraw::Delay(delay)) => Decision::Delay(delay),
+        }
     }
 }
 
@@ -375,6 +637,24 @@ impl Proxy {
         lock(&self.shared.faults).replace(rules);
     }
 
+    /// Plays `mix` (`Some`) from the start of its seed's sequence, or stops the mix
+    /// (`None`). The rules stay as they are.
+    pub fn set_fault_mix(&self, mix: Option<FaultMix>) -> Result<(), InvalidMix> {
+        if let Some(mix) = &mix {
+            mix.validate()?;
+        }
+        lock(&self.shared.faults).set_mix(mix);
+        Ok(())
+    }
+
+    /// The mix in force, and how many requests it has drawn for.
+    pub fn fault_mix(&self) -> Option<(FaultMix, u64)> {
+        lock(&self.shared.faults)
+            .mix
+            .as_ref()
+            .map(|active| (active.mix.clone(), active.drawn))
+    }
+
     /// Turns DynamoDB's transaction conflicts on (`Some`) or off. Items already held
     /// stay held until their transactions are answered.
     pub fn set_conflict_mode(&self, mode: Option<ConflictMode>) {
@@ -425,24 +705,39 @@ type ProxyResponse = Response<Full<Bytes>>;
 /// A request's one record. If its handler is dropped before it recorded an outcome, the
 /// caller hung up (its SDK attempt timed out) while the request was on its way or being
 /// executed: it is recorded as `"caller_gone"`, since the table may have applied it and
-/// it is a call all the same.
+/// it is a call all the same. A request the mix delayed is counted under `"delay"` too,
+/// whatever its outcome.
 struct RecordedOnce<'a> {
     shared: &'a Shared,
     operation: &'a str,
     done: AtomicBool,
+    delayed: AtomicBool,
 }
 
 impl RecordedOnce<'_> {
-    fn record(&self, outcome: &str, cause: Cause) {
+    /// `fault`: the fault that answered or cut the request (`cause` is then
+    /// [`Cause::Fault`]).
+    fn record(&self, outcome: &str, cause: Cause, fault: Option<Fault>) {
         self.done.store(true, Ordering::Relaxed);
-        lock(&self.shared.counts).record(self.operation, outcome, cause);
+        lock(&self.shared.counts).record(self.operation, outcome, cause, self.kind(fault));
+    }
+
+    fn kind(&self, fault: Option<Fault>) -> Option<&'static str> {
+        fault
+            .map(Fault::name)
+            .or_else(|| self.delayed.load(Ordering::Relaxed).then_some("delay"))
     }
 }
 
 impl Drop for RecordedOnce<'_> {
     fn drop(&mut self) {
         if !self.done.load(Ordering::Relaxed) {
-            lock(&self.shared.counts).record(self.operation, "caller_gone", Cause::Upstream);
+            lock(&self.shared.counts).record(
+                self.operation,
+                "caller_gone",
+                Cause::Upstream,
+                self.kind(None),
+            );
         }
     }
 }
@@ -456,8 +751,10 @@ async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Result<Proxy
         shared: &shared,
         operation: &operation,
         done: AtomicBool::new(false),
+        delayed: AtomicBool::new(false),
     };
-    let record = |outcome: &str, cause: Cause| once.record(outcome, cause);
+    let record = |outcome: &str, cause: Cause| once.record(outcome, cause, None);
+    let faulted = |outcome: &str, fault: Fault| once.record(outcome, Cause::Fault, Some(fault));
     // Whole before anything is decided: the conflict rule reads the items in it.
     let (parts, body) = request.into_parts();
     let body = match body.collect().await {
@@ -467,10 +764,14 @@ async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Result<Proxy
             return Err(Cut::Body(error));
         }
     };
-    let fault = lock(&shared.faults).decide(&operation);
+    let decision = lock(&shared.faults).decide(&operation);
+    let fault = match decision {
+        Decision::Fault(fault) => Some(fault),
+        Decision::Pass | Decision::Delay(_) => None,
+    };
     match fault {
         Some(Fault::Throttle) => {
-            record("400", Cause::Fault);
+            faulted("400", Fault::Throttle);
             return Ok(error_answer(
                 StatusCode::BAD_REQUEST,
                 &throttle_code(&operation),
@@ -478,7 +779,7 @@ async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Result<Proxy
             ));
         }
         Some(Fault::ServerError) => {
-            record("500", Cause::Fault);
+            faulted("500", Fault::ServerError);
             return Ok(error_answer(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "InternalServerError",
@@ -486,16 +787,22 @@ async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Result<Proxy
             ));
         }
         Some(Fault::ConnectionReset) => {
-            record("reset", Cause::Fault);
+            faulted("reset", Fault::ConnectionReset);
             return Err(Cut::Reset);
         }
         Some(Fault::TransactionConflict) => {
             if let Some(refusal) = conflict_refusal(&operation, &body) {
-                record("400", Cause::Fault);
+                faulted("400", Fault::TransactionConflict);
                 return Ok(refusal_answer(&refusal));
             }
         }
         Some(Fault::CommitThenDrop | Fault::CommitThenServerError) | None => {}
+    }
+    if let Decision::Delay(delay) = decision {
+        // On its way to the upstream: before the conflict mode sees it, so the delay
+        // holds no items.
+        once.delayed.store(true, Ordering::Relaxed);
+        tokio::time::sleep(delay).await;
     }
     let hold = match admit(&shared, &operation, &parts.headers, &body).await {
         Admission::Free => None,
@@ -514,11 +821,11 @@ async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Result<Proxy
     }
     match (answer, fault) {
         (Ok(_), Some(Fault::CommitThenDrop)) => {
-            record("dropped_after_commit", Cause::Fault);
+            faulted("dropped_after_commit", Fault::CommitThenDrop);
             Err(Cut::DroppedAfterCommit)
         }
         (Ok(_), Some(Fault::CommitThenServerError)) => {
-            record("500_after_commit", Cause::Fault);
+            faulted("500_after_commit", Fault::CommitThenServerError);
             Ok(error_answer(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "InternalServerError",
@@ -711,15 +1018,42 @@ async fn control(shared: &Shared, request: Request<Incoming>) -> ProxyResponse {
             conflicts_answer(shared)
         }
         (&Method::GET, "/__conflicts") => conflicts_answer(shared),
+        (&Method::PUT, "/__mix") => match read_json::<FaultMix>(body).await {
+            Ok(mix) => match mix.validate() {
+                Ok(()) => {
+                    lock(&shared.faults).set_mix(Some(mix));
+                    mix_answer(shared)
+                }
+                Err(invalid) => refused("bad_mix", invalid.to_string()),
+            },
+            Err(message) => refused("bad_mix", message),
+        },
+        (&Method::DELETE, "/__mix") => {
+            lock(&shared.faults).set_mix(None);
+            mix_answer(shared)
+        }
+        (&Method::GET, "/__mix") => mix_answer(shared),
         _ => json_answer(
             StatusCode::NOT_FOUND,
             &serde_json::json!({
                 "error": "not_found",
                 "message": "control routes: GET /__counts, POST /__reset, PUT|DELETE /__faults, \
-                            GET|PUT|DELETE /__conflicts"
+                            GET|PUT|DELETE /__conflicts, GET|PUT|DELETE /__mix"
             }),
         ),
     }
+}
+
+fn mix_answer(shared: &Shared) -> ProxyResponse {
+    let faults = lock(&shared.faults);
+    let mix = faults.mix.as_ref();
+    json_answer(
+        StatusCode::OK,
+        &serde_json::json!({
+            "mix": mix.map(|active| &active.mix),
+            "drawn": mix.map_or(0, |active| active.drawn),
+        }),
+    )
 }
 
 fn conflicts_answer(shared: &Shared) -> ProxyResponse {
