@@ -22,6 +22,7 @@ use chrono::{DateTime, Duration, Utc};
 
 use crate::error::StoreError;
 use crate::ids::{OrderId, SaleId};
+use crate::order::Reservation;
 use crate::ports::{ShardState, ShardTakers};
 
 /// How often the doubts older than a grab path are dropped.
@@ -55,6 +56,9 @@ struct SaleMarks {
     rechecking: bool,
     /// Per shard: the takes this process has in flight on it (see [`TakeSlot`]).
     in_flight: Vec<u32>,
+    /// Takes no one holds (their order is held on another shard) whose give-back
+    /// failed: the next grab of the sale in this process gives them back.
+    parked: Vec<(Reservation, u16)>,
 }
 
 impl SaleMarks {
@@ -211,6 +215,59 @@ impl SoldOutGate {
             marks.empty_since[usize::from(shard)] = Some(now);
             marks.takers[usize::from(shard)] = takers;
         });
+    }
+
+    /// A take on `shard` sent at `sent_at` landed: the shard had a unit then, so a mark
+    /// from before that is stale. A mark since may have seen the last unit go, and stays.
+    pub fn mark_stocked_if_seen_empty_before(
+        &self,
+        sale_id: &SaleId,
+        shards: u16,
+        shard: u16,
+        sent_at: DateTime<Utc>,
+    ) {
+        self.with_marks(sale_id, shards, |marks| {
+            let index = usize::from(shard);
+            if marks.empty_since[index].is_some_and(|since| since < sent_at) {
+                marks.empty_since[index] = None;
+                marks.takers[index] = ShardTakers::default();
+            }
+        });
+    }
+
+    /// `order`'s take on `shard`, if it had one, was given back: a mark that counted it
+    /// among the shard's takers is stale, since that unit is on the shard again.
+    pub fn reopen_if_taken_by(&self, sale_id: &SaleId, shards: u16, shard: u16, order: &OrderId) {
+        self.with_marks(sale_id, shards, |marks| {
+            let index = usize::from(shard);
+            if marks.empty_since[index].is_some() && marks.takers[index].include(order) {
+                marks.empty_since[index] = None;
+                marks.takers[index] = ShardTakers::default();
+            }
+        });
+    }
+
+    /// A take on `shard` that no one holds (`held` is its order's hold elsewhere), whose
+    /// give-back failed: kept for the next grab of the sale to give back.
+    pub fn park_superseded_take(&self, held: &Reservation, shard: u16) {
+        let mut sales = lock(&self.sales);
+        let marks = sales.entry(held.sale_id.clone()).or_default();
+        if !marks
+            .parked
+            .iter()
+            .any(|(parked, at)| parked.order_id == held.order_id && *at == shard)
+        {
+            marks.parked.push((held.clone(), shard));
+        }
+    }
+
+    /// The parked takes of the sale, handed to the grab that gives them back.
+    pub fn unpark_superseded_takes(
+        &self,
+        sale_id: &SaleId,
+        shards: u16,
+    ) -> Vec<(Reservation, u16)> {
+        self.with_marks(sale_id, shards, |marks| std::mem::take(&mut marks.parked))
     }
 
     pub fn mark_stocked(&self, sale_id: &SaleId, shards: u16, shard: u16) {

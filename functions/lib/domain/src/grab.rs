@@ -568,14 +568,22 @@ impl GrabService {
             SalePhase::Active => None,
         };
         if let Some(refusal) = halted {
-            return self
+            let outcome = self
                 .refuse_halted(order_id.as_ref(), user, attempt, refusal)
                 .await;
+            if let Ok(GrabOutcome::Resumed(held)) = &outcome {
+                self.hand_over(held).await;
+            }
+            return outcome;
         }
         let order_id = order_id.ok_or(AppError::InvalidToken)?;
         tally.doubt = Doubt::recall(&self.gate, &sale, &order_id);
         let mut walk = Walk::new(&sale, user, order_id.clone(), started, tally);
+        self.give_back_parked_takes(&sale).await;
         let outcome = self.take_a_unit(&mut walk, attempt).await;
+        if let Ok(GrabOutcome::Reserved(held) | GrabOutcome::Resumed(held)) = &outcome {
+            self.hand_over(held).await;
+        }
         std::mem::take(&mut tally.doubt).hand_on(
             &self.gate,
             &sale,
@@ -629,15 +637,17 @@ impl GrabService {
     /// first. Sold out as far as this process knows, so no write, unless this path's
     /// order may hold a unit: a request that repeats a winner's (with or without the
     /// retry header) is told so, for one read, instead of "sold out"; a take whose hold
-    /// never landed is finished by one reserve on its shard.
+    /// never landed is finished by one reserve on its shard. Before "sold out" the grab
+    /// waits for this process's takes in flight, and a recheck that could not read
+    /// answers 503 instead.
     async fn first_walk(
         &self,
         walk: &mut Walk<'_>,
         attempt: Attempt,
     ) -> Result<ControlFlow<GrabOutcome, Vec<u16>>, AppError> {
-        let mut shards = self
+        let (mut shards, unread) = self
             .shards_worth_a_write(walk.sale, walk.user, walk.started)
-            .await?;
+            .await;
         let doubted = walk.tally.doubt.shard.is_some();
         if shards.is_empty() && (doubted || attempt == Attempt::Retry) {
             // A doubted take elsewhere than the hold is no one's: it goes back now, or
@@ -652,6 +662,10 @@ impl GrabService {
         }
         if shards.is_empty() && !doubted {
             shards = self.once_takes_land(walk).await?;
+            if shards.is_empty() && unread {
+                // Its marks are stale and the table did not answer.
+                return Err(sold_out_unsettled());
+            }
             if shards.is_empty() {
                 return Ok(ControlFlow::Break(GrabOutcome::SoldOut(SoldOutBy::Gate)));
             }
@@ -714,11 +728,12 @@ impl GrabService {
         };
         walk.reservation.shard = shard;
         walk.tally.reserves += 1;
+        let sent_at = self.clock.now();
         let answer = self
             .ledger
             .reserve(walk.sale, shard, &walk.reservation)
             .await;
-        self.take_in(walk, shard, answer, slot).await
+        self.take_in(walk, shard, answer, slot, sent_at).await
     }
 
     /// What a reserve's answer on `shard` means for the grab. The slot frees only once
@@ -732,13 +747,16 @@ impl GrabService {
         shard: u16,
         answer: Result<Result<(), ReserveRefusal>, StoreError>,
         slot: TakeSlot,
+        sent_at: DateTime<Utc>,
     ) -> ShardAnswer {
         let (sale_id, shards) = (&walk.sale.sale_id, walk.sale.shards);
         match answer {
             Ok(Ok(())) => {
-                self.gate.mark_stocked(sale_id, shards, shard);
+                // The shard had a unit when this take landed: a mark from before it was
+                // sent is stale (one after it may have seen the last unit go).
+                self.gate
+                    .mark_stocked_if_seen_empty_before(sale_id, shards, shard, sent_at);
                 drop(slot);
-                self.hand_over(&walk.reservation).await;
                 ShardAnswer::Answered(Ok(GrabOutcome::Reserved(walk.reservation.clone())))
             }
             Ok(Err(ReserveRefusal::ShardEmpty(takers))) => {
@@ -764,15 +782,12 @@ impl GrabService {
                 ShardAnswer::Answered(Err(AppError::LimitReached))
             }
             Ok(Err(ReserveRefusal::AlreadyHeld)) => {
-                let held = self.resume(walk.order_id(), walk.user).await;
-                if let Ok(Some(held)) = &held
-                    && held.shard != shard
-                {
-                    // Held on another shard: a take of this request's here was given
-                    // back, so the shard may have its unit again.
-                    self.gate.mark_stocked(sale_id, shards, shard);
-                }
+                // Held already, so a take of this order's here was given back: a shard
+                // seen empty with this order among its takers has that unit again.
+                self.gate
+                    .reopen_if_taken_by(sale_id, shards, shard, walk.order_id());
                 drop(slot);
+                let held = self.resume(walk.order_id(), walk.user).await;
                 ShardAnswer::Answered(held.and_then(|held| {
                     held.map(GrabOutcome::Resumed)
                         .ok_or(AppError::OrderNotFound)
@@ -915,29 +930,27 @@ impl GrabService {
 
     /// The sale's shards that the gate thinks worth a write, in the buyer's order. If
     /// this grab drew the sale's one recheck turn of the interval, it first reads the
-    /// shards (one read, no write) and the gate takes in what came back. A recheck that
-    /// could not read leaves its grab nothing known to answer "sold out" on: a 503.
+    /// shards (one read, no write) and the gate takes in what came back. Whether that
+    /// read failed too: then its grab has nothing known to answer "sold out" on.
     async fn shards_worth_a_write(
         &self,
         sale: &Sale,
         user: &UserId,
         now: DateTime<Utc>,
-    ) -> Result<Vec<u16>, AppError> {
+    ) -> (Vec<u16>, bool) {
         let mut plan = self
             .gate
             .plan(&sale.sale_id, sale.shards, sale.shard_order(user), now);
+        let mut unread = false;
         if let Some(recheck) = plan.recheck.take() {
             let read = self.ledger.shard_states(sale).await;
-            let unread = read.is_err();
+            unread = read.is_err();
             recheck.settle(read, self.clock.now());
             plan = self
                 .gate
                 .plan(&sale.sale_id, sale.shards, sale.shard_order(user), now);
-            if unread && plan.shards.is_empty() {
-                return Err(sold_out_unsettled());
-            }
         }
-        Ok(plan.shards)
+        (plan.shards, unread)
     }
 
     /// Every shard was found empty, one of them with a take young enough to be undone
@@ -1002,19 +1015,16 @@ impl GrabService {
         Err(sold_out_unsettled())
     }
 
-    /// The path's order, if it is held and open: the hand-over is finished (the queue
-    /// deduplicates by order id) and the reservation answered again. A path whose order
-    /// is settled is used up (`InvalidToken`). `None`: no hold at all.
+    /// The path's order, if it is held and open, to answer again (the grab finishes its
+    /// hand-over when it answers; the queue deduplicates by order id). A path whose
+    /// order is settled is used up (`InvalidToken`). `None`: no hold at all.
     async fn resume(
         &self,
         order_id: &OrderId,
         user: &UserId,
     ) -> Result<Option<Reservation>, AppError> {
         match self.orders.find(order_id, user).await? {
-            Some((order, reservation)) if order.status.is_open() => {
-                self.hand_over(&reservation).await;
-                Ok(Some(reservation))
-            }
+            Some((order, reservation)) if order.status.is_open() => Ok(Some(reservation)),
             Some(_) => Err(AppError::InvalidToken),
             None => Ok(None),
         }
@@ -1043,7 +1053,7 @@ impl GrabService {
                     order_id = %held.order_id,
                     shard,
                     error = error as &dyn std::error::Error,
-                    "giving back a superseded take failed; the path's next request gives it back"
+                    "giving back a superseded take failed; the next grab gives it back"
                 );
             })?;
         if given_back {
@@ -1065,15 +1075,33 @@ impl GrabService {
         let held = self.resume(walk.order_id(), walk.user).await?;
         if let Some(held) = &held {
             walk.tally.doubt.resolve();
-            if let Err(error) = self.drop_if_superseded(walk.sale, held, shard).await {
-                // The take is still there, no one's: rather than answer the hold and
-                // leave it for the reconciler, the grab answers 503, and the path's
-                // next request comes back to this shard and gives it back.
-                walk.tally.doubt.suspect(shard);
-                return Err(error.into());
+            if self
+                .drop_if_superseded(walk.sale, held, shard)
+                .await
+                .is_err()
+            {
+                // The take is still there, no one's. The buyer holds their unit and is
+                // answered so; the take is parked with the gate, and the next grab of
+                // the sale in this process gives it back, within seconds rather than
+                // the reconciler's grace.
+                self.gate.park_superseded_take(held, shard);
             }
         }
         Ok(held)
+    }
+
+    /// Gives back the superseded takes parked with the gate for this sale (see
+    /// [`GrabService::held_after_all`]), before this grab walks: a unit no one holds is
+    /// this grab's to take. One that fails again stays parked for the next grab.
+    async fn give_back_parked_takes(&self, sale: &Sale) {
+        for (held, shard) in self
+            .gate
+            .unpark_superseded_takes(&sale.sale_id, sale.shards)
+        {
+            if self.drop_if_superseded(sale, &held, shard).await.is_err() {
+                self.gate.park_superseded_take(&held, shard);
+            }
+        }
     }
 
     /// Sends a committed reservation to the order consumer. If that fails, the hold

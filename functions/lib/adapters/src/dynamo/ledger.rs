@@ -49,7 +49,9 @@ use super::item::{
     self, ABANDONED, ACTIVE, AVAILABLE, GSI1_PK, GSI1_SK, GSI2_PK, GSI2_SK, Hold, Item, SHARD,
     STATUS, TAKERS, n, s,
 };
-use super::requests::{Consistency, ShardPart, Written, built, corrupt, names, values};
+use super::requests::{
+    ConflictAfterALostAnswer, Consistency, ShardPart, Written, built, corrupt, names, values,
+};
 use super::transact::{self, Attempted, in_request_order, transact_once};
 use super::{DynamoStore, Inconsistency, InvalidRequest, ReserveStart};
 
@@ -393,6 +395,10 @@ impl DynamoStore {
         let old = match self.write(RESERVE, take).await? {
             Written::Done => return Ok(Ok(Taken::Now)),
             Written::Contended => return Ok(Err(ReserveRefusal::Contended)),
+            // An earlier try may have taken the unit: not "nothing written".
+            Written::ContendedAfterALostAnswer => {
+                return Err(StoreError::transient(RESERVE, ConflictAfterALostAnswer));
+            }
             Written::Refused(Some(old)) => old,
             // The condition cannot fail on a missing shard without the old item, but a
             // missing old item means DynamoDB did not send it: ask.
@@ -474,7 +480,7 @@ impl DynamoStore {
             // undone, since another request of this order may share it and record the
             // hold (giving it back would leave that hold with no unit): the outcome is
             // unknown to the caller, whose next reserve on this shard finishes it.
-            Written::Contended => {
+            Written::Contended | Written::ContendedAfterALostAnswer => {
                 return Err(StoreError::transient(RESERVE, HoldContended { shard }));
             }
             // The condition cannot fail on a missing user item, so no old item means
@@ -554,7 +560,7 @@ impl DynamoStore {
         match self.write(RETURN_TAKE, void).await? {
             Written::Done => Ok(true),
             Written::Refused(_) => Ok(false),
-            Written::Contended => Err(StoreError::transient(
+            Written::Contended | Written::ContendedAfterALostAnswer => Err(StoreError::transient(
                 RETURN_TAKE,
                 ShardContended { shard: take.shard },
             )),

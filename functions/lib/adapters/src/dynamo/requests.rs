@@ -109,7 +109,7 @@ impl Intercept for LostAnswers {
         if self.sent.swap(false, Ordering::Relaxed)
             && context
                 .response()
-                .is_none_or(|response| response.status().is_server_error())
+                .is_none_or(|response| !response.status().is_client_error())
         {
             self.lost.store(true, Ordering::Relaxed);
         }
@@ -127,6 +127,9 @@ pub(super) enum Written {
     /// A transaction was in flight on the item (`TransactionConflictException`);
     /// nothing was written and nothing decided.
     Contended,
+    /// The same, but on the SDK's resend after a try whose answer was lost: that try
+    /// may have applied, so the write's outcome is unknown.
+    ContendedAfterALostAnswer,
 }
 
 /// Which attributes of the shards a read asks for.
@@ -206,7 +209,10 @@ impl DynamoStore {
                 Ok(match self.write(operation, update.clone()).await? {
                     Written::Done => Attempt::Finished(true),
                     Written::Refused(_) => Attempt::Finished(false),
-                    Written::Contended => Attempt::Contended(()),
+                    // Sent again in turn: once applied, its condition refuses it.
+                    Written::Contended | Written::ContendedAfterALostAnswer => {
+                        Attempt::Contended(())
+                    }
                 })
             })
             .await
@@ -217,8 +223,8 @@ impl DynamoStore {
     /// applied, and the refusal's old item tells the caller so.
     ///
     /// But a conflict says nothing was written only of the try it answers: when the SDK
-    /// resent the write after a try whose answer was lost, that try may have applied,
-    /// so the conflict leaves the outcome unknown.
+    /// resent the write after a try whose answer was lost, that try may have applied
+    /// ([`Written::ContendedAfterALostAnswer`]).
     pub(super) async fn write(
         &self,
         operation: &'static str,
@@ -236,7 +242,7 @@ impl DynamoStore {
             Some(UpdateItemError::TransactionConflictException(_)) => {
                 count_conflict(operation);
                 if lost.any() {
-                    return Err(StoreError::transient(operation, ConflictAfterALostAnswer));
+                    return Ok(Written::ContendedAfterALostAnswer);
                 }
                 Ok(Written::Contended)
             }
