@@ -3,6 +3,7 @@
 //! holds the scenarios that show them faithful, played on `DynamoStore` too.
 
 pub mod contract;
+pub mod simulation;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -346,6 +347,13 @@ pub struct InMemoryStore {
 impl InMemoryStore {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Records a reservation as `reserved` without taking a unit, as a take with no
+    /// stock condition would on an empty shard: an oversell, planted for the simulation's
+    /// checker to catch.
+    pub fn force_hold(&self, _sale: &Sale, reservation: &Reservation) {
+        locked(&self.state).hold(reservation);
     }
 
     /// Records a reservation as `reserved` with its unit taken, as a grab whose queue
