@@ -135,10 +135,11 @@ pub struct ContentionPolicy {
     /// shard) gives the take back, one write later. (Counted from the take, not from its
     /// grab's start: a grab may wait for a slot or out of contention for most of its
     /// budget before it takes.) A grab that found every shard empty, one of them with a
-    /// take this young, waits until that take is this old (within its budget) and reads
-    /// the shards once before it answers "sold out", so that a unit about to come back
-    /// is not answered as gone to every buyer in between; a take still this young when
-    /// the budget is spent, or a read that fails, is answered 503, not "sold out".
+    /// take this young, waits until that take is this old (at most one window past its
+    /// budget, inside the function's deadline) and reads the shards once before it
+    /// answers "sold out", so that a unit about to come back is not answered as gone to
+    /// every buyer in between; a take that read still finds this young, or a read that
+    /// fails, is answered 503, not "sold out".
     /// (This process's own reserves in flight are waited for as such: see
     /// [`SoldOutGate::takes_in_flight`].)
     pub undo_window: Duration,
@@ -954,11 +955,11 @@ impl GrabService {
     }
 
     /// Every shard was found empty, one of them with a take young enough to be undone
-    /// still: waits until it is not, or until the grab's budget is spent, then reads
-    /// every shard once (no write) and answers the shards the gate, told what the read
-    /// saw, now thinks worth a write. Once per grab; empty: sold out after all. Not
-    /// known, and so a 503 that the buyer's retry settles rather than "sold out": a read
-    /// that failed, or a take on an empty shard still young when the budget is spent.
+    /// still: waits until it is not (at most one undo window past the grab's budget),
+    /// then reads every shard once (no write) and answers the shards the gate, told what
+    /// the read saw, now thinks worth a write. Once per grab; empty: sold out after all.
+    /// Not known, and so a 503 that the buyer's retry settles rather than "sold out": a
+    /// read that failed, or a take on an empty shard that the read finds still young.
     async fn stock_back_from_undone_takes(
         &self,
         walk: &mut Walk<'_>,
@@ -967,7 +968,9 @@ impl GrabService {
             return Ok(Vec::new());
         };
         let sale = walk.sale;
-        let until = until.min(walk.started + self.contention.budget);
+        // Past the budget by one window at most: a take seen before the budget ran out
+        // is old by then, and the wait ends inside the function's deadline.
+        let until = until.min(walk.started + self.contention.budget + self.contention.undo_window);
         let wait = (until - self.clock.now()).to_std().unwrap_or_default();
         self.pause.pause(wait).await;
         let states = self.ledger.shard_states(sale).await.inspect_err(|error| {

@@ -558,10 +558,10 @@ async fn a_shard_whose_takes_are_past_their_undo_window_is_sold_out_at_once() {
 }
 
 #[tokio::test]
-async fn a_take_still_young_when_the_budget_is_spent_is_answered_503_not_sold_out() {
+async fn the_wait_for_an_undo_ends_one_window_past_the_grabs_budget() {
     // A take whose undo window (3 s here) outlasts the grab's budget: the grab, begun at
-    // 0.2 s, waits until its budget ends at 2.7 s, not until 3 s; the take may still be
-    // given back then, so "sold out" is not known.
+    // 0.2 s, waits until the take is past its window at 3 s (2.8 s), inside its budget
+    // plus one window, then reads once: the take stayed, so the sale is sold out.
     let (mut world, _) = a_sale_with_a_young_take(start()).await;
     let clock = Arc::new(ManualClock::new(start()));
     world.grabs.clock = clock.clone();
@@ -570,12 +570,44 @@ async fn a_take_still_young_when_the_budget_is_spent_is_answered_503_not_sold_ou
     world.grabs.contention.budget = Duration::milliseconds(2500);
     world.grabs.contention.undo_window = Duration::seconds(3);
     clock.set(start() + Duration::milliseconds(200));
-    world.grabs.pause = Arc::new(RecordedPauses::advancing(clock.clone()));
+    let pauses = Arc::new(RecordedPauses::advancing(clock.clone()));
+    world.grabs.pause = pauses.clone();
     let report = world
         .grabs
         .grab(&world.sale.sale_id, &token, &bob, Attempt::First)
         .await;
-    assert_eq!(report.reserves, 1);
+    assert_eq!(
+        (report.outcome.ok(), report.reserves),
+        (Some(GrabOutcome::SoldOut(SoldOutBy::Database)), 1)
+    );
+    assert_eq!(pauses.taken(), [std::time::Duration::from_millis(2800)]);
+}
+
+#[tokio::test]
+async fn a_take_the_read_finds_still_young_is_answered_503_not_sold_out() {
+    // While the grab waits out one young take, another buyer's take empties the shard
+    // again, its hold not yet landed: the read finds a take that may still be given
+    // back, so "sold out" is not known.
+    let (mut world, first) = a_sale_with_a_young_take(start()).await;
+    let pause = Arc::new(MeanwhileAtFirstPause {
+        meanwhile: std::sync::Mutex::new(None),
+        pauses: RecordedPauses::advancing(world.clock.clone()),
+    });
+    let (store, sale, clock) = (world.store.clone(), world.sale.clone(), world.clock.clone());
+    *pause.meanwhile.lock().unwrap() = Some(Box::new(move || {
+        store.undo_take(&sale, &first);
+        store.leave_take(
+            &sale,
+            Take {
+                shard: 0,
+                order_id: OrderId::new(sale.sale_id.clone()),
+                user_id: UserId::parse("frank").unwrap(),
+                taken_at: clock.now(),
+            },
+        );
+    }));
+    world.grabs.pause = pause.clone();
+    let report = world.grab("bob").await;
     let error = report
         .outcome
         .expect_err("a unit may still come back: not sold out");
