@@ -1001,8 +1001,8 @@ impl GrabService {
     /// Every shard is known empty. But a reserve in flight in this process may yet give
     /// its unit back (one whose hold is refused undoes its take before it answers): the
     /// grab waits for them to land, within its budget, and answers the shards that the
-    /// gate then thinks worth a write; none: sold out. Still in flight when the budget is
-    /// spent: "sold out" is not known, and the answer is a 503.
+    /// gate then thinks worth a write; none: sold out. Still in flight one undo window
+    /// past the budget: "sold out" is not known, and the answer is a 503.
     async fn once_takes_land(&self, walk: &Walk<'_>) -> Result<Vec<u16>, AppError> {
         let (sale_id, shards) = (&walk.sale.sale_id, walk.sale.shards);
         for _ in 0..MAX_POLLS_FOR_LANDING {
@@ -1010,7 +1010,11 @@ impl GrabService {
                 let order = walk.sale.shard_order(walk.user).collect();
                 return Ok(self.gate.still_worth_a_write(sale_id, shards, order));
             }
-            if self.clock.now() - walk.started >= self.contention.budget {
+            // As the wait for a young take: one undo window past the budget at most,
+            // inside the function's deadline; a take lands within a write's round trip.
+            if self.clock.now() - walk.started
+                >= self.contention.budget + self.contention.undo_window
+            {
                 break;
             }
             self.pause.pause(LANDING_POLL).await;
