@@ -419,6 +419,9 @@ const GRAB: &str = "grab";
 const LANDING_POLL: std::time::Duration = std::time::Duration::from_millis(10);
 /// A bound on those looks besides the budget (a clock that stands still in a test).
 const MAX_POLLS_FOR_LANDING: u32 = 300;
+/// Reads of the shards a grab makes while young takes may yet be given back: each
+/// waits for the youngest it saw, so more are rare (takes younger still, in a surge).
+const MAX_LOOKS_FOR_UNDONE_TAKES: u32 = 3;
 
 /// Every shard was seen empty, but a unit could still come back when the grab had to
 /// answer: a take in flight or young, or a read that failed. "Sold out" is not known;
@@ -964,38 +967,49 @@ impl GrabService {
         &self,
         walk: &mut Walk<'_>,
     ) -> Result<Vec<u16>, AppError> {
-        let Some(until) = walk.undo_possible_until.take() else {
+        let Some(mut until) = walk.undo_possible_until.take() else {
             return Ok(Vec::new());
         };
         let sale = walk.sale;
-        // Past the budget by one window at most: a take seen before the budget ran out
-        // is old by then, and the wait ends inside the function's deadline.
-        let until = until.min(walk.started + self.contention.budget + self.contention.undo_window);
-        let wait = (until - self.clock.now()).to_std().unwrap_or_default();
-        self.pause.pause(wait).await;
-        let states = self.ledger.shard_states(sale).await.inspect_err(|error| {
-            tracing::warn!(
-                sale_id = %sale.sale_id,
-                error = error as &dyn std::error::Error,
-                "could not read the shards after a young take; answering 503, not sold out"
-            );
-        })?;
-        let now = self.clock.now();
+        // One undo window past the budget at most: a take seen before the budget ran
+        // out is old by then, and the wait ends inside the function's deadline.
+        let last_look = walk.started + self.contention.budget + self.contention.undo_window;
         let undo_window = self.contention.undo_window;
-        let still_young = states
-            .iter()
-            .filter(|state| state.available == 0)
-            .filter_map(|state| state.takers.latest_take())
-            .any(|taken| taken + undo_window > now);
-        self.gate.apply(&sale.sale_id, states, now);
-        let shards = self
-            .gate
-            .plan(&sale.sale_id, sale.shards, sale.shard_order(walk.user), now)
-            .shards;
-        if shards.is_empty() && still_young {
-            return Err(sold_out_unsettled());
+        for _ in 0..MAX_LOOKS_FOR_UNDONE_TAKES {
+            let wait = (until.min(last_look) - self.clock.now())
+                .to_std()
+                .unwrap_or_default();
+            self.pause.pause(wait).await;
+            let states = self.ledger.shard_states(sale).await.inspect_err(|error| {
+                tracing::warn!(
+                    sale_id = %sale.sale_id,
+                    error = error as &dyn std::error::Error,
+                    "could not read the shards after a young take; answering 503, not sold out"
+                );
+            })?;
+            let now = self.clock.now();
+            // The read covers every shard: another one's last take may be younger than
+            // the one waited for.
+            let youngest = states
+                .iter()
+                .filter(|state| state.available == 0)
+                .filter_map(|state| state.takers.latest_take())
+                .map(|taken| taken + undo_window)
+                .filter(|undo_until| *undo_until > now)
+                .max();
+            self.gate.apply(&sale.sale_id, states, now);
+            let shards = self
+                .gate
+                .plan(&sale.sale_id, sale.shards, sale.shard_order(walk.user), now)
+                .shards;
+            match youngest {
+                _ if !shards.is_empty() => return Ok(shards),
+                None => return Ok(shards),
+                Some(young_until) if now < last_look => until = young_until,
+                Some(_) => break,
+            }
         }
-        Ok(shards)
+        Err(sold_out_unsettled())
     }
 
     /// Every shard is known empty. But a reserve in flight in this process may yet give

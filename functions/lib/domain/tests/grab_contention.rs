@@ -583,12 +583,12 @@ async fn the_wait_for_an_undo_ends_one_window_past_the_grabs_budget() {
     assert_eq!(pauses.taken(), [std::time::Duration::from_millis(2800)]);
 }
 
-#[tokio::test]
-async fn a_take_the_read_finds_still_young_is_answered_503_not_sold_out() {
-    // While the grab waits out one young take, another buyer's take empties the shard
-    // again, its hold not yet landed: the read finds a take that may still be given
-    // back, so "sold out" is not known.
+/// A sale whose one young take is undone while a refused grab waits for it, and another
+/// buyer's take, its hold not landed yet, empties the shard again: the read finds a take
+/// younger than the one waited for.
+async fn a_younger_take_meanwhile(budget: Duration) -> (World, Arc<MeanwhileAtFirstPause>) {
     let (mut world, first) = a_sale_with_a_young_take(start()).await;
+    world.grabs.contention.budget = budget;
     let pause = Arc::new(MeanwhileAtFirstPause {
         meanwhile: std::sync::Mutex::new(None),
         pauses: RecordedPauses::advancing(world.clock.clone()),
@@ -607,6 +607,35 @@ async fn a_take_the_read_finds_still_young_is_answered_503_not_sold_out() {
         );
     }));
     world.grabs.pause = pause.clone();
+    (world, pause)
+}
+
+#[tokio::test]
+async fn a_younger_take_the_read_finds_is_waited_for_too() {
+    let (world, pause) = a_younger_take_meanwhile(ContentionPolicy::DEFAULT.budget).await;
+    let reads_before = world.store.availability_reads.load(Ordering::SeqCst);
+    let report = world.grab("bob").await;
+    assert_eq!(
+        report.outcome.ok(),
+        Some(GrabOutcome::SoldOut(SoldOutBy::Database)),
+        "frank's take stayed: sold out, from the table"
+    );
+    assert_eq!(
+        pause.pauses.taken(),
+        [std::time::Duration::from_secs(1); 2],
+        "one window for each take"
+    );
+    assert_eq!(
+        world.store.availability_reads.load(Ordering::SeqCst) - reads_before,
+        2
+    );
+}
+
+#[tokio::test]
+async fn a_take_still_young_at_the_last_look_is_answered_503_not_sold_out() {
+    // The grab's last look is one undo window past its budget (0.5 s here): frank's take,
+    // a second old by then, may still be given back, so "sold out" is not known.
+    let (world, _) = a_younger_take_meanwhile(Duration::milliseconds(500)).await;
     let report = world.grab("bob").await;
     let error = report
         .outcome
