@@ -842,32 +842,39 @@ async fn a_recheck_that_cannot_read_is_answered_503_and_the_marks_it_kept_say_so
     );
 }
 
-#[tokio::test]
-async fn a_take_given_back_because_its_order_is_held_elsewhere_reopens_its_shard_in_the_gate() {
-    // A double click: the path's order is held on one shard, and its other request took
-    // a unit on another, a shard the gate had since seen empty. The hold is refused, the
-    // take goes back, and the gate must know that shard has its unit again, or this
-    // process answers "sold out" with a unit on it.
+/// A sale of one unit on each of two shards, and bob's grab path, whose order is held
+/// on the second shard of bob's order: its path, its order and bob's shard order.
+async fn a_path_held_on_its_second_shard() -> (World, UserId, String, OrderId, Vec<u16>) {
     let world = World::new(2, 2, []).await;
     let bob = UserId::parse("bob").unwrap();
     let order: Vec<u16> = world.sale.shard_order(&bob).collect();
     let (token, order_id) = world.path_of(&bob).await;
-    let held_on = order[1];
     let held = flashsale_domain::Reservation {
         order_id: order_id.clone(),
         sale_id: world.sale.sale_id.clone(),
         user_id: bob.clone(),
-        shard: held_on,
+        shard: order[1],
         created_at: start(),
         expires_at: world.sale.payment_deadline(start()),
         price: world.sale.price,
     };
     world
         .store
-        .reserve(&world.sale, held_on, &held)
+        .reserve(&world.sale, order[1], &held)
         .await
         .unwrap()
         .expect("held");
+    (world, bob, token, order_id, order)
+}
+
+#[tokio::test]
+async fn a_take_given_back_because_its_order_is_held_elsewhere_reopens_its_shard_in_the_gate() {
+    // A double click: the path's order is held on one shard, and its other request took
+    // a unit on another, a shard the gate had since seen empty. The hold is refused, the
+    // take goes back, and the gate must know that shard has its unit again, or this
+    // process answers "sold out" with a unit on it.
+    let (world, bob, token, order_id, order) = a_path_held_on_its_second_shard().await;
+    let held_on = order[1];
     let (gate, sale_id, shards) = (&world.grabs.gate, &world.sale.sale_id, world.sale.shards);
     gate.mark_empty(
         sale_id,
@@ -899,26 +906,8 @@ async fn a_superseded_take_whose_give_back_fails_is_given_back_by_the_next_grab_
     // take on another shard was left in doubt there. Giving that take back fails: the
     // buyer is answered their hold, but the unit must not stay taken by no one until
     // the reconciler's grace, while the gate says sold out: the next grab gives it back.
-    let world = World::new(2, 2, []).await;
-    let bob = UserId::parse("bob").unwrap();
-    let order: Vec<u16> = world.sale.shard_order(&bob).collect();
-    let (token, order_id) = world.path_of(&bob).await;
+    let (world, bob, token, order_id, order) = a_path_held_on_its_second_shard().await;
     let (held_on, taken_on) = (order[1], order[0]);
-    let held = flashsale_domain::Reservation {
-        order_id: order_id.clone(),
-        sale_id: world.sale.sale_id.clone(),
-        user_id: bob.clone(),
-        shard: held_on,
-        created_at: start(),
-        expires_at: world.sale.payment_deadline(start()),
-        price: world.sale.price,
-    };
-    world
-        .store
-        .reserve(&world.sale, held_on, &held)
-        .await
-        .unwrap()
-        .expect("held");
     world.store.leave_take(
         &world.sale,
         Take {
