@@ -54,6 +54,10 @@ struct SaleMarks {
     doubts_pruned_at: Option<DateTime<Utc>>,
     /// A [`Recheck`] of this sale is out, so no other is handed out.
     rechecking: bool,
+    /// When the last recheck failed to read: a failing store is asked once an interval,
+    /// not once a grab, and the stale marks meanwhile say nothing (see
+    /// [`GatePlan::stale`]).
+    recheck_failed_at: Option<DateTime<Utc>>,
     /// Per shard: the takes this process has in flight on it (see [`TakeSlot`]).
     in_flight: Vec<u32>,
     /// Takes no one holds (their order is held on another shard) whose give-back
@@ -62,6 +66,14 @@ struct SaleMarks {
 }
 
 impl SaleMarks {
+    /// Some shard's mark is older than `recheck_after` at `now`.
+    fn stale_at(&self, now: DateTime<Utc>, recheck_after: Duration) -> bool {
+        self.empty_since
+            .iter()
+            .flatten()
+            .any(|since| now - *since >= recheck_after)
+    }
+
     /// The shard exists and is not known to be empty.
     fn worth_a_write(&self, shard: u16) -> bool {
         self.empty_since
@@ -77,6 +89,10 @@ pub struct GatePlan {
     pub shards: Vec<u16>,
     /// This grab's turn to recheck the sale's stale marks, if it has it.
     pub recheck: Option<Recheck>,
+    /// Some mark is older than the recheck interval: what it says empty may have had a
+    /// unit back since (a cancel, a lapse), so it keeps writes away from that shard,
+    /// but it cannot answer "sold out".
+    pub stale: bool,
 }
 
 impl SoldOutGate {
@@ -116,19 +132,30 @@ impl SoldOutGate {
             let shards = preference
                 .filter(|&shard| marks.worth_a_write(shard))
                 .collect();
-            let stale = marks
-                .empty_since
-                .iter()
-                .flatten()
-                .any(|since| now - *since >= self.recheck_after);
-            let recheck = (stale && !marks.rechecking).then(|| {
+            let stale = marks.stale_at(now, self.recheck_after);
+            let failed_lately = marks
+                .recheck_failed_at
+                .is_some_and(|failed| now - failed < self.recheck_after);
+            let recheck = (stale && !marks.rechecking && !failed_lately).then(|| {
                 marks.rechecking = true;
                 Recheck {
                     gate: self.clone(),
                     sale_id: sale_id.clone(),
                 }
             });
-            GatePlan { shards, recheck }
+            GatePlan {
+                shards,
+                recheck,
+                stale,
+            }
+        })
+    }
+
+    /// Whether some mark of the sale was older than the recheck interval at `at`: a
+    /// grab that began then cannot answer "sold out" on it (see [`GatePlan::stale`]).
+    pub fn has_stale_marks(&self, sale_id: &SaleId, shards: u16, at: DateTime<Utc>) -> bool {
+        self.with_marks(sale_id, shards, |marks| {
+            marks.stale_at(at, self.recheck_after)
         })
     }
 
@@ -202,7 +229,8 @@ impl SoldOutGate {
         }
     }
 
-    /// `shard` was seen empty at `now`, held by `takers`.
+    /// `shard` was seen empty at `now` or later, held by `takers`: callers date what a
+    /// call saw by when they sent it, so a mark is never younger than what it saw.
     pub fn mark_empty(
         &self,
         sale_id: &SaleId,
@@ -325,8 +353,8 @@ impl SoldOutGate {
         });
     }
 
-    /// Takes in what a read of every shard saw at `now`: a recheck's, or a grab's that
-    /// waited out a young take.
+    /// Takes in what a read of every shard sent at `now` saw: a recheck's, or a grab's
+    /// that waited out a young take.
     pub fn apply(&self, sale_id: &SaleId, states: Vec<ShardState>, now: DateTime<Utc>) {
         let shards = u16::try_from(states.len()).unwrap_or(u16::MAX);
         self.with_marks(sale_id, shards, |marks| {
@@ -342,12 +370,12 @@ impl SoldOutGate {
         });
     }
 
-    /// A recheck that could not read: the marks are trusted for one more interval.
-    fn postpone(&self, sale_id: &SaleId, now: DateTime<Utc>) {
+    /// A recheck that could not read: the next is handed out an interval later. The
+    /// marks stay as old as they are: renewing them would let a mark seen long ago
+    /// answer "sold out" through a whole outage, with a unit back on the shard.
+    fn note_failed_recheck(&self, sale_id: &SaleId, now: DateTime<Utc>) {
         if let Some(marks) = lock(&self.sales).get_mut(sale_id) {
-            for since in marks.empty_since.iter_mut().flatten() {
-                *since = now;
-            }
+            marks.recheck_failed_at = Some(now);
         }
     }
 }
@@ -362,8 +390,8 @@ pub struct Recheck {
 
 impl Recheck {
     /// Takes in the answer of the read of every shard that the holder of this turn made
-    /// at `now`. A read that failed leaves the marks trusted for one more interval, so
-    /// a failing store is asked once per interval, not once per grab.
+    /// at `now`. After a read that failed the next recheck waits an interval, so a
+    /// failing store is asked once per interval, not once per grab.
     pub fn settle(self, read: Result<Vec<ShardState>, StoreError>, now: DateTime<Utc>) {
         match read {
             Ok(states) => self.gate.apply(&self.sale_id, states, now),
@@ -373,7 +401,7 @@ impl Recheck {
                     error = &error as &dyn std::error::Error,
                     "the sold-out recheck could not read the stock; trying again next interval"
                 );
-                self.gate.postpone(&self.sale_id, now);
+                self.gate.note_failed_recheck(&self.sale_id, now);
             }
         }
     }
@@ -524,11 +552,15 @@ mod tests {
         assert_eq!(after.shards, [1]);
         assert!(after.recheck.is_none(), "the empty shards were just seen");
 
-        gate.postpone(&sale, later + Duration::milliseconds(900));
+        let failed_at = later + Duration::milliseconds(1_200);
+        gate.note_failed_recheck(&sale, failed_at);
+        let after_the_failure = plan(&gate, &sale, failed_at + Duration::milliseconds(500));
+        assert!(after_the_failure.recheck.is_none(), "one read an interval");
+        assert!(after_the_failure.stale, "the old marks cannot say sold out");
         assert!(
-            plan(&gate, &sale, later + Duration::milliseconds(1500))
+            plan(&gate, &sale, failed_at + Duration::seconds(1))
                 .recheck
-                .is_none()
+                .is_some()
         );
     }
 }

@@ -642,14 +642,14 @@ impl GrabService {
     /// order may hold a unit: a request that repeats a winner's (with or without the
     /// retry header) is told so, for one read, instead of "sold out"; a take whose hold
     /// never landed is finished by one reserve on its shard. Before "sold out" the grab
-    /// waits for this process's takes in flight, and a recheck that could not read
-    /// answers 503 instead.
+    /// waits for this process's takes in flight, and marks too old to trust (a recheck
+    /// that could not read) answer 503 instead.
     async fn first_walk(
         &self,
         walk: &mut Walk<'_>,
         attempt: Attempt,
     ) -> Result<ControlFlow<GrabOutcome, Vec<u16>>, AppError> {
-        let (mut shards, unread) = self
+        let (mut shards, stale) = self
             .shards_worth_a_write(walk.sale, walk.user, walk.started)
             .await;
         let doubted = walk.tally.doubt.shard.is_some();
@@ -666,8 +666,8 @@ impl GrabService {
         }
         if shards.is_empty() && !doubted {
             shards = self.once_takes_land(walk).await?;
-            if shards.is_empty() && unread {
-                // Its marks are stale and the table did not answer.
+            if shards.is_empty() && stale {
+                // Its marks are stale, and the table did not answer or was not asked.
                 return Err(sold_out_unsettled());
             }
             if shards.is_empty() {
@@ -776,7 +776,10 @@ impl GrabService {
                         .doubt
                         .refute(&self.gate, walk.sale, order_id, now);
                 }
-                self.gate.mark_empty(sale_id, shards, shard, takers, now);
+                // Dated when the reserve was sent: the shard was empty at some instant
+                // between then and now, and a unit may have come back since.
+                self.gate
+                    .mark_empty(sale_id, shards, shard, takers, sent_at);
                 ShardAnswer::Empty
             }
             Ok(Err(ReserveRefusal::LimitReached)) => {
@@ -875,6 +878,16 @@ impl GrabService {
                 landed => landed,
             };
             return match back {
+                // A shard this walk did not try was seen empty too long ago to say so
+                // (its recheck failed): a unit may be back there.
+                Ok(shards)
+                    if shards.is_empty()
+                        && self
+                            .gate
+                            .has_stale_marks(sale_id, shard_count, walk.started) =>
+                {
+                    ControlFlow::Break(Err(sold_out_unsettled()))
+                }
                 Ok(shards) if shards.is_empty() => {
                     ControlFlow::Break(Ok(GrabOutcome::SoldOut(SoldOutBy::Database)))
                 }
@@ -934,8 +947,9 @@ impl GrabService {
 
     /// The sale's shards that the gate thinks worth a write, in the buyer's order. If
     /// this grab drew the sale's one recheck turn of the interval, it first reads the
-    /// shards (one read, no write) and the gate takes in what came back. Whether that
-    /// read failed too: then its grab has nothing known to answer "sold out" on.
+    /// shards (one read, no write) and the gate takes in what came back. Whether some
+    /// mark is stale still (the read failed, or another grab has the turn): then its
+    /// grab has nothing known to answer "sold out" on.
     async fn shards_worth_a_write(
         &self,
         sale: &Sale,
@@ -945,16 +959,16 @@ impl GrabService {
         let mut plan = self
             .gate
             .plan(&sale.sale_id, sale.shards, sale.shard_order(user), now);
-        let mut unread = false;
         if let Some(recheck) = plan.recheck.take() {
+            // What the read saw is dated when it was sent, as the reserve's refusals are.
+            let sent_at = self.clock.now();
             let read = self.ledger.shard_states(sale).await;
-            unread = read.is_err();
-            recheck.settle(read, self.clock.now());
+            recheck.settle(read, sent_at);
             plan = self
                 .gate
                 .plan(&sale.sale_id, sale.shards, sale.shard_order(user), now);
         }
-        (plan.shards, unread)
+        (plan.shards, plan.stale)
     }
 
     /// Every shard was found empty, one of them with a take young enough to be undone
@@ -980,6 +994,7 @@ impl GrabService {
                 .to_std()
                 .unwrap_or_default();
             self.pause.pause(wait).await;
+            let sent_at = self.clock.now();
             let states = self.ledger.shard_states(sale).await.inspect_err(|error| {
                 tracing::warn!(
                     sale_id = %sale.sale_id,
@@ -997,7 +1012,7 @@ impl GrabService {
                 .map(|taken| taken + undo_window)
                 .filter(|undo_until| *undo_until > now)
                 .max();
-            self.gate.apply(&sale.sale_id, states, now);
+            self.gate.apply(&sale.sale_id, states, sent_at);
             let shards = self
                 .gate
                 .plan(&sale.sale_id, sale.shards, sale.shard_order(walk.user), now)

@@ -8,7 +8,10 @@ use std::sync::atomic::Ordering;
 
 use chrono::{DateTime, Duration, TimeZone, Utc};
 use flashsale_domain::gate::SoldOutGate;
-use flashsale_domain::ports::{Clock, OrderBook, SaleCatalog, StockLedger, Take};
+use flashsale_domain::ports::{
+    Clock, OrderBook, ReserveRefusal, SaleCatalog, Settlement, ShardState, StockLedger, Take,
+    TakeReturn,
+};
 use flashsale_domain::service::{
     Attempt, CachedBlocklist, ContentionPolicy, GrabOutcome, GrabReport, GrabService, SoldOutBy,
 };
@@ -18,7 +21,7 @@ use flashsale_domain::testing::{
     ReserveScript, ScriptedLedger, SeededIds,
 };
 use flashsale_domain::token::GrabTokenSigner;
-use flashsale_domain::{AppError, OrderId, OrderStatus, Sale, UserId};
+use flashsale_domain::{AppError, OrderId, OrderStatus, ReleaseReason, Sale, StoreError, UserId};
 
 use ReserveScript::{CommitThenFail, Contend, FailBefore, NotAttempted};
 
@@ -41,6 +44,17 @@ struct World {
 impl World {
     /// A sale of `stock` on `shards`, its reserves played through `script`.
     async fn new(stock: i64, shards: i64, script: impl IntoIterator<Item = ReserveScript>) -> Self {
+        Self::over(stock, shards, script, |store, _| store).await
+    }
+
+    /// As [`World::new`], the script playing over the ledger `ledger` makes of the store
+    /// and the clock.
+    async fn over(
+        stock: i64,
+        shards: i64,
+        script: impl IntoIterator<Item = ReserveScript>,
+        ledger: impl FnOnce(Arc<InMemoryStore>, Arc<ManualClock>) -> Arc<dyn StockLedger>,
+    ) -> Self {
         let store = Arc::new(InMemoryStore::new());
         let sale = testing::sale(stock, shards)
             .id("phone")
@@ -48,9 +62,12 @@ impl World {
             .per_user_limit(1)
             .build();
         assert!(store.create_sale(&sale).await.unwrap());
-        let ledger = Arc::new(ScriptedLedger::new(store.clone(), script));
-        let queue = Arc::new(RecordingQueue::default());
         let manual_clock = Arc::new(ManualClock::new(start()));
+        let ledger = Arc::new(ScriptedLedger::new(
+            ledger(store.clone(), manual_clock.clone()),
+            script,
+        ));
+        let queue = Arc::new(RecordingQueue::default());
         let pauses = Arc::new(RecordedPauses::advancing(manual_clock.clone()));
         let clock: Arc<dyn Clock> = manual_clock.clone();
         let grabs = GrabService {
@@ -820,26 +837,190 @@ async fn a_read_that_fails_after_a_young_take_is_answered_503_not_sold_out() {
 }
 
 #[tokio::test]
-async fn a_recheck_that_cannot_read_is_answered_503_and_the_marks_it_kept_say_sold_out() {
+async fn a_unit_back_while_the_recheck_cannot_read_is_never_answered_sold_out_from_stale_marks() {
+    // Found by the simulation (seed 48007): a store outage began just after a cancel
+    // gave a unit back to a shard this process had seen empty. Every recheck failed,
+    // each failure renewed the old mark, and the first grabs after the outage were told
+    // "sold out" with the unit on the shard, 13 s after the shard was last seen.
     let world = World::new(1, 1, []).await;
-    reserved(&world.grab("alice").await);
+    let alice = reserved(&world.grab("alice").await).clone();
     assert_eq!(
         world.grab("bob").await.outcome.ok(),
         Some(GrabOutcome::SoldOut(SoldOutBy::Database))
     );
+    world
+        .store
+        .release(&alice, ReleaseReason::Cancelled, start())
+        .await
+        .unwrap();
     // Past the recheck interval, the grab that draws the recheck cannot read.
     world.clock.advance(Duration::seconds(2));
     world.ledger.fail_next_reads(1);
-    let report = world.grab("carol").await;
-    let error = report
+    let error = world
+        .grab("carol")
+        .await
         .outcome
         .expect_err("its marks are stale and the table did not answer");
     assert!(error.is_retryable(), "{error:?}");
-    // The marks were the table's answer, trusted one interval more: the gate says so.
+    // The next grab of the interval has only the stale mark: a 503, and the failing
+    // store is not read again within the interval.
+    let reads_before = world.store.availability_reads.load(Ordering::SeqCst);
+    world.clock.advance(Duration::milliseconds(500));
+    let error = world
+        .grab("dave")
+        .await
+        .outcome
+        .expect_err("a mark older than the interval cannot say sold out");
+    assert!(error.is_retryable(), "{error:?}");
     assert_eq!(
-        world.grab("dave").await.outcome.ok(),
-        Some(GrabOutcome::SoldOut(SoldOutBy::Gate))
+        world.store.availability_reads.load(Ordering::SeqCst),
+        reads_before,
+        "one recheck an interval, failed or not"
     );
+    // An interval after the failed read, the next grab rechecks, and gets the unit.
+    world.clock.advance(Duration::milliseconds(600));
+    reserved(&world.grab("erin").await);
+}
+
+#[tokio::test]
+async fn a_walk_that_finds_its_shards_empty_does_not_answer_sold_out_on_another_shards_stale_mark()
+{
+    // Found by the simulation (seed 48425): after a store outage, a grab walked the
+    // shards the gate had no mark on, found them empty, and answered "sold out" though
+    // the one it skipped, marked empty 40 s before, had a unit back.
+    let world = World::new(2, 2, []).await;
+    let bob = UserId::parse("bob").unwrap();
+    let order = world.order_of("bob");
+    let (first, second) = (order[0], order[1]);
+    let (token, _) = world.path_of(&bob).await;
+    // The second shard was seen empty long ago and has its unit; the first is empty
+    // now, which this process has not seen.
+    world.grabs.gate.mark_empty(
+        &world.sale.sale_id,
+        world.sale.shards,
+        second,
+        Default::default(),
+        start() - Duration::seconds(40),
+    );
+    let alice = UserId::parse("alice").unwrap();
+    world
+        .hold(&world.path_of(&alice).await.1, &alice, first)
+        .await;
+    // Alice's take is past its undo window: nothing to wait for.
+    world.clock.advance(Duration::seconds(2));
+    world.ledger.fail_next_reads(1);
+    let report = world
+        .grabs
+        .grab(&world.sale.sale_id, &token, &bob, Attempt::First)
+        .await;
+    let error = report
+        .outcome
+        .expect_err("a shard was last seen 40 s ago: not known sold out");
+    assert!(error.is_retryable(), "{error:?}");
+    // An interval later, the recheck reads the unit and the retry takes it.
+    world.clock.advance(Duration::milliseconds(1_100));
+    let retried = world
+        .grabs
+        .grab(&world.sale.sale_id, &token, &bob, Attempt::Retry)
+        .await;
+    assert!(
+        matches!(&retried.outcome, Ok(GrabOutcome::Reserved(held)) if held.shard == second),
+        "{:?}",
+        retried.outcome
+    );
+}
+
+/// A store whose reserve answers arrive 200 ms after it read the shard, and which gives
+/// `comes_back`'s unit back in between, after refusing a reserve as empty.
+struct LateRefusals {
+    store: Arc<InMemoryStore>,
+    clock: Arc<ManualClock>,
+    comes_back: Arc<std::sync::Mutex<Option<flashsale_domain::Reservation>>>,
+}
+
+#[async_trait::async_trait]
+impl StockLedger for LateRefusals {
+    async fn reserve(
+        &self,
+        sale: &Sale,
+        shard: u16,
+        reservation: &flashsale_domain::Reservation,
+    ) -> Result<Result<(), ReserveRefusal>, StoreError> {
+        let answer = self.store.reserve(sale, shard, reservation).await;
+        let back = self.comes_back.lock().unwrap().take();
+        if let (Some(back), Ok(Err(ReserveRefusal::ShardEmpty(_)))) = (back, &answer) {
+            let now = self.clock.now();
+            self.store
+                .release(&back, ReleaseReason::Cancelled, now)
+                .await?;
+        }
+        self.clock.advance(Duration::milliseconds(200));
+        answer
+    }
+
+    async fn availability(&self, sale: &Sale) -> Result<Vec<u64>, StoreError> {
+        self.store.availability(sale).await
+    }
+
+    async fn shard_states(&self, sale: &Sale) -> Result<Vec<ShardState>, StoreError> {
+        self.store.shard_states(sale).await
+    }
+
+    async fn release(
+        &self,
+        reservation: &flashsale_domain::Reservation,
+        reason: ReleaseReason,
+        now: DateTime<Utc>,
+    ) -> Result<Settlement, StoreError> {
+        self.store.release(reservation, reason, now).await
+    }
+
+    async fn drop_superseded_take(
+        &self,
+        reservation: &flashsale_domain::Reservation,
+        shard: u16,
+    ) -> Result<bool, StoreError> {
+        self.store.drop_superseded_take(reservation, shard).await
+    }
+
+    async fn unaccounted_takes(&self, sale: &Sale) -> Result<Vec<Take>, StoreError> {
+        self.store.unaccounted_takes(sale).await
+    }
+
+    async fn return_take(&self, take: &Take, now: DateTime<Utc>) -> Result<TakeReturn, StoreError> {
+        self.store.return_take(take, now).await
+    }
+}
+
+#[tokio::test]
+async fn a_shard_seen_empty_is_marked_as_of_when_the_reserve_was_sent_not_when_its_answer_came() {
+    // Found by the simulation: a unit came back while a refusal was on its way, and the
+    // gate, dating the mark by the answer, trusted it past the recheck interval of what
+    // the store had seen: "sold out" 1.001 s after the unit was back.
+    let comes_back = Arc::new(std::sync::Mutex::new(None));
+    let slot = comes_back.clone();
+    let world = World::over(1, 1, [], |store, clock| {
+        Arc::new(LateRefusals {
+            store,
+            clock,
+            comes_back: slot,
+        })
+    })
+    .await;
+    let alice = reserved(&world.grab("alice").await).clone();
+    // Alice's take is past its undo window: nothing to wait for.
+    world.clock.advance(Duration::seconds(2));
+    let sent = world.clock.now();
+    *comes_back.lock().unwrap() = Some(alice);
+    assert_eq!(
+        world.grab("bob").await.outcome.ok(),
+        Some(GrabOutcome::SoldOut(SoldOutBy::Database)),
+        "the shard was empty when the store read it"
+    );
+    // An interval after bob's reserve was sent, though not after its answer came: the
+    // mark is stale, and the recheck finds alice's unit back.
+    world.clock.set(sent + Duration::milliseconds(1_050));
+    reserved(&world.grab("carol").await);
 }
 
 /// A sale of one unit on each of two shards, and bob's grab path, whose order is held

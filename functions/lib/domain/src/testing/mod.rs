@@ -230,9 +230,10 @@ struct State {
     paid_at: HashMap<OrderId, DateTime<Utc>>,
     /// The status each refunded order was refunded from.
     refunded_from: HashMap<OrderId, OrderStatus>,
-    /// Units taken from a shard by a reserve that never recorded its hold: the
-    /// fake's reserve is atomic, so only [`InMemoryStore::leave_take`] makes them.
-    loose_takes: HashMap<OrderId, Take>,
+    /// Units taken from a shard by a reserve that never recorded its hold, by order
+    /// and shard: the fake's `reserve` is atomic, so only [`InMemoryStore::leave_take`]
+    /// and a take of [`InMemoryStore::take`] not yet held make them.
+    loose_takes: HashMap<(OrderId, u16), Take>,
     /// Each order's payment, as [`OrderPayments`] records it.
     payments: HashMap<OrderId, OrderPayment>,
     /// The orders whose money is followed, with their buyer, since when, and version.
@@ -375,19 +376,128 @@ impl InMemoryStore {
             .shards
             .entry((sale.sale_id.clone(), take.shard))
             .or_default() -= 1;
-        state.loose_takes.insert(take.order_id.clone(), take);
+        state
+            .loose_takes
+            .insert((take.order_id.clone(), take.shard), take);
     }
 
     /// Gives back a take [`InMemoryStore::leave_take`] left, as the store's reserve
     /// undoes a take whose hold was refused.
     pub fn undo_take(&self, sale: &Sale, take: &Take) {
         let mut state = locked(&self.state);
-        if state.loose_takes.remove(&take.order_id).is_some() {
+        if state
+            .loose_takes
+            .remove(&(take.order_id.clone(), take.shard))
+            .is_some()
+        {
             *state
                 .shards
                 .entry((sale.sale_id.clone(), take.shard))
                 .or_default() += 1;
         }
+    }
+
+    /// A reserve's first write as take then hold (`DynamoStore`'s path on a hot shard):
+    /// one unit out of `shard` for the order, recorded with when it was written, unless
+    /// the shard is empty. A take of the order the shard records already (loose, or
+    /// accounted for by the order's hold there) is found, not repeated: `Ok(false)`.
+    pub fn take(
+        &self,
+        sale: &Sale,
+        shard: u16,
+        reservation: &Reservation,
+        now: DateTime<Utc>,
+    ) -> Result<bool, ReserveRefusal> {
+        let mut state = locked(&self.state);
+        let order = &reservation.order_id;
+        let accounted = state.holds.get(order).is_some_and(|(held, status)| {
+            held.shard == shard && (status.is_open() || *status == OrderStatus::Paid)
+        });
+        if accounted || state.loose_takes.contains_key(&(order.clone(), shard)) {
+            return Ok(false);
+        }
+        let available = state
+            .shards
+            .entry((sale.sale_id.clone(), shard))
+            .or_default();
+        if *available == 0 {
+            return Err(ReserveRefusal::ShardEmpty(
+                state.takers_of(&sale.sale_id, shard),
+            ));
+        }
+        *available -= 1;
+        state.loose_takes.insert(
+            (order.clone(), shard),
+            Take {
+                shard,
+                order_id: order.clone(),
+                user_id: reservation.user_id.clone(),
+                taken_at: now,
+            },
+        );
+        Ok(true)
+    }
+
+    /// A reserve's second write as take then hold: the hold on the buyer's item, within
+    /// the limits, unless the order has a hold already. A hold refused (the limit, or
+    /// the order held elsewhere or settled) undoes the take, as `DynamoStore`'s does;
+    /// the order's own hold on this shard answers `AlreadyHeld` and keeps it.
+    pub fn hold_taken(
+        &self,
+        sale: &Sale,
+        shard: u16,
+        reservation: &Reservation,
+    ) -> Result<(), ReserveRefusal> {
+        let mut state = locked(&self.state);
+        let order = &reservation.order_id;
+        let user_key = (sale.sale_id.clone(), reservation.user_id.clone());
+        let refusal = match state.holds.get(order) {
+            Some((held, status))
+                if held.shard == shard && (status.is_open() || *status == OrderStatus::Paid) =>
+            {
+                return Err(ReserveRefusal::AlreadyHeld);
+            }
+            Some(_) => ReserveRefusal::AlreadyHeld,
+            None if state.active.get(&user_key).copied().unwrap_or(0) >= sale.per_user_limit
+                || state.abandoned.get(&user_key).copied().unwrap_or(0) >= MAX_ABANDONED_HOLDS =>
+            {
+                ReserveRefusal::LimitReached
+            }
+            None => {
+                state.loose_takes.remove(&(order.clone(), shard));
+                state.hold(reservation);
+                return Ok(());
+            }
+        };
+        if state.loose_takes.remove(&(order.clone(), shard)).is_some() {
+            *state
+                .shards
+                .entry((sale.sale_id.clone(), shard))
+                .or_default() += 1;
+        }
+        Err(refusal)
+    }
+
+    /// Every hold of `sale` ever recorded, in any status, by order id.
+    pub fn holds_of(&self, sale: &SaleId) -> Vec<(Reservation, OrderStatus)> {
+        let state = locked(&self.state);
+        let mut holds: Vec<_> = state
+            .holds
+            .values()
+            .filter(|(held, _)| &held.sale_id == sale)
+            .cloned()
+            .collect();
+        holds.sort_by(|a, b| a.0.order_id.cmp(&b.0.order_id));
+        holds
+    }
+
+    /// How many units of `sale` are out of their shards with no hold behind them.
+    pub fn loose_take_count(&self, sale: &SaleId) -> u64 {
+        locked(&self.state)
+            .loose_takes
+            .values()
+            .filter(|take| take.order_id.sale_id() == sale)
+            .count() as u64
     }
 
     /// Makes the next `count` `find` reads fail transiently.
@@ -522,12 +632,13 @@ impl StockLedger for InMemoryStore {
         // reserve finds and finishes it.
         let finishing = state
             .loose_takes
-            .get(&reservation.order_id)
-            .is_some_and(|take| take.shard == shard);
+            .contains_key(&(reservation.order_id.clone(), shard));
         let at_a_limit = state.active.get(&user_key).copied().unwrap_or(0) >= sale.per_user_limit
             || state.abandoned.get(&user_key).copied().unwrap_or(0) >= MAX_ABANDONED_HOLDS;
         if finishing {
-            state.loose_takes.remove(&reservation.order_id);
+            state
+                .loose_takes
+                .remove(&(reservation.order_id.clone(), shard));
             if at_a_limit {
                 // The hold is refused, so its take is undone, as the store's is.
                 *state.shards.entry(shard_key).or_default() += 1;
@@ -590,10 +701,9 @@ impl StockLedger for InMemoryStore {
         let mut state = locked(&self.state);
         let loose = state
             .loose_takes
-            .get(&reservation.order_id)
-            .is_some_and(|take| take.shard == shard);
+            .remove(&(reservation.order_id.clone(), shard))
+            .is_some();
         if loose {
-            state.loose_takes.remove(&reservation.order_id);
             *state
                 .shards
                 .entry((reservation.sale_id.clone(), shard))
@@ -625,7 +735,7 @@ impl StockLedger for InMemoryStore {
             .filter(|take| take.order_id.sale_id() == &sale.sale_id)
             .cloned()
             .collect();
-        takes.sort_by(|a, b| a.order_id.cmp(&b.order_id));
+        takes.sort_by(|a, b| (&a.order_id, a.shard).cmp(&(&b.order_id, b.shard)));
         Ok(takes)
     }
 
@@ -654,14 +764,13 @@ impl StockLedger for InMemoryStore {
                 state.expired_at.insert(take.order_id.clone(), now);
             }
         }
-        let loose = state
+        if state
             .loose_takes
-            .get(&take.order_id)
-            .is_some_and(|loose| loose.shard == take.shard);
-        if !loose {
+            .remove(&(take.order_id.clone(), take.shard))
+            .is_none()
+        {
             return Ok(TakeReturn::AlreadyReturned);
         }
-        state.loose_takes.remove(&take.order_id);
         *state
             .shards
             .entry((take.order_id.sale_id().clone(), take.shard))

@@ -10,8 +10,11 @@
 //! a failing seed replays exactly. `madsim` would replace tokio under every crate of
 //! the workspace, and `turmoil` simulates hosts and sockets we do not have here.
 
+use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
+use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
@@ -20,7 +23,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Duration, Utc};
 use futures::FutureExt;
 
-use super::{InMemoryStore, ManualClock, RecordingQueue, RecordingScheduler};
+use super::{InMemoryStore, ManualClock};
 use crate::error::StoreError;
 use crate::ids::{OrderId, SaleId, UserId};
 use crate::order::{Order, ReleaseReason, Reservation};
@@ -28,7 +31,7 @@ use crate::ports::{
     Clock, OrderBook, OrderQueue, Pause, ReleaseScheduler, ReserveRefusal, Settlement, ShardState,
     StockLedger, Take, TakeReturn,
 };
-use crate::sale::{Sale, StockCounts};
+use crate::sale::{ReservePath, Sale, StockCounts};
 
 /// The run's random draws: SplitMix64 from the seed.
 #[derive(Debug)]
@@ -66,19 +69,35 @@ impl SimRng {
 pub struct Sim {
     pub rng: SimRng,
     pub clock: Arc<ManualClock>,
-    /// The earliest time a sleeping task wakes, since the clock last jumped.
-    next_wake: Mutex<Option<DateTime<Utc>>>,
-    /// Whether the last poll ended in a sleep.
-    slept: Mutex<bool>,
+    /// The faults this run injects.
+    pub plan: FaultPlan,
+    /// The faults it injected.
+    pub faults: FaultCounts,
+    /// Until when the task polled last went to sleep, if it did: the executor polls it
+    /// again only then.
+    slept_until: Mutex<Option<DateTime<Utc>>>,
 }
 
 impl Sim {
+    /// A run with no faults.
     pub fn new(seed: u64, start: DateTime<Utc>) -> Arc<Self> {
+        Self::with_plan(SimRng::new(seed), FaultPlan::none(start), start)
+    }
+
+    /// A run whose faults the seed draws too.
+    pub fn with_faults(seed: u64, start: DateTime<Utc>) -> Arc<Self> {
+        let rng = SimRng::new(seed);
+        let plan = FaultPlan::draw(&rng, start);
+        Self::with_plan(rng, plan, start)
+    }
+
+    fn with_plan(rng: SimRng, plan: FaultPlan, start: DateTime<Utc>) -> Arc<Self> {
         Arc::new(Self {
-            rng: SimRng::new(seed),
+            rng,
             clock: Arc::new(ManualClock::new(start)),
-            next_wake: Mutex::new(None),
-            slept: Mutex::new(false),
+            plan,
+            faults: FaultCounts::default(),
+            slept_until: Mutex::new(None),
         })
     }
 
@@ -89,17 +108,23 @@ impl Sim {
     /// Sleeps until `until` on the simulated clock, giving every other task its turns.
     pub async fn sleep_until(&self, until: DateTime<Utc>) {
         while self.now() < until {
-            {
-                let mut next = lock(&self.next_wake);
-                *next = Some(next.map_or(until, |next| next.min(until)));
-            }
-            *lock(&self.slept) = true;
+            *lock(&self.slept_until) = Some(until);
             turn().await;
         }
     }
 
     pub async fn sleep(&self, how_long: Duration) {
         self.sleep_until(self.now() + how_long).await;
+    }
+
+    /// Whether the answer to a call outside the ports (a queue's delete) is lost, as
+    /// the plan draws it.
+    pub fn lost_answer(&self) -> bool {
+        let lost = self.now() < self.plan.faults_end && self.rng.percent(self.plan.lost_answer);
+        if lost {
+            FaultCounts::add(&self.faults.lost_answers);
+        }
+        lost
     }
 }
 
@@ -148,7 +173,18 @@ pub type Task<'a> = Pin<Box<dyn Future<Output = ()> + 'a>>;
 pub struct Executor<'a> {
     sim: Arc<Sim>,
     tasks: Vec<Option<Task<'a>>>,
+    spawned: Spawner<'a>,
     pub steps: u64,
+}
+
+/// Starts tasks from inside the run: a Lambda invocation per timer that fires, say.
+#[derive(Clone, Default)]
+pub struct Spawner<'a>(Rc<RefCell<Vec<Task<'a>>>>);
+
+impl<'a> Spawner<'a> {
+    pub fn spawn(&self, task: impl Future<Output = ()> + 'a) {
+        self.0.borrow_mut().push(Box::pin(task));
+    }
 }
 
 impl<'a> Executor<'a> {
@@ -156,6 +192,7 @@ impl<'a> Executor<'a> {
         Self {
             sim,
             tasks: Vec::new(),
+            spawned: Spawner::default(),
             steps: 0,
         }
     }
@@ -164,63 +201,270 @@ impl<'a> Executor<'a> {
         self.tasks.push(Some(Box::pin(task)));
     }
 
+    /// A handle that starts tasks while the executor runs.
+    pub fn spawner(&self) -> Spawner<'a> {
+        self.spawned.clone()
+    }
+
     /// Runs until every task is done, calling `check` after every step; past
-    /// `max_steps` it gives up with a livelock, a failure too.
+    /// `max_steps` it gives up with a livelock, a failure too. Each step polls one task
+    /// drawn from those awake; when every task sleeps, the clock jumps to the first
+    /// wake-up.
     pub fn run(&mut self, max_steps: u64, mut check: impl FnMut()) -> Result<(), Livelock> {
         let mut context = Context::from_waker(Waker::noop());
-        let mut sleeping_polls = 0_usize;
+        let mut asleep_until: Vec<Option<DateTime<Utc>>> = Vec::new();
         loop {
-            let live: Vec<usize> = (0..self.tasks.len())
-                .filter(|index| self.tasks[*index].is_some())
+            let spawned: Vec<Task<'a>> = self.spawned.0.borrow_mut().drain(..).collect();
+            self.tasks.extend(spawned.into_iter().map(Some));
+            asleep_until.resize(self.tasks.len(), None);
+            let now = self.sim.now();
+            let awake: Vec<usize> = (0..self.tasks.len())
+                .filter(|index| {
+                    self.tasks[*index].is_some()
+                        && asleep_until[*index].is_none_or(|until| until <= now)
+                })
                 .collect();
-            if live.is_empty() {
-                return Ok(());
+            if awake.is_empty() {
+                match asleep_until.iter().flatten().min() {
+                    Some(first) => {
+                        self.sim.clock.set(*first);
+                        continue;
+                    }
+                    None => return Ok(()),
+                }
             }
             if self.steps >= max_steps {
                 return Err(Livelock { steps: self.steps });
             }
             self.steps += 1;
-            let index = live[usize::try_from(self.sim.rng.below(live.len() as u64)).unwrap_or(0)];
-            *lock(&self.sim.slept) = false;
-            if let Some(task) = self.tasks[index].as_mut()
-                && task.as_mut().poll(&mut context).is_ready()
-            {
-                self.tasks[index] = None;
+            let index = awake[usize::try_from(self.sim.rng.below(awake.len() as u64)).unwrap_or(0)];
+            *lock(&self.sim.slept_until) = None;
+            asleep_until[index] = None;
+            if let Some(task) = self.tasks[index].as_mut() {
+                if task.as_mut().poll(&mut context).is_ready() {
+                    self.tasks[index] = None;
+                } else {
+                    asleep_until[index] = lock(&self.sim.slept_until).take();
+                }
             }
             // Time passes while tasks run: a few milliseconds a step, at random.
             let step = self.sim.rng.below(3);
             self.sim
                 .clock
                 .advance(Duration::milliseconds(i64::try_from(step).unwrap_or(0)));
-            if *lock(&self.sim.slept) {
-                sleeping_polls += 1;
-            } else {
-                sleeping_polls = 0;
-            }
-            // Every task seems to sleep: the clock jumps to the first wake-up.
-            if sleeping_polls > live.len() * 3 {
-                if let Some(wake) = lock(&self.sim.next_wake).take()
-                    && wake > self.sim.now()
-                {
-                    self.sim.clock.set(wake);
-                }
-                sleeping_polls = 0;
-            }
             check();
         }
     }
 }
 
-/// The fakes behind ports whose every call is a turn point: the task yields before the
-/// call and after it, so concurrent use cases interleave between any two of their
-/// store calls, as they do on AWS.
+/// The faults one run injects, drawn from its seed: several kinds at once, each at its
+/// own rate, so seeds range from a quiet sale to a stormy one.
+#[derive(Debug, Clone, Default)]
+pub struct FaultPlan {
+    /// Percent of store, queue and scheduler calls refused with a transient error,
+    /// nothing applied (a 500, a reset, a timeout before the write).
+    pub error: u64,
+    /// Percent throttled past the SDK's tries: transient, nothing applied.
+    pub throttle: u64,
+    /// Percent of writes applied whose answer is lost: the caller hears a transient
+    /// error (a timeout after the commit).
+    pub lost_answer: u64,
+    /// Percent of calls delayed 50 to 400 ms before they reach the service.
+    pub delay: u64,
+    /// Percent of writes cancelled by another transaction (`TransactionConflict`):
+    /// nothing applied.
+    pub conflict: u64,
+    /// Percent of invocations (a grab, a consumer's message, a timer's release, a
+    /// reconciler pass, a cancel) that die at one of their await points, as a Lambda
+    /// timeout or kill ends them, to be retried as AWS retries them.
+    pub death: u64,
+    /// Percent of release timers that never fire, that fire twice, and that fire
+    /// earlier than the release function waits out.
+    pub timer_missing: u64,
+    pub timer_twice: u64,
+    pub timer_early: u64,
+    /// The queue's visibility timeout: 180 s as deployed, or a few seconds, so that a
+    /// message goes to a second consumer while the first still works on it.
+    pub visibility: Duration,
+    /// Outages: every call to the service fails for this span of simulated time.
+    pub store_outage: Option<(DateTime<Utc>, DateTime<Utc>)>,
+    pub queue_outage: Option<(DateTime<Utc>, DateTime<Utc>)>,
+    pub scheduler_outage: Option<(DateTime<Utc>, DateTime<Utc>)>,
+    /// No fault after this instant: the repair, after which everything must settle.
+    pub faults_end: DateTime<Utc>,
+}
+
+impl FaultPlan {
+    /// No faults at all.
+    pub fn none(start: DateTime<Utc>) -> Self {
+        Self {
+            visibility: Duration::seconds(180),
+            faults_end: start,
+            ..Self::default()
+        }
+    }
+
+    /// A plan drawn from `rng`: each kind off in about half the seeds, and at a rate
+    /// up to its maximum otherwise.
+    pub fn draw(rng: &SimRng, start: DateTime<Utc>) -> Self {
+        let rate = |max: u64| {
+            if rng.percent(50) {
+                0
+            } else {
+                1 + rng.below(max)
+            }
+        };
+        let outage = |percent: u64, longest: u64| {
+            rng.percent(percent).then(|| {
+                let begins = start + Duration::milliseconds(rng.below(3_000) as i64);
+                (
+                    begins,
+                    begins + Duration::seconds(2 + rng.below(longest) as i64),
+                )
+            })
+        };
+        Self {
+            error: rate(8),
+            throttle: rate(8),
+            lost_answer: rate(8),
+            delay: rate(20),
+            conflict: rate(15),
+            death: rate(5),
+            timer_missing: rate(10),
+            timer_twice: rate(10),
+            timer_early: rate(10),
+            visibility: if rng.percent(30) {
+                Duration::seconds(1 + rng.below(5) as i64)
+            } else {
+                Duration::seconds(180)
+            },
+            store_outage: outage(20, 60),
+            queue_outage: outage(20, 120),
+            scheduler_outage: outage(20, 120),
+            faults_end: start + Duration::seconds(90),
+        }
+    }
+}
+
+/// The faults a run injected, by kind.
+#[derive(Debug, Default)]
+pub struct FaultCounts {
+    pub errors: AtomicU64,
+    pub throttles: AtomicU64,
+    pub lost_answers: AtomicU64,
+    pub delays: AtomicU64,
+    pub conflicts: AtomicU64,
+    pub deaths: AtomicU64,
+    pub outage_refusals: AtomicU64,
+    pub timers_missing: AtomicU64,
+    pub timers_twice: AtomicU64,
+    pub timers_early: AtomicU64,
+    pub redeliveries: AtomicU64,
+}
+
+impl FaultCounts {
+    fn add(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A message received again.
+    pub fn redelivered(&self) {
+        Self::add(&self.redeliveries);
+    }
+
+    /// Each kind with its count, for a summary.
+    pub fn by_kind(&self) -> Vec<(&'static str, u64)> {
+        [
+            ("error", &self.errors),
+            ("throttle", &self.throttles),
+            ("lost answer", &self.lost_answers),
+            ("delay", &self.delays),
+            ("conflict", &self.conflicts),
+            ("death", &self.deaths),
+            ("outage", &self.outage_refusals),
+            ("timer missing", &self.timers_missing),
+            ("timer twice", &self.timers_twice),
+            ("timer early", &self.timers_early),
+            ("redelivery", &self.redeliveries),
+        ]
+        .into_iter()
+        .map(|(kind, count)| (kind, count.load(Ordering::Relaxed)))
+        .collect()
+    }
+}
+
+/// The services a port call goes to, each with its own outage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Service {
+    Store,
+    Queue,
+    Scheduler,
+}
+
+/// What a call meets on its way, as the plan draws it.
+enum Met {
+    Nothing,
+    /// Refused before anything applied.
+    Refused(StoreError),
+    /// Cancelled by another transaction: nothing applied.
+    Conflict,
+    /// Applied, and its answer lost.
+    LostAnswer,
+}
+
+/// Why an injected call failed: the error's source.
+#[derive(Debug, thiserror::Error)]
+pub enum Injected {
+    #[error("injected: a transient error")]
+    Error,
+    #[error("injected: throttled")]
+    Throttled,
+    #[error("injected: the answer was lost after the write applied")]
+    LostAnswer,
+    #[error("injected: TransactionConflict")]
+    TransactionConflict,
+    #[error("injected: the service is out")]
+    Outage,
+}
+
+/// An invocation that may die at one of its await points, as a Lambda timeout or a
+/// kill ends it: `None` if it did. The plan draws which invocations die, and after how
+/// many polls.
+pub async fn may_die<T>(sim: &Sim, invocation: impl Future<Output = T>) -> Option<T> {
+    let dies_after = (sim.now() < sim.plan.faults_end && sim.rng.percent(sim.plan.death))
+        .then(|| 1 + sim.rng.below(16));
+    let mut invocation = std::pin::pin!(invocation);
+    let mut polls = 0;
+    std::future::poll_fn(|context| {
+        if Some(polls) == dies_after {
+            FaultCounts::add(&sim.faults.deaths);
+            return Poll::Ready(None);
+        }
+        polls += 1;
+        invocation.as_mut().poll(context).map(Some)
+    })
+    .await
+}
+
+/// The fakes behind ports whose every call is a turn point, with the run's faults: the
+/// task yields before the call and after it, so concurrent use cases interleave between
+/// any two of their calls, as they do on AWS, and each call may meet a fault the plan
+/// draws. One per environment (a Lambda process): an adaptive sale's "hot" mark is its
+/// own, as `DynamoStore`'s is.
 pub struct Interleaved {
+    pub sim: Arc<Sim>,
     pub store: Arc<InMemoryStore>,
-    pub queue: Arc<RecordingQueue>,
-    pub scheduler: Arc<RecordingScheduler>,
+    pub queue: Arc<SimQueue>,
+    pub scheduler: Arc<SimScheduler>,
     /// A bug planted on purpose, to show the checker catches it.
     pub planted: Option<PlantedBug>,
+    /// Until when this environment reserves as take then hold in an adaptive sale.
+    hot_until: Mutex<Option<DateTime<Utc>>>,
 }
+
+/// How long an adaptive sale reserves as take then hold after a conflict on a shard, as
+/// `DynamoStore`'s `ReserveMode::PLAIN_AFTER_A_CONFLICT`.
+const PLAIN_AFTER_A_CONFLICT: Duration = Duration::seconds(2);
 
 /// Bugs the simulation must catch, planted behind the ports (a checker that cannot fail
 /// proves nothing).
@@ -234,11 +478,172 @@ pub enum PlantedBug {
     ReserveWithoutTheStockCondition,
 }
 
-async fn between<T>(call: impl Future<Output = T>) -> T {
-    turn().await;
-    let answer = call.await;
-    turn().await;
-    answer
+impl Interleaved {
+    pub fn new(
+        sim: Arc<Sim>,
+        store: Arc<InMemoryStore>,
+        queue: Arc<SimQueue>,
+        scheduler: Arc<SimScheduler>,
+        planted: Option<PlantedBug>,
+    ) -> Self {
+        Self {
+            sim,
+            store,
+            queue,
+            scheduler,
+            planted,
+            hot_until: Mutex::new(None),
+        }
+    }
+
+    /// What a call to `service` meets, drawn from the plan; a delay is slept here.
+    async fn meets(&self, service: Service, write: bool) -> Met {
+        let sim = &self.sim;
+        let now = sim.now();
+        let outage = match service {
+            Service::Store => sim.plan.store_outage,
+            Service::Queue => sim.plan.queue_outage,
+            Service::Scheduler => sim.plan.scheduler_outage,
+        };
+        if outage.is_some_and(|(begins, ends)| begins <= now && now < ends) {
+            FaultCounts::add(&sim.faults.outage_refusals);
+            return Met::Refused(StoreError::transient("simulated call", Injected::Outage));
+        }
+        if now >= sim.plan.faults_end {
+            return Met::Nothing;
+        }
+        let plan = &sim.plan;
+        if sim.rng.percent(plan.delay) {
+            FaultCounts::add(&sim.faults.delays);
+            sim.sleep(Duration::milliseconds(50 + sim.rng.below(350) as i64))
+                .await;
+        }
+        let draw = sim.rng.below(100);
+        let mut bound = plan.error;
+        if draw < bound {
+            FaultCounts::add(&sim.faults.errors);
+            return Met::Refused(StoreError::transient("simulated call", Injected::Error));
+        }
+        bound += plan.throttle;
+        if draw < bound {
+            FaultCounts::add(&sim.faults.throttles);
+            return Met::Refused(StoreError::transient("simulated call", Injected::Throttled));
+        }
+        bound += plan.lost_answer;
+        if write && draw < bound {
+            FaultCounts::add(&sim.faults.lost_answers);
+            return Met::LostAnswer;
+        }
+        bound += plan.conflict;
+        if write && service == Service::Store && draw < bound {
+            FaultCounts::add(&sim.faults.conflicts);
+            return Met::Conflict;
+        }
+        Met::Nothing
+    }
+
+    /// A call between two turn points, meeting what the plan draws: a conflict off the
+    /// reserve is a transient error (the adapter's retries ran out).
+    async fn call<T>(
+        &self,
+        service: Service,
+        write: bool,
+        apply: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        turn().await;
+        let answer = match self.meets(service, write).await {
+            Met::Nothing => apply.await,
+            Met::Refused(error) => Err(error),
+            Met::Conflict => Err(StoreError::transient(
+                "simulated call",
+                Injected::TransactionConflict,
+            )),
+            Met::LostAnswer => {
+                let _applied = apply.await;
+                Err(StoreError::transient(
+                    "simulated call",
+                    Injected::LostAnswer,
+                ))
+            }
+        };
+        turn().await;
+        answer
+    }
+
+    /// Whether this environment reserves `sale` as take then hold now.
+    fn takes_then_holds(&self, sale: &Sale) -> bool {
+        match sale.reserve {
+            ReservePath::TakeThenHold => true,
+            ReservePath::Transaction => false,
+            ReservePath::Adaptive => {
+                lock(&self.hot_until).is_some_and(|until| self.sim.now() < until)
+            }
+        }
+    }
+
+    /// The reserve on the sale's path, as `DynamoStore` takes it: the transaction (a
+    /// conflict on an adaptive sale goes on as take then hold, and marks the sale hot
+    /// here), or the take then the hold, with a turn point between the two writes.
+    async fn reserve_on_its_path(
+        &self,
+        sale: &Sale,
+        shard: u16,
+        reservation: &Reservation,
+    ) -> Result<Result<(), ReserveRefusal>, StoreError> {
+        if !self.takes_then_holds(sale) {
+            turn().await;
+            match self.meets(Service::Store, true).await {
+                Met::Nothing => {
+                    let answer = self.store.reserve(sale, shard, reservation).await;
+                    turn().await;
+                    return answer;
+                }
+                Met::Refused(error) => return Err(error),
+                Met::LostAnswer => {
+                    let _applied = self.store.reserve(sale, shard, reservation).await;
+                    return Err(StoreError::transient("reserve", Injected::LostAnswer));
+                }
+                Met::Conflict if sale.reserve == ReservePath::Adaptive => {
+                    *lock(&self.hot_until) = Some(self.sim.now() + PLAIN_AFTER_A_CONFLICT);
+                }
+                Met::Conflict => return Ok(Err(ReserveRefusal::Contended)),
+            }
+        }
+        turn().await;
+        let now = self.sim.now();
+        match self.meets(Service::Store, true).await {
+            Met::Nothing => {
+                if let Err(refusal) = self.store.take(sale, shard, reservation, now) {
+                    turn().await;
+                    return Ok(Err(refusal));
+                }
+            }
+            Met::Refused(error) => return Err(error),
+            // A plain take that met a reserve's transaction on the shard.
+            Met::Conflict => return Ok(Err(ReserveRefusal::Contended)),
+            Met::LostAnswer => {
+                let _taken = self.store.take(sale, shard, reservation, now);
+                return Err(StoreError::transient("reserve", Injected::LostAnswer));
+            }
+        }
+        // Between the two writes: anything may happen here, a death included.
+        turn().await;
+        let answer = match self.meets(Service::Store, true).await {
+            Met::Nothing => Ok(self.store.hold_taken(sale, shard, reservation)),
+            Met::Refused(error) => Err(error),
+            // The buyer's item held by a transaction: the take stays, in doubt.
+            Met::Conflict => Err(StoreError::transient(
+                "reserve",
+                Injected::TransactionConflict,
+            )),
+            Met::LostAnswer => {
+                let _held = self.store.hold_taken(sale, shard, reservation);
+                Err(StoreError::transient("reserve", Injected::LostAnswer))
+            }
+        };
+        turn().await;
+        answer
+    }
 }
 
 #[async_trait]
@@ -249,7 +654,7 @@ impl StockLedger for Interleaved {
         shard: u16,
         reservation: &Reservation,
     ) -> Result<Result<(), ReserveRefusal>, StoreError> {
-        let answer = between(self.store.reserve(sale, shard, reservation)).await;
+        let answer = self.reserve_on_its_path(sale, shard, reservation).await;
         if self.planted == Some(PlantedBug::ReserveWithoutTheStockCondition)
             && matches!(answer, Ok(Err(ReserveRefusal::ShardEmpty(_))))
         {
@@ -261,11 +666,13 @@ impl StockLedger for Interleaved {
     }
 
     async fn availability(&self, sale: &Sale) -> Result<Vec<u64>, StoreError> {
-        between(self.store.availability(sale)).await
+        self.call(Service::Store, false, self.store.availability(sale))
+            .await
     }
 
     async fn shard_states(&self, sale: &Sale) -> Result<Vec<ShardState>, StoreError> {
-        between(self.store.shard_states(sale)).await
+        self.call(Service::Store, false, self.store.shard_states(sale))
+            .await
     }
 
     async fn release(
@@ -278,7 +685,12 @@ impl StockLedger for Interleaved {
             turn().await;
             return Ok(Settlement::Applied);
         }
-        between(self.store.release(reservation, reason, now)).await
+        self.call(
+            Service::Store,
+            true,
+            self.store.release(reservation, reason, now),
+        )
+        .await
     }
 
     async fn drop_superseded_take(
@@ -286,15 +698,22 @@ impl StockLedger for Interleaved {
         reservation: &Reservation,
         shard: u16,
     ) -> Result<bool, StoreError> {
-        between(self.store.drop_superseded_take(reservation, shard)).await
+        self.call(
+            Service::Store,
+            true,
+            self.store.drop_superseded_take(reservation, shard),
+        )
+        .await
     }
 
     async fn unaccounted_takes(&self, sale: &Sale) -> Result<Vec<Take>, StoreError> {
-        between(self.store.unaccounted_takes(sale)).await
+        self.call(Service::Store, false, self.store.unaccounted_takes(sale))
+            .await
     }
 
     async fn return_take(&self, take: &Take, now: DateTime<Utc>) -> Result<TakeReturn, StoreError> {
-        between(self.store.return_take(take, now)).await
+        self.call(Service::Store, true, self.store.return_take(take, now))
+            .await
     }
 }
 
@@ -305,15 +724,18 @@ impl OrderBook for Interleaved {
         order_id: &OrderId,
         user: &UserId,
     ) -> Result<Option<(Order, Reservation)>, StoreError> {
-        between(self.store.find(order_id, user)).await
+        self.call(Service::Store, false, self.store.find(order_id, user))
+            .await
     }
 
     async fn open_holds(&self, sale: &Sale) -> Result<Vec<Reservation>, StoreError> {
-        between(self.store.open_holds(sale)).await
+        self.call(Service::Store, false, self.store.open_holds(sale))
+            .await
     }
 
     async fn count(&self, sale: &Sale) -> Result<StockCounts, StoreError> {
-        between(self.store.count(sale)).await
+        self.call(Service::Store, false, self.store.count(sale))
+            .await
     }
 
     async fn sale_orders(
@@ -322,7 +744,12 @@ impl OrderBook for Interleaved {
         after: Option<&crate::fulfilment::BuyerCursor>,
         limit: usize,
     ) -> Result<crate::fulfilment::OrderPage, StoreError> {
-        between(self.store.sale_orders(sale, after, limit)).await
+        self.call(
+            Service::Store,
+            false,
+            self.store.sale_orders(sale, after, limit),
+        )
+        .await
     }
 
     async fn buyer_orders(
@@ -331,25 +758,210 @@ impl OrderBook for Interleaved {
         after: Option<&crate::buyer_orders::BuyerOrdersCursor>,
         limit: usize,
     ) -> Result<crate::buyer_orders::BuyerOrdersPage, StoreError> {
-        between(self.store.buyer_orders(user, after, limit)).await
+        self.call(
+            Service::Store,
+            false,
+            self.store.buyer_orders(user, after, limit),
+        )
+        .await
     }
 }
 
 #[async_trait]
 impl OrderQueue for Interleaved {
     async fn enqueue(&self, reservation: &Reservation) -> Result<(), StoreError> {
-        between(self.queue.enqueue(reservation)).await
+        self.call(Service::Queue, true, self.queue.enqueue(reservation))
+            .await
     }
 }
 
 #[async_trait]
 impl ReleaseScheduler for Interleaved {
     async fn schedule_release(&self, reservation: &Reservation) -> Result<(), StoreError> {
-        between(self.scheduler.schedule_release(reservation)).await
+        self.call(
+            Service::Scheduler,
+            true,
+            self.scheduler.schedule_release(reservation),
+        )
+        .await
     }
 
     async fn cancel_release(&self, order_id: &OrderId) -> Result<(), StoreError> {
-        between(self.scheduler.cancel_release(order_id)).await
+        self.call(
+            Service::Scheduler,
+            true,
+            self.scheduler.cancel_release(order_id),
+        )
+        .await
+    }
+}
+
+/// SQS FIFO as the consumer meets it: at least once. A message received is hidden for
+/// the visibility timeout and comes back unless deleted in time, to any consumer, even
+/// while the first still works on it.
+#[derive(Debug, Default)]
+pub struct SimQueue {
+    messages: Mutex<Vec<QueuedMessage>>,
+}
+
+#[derive(Debug, Clone)]
+struct QueuedMessage {
+    reservation: Reservation,
+    visible_at: Option<DateTime<Utc>>,
+    receives: u32,
+    deleted: bool,
+}
+
+/// A message as a consumer received it.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub index: usize,
+    pub reservation: Reservation,
+    /// How many times it was received before this one.
+    pub received_before: u32,
+}
+
+impl SimQueue {
+    /// The first message visible at `now`, hidden then for `visibility`.
+    pub fn receive(&self, now: DateTime<Utc>, visibility: Duration) -> Option<Received> {
+        let mut messages = lock(&self.messages);
+        let (index, message) = messages.iter_mut().enumerate().find(|(_, message)| {
+            !message.deleted && message.visible_at.is_none_or(|visible| visible <= now)
+        })?;
+        message.visible_at = Some(now + visibility);
+        message.receives += 1;
+        Some(Received {
+            index,
+            reservation: message.reservation.clone(),
+            received_before: message.receives - 1,
+        })
+    }
+
+    pub fn delete(&self, index: usize) {
+        if let Some(message) = lock(&self.messages).get_mut(index) {
+            message.deleted = true;
+        }
+    }
+
+    /// The reservations enqueued, in order.
+    pub fn sent(&self) -> Vec<Reservation> {
+        lock(&self.messages)
+            .iter()
+            .map(|message| message.reservation.clone())
+            .collect()
+    }
+
+    /// Messages not yet deleted.
+    pub fn undeleted(&self) -> usize {
+        lock(&self.messages)
+            .iter()
+            .filter(|message| !message.deleted)
+            .count()
+    }
+}
+
+#[async_trait]
+impl OrderQueue for SimQueue {
+    async fn enqueue(&self, reservation: &Reservation) -> Result<(), StoreError> {
+        lock(&self.messages).push(QueuedMessage {
+            reservation: reservation.clone(),
+            visible_at: None,
+            receives: 0,
+            deleted: false,
+        });
+        Ok(())
+    }
+}
+
+/// EventBridge Scheduler's one-time schedules as the release meets them: each fires
+/// once in the minute after its `at()`, which `EventBridgeScheduler` sets so the whole
+/// minute ends [`FIRING_SLACK`] past the deadline (or a second from now, if that minute
+/// has begun), so a release may come up to a minute early and waits out the rest. The
+/// plan makes some fire twice, some never, and some earlier than the release waits.
+#[derive(Debug)]
+pub struct SimScheduler {
+    sim: Arc<Sim>,
+    timers: Mutex<BTreeMap<OrderId, (Reservation, DateTime<Utc>)>>,
+}
+
+/// How late past the deadline a timer's minute may end.
+pub const FIRING_SLACK: Duration = Duration::seconds(3);
+/// How early a release may be invoked and still wait out the deadline itself.
+pub const MAX_EARLY_FIRING: Duration = Duration::seconds(117);
+
+impl SimScheduler {
+    pub fn new(sim: Arc<Sim>) -> Self {
+        Self {
+            sim,
+            timers: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// The timers due at `now`, each taken off as it fires; a timer the plan fires
+    /// twice is put back to fire again a moment later.
+    pub fn due(&self, now: DateTime<Utc>) -> Vec<Reservation> {
+        let mut timers = lock(&self.timers);
+        let due: Vec<OrderId> = timers
+            .iter()
+            .filter(|(_, (_, fires_at))| *fires_at <= now)
+            .map(|(order, _)| order.clone())
+            .collect();
+        let mut fired = Vec::new();
+        for order in due {
+            let Some((reservation, _)) = timers.remove(&order) else {
+                continue;
+            };
+            if self.sim.rng.percent(self.sim.plan.timer_twice) && now < self.sim.plan.faults_end {
+                FaultCounts::add(&self.sim.faults.timers_twice);
+                let again = now + Duration::milliseconds(self.sim.rng.below(5_000) as i64);
+                timers.insert(order, (reservation.clone(), again));
+            }
+            fired.push(reservation);
+        }
+        fired
+    }
+
+    /// When the next timer fires.
+    pub fn next_firing(&self) -> Option<DateTime<Utc>> {
+        lock(&self.timers)
+            .values()
+            .map(|(_, fires_at)| *fires_at)
+            .min()
+    }
+}
+
+#[async_trait]
+impl ReleaseScheduler for SimScheduler {
+    async fn schedule_release(&self, reservation: &Reservation) -> Result<(), StoreError> {
+        let sim = &self.sim;
+        let mut timers = lock(&self.timers);
+        if timers.contains_key(&reservation.order_id) {
+            return Ok(());
+        }
+        let now = sim.now();
+        let faulty = now < sim.plan.faults_end;
+        if faulty && sim.rng.percent(sim.plan.timer_missing) {
+            FaultCounts::add(&sim.faults.timers_missing);
+            return Ok(());
+        }
+        let minute_begins = (reservation.expires_at + FIRING_SLACK - Duration::minutes(1))
+            .max(now + Duration::seconds(1));
+        let mut fires_at = minute_begins + Duration::milliseconds(sim.rng.below(60_000) as i64);
+        if faulty && sim.rng.percent(sim.plan.timer_early) {
+            FaultCounts::add(&sim.faults.timers_early);
+            fires_at = (reservation.expires_at - MAX_EARLY_FIRING - Duration::seconds(1))
+                .max(now + Duration::seconds(1));
+        }
+        timers.insert(
+            reservation.order_id.clone(),
+            (reservation.clone(), fires_at),
+        );
+        Ok(())
+    }
+
+    async fn cancel_release(&self, order_id: &OrderId) -> Result<(), StoreError> {
+        lock(&self.timers).remove(order_id);
+        Ok(())
     }
 }
 
