@@ -2,11 +2,13 @@
 //! the three reserve paths, some with a double click, in Lambda environments that each
 //! serve one request at a time; two consumers of an at-least-once queue setting release
 //! timers; the timers firing in Scheduler's minute, some early, twice or never; buyers
-//! cancelling; the reconciler once a minute. All of it interleaved on one thread from one
-//! seed over the fakes (`testing::simulation`), with the faults the seed draws: errors,
-//! throttles, lost answers, delays, conflicts, invocations that die at an await point,
-//! and outages of the store, the queue and the scheduler. After every step, and at the
-//! end, a checker reads the whole state and what every client was told:
+//! cancelling; buyers paying by card, Stripe's events and the webhook; the reconciler
+//! once a minute. All of it interleaved on one thread from one seed over the fakes
+//! (`testing::simulation`), with the faults the seed draws: errors, throttles, lost
+//! answers, delays, conflicts, invocations that die at an await point, declined cards,
+//! events lost, late or doubled, and outages of the store, the queue, the scheduler and
+//! Stripe. After every step, and at the end, a checker reads the whole state and what
+//! every client was told:
 //! - never oversold, and every unit on a shard, in a take or in a hold, at every step;
 //! - "sold out" only when the stock said so: no shard had had a unit for longer than
 //!   the gate's recheck interval when the grab began;
@@ -15,7 +17,10 @@
 //! - every grab settles once the faults stop;
 //! - nothing stranded: once every deadline has passed and the reconciler ran twice,
 //!   every unit is back on its shard, no take lacks its hold and every message was
-//!   consumed.
+//!   consumed;
+//! - the money: captured only for a paid order, or refunded in full once; nothing left
+//!   authorised; no capture before the paid write won; a paid order stays paid; no event
+//!   settled again after it was handled.
 //!
 //! `FLASHSALE_SIM_SEEDS` sets how many seeds run (default 10,000); `FLASHSALE_SIM_SEED`
 //! replays one seed exactly, and `FLASHSALE_SIM_TRACE=1` prints every try as it happens.
@@ -28,14 +33,15 @@ use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Duration, TimeZone, Utc};
 use flashsale_domain::gate::SoldOutGate;
+use flashsale_domain::payment::{PaymentState, RefundStatus};
 use flashsale_domain::ports::{Clock, SaleCatalog, StockLedger};
 use flashsale_domain::service::{
-    Attempt, CachedBlocklist, ContentionPolicy, DEFAULT_TAKE_GRACE, ExpiryService, GrabOutcome,
-    GrabPass, GrabService, OrderService, Reconciler,
+    Attempt, CachedBlocklist, ContentionPolicy, DEFAULT_TAKE_GRACE, EventHandled, ExpiryService,
+    GrabOutcome, GrabPass, GrabService, OrderService, PaymentService, PaymentWebhook, Reconciler,
 };
 use flashsale_domain::testing::simulation::{
-    Executor, Interleaved, MAX_EARLY_FIRING, PlantedBug, Sim, SimPause, SimQueue, SimScheduler,
-    available_now, counts_now, may_die,
+    Executor, Interleaved, MAX_EARLY_FIRING, PlantedBug, Sim, SimPause, SimProvider, SimQueue,
+    SimScheduler, available_now, counts_now, may_die,
 };
 use flashsale_domain::testing::{
     self, InMemoryBlocklist, InMemoryStore, PlainChallenges, SeededIds,
@@ -103,10 +109,21 @@ enum Told {
     },
 }
 
+/// One answered delivery of a Stripe event to the webhook.
+#[derive(Debug, Clone)]
+struct Delivery {
+    event: String,
+    began: DateTime<Utc>,
+    answered: DateTime<Utc>,
+    settled: bool,
+}
+
 /// What a run checked: the answers by kind, the orders and units, the faults by kind.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 struct Tally {
     answers: BTreeMap<String, u64>,
+    /// Orders by their final status, and the money's movements.
+    ended: BTreeMap<String, u64>,
     orders: u64,
     units: u64,
     faults: BTreeMap<&'static str, u64>,
@@ -116,6 +133,9 @@ impl Tally {
     fn add(&mut self, other: &Tally) {
         for (kind, count) in &other.answers {
             *self.answers.entry(kind.clone()).or_default() += count;
+        }
+        for (kind, count) in &other.ended {
+            *self.ended.entry(kind.clone()).or_default() += count;
         }
         for (kind, count) in &other.faults {
             *self.faults.entry(kind).or_default() += count;
@@ -132,6 +152,7 @@ struct Run {
     store: Arc<InMemoryStore>,
     queue: Arc<SimQueue>,
     scheduler: Arc<SimScheduler>,
+    provider: Arc<SimProvider>,
     sale: Sale,
     buyers: usize,
     /// The executor's steps, once played.
@@ -172,6 +193,7 @@ impl Run {
             seed,
             queue: Arc::new(SimQueue::default()),
             scheduler: Arc::new(SimScheduler::new(sim.clone())),
+            provider: Arc::new(SimProvider::new(sim.clone())),
             sim,
             store,
             sale,
@@ -189,6 +211,7 @@ impl Run {
             self.store.clone(),
             self.queue.clone(),
             self.scheduler.clone(),
+            self.provider.clone(),
             self.planted,
         ))
     }
@@ -243,6 +266,25 @@ impl Run {
         }
     }
 
+    fn payments(&self) -> Arc<PaymentService> {
+        let ports = self.ports();
+        Arc::new(PaymentService {
+            orders: ports.clone(),
+            payments: ports.clone(),
+            ledger: ports,
+            provider: self.provider.clone(),
+            clock: self.sim.clock.clone(),
+        })
+    }
+
+    fn webhook(&self) -> PaymentWebhook {
+        PaymentWebhook {
+            payments: self.payments(),
+            events: self.ports(),
+            clock: self.sim.clock.clone(),
+        }
+    }
+
     fn reconciler(&self) -> Reconciler {
         let ports = self.ports();
         Reconciler {
@@ -252,7 +294,7 @@ impl Run {
             clock: self.sim.clock.clone(),
             timer_grace: Duration::seconds(180),
             take_grace: DEFAULT_TAKE_GRACE,
-            payments: None,
+            payments: Some(self.payments()),
         }
     }
 
@@ -278,7 +320,10 @@ impl Run {
         let orders = self.orders();
         let expiry = self.expiry();
         let reconciler = self.reconciler();
+        let payments = self.payments();
+        let webhook = self.webhook();
         let told: Mutex<Vec<(UserId, Told)>> = Mutex::new(Vec::new());
+        let deliveries: Mutex<Vec<Delivery>> = Mutex::new(Vec::new());
         let violations: Mutex<Vec<String>> = Mutex::new(Vec::new());
         let stocked = Stocked::default();
         stocked.see(&self.store, &self.sale, self.sim.now());
@@ -289,8 +334,12 @@ impl Run {
             let user = UserId::parse(format!("buyer-{n}")).unwrap();
             let clicks = if self.sim.rng.percent(30) { 2 } else { 1 };
             let cancels = self.sim.rng.percent(30);
+            // Most winners pay, some after their window has closed.
+            let pays = (!cancels && self.sim.rng.percent(70))
+                .then(|| Duration::milliseconds(self.sim.rng.below(40_000) as i64));
             let arrives = Duration::milliseconds(self.sim.rng.below(400) as i64);
-            let (orders, told, sim, stocked) = (&orders, &told, self.sim.clone(), &stocked);
+            let (orders, payments, told, sim, stocked) =
+                (&orders, &payments, &told, self.sim.clone(), &stocked);
             executor.spawn(async move {
                 sim.sleep(arrives).await;
                 let pass = match self.pass(&user).await {
@@ -313,6 +362,10 @@ impl Run {
                     Told::Held(order_id) => Some(order_id.clone()),
                     _ => None,
                 });
+                if let (Some(order_id), Some(after)) = (&held, pays) {
+                    sim.sleep(after).await;
+                    self.pay(payments, order_id, &user).await;
+                }
                 if let (Some(order_id), true) = (held, cancels) {
                     sim.sleep(Duration::milliseconds(sim.rng.below(5_000) as i64))
                         .await;
@@ -374,16 +427,53 @@ impl Run {
                 }
             });
         }
+        // Stripe's events: each delivery a webhook invocation, a failed one tried again
+        // later, as Stripe retries.
+        {
+            let (provider, webhook, sim, deliveries) = (
+                self.provider.clone(),
+                &webhook,
+                self.sim.clone(),
+                &deliveries,
+            );
+            let spawner = executor.spawner();
+            executor.spawn(async move {
+                while sim.now() < horizon {
+                    for event in provider.due_events(sim.now()) {
+                        let (provider, sim) = (provider.clone(), sim.clone());
+                        spawner.spawn(async move {
+                            let began = sim.now();
+                            let handled =
+                                may_die(&sim, webhook.handle(&event.id, Some(&event.payment)))
+                                    .await;
+                            match handled {
+                                Some(Ok(handled)) => deliveries.lock().unwrap().push(Delivery {
+                                    event: event.id.clone(),
+                                    began,
+                                    answered: sim.now(),
+                                    settled: matches!(handled, EventHandled::Settled(_)),
+                                }),
+                                _ => provider.redeliver(event),
+                            }
+                        });
+                    }
+                    sim.sleep(Duration::milliseconds(500)).await;
+                }
+            });
+        }
         // The reconciler, once a minute, then twice more once every deadline passed.
         {
             let (reconciler, sim) = (&reconciler, self.sim.clone());
             executor.spawn(async move {
-                while sim.now() < horizon {
-                    sim.sleep(RECONCILE_EVERY).await;
+                let mut passes = 0;
+                while passes < 2 {
+                    let last = sim.now() >= horizon;
+                    if last {
+                        passes += 1;
+                    } else {
+                        sim.sleep(RECONCILE_EVERY).await;
+                    }
                     let _ = may_die(&sim, reconciler.run()).await;
-                }
-                for _ in 0..2 {
-                    let _ = reconciler.run().await;
                 }
             });
         }
@@ -415,6 +505,8 @@ impl Run {
         found.truncate(3);
         let told = told.into_inner().unwrap();
         found.extend(self.check_the_end(&told));
+        found.extend(self.check_the_money(&deliveries.into_inner().unwrap()));
+
         if found.is_empty() {
             Ok(self.tally(&told))
         } else {
@@ -519,8 +611,23 @@ impl Run {
             };
             *answers.entry(kind).or_default() += 1;
         }
+        let mut ended = BTreeMap::new();
+        for (_, status) in self.store.holds_of(&self.sale.sale_id) {
+            *ended
+                .entry(format!("{status:?}").to_lowercase())
+                .or_default() += 1;
+        }
+        ended.insert("captures".to_owned(), self.provider.captures().len() as u64);
+        ended.insert(
+            "refunds".to_owned(),
+            self.provider
+                .fake
+                .refunds
+                .load(std::sync::atomic::Ordering::SeqCst) as u64,
+        );
         Tally {
             answers,
+            ended,
             orders: self.store.holds_of(&self.sale.sale_id).len() as u64,
             units: u64::from(self.sale.stock_total),
             faults: self
@@ -531,6 +638,139 @@ impl Run {
                 .filter(|(_, count)| *count > 0)
                 .collect(),
         }
+    }
+
+    /// The buyer pays: the page opens the order's payment, the buyer confirms the card
+    /// with Stripe.js, and the page tells the confirm route, each step retried a few
+    /// times as the page retries it.
+    async fn pay(&self, payments: &PaymentService, order_id: &OrderId, user: &UserId) {
+        let sim = &self.sim;
+        let mut opened = None;
+        for _ in 0..5 {
+            match may_die(sim, payments.open(order_id, user)).await {
+                Some(Ok(payment)) => {
+                    opened = Some(payment);
+                    break;
+                }
+                Some(Err(error)) if !error.is_retryable() => return,
+                _ => sim.sleep(Duration::seconds(1)).await,
+            }
+        }
+        let Some(payment) = opened else { return };
+        sim.sleep(Duration::milliseconds(sim.rng.below(3_000) as i64))
+            .await;
+        if !self.provider.confirm_by_card(&payment.id) {
+            return;
+        }
+        for _ in 0..5 {
+            match may_die(sim, payments.settle(order_id, user)).await {
+                Some(Ok(_)) => return,
+                Some(Err(error)) if !error.is_retryable() => return,
+                _ => sim.sleep(Duration::seconds(1)).await,
+            }
+        }
+    }
+
+    /// Once everything settled, the money: per payment at the provider and per order.
+    fn check_the_money(&self, deliveries: &[Delivery]) -> Vec<String> {
+        let mut found = Vec::new();
+        let holds: BTreeMap<OrderId, (Reservation, OrderStatus)> = self
+            .store
+            .holds_of(&self.sale.sale_id)
+            .into_iter()
+            .map(|(held, status)| (held.order_id.clone(), (held, status)))
+            .collect();
+        let order_of = |order_id: &OrderId, user: &UserId| {
+            futures::FutureExt::now_or_never(flashsale_domain::ports::OrderBook::find(
+                &*self.store,
+                order_id,
+                user,
+            ))
+            .expect("at once")
+            .expect("no failure")
+            .map(|(order, _)| order)
+        };
+        let captures = self.provider.captures();
+        for (payment, refunds) in self.provider.fake.all() {
+            let (Some(order_id), Some(buyer)) = (&payment.order_id, &payment.buyer) else {
+                continue;
+            };
+            let Some(order) = order_of(order_id, buyer) else {
+                found.push(format!("{}: a payment for no order", payment.id));
+                continue;
+            };
+            let own = order.payment.as_ref().map(|recorded| &recorded.id) == Some(&payment.id);
+            let refunded: u64 = refunds
+                .iter()
+                .filter(|refund| refund.status == RefundStatus::Succeeded)
+                .map(|refund| refund.amount)
+                .sum();
+            match payment.state {
+                PaymentState::Captured => {
+                    let kept = own && order.status == OrderStatus::Paid && refunds.is_empty();
+                    let given_back = refunds.len() == 1 && refunded == payment.amount;
+                    if !kept && !given_back {
+                        found.push(format!(
+                            "{}: captured for {order_id} ({:?}, own {own}), refunds {refunds:?}",
+                            payment.id, order.status
+                        ));
+                    }
+                }
+                PaymentState::Authorised => found.push(format!(
+                    "{}: still authorised after everything settled ({order_id} {:?})",
+                    payment.id, order.status
+                )),
+                PaymentState::Open | PaymentState::Cancelled => {}
+            }
+            let taken = captures.iter().filter(|(id, _)| id == &payment.id);
+            for (_, at) in taken {
+                if order.paid_at.is_none_or(|paid_at| paid_at > *at) {
+                    found.push(format!(
+                        "{}: captured at {at} before {order_id}'s paid write won ({:?})",
+                        payment.id, order.paid_at
+                    ));
+                }
+            }
+        }
+        for (order_id, (held, status)) in &holds {
+            if *status == OrderStatus::Paid {
+                let order = order_of(order_id, &held.user_id).expect("held");
+                let captured = order.payment.as_ref().is_some_and(|recorded| {
+                    self.provider.fake.state_of(&recorded.id) == Some(PaymentState::Captured)
+                });
+                if !captured {
+                    found.push(format!("{order_id} is paid, its money not captured"));
+                }
+            }
+        }
+        for (held, _) in self.sim.paid.lock().unwrap().iter() {
+            // Sold is sold: only the provider's refusal of the money ends a paid order.
+            let status = holds.get(&held.order_id).map(|(_, status)| *status);
+            if !matches!(status, Some(OrderStatus::Paid | OrderStatus::PaymentFailed)) {
+                found.push(format!("{} was paid, and ended {status:?}", held.order_id));
+            }
+        }
+        let followed = futures::FutureExt::now_or_never(
+            flashsale_domain::ports::OrderPayments::followed_money(&*self.store),
+        )
+        .expect("at once")
+        .expect("no failure");
+        if !followed.is_empty() {
+            found.push(format!("money still followed: {followed:?}"));
+        }
+        // A delivery that began after the same event was handled is a duplicate.
+        for delivery in deliveries.iter().filter(|delivery| delivery.settled) {
+            let again = deliveries.iter().any(|earlier| {
+                earlier.event == delivery.event && earlier.answered < delivery.began
+            });
+            if again {
+                found.push(format!(
+                    "event {} settled again at {}, after it was handled",
+                    delivery.event, delivery.began
+                ));
+            }
+        }
+        found
     }
 
     /// Every deadline has passed, every timer fired and the reconciler ran twice.
@@ -574,7 +814,13 @@ impl Run {
                     .map(|(order, _)| order.status);
                     if !matches!(
                         status,
-                        Some(OrderStatus::Cancelled | OrderStatus::Expired | OrderStatus::Paid)
+                        Some(
+                            OrderStatus::Cancelled
+                                | OrderStatus::Expired
+                                | OrderStatus::Paid
+                                | OrderStatus::Refunded
+                                | OrderStatus::PaymentFailed
+                        )
                     ) {
                         found.push(format!(
                             "{user} was told 202 for {order_id}, now {status:?}"
@@ -654,7 +900,7 @@ fn tracing() -> bool {
 }
 
 /// The seeds to run: `FLASHSALE_SIM_SEED` alone, or `FLASHSALE_SIM_SEEDS` of them (10,000
-/// by default, about 25 s with the domain optimised as `Cargo.toml` sets it), half from
+/// by default, about 30 s with the domain optimised as `Cargo.toml` sets it), half from
 /// a fixed base, so a run repeats, and half from a base drawn from the clock and
 /// printed, so every run also looks somewhere new.
 fn seeds() -> Vec<u64> {
@@ -695,11 +941,12 @@ async fn the_sale_holds_its_invariants_under_every_interleaving_the_seeds_draw()
         steps += run.steps.get();
     }
     eprintln!(
-        "{} seeds, {steps} steps; checked {} orders of {} units; answers {:?}; faults injected {:?}",
+        "{} seeds, {steps} steps; checked {} orders of {} units; answers {:?}; orders ended {:?}; faults injected {:?}",
         seeds.len(),
         tally.orders,
         tally.units,
         tally.answers,
+        tally.ended,
         tally.faults
     );
     assert!(
@@ -743,6 +990,9 @@ async fn the_checker_catches_the_bugs_planted_for_it() {
     for bug in [
         PlantedBug::ReleaseThatDoesNothing,
         PlantedBug::ReserveWithoutTheStockCondition,
+        PlantedBug::ReleaseThatIgnoresPaid,
+        PlantedBug::CaptureBeforeThePaidWrite,
+        PlantedBug::WebhookDedupOff,
     ] {
         assert!(
             seeds_catching(bug, 100).await > 0,

@@ -478,6 +478,25 @@ impl InMemoryStore {
         Err(refusal)
     }
 
+    /// Ends a paid order as `reason` says and gives its unit back, as a release that
+    /// ignored `paid` would: a bug planted for the simulation's checker. Whether the
+    /// order was paid.
+    pub fn end_paid_giving_the_unit_back(
+        &self,
+        reservation: &Reservation,
+        reason: ReleaseReason,
+    ) -> bool {
+        let mut state = locked(&self.state);
+        let paid = state
+            .holds
+            .get(&reservation.order_id)
+            .is_some_and(|(_, status)| *status == OrderStatus::Paid);
+        if paid {
+            state.end_giving_the_unit_back(&reservation.order_id, reason.final_status());
+        }
+        paid
+    }
+
     /// Every hold of `sale` ever recorded, in any status, by order id.
     pub fn holds_of(&self, sale: &SaleId) -> Vec<(Reservation, OrderStatus)> {
         let state = locked(&self.state);
@@ -1663,6 +1682,17 @@ impl FakePaymentProvider {
             }
             _ => false,
         }
+    }
+
+    /// Every payment with its refunds, by id.
+    pub fn all(&self) -> Vec<(Payment, Vec<Refund>)> {
+        let mut all: Vec<_> = locked(&self.state)
+            .payments
+            .values()
+            .map(|fake| (fake.payment.clone(), fake.refunds.clone()))
+            .collect();
+        all.sort_by(|a, b| a.0.id.as_str().cmp(b.0.id.as_str()));
+        all
     }
 
     /// The payment as the provider has it, for assertions.

@@ -23,14 +23,19 @@ use async_trait::async_trait;
 use chrono::{DateTime, Duration, Utc};
 use futures::FutureExt;
 
-use super::{InMemoryStore, ManualClock};
+use super::{FakePaymentProvider, InMemoryStore, ManualClock};
 use crate::error::StoreError;
 use crate::ids::{OrderId, SaleId, UserId};
-use crate::order::{Order, ReleaseReason, Reservation};
+use crate::order::{Order, OrderStatus, ReleaseReason, Reservation};
+use crate::payment::{
+    CancelOutcome, CaptureOutcome, FollowedMoney, OrderPayment, Payment, PaymentId, RefundProgress,
+};
 use crate::ports::{
-    Clock, OrderBook, OrderQueue, Pause, ReleaseScheduler, ReserveRefusal, Settlement, ShardState,
+    Clock, OrderBook, OrderPayments, OrderQueue, Pause, PayOutcome, PaymentAttach, PaymentProvider,
+    PaymentRecorded, ProviderEvents, ReleaseScheduler, ReserveRefusal, Settlement, ShardState,
     StockLedger, Take, TakeReturn,
 };
+use crate::price::Price;
 use crate::sale::{ReservePath, Sale, StockCounts};
 
 /// The run's random draws: SplitMix64 from the seed.
@@ -73,6 +78,8 @@ pub struct Sim {
     pub plan: FaultPlan,
     /// The faults it injected.
     pub faults: FaultCounts,
+    /// Every pay write that won (as its caller heard it), with when its answer came.
+    pub paid: Mutex<Vec<(Reservation, DateTime<Utc>)>>,
     /// Until when the task polled last went to sleep, if it did: the executor polls it
     /// again only then.
     slept_until: Mutex<Option<DateTime<Utc>>>,
@@ -97,6 +104,7 @@ impl Sim {
             clock: Arc::new(ManualClock::new(start)),
             plan,
             faults: FaultCounts::default(),
+            paid: Mutex::new(Vec::new()),
             slept_until: Mutex::new(None),
         })
     }
@@ -290,6 +298,17 @@ pub struct FaultPlan {
     pub store_outage: Option<(DateTime<Utc>, DateTime<Utc>)>,
     pub queue_outage: Option<(DateTime<Utc>, DateTime<Utc>)>,
     pub scheduler_outage: Option<(DateTime<Utc>, DateTime<Utc>)>,
+    pub stripe_outage: Option<(DateTime<Utc>, DateTime<Utc>)>,
+    /// Percent of cards declined when the buyer confirms.
+    pub decline: u64,
+    /// The money moves when the buyer confirms (a PaymentIntent captured
+    /// automatically), not when a settlement captures it: what the settlement must
+    /// refund, exactly once, for an order that ended.
+    pub automatic_capture: bool,
+    /// Percent of Stripe's events never sent, sent minutes late, and sent twice.
+    pub event_lost: u64,
+    pub event_late: u64,
+    pub event_twice: u64,
     /// No fault after this instant: the repair, after which everything must settle.
     pub faults_end: DateTime<Utc>,
 }
@@ -341,6 +360,12 @@ impl FaultPlan {
             store_outage: outage(20, 60),
             queue_outage: outage(20, 120),
             scheduler_outage: outage(20, 120),
+            stripe_outage: outage(20, 120),
+            decline: rate(20),
+            automatic_capture: rng.percent(10),
+            event_lost: rate(20),
+            event_late: rate(20),
+            event_twice: rate(20),
             faults_end: start + Duration::seconds(90),
         }
     }
@@ -360,6 +385,10 @@ pub struct FaultCounts {
     pub timers_twice: AtomicU64,
     pub timers_early: AtomicU64,
     pub redeliveries: AtomicU64,
+    pub declines: AtomicU64,
+    pub events_lost: AtomicU64,
+    pub events_late: AtomicU64,
+    pub events_twice: AtomicU64,
 }
 
 impl FaultCounts {
@@ -386,6 +415,10 @@ impl FaultCounts {
             ("timer twice", &self.timers_twice),
             ("timer early", &self.timers_early),
             ("redelivery", &self.redeliveries),
+            ("card declined", &self.declines),
+            ("event lost", &self.events_lost),
+            ("event late", &self.events_late),
+            ("event twice", &self.events_twice),
         ]
         .into_iter()
         .map(|(kind, count)| (kind, count.load(Ordering::Relaxed)))
@@ -399,6 +432,7 @@ enum Service {
     Store,
     Queue,
     Scheduler,
+    Stripe,
 }
 
 /// What a call meets on its way, as the plan draws it.
@@ -425,6 +459,80 @@ pub enum Injected {
     TransactionConflict,
     #[error("injected: the service is out")]
     Outage,
+}
+
+/// What a call to `service` meets, drawn from the plan; a delay is slept here.
+async fn meets(sim: &Sim, service: Service, write: bool) -> Met {
+    let now = sim.now();
+    let outage = match service {
+        Service::Store => sim.plan.store_outage,
+        Service::Queue => sim.plan.queue_outage,
+        Service::Scheduler => sim.plan.scheduler_outage,
+        Service::Stripe => sim.plan.stripe_outage,
+    };
+    if outage.is_some_and(|(begins, ends)| begins <= now && now < ends) {
+        FaultCounts::add(&sim.faults.outage_refusals);
+        return Met::Refused(StoreError::transient("simulated call", Injected::Outage));
+    }
+    if now >= sim.plan.faults_end {
+        return Met::Nothing;
+    }
+    let plan = &sim.plan;
+    if sim.rng.percent(plan.delay) {
+        FaultCounts::add(&sim.faults.delays);
+        sim.sleep(Duration::milliseconds(50 + sim.rng.below(350) as i64))
+            .await;
+    }
+    let draw = sim.rng.below(100);
+    let mut bound = plan.error;
+    if draw < bound {
+        FaultCounts::add(&sim.faults.errors);
+        return Met::Refused(StoreError::transient("simulated call", Injected::Error));
+    }
+    bound += plan.throttle;
+    if draw < bound {
+        FaultCounts::add(&sim.faults.throttles);
+        return Met::Refused(StoreError::transient("simulated call", Injected::Throttled));
+    }
+    bound += plan.lost_answer;
+    if write && draw < bound {
+        FaultCounts::add(&sim.faults.lost_answers);
+        return Met::LostAnswer;
+    }
+    bound += plan.conflict;
+    if write && service == Service::Store && draw < bound {
+        FaultCounts::add(&sim.faults.conflicts);
+        return Met::Conflict;
+    }
+    Met::Nothing
+}
+
+/// A call between two turn points, meeting what the plan draws: a conflict off the
+/// reserve is a transient error (the adapter's retries ran out).
+async fn call<T>(
+    sim: &Sim,
+    service: Service,
+    write: bool,
+    apply: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    turn().await;
+    let answer = match meets(sim, service, write).await {
+        Met::Nothing => apply.await,
+        Met::Refused(error) => Err(error),
+        Met::Conflict => Err(StoreError::transient(
+            "simulated call",
+            Injected::TransactionConflict,
+        )),
+        Met::LostAnswer => {
+            let _applied = apply.await;
+            Err(StoreError::transient(
+                "simulated call",
+                Injected::LostAnswer,
+            ))
+        }
+    };
+    turn().await;
+    answer
 }
 
 /// An invocation that may die at one of its await points, as a Lambda timeout or a
@@ -456,6 +564,7 @@ pub struct Interleaved {
     pub store: Arc<InMemoryStore>,
     pub queue: Arc<SimQueue>,
     pub scheduler: Arc<SimScheduler>,
+    pub provider: Arc<SimProvider>,
     /// A bug planted on purpose, to show the checker catches it.
     pub planted: Option<PlantedBug>,
     /// Until when this environment reserves as take then hold in an adaptive sale.
@@ -476,6 +585,13 @@ pub enum PlantedBug {
     /// A reserve that skips the shard's condition once the shard is empty, as a take
     /// without `available > 0` would: a unit sold twice.
     ReserveWithoutTheStockCondition,
+    /// A release that ends a paid order too, giving its unit back: sold, and on sale.
+    ReleaseThatIgnoresPaid,
+    /// A pay write that captures the money before its condition on the open hold has
+    /// won: money taken for an order that the timeout or a cancel ended.
+    CaptureBeforeThePaidWrite,
+    /// A webhook that never finds an event processed: each redelivery settles again.
+    WebhookDedupOff,
 }
 
 impl Interleaved {
@@ -484,6 +600,7 @@ impl Interleaved {
         store: Arc<InMemoryStore>,
         queue: Arc<SimQueue>,
         scheduler: Arc<SimScheduler>,
+        provider: Arc<SimProvider>,
         planted: Option<PlantedBug>,
     ) -> Self {
         Self {
@@ -491,83 +608,23 @@ impl Interleaved {
             store,
             queue,
             scheduler,
+            provider,
             planted,
             hot_until: Mutex::new(None),
         }
     }
 
-    /// What a call to `service` meets, drawn from the plan; a delay is slept here.
     async fn meets(&self, service: Service, write: bool) -> Met {
-        let sim = &self.sim;
-        let now = sim.now();
-        let outage = match service {
-            Service::Store => sim.plan.store_outage,
-            Service::Queue => sim.plan.queue_outage,
-            Service::Scheduler => sim.plan.scheduler_outage,
-        };
-        if outage.is_some_and(|(begins, ends)| begins <= now && now < ends) {
-            FaultCounts::add(&sim.faults.outage_refusals);
-            return Met::Refused(StoreError::transient("simulated call", Injected::Outage));
-        }
-        if now >= sim.plan.faults_end {
-            return Met::Nothing;
-        }
-        let plan = &sim.plan;
-        if sim.rng.percent(plan.delay) {
-            FaultCounts::add(&sim.faults.delays);
-            sim.sleep(Duration::milliseconds(50 + sim.rng.below(350) as i64))
-                .await;
-        }
-        let draw = sim.rng.below(100);
-        let mut bound = plan.error;
-        if draw < bound {
-            FaultCounts::add(&sim.faults.errors);
-            return Met::Refused(StoreError::transient("simulated call", Injected::Error));
-        }
-        bound += plan.throttle;
-        if draw < bound {
-            FaultCounts::add(&sim.faults.throttles);
-            return Met::Refused(StoreError::transient("simulated call", Injected::Throttled));
-        }
-        bound += plan.lost_answer;
-        if write && draw < bound {
-            FaultCounts::add(&sim.faults.lost_answers);
-            return Met::LostAnswer;
-        }
-        bound += plan.conflict;
-        if write && service == Service::Store && draw < bound {
-            FaultCounts::add(&sim.faults.conflicts);
-            return Met::Conflict;
-        }
-        Met::Nothing
+        meets(&self.sim, service, write).await
     }
 
-    /// A call between two turn points, meeting what the plan draws: a conflict off the
-    /// reserve is a transient error (the adapter's retries ran out).
     async fn call<T>(
         &self,
         service: Service,
         write: bool,
         apply: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        turn().await;
-        let answer = match self.meets(service, write).await {
-            Met::Nothing => apply.await,
-            Met::Refused(error) => Err(error),
-            Met::Conflict => Err(StoreError::transient(
-                "simulated call",
-                Injected::TransactionConflict,
-            )),
-            Met::LostAnswer => {
-                let _applied = apply.await;
-                Err(StoreError::transient(
-                    "simulated call",
-                    Injected::LostAnswer,
-                ))
-            }
-        };
-        turn().await;
-        answer
+        call(&self.sim, service, write, apply).await
     }
 
     /// Whether this environment reserves `sale` as take then hold now.
@@ -685,6 +742,14 @@ impl StockLedger for Interleaved {
             turn().await;
             return Ok(Settlement::Applied);
         }
+        if self.planted == Some(PlantedBug::ReleaseThatIgnoresPaid)
+            && self
+                .store
+                .end_paid_giving_the_unit_back(reservation, reason)
+        {
+            turn().await;
+            return Ok(Settlement::Applied);
+        }
         self.call(
             Service::Store,
             true,
@@ -791,6 +856,338 @@ impl ReleaseScheduler for Interleaved {
             Service::Scheduler,
             true,
             self.scheduler.cancel_release(order_id),
+        )
+        .await
+    }
+}
+
+#[async_trait]
+impl OrderPayments for Interleaved {
+    async fn attach_payment(
+        &self,
+        reservation: &Reservation,
+        payment: &PaymentId,
+    ) -> Result<PaymentAttach, StoreError> {
+        self.call(
+            Service::Store,
+            true,
+            self.store.attach_payment(reservation, payment),
+        )
+        .await
+    }
+
+    async fn pay_with(
+        &self,
+        reservation: &Reservation,
+        payment: &OrderPayment,
+        now: DateTime<Utc>,
+    ) -> Result<PayOutcome, StoreError> {
+        if self.planted == Some(PlantedBug::CaptureBeforeThePaidWrite) {
+            // The money first, whatever the pay write then finds.
+            let _captured = self.provider.fake.capture(&payment.id).await;
+            self.provider.record_capture(&payment.id);
+        }
+        let outcome = self
+            .call(
+                Service::Store,
+                true,
+                self.store.pay_with(reservation, payment, now),
+            )
+            .await;
+        if let Ok(PayOutcome::Paid) = outcome {
+            lock(&self.sim.paid).push((reservation.clone(), self.sim.now()));
+        }
+        outcome
+    }
+
+    async fn record_payment(
+        &self,
+        reservation: &Reservation,
+        payment: &OrderPayment,
+    ) -> Result<PaymentRecorded, StoreError> {
+        self.call(
+            Service::Store,
+            true,
+            self.store.record_payment(reservation, payment),
+        )
+        .await
+    }
+
+    async fn record_refund(
+        &self,
+        reservation: &Reservation,
+        payment: &PaymentId,
+    ) -> Result<bool, StoreError> {
+        self.call(
+            Service::Store,
+            true,
+            self.store.record_refund(reservation, payment),
+        )
+        .await
+    }
+
+    async fn reopen_refund(
+        &self,
+        reservation: &Reservation,
+        payment: &PaymentId,
+        from: OrderStatus,
+    ) -> Result<bool, StoreError> {
+        self.call(
+            Service::Store,
+            true,
+            self.store.reopen_refund(reservation, payment, from),
+        )
+        .await
+    }
+
+    async fn fail_payment(
+        &self,
+        reservation: &Reservation,
+        payment: &PaymentId,
+        now: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        self.call(
+            Service::Store,
+            true,
+            self.store.fail_payment(reservation, payment, now),
+        )
+        .await
+    }
+
+    async fn follow_money(
+        &self,
+        reservation: &Reservation,
+        since: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        self.call(
+            Service::Store,
+            true,
+            self.store.follow_money(reservation, since),
+        )
+        .await
+    }
+
+    async fn unfollow_money(&self, read: &FollowedMoney) -> Result<(), StoreError> {
+        self.call(Service::Store, true, self.store.unfollow_money(read))
+            .await
+    }
+
+    async fn followed_money(&self) -> Result<Vec<FollowedMoney>, StoreError> {
+        self.call(Service::Store, false, self.store.followed_money())
+            .await
+    }
+
+    async fn unsettled_payments(
+        &self,
+        sale: &Sale,
+    ) -> Result<Vec<(Order, Reservation)>, StoreError> {
+        self.call(Service::Store, false, self.store.unsettled_payments(sale))
+            .await
+    }
+}
+
+#[async_trait]
+impl ProviderEvents for Interleaved {
+    async fn was_processed(&self, event_id: &str) -> Result<bool, StoreError> {
+        if self.planted == Some(PlantedBug::WebhookDedupOff) {
+            turn().await;
+            return Ok(false);
+        }
+        self.call(Service::Store, false, self.store.was_processed(event_id))
+            .await
+    }
+
+    async fn record_processed(
+        &self,
+        event_id: &str,
+        now: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        self.call(
+            Service::Store,
+            true,
+            self.store.record_processed(event_id, now),
+        )
+        .await
+    }
+}
+
+/// One of Stripe's events, on its way to the webhook.
+#[derive(Debug, Clone)]
+pub struct SimEvent {
+    pub id: String,
+    pub payment: PaymentId,
+    pub deliver_at: DateTime<Utc>,
+    /// Deliveries tried before this one.
+    pub tried: u32,
+}
+
+/// Stripe as the simulation plays it: the fake provider's rules for a manually captured
+/// PaymentIntent, each call meeting the plan's faults (no answer, a lost answer, a
+/// delay, an outage); every change of a payment sent as an event, late, twice, out of
+/// order or never, as the plan draws; and every capture recorded with when it moved the
+/// money, for the checker.
+pub struct SimProvider {
+    sim: Arc<Sim>,
+    pub fake: Arc<FakePaymentProvider>,
+    events: Mutex<Vec<SimEvent>>,
+    sent: AtomicU64,
+    captures: Mutex<Vec<(PaymentId, DateTime<Utc>)>>,
+}
+
+impl SimProvider {
+    pub fn new(sim: Arc<Sim>) -> Self {
+        let fake = FakePaymentProvider::new();
+        fake.automatic_capture
+            .store(sim.plan.automatic_capture, Ordering::SeqCst);
+        Self {
+            sim,
+            fake: Arc::new(fake),
+            events: Mutex::new(Vec::new()),
+            sent: AtomicU64::new(0),
+            captures: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The buyer confirms with Stripe.js: authorised, unless the card is declined (as
+    /// the plan draws). Whether it was.
+    pub fn confirm_by_card(&self, id: &PaymentId) -> bool {
+        let sim = &self.sim;
+        if sim.now() < sim.plan.faults_end && sim.rng.percent(sim.plan.decline) {
+            FaultCounts::add(&sim.faults.declines);
+            return false;
+        }
+        let authorised = self.fake.authorise(id);
+        if authorised {
+            self.emit(id);
+        }
+        authorised
+    }
+
+    /// Sends an event about the payment, as the plan draws its delivery.
+    fn emit(&self, payment: &PaymentId) {
+        let sim = &self.sim;
+        let now = sim.now();
+        let faulty = now < sim.plan.faults_end;
+        if faulty && sim.rng.percent(sim.plan.event_lost) {
+            FaultCounts::add(&sim.faults.events_lost);
+            return;
+        }
+        let id = format!("evt_{}", self.sent.fetch_add(1, Ordering::Relaxed));
+        let mut deliver_at = now + Duration::milliseconds(sim.rng.below(3_000) as i64);
+        if faulty && sim.rng.percent(sim.plan.event_late) {
+            FaultCounts::add(&sim.faults.events_late);
+            deliver_at = now + Duration::seconds(60 + sim.rng.below(540) as i64);
+        }
+        let mut events = lock(&self.events);
+        if faulty && sim.rng.percent(sim.plan.event_twice) {
+            FaultCounts::add(&sim.faults.events_twice);
+            events.push(SimEvent {
+                id: id.clone(),
+                payment: payment.clone(),
+                deliver_at: deliver_at + Duration::milliseconds(sim.rng.below(60_000) as i64),
+                tried: 0,
+            });
+        }
+        events.push(SimEvent {
+            id,
+            payment: payment.clone(),
+            deliver_at,
+            tried: 0,
+        });
+    }
+
+    /// The events due at `now`, taken off.
+    pub fn due_events(&self, now: DateTime<Utc>) -> Vec<SimEvent> {
+        let mut events = lock(&self.events);
+        let (due, later) = events
+            .drain(..)
+            .partition(|event: &SimEvent| event.deliver_at <= now);
+        *events = later;
+        due
+    }
+
+    /// Stripe tries a delivery the webhook failed again, later each time.
+    pub fn redeliver(&self, mut event: SimEvent) {
+        event.tried += 1;
+        if event.tried > 5 {
+            return;
+        }
+        event.deliver_at = self.sim.now() + Duration::minutes(1 << (event.tried - 1));
+        lock(&self.events).push(event);
+    }
+
+    fn record_capture(&self, id: &PaymentId) {
+        lock(&self.captures).push((id.clone(), self.sim.now()));
+    }
+
+    /// Every capture that moved money, with when.
+    pub fn captures(&self) -> Vec<(PaymentId, DateTime<Utc>)> {
+        lock(&self.captures).clone()
+    }
+}
+
+#[async_trait]
+impl PaymentProvider for SimProvider {
+    async fn open(
+        &self,
+        order: &OrderId,
+        buyer: &UserId,
+        price: Price,
+    ) -> Result<Payment, StoreError> {
+        call(
+            &self.sim,
+            Service::Stripe,
+            true,
+            self.fake.open(order, buyer, price),
+        )
+        .await
+    }
+
+    async fn payment(&self, id: &PaymentId) -> Result<Option<Payment>, StoreError> {
+        call(&self.sim, Service::Stripe, false, self.fake.payment(id)).await
+    }
+
+    async fn capture(&self, id: &PaymentId) -> Result<CaptureOutcome, StoreError> {
+        call(&self.sim, Service::Stripe, true, async {
+            let outcome = self.fake.capture(id).await;
+            if let Ok(CaptureOutcome::Captured(_)) = &outcome {
+                self.record_capture(id);
+                self.emit(id);
+            }
+            outcome
+        })
+        .await
+    }
+
+    async fn cancel(&self, id: &PaymentId) -> Result<CancelOutcome, StoreError> {
+        call(&self.sim, Service::Stripe, true, async {
+            let outcome = self.fake.cancel(id).await;
+            if let Ok(CancelOutcome::Cancelled(_)) = &outcome {
+                self.emit(id);
+            }
+            outcome
+        })
+        .await
+    }
+
+    async fn refund(&self, payment: &Payment) -> Result<RefundProgress, StoreError> {
+        call(&self.sim, Service::Stripe, true, async {
+            let before = self.fake.refunds.load(Ordering::SeqCst);
+            let progress = self.fake.refund(payment).await;
+            if self.fake.refunds.load(Ordering::SeqCst) > before {
+                self.emit(&payment.id);
+            }
+            progress
+        })
+        .await
+    }
+
+    async fn refunds(&self, payment: &Payment) -> Result<RefundProgress, StoreError> {
+        call(
+            &self.sim,
+            Service::Stripe,
+            false,
+            self.fake.refunds(payment),
         )
         .await
     }
