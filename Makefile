@@ -73,7 +73,7 @@ help:
 	@echo "make run    - install the emulators if missing, provision template.yaml locally, serve the API and the pages on http://127.0.0.1:$(API_PORT)/"
 	@echo "make test   - install what the tests need, then lint, test and check everything"
 	@echo "make bench  - measure the local stack and the bootstraps; writes docs/benchmarks.md"
-	@echo "make chaos  - $(CHAOS_SURGES) surges per reserve path under the random fault mix (issue 52), a row a surge and a total a path; CHAOS_SURGES=n, CHAOS_SEED=s to replay"
+	@echo "make chaos  - the simulation for $(CHAOS_SIM_MINUTES) minutes (issue 48), then $(CHAOS_SURGES) surges per reserve path under the random fault mix (issue 52); CHAOS_SIM_MINUTES=m, CHAOS_SURGES=n, CHAOS_SEED=s to replay"
 
 ## --- tools -------------------------------------------------------------------------
 
@@ -275,10 +275,18 @@ fuzz-api: tools $(SCHEMATHESIS) debug-build
 # run fails if any surge broke a check. The seed is drawn from the clock and printed;
 # CHAOS_SEED=s replays a run's draws. The emulators start as `unit` starts them, and the
 # three paths run one after another (--no-capture runs one test at a time).
+# First, the deterministic simulation (issue 48, docs/testing.md) for CHAOS_SIM_MINUTES
+# (0 skips it): seeds from a base drawn from the clock, a progress line every 30 s, and
+# a summary of the seeds, orders and faults; any failure names its seed.
 CHAOS_SURGES ?= 20
 CHAOS_SEED ?=
+CHAOS_SIM_MINUTES ?= 10
 .PHONY: chaos
 chaos: tools
+	@if [ "$(CHAOS_SIM_MINUTES)" != 0 ]; then \
+	  FLASHSALE_SIM_MINUTES=$(CHAOS_SIM_MINUTES) cargo test -p flashsale-domain --locked \
+	    --test simulation the_sale_holds_its_invariants -- --nocapture || exit $$?; \
+	fi
 	@cargo build --locked -q -p flashsale-emulators --bin flashsale-emulators || exit $$?; \
 	cargo nextest run -p flashsale-e2e --locked --no-run --cargo-quiet --test sold_out_under_faults || exit $$?; \
 	env_file=$${CARGO_TARGET_DIR:-target}/chaos-emulators.env; rm -f "$$env_file"; \

@@ -32,12 +32,14 @@ use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Duration, TimeZone, Utc};
+use flashsale_domain::control::SaleAction;
 use flashsale_domain::gate::SoldOutGate;
 use flashsale_domain::payment::{PaymentState, RefundStatus};
 use flashsale_domain::ports::{Clock, SaleCatalog, StockLedger};
 use flashsale_domain::service::{
     Attempt, CachedBlocklist, ContentionPolicy, DEFAULT_TAKE_GRACE, EventHandled, ExpiryService,
     GrabOutcome, GrabPass, GrabService, OrderService, PaymentService, PaymentWebhook, Reconciler,
+    SaleService,
 };
 use flashsale_domain::testing::simulation::{
     Executor, Interleaved, MAX_EARLY_FIRING, PlantedBug, Sim, SimPause, SimProvider, SimQueue,
@@ -109,6 +111,22 @@ enum Told {
     },
 }
 
+/// A grab that reserved a unit: when it began, when it was answered, and its order.
+#[derive(Debug, Clone)]
+struct Reserved {
+    asked: DateTime<Utc>,
+    answered: DateTime<Utc>,
+    order_id: OrderId,
+}
+
+/// One attempt of the operator's to control the sale, and when it was answered 200.
+#[derive(Debug, Clone)]
+struct Control {
+    action: SaleAction,
+    sent: DateTime<Utc>,
+    answered: Option<DateTime<Utc>>,
+}
+
 /// One answered delivery of a Stripe event to the webhook.
 #[derive(Debug, Clone)]
 struct Delivery {
@@ -163,6 +181,8 @@ struct Run {
     idle: RefCell<Vec<Rc<GrabService>>>,
     /// Environments started, for the trace.
     started: Cell<u64>,
+    /// Every grab that reserved a unit (not one that found its hold).
+    reserved: RefCell<Vec<Reserved>>,
 }
 
 /// How long a buyer's page keeps retrying a grab that fails (503, a dead invocation).
@@ -202,6 +222,7 @@ impl Run {
             planted: None,
             idle: RefCell::new(Vec::new()),
             started: Cell::new(0),
+            reserved: RefCell::new(Vec::new()),
         }
     }
 
@@ -228,7 +249,7 @@ impl Run {
         let ports = self.ports();
         let clock: Arc<dyn Clock> = self.sim.clock.clone();
         GrabService {
-            catalog: self.store.clone(),
+            catalog: ports.clone(),
             ledger: ports.clone(),
             orders: ports.clone(),
             queue: ports,
@@ -266,6 +287,18 @@ impl Run {
         }
     }
 
+    fn sales(&self) -> SaleService {
+        let ports = self.ports();
+        let clock: Arc<dyn Clock> = self.sim.clock.clone();
+        SaleService {
+            catalog: ports.clone(),
+            ledger: ports.clone(),
+            orders: ports,
+            ids: Arc::new(SeededIds::new(self.seed, clock.clone())),
+            clock,
+        }
+    }
+
     fn payments(&self) -> Arc<PaymentService> {
         let ports = self.ports();
         Arc::new(PaymentService {
@@ -288,7 +321,7 @@ impl Run {
     fn reconciler(&self) -> Reconciler {
         let ports = self.ports();
         Reconciler {
-            catalog: self.store.clone(),
+            catalog: ports.clone(),
             orders: ports.clone(),
             ledger: ports,
             clock: self.sim.clock.clone(),
@@ -324,6 +357,7 @@ impl Run {
         let webhook = self.webhook();
         let told: Mutex<Vec<(UserId, Told)>> = Mutex::new(Vec::new());
         let deliveries: Mutex<Vec<Delivery>> = Mutex::new(Vec::new());
+        let controls: Mutex<Vec<Control>> = Mutex::new(Vec::new());
         let violations: Mutex<Vec<String>> = Mutex::new(Vec::new());
         let stocked = Stocked::default();
         stocked.see(&self.store, &self.sale, self.sim.now());
@@ -427,6 +461,55 @@ impl Run {
                 }
             });
         }
+        // The operator: in some sales a pause soon after the start, resumed a few seconds
+        // later or not, and in some an end; each retried as the console retries it.
+        {
+            let (sales, sim, controls) = (self.sales(), self.sim.clone(), &controls);
+            let mut plan = Vec::new();
+            if sim.rng.percent(30) {
+                let paused = Duration::milliseconds(sim.rng.below(1_500) as i64);
+                plan.push((paused, SaleAction::Pause));
+                if sim.rng.percent(70) {
+                    let resumed = paused + Duration::milliseconds(sim.rng.below(5_000) as i64);
+                    plan.push((resumed, SaleAction::Resume));
+                }
+            }
+            if sim.rng.percent(10) {
+                plan.push((
+                    Duration::milliseconds(sim.rng.below(3_000) as i64),
+                    SaleAction::End,
+                ));
+            }
+            plan.sort_by_key(|(at, _)| *at);
+            let (sale_id, operator) = (
+                self.sale.sale_id.clone(),
+                UserId::parse("operator").unwrap(),
+            );
+            executor.spawn(async move {
+                for (at, action) in plan {
+                    sim.sleep_until(start() + at).await;
+                    for _ in 0..10 {
+                        let sent = sim.now();
+                        let answer =
+                            may_die(&sim, sales.control(&sale_id, action, &operator)).await;
+                        if tracing() {
+                            eprintln!("{sent}..{} operator {action:?}: {answer:?}", sim.now());
+                        }
+                        // An attempt that failed may have applied all the same.
+                        controls.lock().unwrap().push(Control {
+                            action,
+                            sent,
+                            answered: matches!(answer, Some(Ok(_))).then(|| sim.now()),
+                        });
+                        match answer {
+                            Some(Ok(_)) => break,
+                            Some(Err(error)) if !error.is_retryable() => break,
+                            _ => sim.sleep(Duration::seconds(1)).await,
+                        }
+                    }
+                }
+            });
+        }
         // Stripe's events: each delivery a webhook invocation, a failed one tried again
         // later, as Stripe retries.
         {
@@ -506,6 +589,7 @@ impl Run {
         let told = told.into_inner().unwrap();
         found.extend(self.check_the_end(&told));
         found.extend(self.check_the_money(&deliveries.into_inner().unwrap()));
+        found.extend(self.check_the_controls(&controls.into_inner().unwrap()));
 
         if found.is_empty() {
             Ok(self.tally(&told))
@@ -564,22 +648,28 @@ impl Run {
             let asked = sim.now();
             let environment = self.environment();
             let report = may_die(sim, environment.grab(&sale.sale_id, token, user, attempt)).await;
-            let failed_at = sim.now();
+            let answered_at = sim.now();
             if tracing() {
                 let shards: Vec<u64> = (0..sale.shards)
                     .map(|shard| store.shard_available(&sale.sale_id, shard))
                     .collect();
                 eprintln!(
-                    "{asked}..{failed_at} {user} try {attempt:?}: {:?} shards {shards:?}",
+                    "{asked}..{answered_at} {user} try {attempt:?}: {:?} shards {shards:?}",
                     report.as_ref().map(|report| &report.outcome)
                 );
             }
             if let Some(report) = report {
                 self.idle.borrow_mut().push(environment);
                 match report.outcome {
-                    Ok(GrabOutcome::Reserved(held) | GrabOutcome::Resumed(held)) => {
+                    Ok(GrabOutcome::Reserved(held)) => {
+                        self.reserved.borrow_mut().push(Reserved {
+                            asked,
+                            answered: answered_at,
+                            order_id: held.order_id.clone(),
+                        });
                         return Told::Held(held.order_id);
                     }
+                    Ok(GrabOutcome::Resumed(held)) => return Told::Held(held.order_id),
                     Ok(GrabOutcome::SoldOut(_)) => {
                         return Told::SoldOut {
                             available: available_now(store, &sale.sale_id, sale.shards),
@@ -594,7 +684,9 @@ impl Run {
             // A 503, or a 502 from an invocation that died: tried again as a retry.
             attempt = Attempt::Retry;
             if sim.now() >= gives_up {
-                return Told::GaveUp { failed_at };
+                return Told::GaveUp {
+                    failed_at: answered_at,
+                };
             }
             sim.sleep(Duration::seconds(1)).await;
         }
@@ -669,6 +761,42 @@ impl Run {
                 _ => sim.sleep(Duration::seconds(1)).await,
             }
         }
+    }
+
+    /// No grab that began once a pause or the end was answered reserved a unit, unless a
+    /// resume was sent after that pause and before the grab was answered (one that
+    /// failed may have applied, and the grab reads the sale after it began).
+    fn check_the_controls(&self, controls: &[Control]) -> Vec<String> {
+        let mut found = Vec::new();
+        for Reserved {
+            asked,
+            answered: grab_answered,
+            order_id,
+        } in self.reserved.borrow().iter()
+        {
+            let halted = controls
+                .iter()
+                .filter(|control| control.action != SaleAction::Resume)
+                .filter_map(|control| Some((control, control.answered?)))
+                .filter(|(_, answered)| answered <= asked)
+                .max_by_key(|(_, answered)| *answered);
+            let Some((halted, answered)) = halted else {
+                continue;
+            };
+            let resumed = halted.action == SaleAction::Pause
+                && controls.iter().any(|control| {
+                    control.action == SaleAction::Resume
+                        && control.sent >= halted.sent
+                        && control.sent <= *grab_answered
+                });
+            if !resumed {
+                found.push(format!(
+                    "{order_id} reserved by a grab begun at {asked}, after the {:?} answered at {answered}",
+                    halted.action
+                ));
+            }
+        }
+        found
     }
 
     /// Once everything settled, the money: per payment at the provider and per order.
@@ -911,10 +1039,7 @@ fn seeds() -> Vec<u64> {
         .ok()
         .map(|raw| raw.trim().parse().expect("FLASHSALE_SIM_SEEDS is a number"))
         .unwrap_or(10_000);
-    let rotating = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |since| since.as_secs())
-        << 20;
+    let rotating = rotating_base();
     eprintln!(
         "simulation: seeds {FIXED_BASE}.. and {rotating}.. ({count} in all); replay one with FLASHSALE_SIM_SEED=<seed>"
     );
@@ -923,26 +1048,70 @@ fn seeds() -> Vec<u64> {
     fixed.chain(rotated).collect()
 }
 
+/// A base drawn from the clock, printed by its callers: each run looks somewhere new.
+fn rotating_base() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_secs())
+        << 20
+}
+
 /// The fixed half's first seed.
 const FIXED_BASE: u64 = 48_000;
 
 #[tokio::test]
 async fn the_sale_holds_its_invariants_under_every_interleaving_the_seeds_draw() {
-    let mut failures = Vec::new();
-    let mut steps = 0;
+    let campaign = std::env::var("FLASHSALE_SIM_MINUTES").ok().map(|raw| {
+        let minutes: u64 = raw
+            .trim()
+            .parse()
+            .expect("FLASHSALE_SIM_MINUTES is a number");
+        std::time::Duration::from_secs(minutes * 60)
+    });
+    let mut seeds: Box<dyn Iterator<Item = u64>> = match campaign {
+        Some(_) => {
+            let base = rotating_base();
+            eprintln!(
+                "simulation campaign: seeds {base}.. until the time is up; replay one with FLASHSALE_SIM_SEED=<seed>"
+            );
+            Box::new(base..)
+        }
+        None => Box::new(seeds().into_iter()),
+    };
+    let began = std::time::Instant::now();
+    let mut last_report = began;
+    let (mut failures, mut steps, mut played) = (Vec::new(), 0, 0_u64);
     let mut tally = Tally::default();
-    let seeds = seeds();
-    for seed in &seeds {
-        let run = Run::new(*seed).await;
+    for seed in seeds.by_ref() {
+        if campaign.is_some_and(|length| began.elapsed() >= length) {
+            break;
+        }
+        let run = Run::new(seed).await;
         match run.play() {
             Ok(checked) => tally.add(&checked),
-            Err(failure) => failures.push(failure),
+            Err(failure) => {
+                eprintln!("FAILED {failure}");
+                failures.push(failure);
+            }
         }
         steps += run.steps.get();
+        played += 1;
+        if let Some(length) = campaign
+            && last_report.elapsed() >= std::time::Duration::from_secs(30)
+        {
+            last_report = std::time::Instant::now();
+            eprintln!(
+                "simulation: {played} seeds, {} failed, {} orders checked, {}s of {}s",
+                failures.len(),
+                tally.orders,
+                began.elapsed().as_secs(),
+                length.as_secs()
+            );
+        }
     }
     eprintln!(
-        "{} seeds, {steps} steps; checked {} orders of {} units; answers {:?}; orders ended {:?}; faults injected {:?}",
-        seeds.len(),
+        "{played} seeds in {}s, {steps} steps; checked {} orders of {} units; answers {:?}; orders ended {:?}; faults injected {:?}",
+        began.elapsed().as_secs(),
         tally.orders,
         tally.units,
         tally.answers,
@@ -951,9 +1120,8 @@ async fn the_sale_holds_its_invariants_under_every_interleaving_the_seeds_draw()
     );
     assert!(
         failures.is_empty(),
-        "{} of {} seeds failed; replay one with FLASHSALE_SIM_SEED=<seed>:\n{}",
+        "{} of {played} seeds failed; replay one with FLASHSALE_SIM_SEED=<seed>:\n{}",
         failures.len(),
-        seeds.len(),
         failures.join("\n")
     );
 }
@@ -993,6 +1161,7 @@ async fn the_checker_catches_the_bugs_planted_for_it() {
         PlantedBug::ReleaseThatIgnoresPaid,
         PlantedBug::CaptureBeforeThePaidWrite,
         PlantedBug::WebhookDedupOff,
+        PlantedBug::SaleReadThatMissesThePause,
     ] {
         assert!(
             seeds_catching(bug, 100).await > 0,

@@ -24,6 +24,7 @@ use chrono::{DateTime, Duration, Utc};
 use futures::FutureExt;
 
 use super::{FakePaymentProvider, InMemoryStore, ManualClock};
+use crate::control::{ControlWrite, SaleAudit, SaleControl};
 use crate::error::StoreError;
 use crate::ids::{OrderId, SaleId, UserId};
 use crate::order::{Order, OrderStatus, ReleaseReason, Reservation};
@@ -32,11 +33,11 @@ use crate::payment::{
 };
 use crate::ports::{
     Clock, OrderBook, OrderPayments, OrderQueue, Pause, PayOutcome, PaymentAttach, PaymentProvider,
-    PaymentRecorded, ProviderEvents, ReleaseScheduler, ReserveRefusal, Settlement, ShardState,
-    StockLedger, Take, TakeReturn,
+    PaymentRecorded, ProviderEvents, ReleaseScheduler, ReserveRefusal, SaleCatalog, Settlement,
+    ShardState, StockLedger, Take, TakeReturn,
 };
 use crate::price::Price;
-use crate::sale::{ReservePath, Sale, StockCounts};
+use crate::sale::{ReservePath, Sale, SaleCursor, SalePage, StockCounts};
 
 /// The run's random draws: SplitMix64 from the seed.
 #[derive(Debug)]
@@ -592,6 +593,8 @@ pub enum PlantedBug {
     CaptureBeforeThePaidWrite,
     /// A webhook that never finds an event processed: each redelivery settles again.
     WebhookDedupOff,
+    /// A read of the sale that misses its pause: grabs go on selling a paused sale.
+    SaleReadThatMissesThePause,
 }
 
 impl Interleaved {
@@ -700,6 +703,72 @@ impl Interleaved {
         };
         turn().await;
         answer
+    }
+}
+
+#[async_trait]
+impl SaleCatalog for Interleaved {
+    async fn create_sale(&self, sale: &Sale) -> Result<bool, StoreError> {
+        self.call(Service::Store, true, self.store.create_sale(sale))
+            .await
+    }
+
+    async fn find_sale(&self, sale_id: &SaleId) -> Result<Option<Sale>, StoreError> {
+        let found = self
+            .call(Service::Store, false, self.store.find_sale(sale_id))
+            .await;
+        if self.planted != Some(PlantedBug::SaleReadThatMissesThePause) {
+            return found;
+        }
+        found.map(|sale| {
+            sale.map(|sale| Sale {
+                control: match sale.control {
+                    SaleControl::Paused => SaleControl::Open,
+                    other => other,
+                },
+                ..sale
+            })
+        })
+    }
+
+    async fn control_sale(
+        &self,
+        sale_id: &SaleId,
+        change: &SaleAudit,
+    ) -> Result<ControlWrite, StoreError> {
+        self.call(
+            Service::Store,
+            true,
+            self.store.control_sale(sale_id, change),
+        )
+        .await
+    }
+
+    async fn audit_trail(
+        &self,
+        sale_id: &SaleId,
+        limit: usize,
+    ) -> Result<Vec<SaleAudit>, StoreError> {
+        self.call(
+            Service::Store,
+            false,
+            self.store.audit_trail(sale_id, limit),
+        )
+        .await
+    }
+
+    async fn sales_ending_after(&self, cutoff: DateTime<Utc>) -> Result<Vec<Sale>, StoreError> {
+        self.call(Service::Store, false, self.store.sales_ending_after(cutoff))
+            .await
+    }
+
+    async fn list_sales(
+        &self,
+        after: Option<&SaleCursor>,
+        limit: usize,
+    ) -> Result<SalePage, StoreError> {
+        self.call(Service::Store, false, self.store.list_sales(after, limit))
+            .await
     }
 }
 
