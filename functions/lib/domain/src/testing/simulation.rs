@@ -9,6 +9,11 @@
 //! domain reads time or randomness (both are ports), so a seed fixes the whole run, and
 //! a failing seed replays exactly. `madsim` would replace tokio under every crate of
 //! the workspace, and `turmoil` simulates hosts and sockets we do not have here.
+//!
+//! The seed also draws a [`FaultPlan`]: each port call meets it ([`Interleaved`],
+//! [`SimProvider`]), invocations die at an await point ([`may_die`]), the queue
+//! redelivers ([`SimQueue`]), timers fire early, twice or never ([`SimScheduler`]), and
+//! Stripe's events come late, twice or never.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -87,11 +92,6 @@ pub struct Sim {
 }
 
 impl Sim {
-    /// A run with no faults.
-    pub fn new(seed: u64, start: DateTime<Utc>) -> Arc<Self> {
-        Self::with_plan(SimRng::new(seed), FaultPlan::none(start), start)
-    }
-
     /// A run whose faults the seed draws too.
     pub fn with_faults(seed: u64, start: DateTime<Utc>) -> Arc<Self> {
         let rng = SimRng::new(seed);
@@ -268,7 +268,7 @@ impl<'a> Executor<'a> {
 
 /// The faults one run injects, drawn from its seed: several kinds at once, each at its
 /// own rate, so seeds range from a quiet sale to a stormy one.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct FaultPlan {
     /// Percent of store, queue and scheduler calls refused with a transient error,
     /// nothing applied (a 500, a reset, a timeout before the write).
@@ -315,15 +315,6 @@ pub struct FaultPlan {
 }
 
 impl FaultPlan {
-    /// No faults at all.
-    pub fn none(start: DateTime<Utc>) -> Self {
-        Self {
-            visibility: Duration::seconds(180),
-            faults_end: start,
-            ..Self::default()
-        }
-    }
-
     /// A plan drawn from `rng`: each kind off in about half the seeds, and at a rate
     /// up to its maximum otherwise.
     pub fn draw(rng: &SimRng, start: DateTime<Utc>) -> Self {
