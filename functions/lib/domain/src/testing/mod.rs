@@ -260,6 +260,14 @@ impl State {
         }
     }
 
+    /// Whether `user` holds or bought `sale.per_user_limit` units of the sale, or has let
+    /// [`MAX_ABANDONED_HOLDS`] holds of it go: a hold refused as `LimitReached`.
+    fn at_a_limit(&self, sale: &Sale, user: &UserId) -> bool {
+        let buyer = (sale.sale_id.clone(), user.clone());
+        self.active.get(&buyer).copied().unwrap_or(0) >= sale.per_user_limit
+            || self.abandoned.get(&buyer).copied().unwrap_or(0) >= MAX_ABANDONED_HOLDS
+    }
+
     /// Records `reservation`'s hold, open, and counts it against the buyer's limit.
     fn hold(&mut self, reservation: &Reservation) {
         let buyer = (reservation.sale_id.clone(), reservation.user_id.clone());
@@ -450,7 +458,6 @@ impl InMemoryStore {
     ) -> Result<(), ReserveRefusal> {
         let mut state = locked(&self.state);
         let order = &reservation.order_id;
-        let user_key = (sale.sale_id.clone(), reservation.user_id.clone());
         let refusal = match state.holds.get(order) {
             Some((held, status))
                 if held.shard == shard && (status.is_open() || *status == OrderStatus::Paid) =>
@@ -458,11 +465,7 @@ impl InMemoryStore {
                 return Err(ReserveRefusal::AlreadyHeld);
             }
             Some(_) => ReserveRefusal::AlreadyHeld,
-            None if state.active.get(&user_key).copied().unwrap_or(0) >= sale.per_user_limit
-                || state.abandoned.get(&user_key).copied().unwrap_or(0) >= MAX_ABANDONED_HOLDS =>
-            {
-                ReserveRefusal::LimitReached
-            }
+            None if state.at_a_limit(sale, &reservation.user_id) => ReserveRefusal::LimitReached,
             None => {
                 state.loose_takes.remove(&(order.clone(), shard));
                 state.hold(reservation);
@@ -643,7 +646,6 @@ impl StockLedger for InMemoryStore {
         self.reserve_calls.fetch_add(1, Ordering::SeqCst);
         let mut state = locked(&self.state);
         let shard_key = (sale.sale_id.clone(), shard);
-        let user_key = (sale.sale_id.clone(), reservation.user_id.clone());
         if state.holds.contains_key(&reservation.order_id) {
             return Ok(Err(ReserveRefusal::AlreadyHeld));
         }
@@ -652,8 +654,7 @@ impl StockLedger for InMemoryStore {
         let finishing = state
             .loose_takes
             .contains_key(&(reservation.order_id.clone(), shard));
-        let at_a_limit = state.active.get(&user_key).copied().unwrap_or(0) >= sale.per_user_limit
-            || state.abandoned.get(&user_key).copied().unwrap_or(0) >= MAX_ABANDONED_HOLDS;
+        let at_a_limit = state.at_a_limit(sale, &reservation.user_id);
         if finishing {
             state
                 .loose_takes
