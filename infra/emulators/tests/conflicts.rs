@@ -5,10 +5,11 @@
 //! first one holds its items, and the commit time is long enough (half a second) that
 //! the hold outlasts whatever comes next on a loaded machine.
 
+mod support;
+
 use std::time::{Duration, Instant};
 
 use aws_sdk_dynamodb::Client;
-use aws_sdk_dynamodb::config::retry::RetryConfig;
 use aws_sdk_dynamodb::operation::transact_get_items::TransactGetItemsError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{
@@ -16,7 +17,7 @@ use aws_sdk_dynamodb::types::{
     ScalarAttributeType, TransactGetItem, TransactWriteItem, Update,
 };
 use flashsale_emulators::proxy::{ConflictMode, Proxy, ProxyOptions};
-use flashsale_emulators::{LocalEndpoints, sdk_config_for};
+use support::dynamodb_through;
 
 const TRANSACT_WRITE: &str = "DynamoDB_20120810.TransactWriteItems";
 const TRANSACT_GET: &str = "DynamoDB_20120810.TransactGetItems";
@@ -50,16 +51,7 @@ impl Rig {
         )
         .await
         .expect("a proxy starts");
-        let proxied = sdk_config_for(LocalEndpoints {
-            dynamodb: proxy.url(),
-            ..emulators.endpoints()
-        })
-        .await;
-        let through = Client::from_conf(
-            aws_sdk_dynamodb::config::Builder::from(&proxied)
-                .retry_config(RetryConfig::disabled())
-                .build(),
-        );
+        let through = dynamodb_through(&proxy, emulators).await;
         let direct = Client::new(&emulators.sdk_config().await);
         let table = format!("conflicts-{}", flashsale_emulators::unique_suffix());
         let key = |name: &str, key_type| {

@@ -2,53 +2,34 @@
 //! sequence of draws for the same seed, and a 500 after the commit that really applied
 //! the write (against DynamoDB Local, with the SDK).
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use aws_sdk_dynamodb::config::retry::RetryConfig;
 use aws_sdk_dynamodb::error::ProvideErrorMetadata;
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType,
     ScalarAttributeType,
 };
 use flashsale_emulators::proxy::{Fault, FaultMix, FaultRule, InvalidMix, MixDraw, Proxy};
-use flashsale_emulators::{LocalEndpoints, sdk_config_for};
 use serde_json::{Value, json};
+use support::{Upstream, dynamodb_through};
 
 const GET_ITEM: &str = "DynamoDB_20120810.GetItem";
 const PUT_ITEM: &str = "DynamoDB_20120810.PutItem";
 
 /// An upstream that answers 200 to everything, and counts.
-struct Upstream {
-    url: String,
-    hits: Arc<AtomicU64>,
-    _server: tokio::task::JoinHandle<()>,
-}
-
 async fn upstream() -> Upstream {
-    let hits = Arc::new(AtomicU64::new(0));
-    let counter = Arc::clone(&hits);
-    let app = axum::Router::new().fallback(move || {
-        let counter = Arc::clone(&counter);
-        async move {
-            counter.fetch_add(1, Ordering::SeqCst);
-            "{}"
-        }
-    });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let url = format!("http://{}", listener.local_addr().expect("addr"));
-    let server = tokio::spawn(async move {
-        axum::serve(listener, app).await.expect("upstream serves");
-    });
-    Upstream {
-        url,
-        hits,
-        _server: server,
-    }
+    Upstream::serve(|hits| {
+        axum::Router::new().fallback(move || {
+            hits.fetch_add(1, Ordering::SeqCst);
+            async { "{}" }
+        })
+    })
+    .await
 }
 
 async fn call(http: &reqwest::Client, proxy: &Proxy, target: &str) -> (u16, Duration) {
@@ -144,7 +125,7 @@ async fn a_mix_injects_each_kind_near_its_rate() {
     );
     assert_eq!(answered[&400], kind("throttle"));
     assert_eq!(
-        upstream.hits.load(Ordering::SeqCst),
+        upstream.hits(),
         REQUESTS - kind("server_error") - kind("throttle"),
         "everything but a 500 before forwarding and a throttle reached the upstream"
     );
@@ -301,16 +282,7 @@ async fn a_commit_then_server_error_applies_the_write() {
     let proxy = Proxy::start(&emulators.dynamodb_endpoint, 0)
         .await
         .expect("a proxy starts");
-    let proxied = sdk_config_for(LocalEndpoints {
-        dynamodb: proxy.url(),
-        ..emulators.endpoints()
-    })
-    .await;
-    let through = aws_sdk_dynamodb::Client::from_conf(
-        aws_sdk_dynamodb::config::Builder::from(&proxied)
-            .retry_config(RetryConfig::disabled())
-            .build(),
-    );
+    let through = dynamodb_through(&proxy, emulators).await;
     let direct = aws_sdk_dynamodb::Client::new(&emulators.sdk_config().await);
     let table = format!("mix-{}", flashsale_emulators::unique_suffix());
     direct

@@ -1,60 +1,46 @@
 //! The counting proxy against a tiny upstream on loopback that records what reached it.
 
+mod support;
+
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use axum::Router;
 use axum::http::HeaderMap;
 use flashsale_emulators::proxy::{Counts, Fault, FaultRule, Proxy};
 use serde_json::{Value, json};
+use support::Upstream;
 
 /// An upstream that answers 200 with the target it got, 404 on `/missing` and 200 after
 /// 3 s on `/slow`, and counts.
-struct Upstream {
-    url: String,
-    hits: Arc<AtomicU64>,
-    _server: tokio::task::JoinHandle<()>,
-}
-
 async fn upstream() -> Upstream {
-    let hits = Arc::new(AtomicU64::new(0));
-    let counter = Arc::clone(&hits);
-    let app = Router::new()
-        .route(
-            "/missing",
-            axum::routing::any(|| async { (axum::http::StatusCode::NOT_FOUND, "{}") }),
-        )
-        .route(
-            "/slow",
-            axum::routing::any(|| async {
-                tokio::time::sleep(std::time::Duration::from_secs(3)).await;
-                "{}"
-            }),
-        )
-        .fallback(move |headers: HeaderMap, body: String| {
-            let counter = Arc::clone(&counter);
-            async move {
-                counter.fetch_add(1, Ordering::SeqCst);
-                let target = headers
-                    .get("x-amz-target")
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or("-")
-                    .to_owned();
-                axum::Json(json!({ "target": target, "body": body }))
-            }
-        });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let url = format!("http://{}", listener.local_addr().expect("addr"));
-    let server = tokio::spawn(async move {
-        axum::serve(listener, app).await.expect("upstream serves");
-    });
-    Upstream {
-        url,
-        hits,
-        _server: server,
-    }
+    Upstream::serve(|counter| {
+        Router::new()
+            .route(
+                "/missing",
+                axum::routing::any(|| async { (axum::http::StatusCode::NOT_FOUND, "{}") }),
+            )
+            .route(
+                "/slow",
+                axum::routing::any(|| async {
+                    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+                    "{}"
+                }),
+            )
+            .fallback(move |headers: HeaderMap, body: String| {
+                let counter = Arc::clone(&counter);
+                async move {
+                    counter.fetch_add(1, Ordering::SeqCst);
+                    let target = headers
+                        .get("x-amz-target")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("-")
+                        .to_owned();
+                    axum::Json(json!({ "target": target, "body": body }))
+                }
+            })
+    })
+    .await
 }
 
 async fn call(proxy: &Proxy, target: &str) -> reqwest::Result<reqwest::Response> {
@@ -101,7 +87,7 @@ async fn requests_are_forwarded_and_counted_by_operation_and_status() {
     assert_eq!(counts.of("POST /schedules"), 1);
     assert_eq!(counts.operations["GET /missing"].by_outcome["404"], 1);
     assert_eq!(counts.total(), 6);
-    assert_eq!(upstream.hits.load(Ordering::SeqCst), 5);
+    assert_eq!(upstream.hits(), 5);
 
     // The same counts over HTTP, then a reset over HTTP.
     let over_http: Counts = reqwest::get(format!("{}/__counts", proxy.url()))
@@ -147,11 +133,7 @@ async fn a_request_whose_caller_hung_up_before_its_answer_is_counted_as_caller_g
     let counts = proxy.counts();
     assert_eq!(counts.total(), 1, "{counts:?}");
     assert_eq!(counts.operations[TRANSACT].by_outcome["caller_gone"], 1);
-    assert_eq!(
-        upstream.hits.load(Ordering::SeqCst),
-        0,
-        "/slow is not the counting route"
-    );
+    assert_eq!(upstream.hits(), 0, "/slow is not the counting route");
 }
 
 #[tokio::test]
@@ -181,7 +163,7 @@ async fn a_throttle_rule_answers_the_service_throttle_without_forwarding_in_its_
     assert_eq!(statuses, [200, 400, 400, 200]);
     // Other operations are untouched.
     assert_eq!(call(&proxy, GET_ITEM).await.expect("answer").status(), 200);
-    assert_eq!(upstream.hits.load(Ordering::SeqCst), 3);
+    assert_eq!(upstream.hits(), 3);
     let transact = &proxy.counts().operations[TRANSACT];
     assert_eq!((transact.total, transact.faults), (4, 2));
     assert_eq!(transact.by_outcome["400"], 2);
@@ -204,7 +186,7 @@ async fn a_server_error_rule_set_over_http_answers_500_until_cleared() {
         let answer = call(&proxy, target).await.expect("an answer");
         assert_eq!(answer.status(), 500);
     }
-    assert_eq!(upstream.hits.load(Ordering::SeqCst), 0);
+    assert_eq!(upstream.hits(), 0);
     let bad = http
         .put(format!("{}/__faults", proxy.url()))
         .body("[{\"operation\": 1}]")
@@ -217,7 +199,7 @@ async fn a_server_error_rule_set_over_http_answers_500_until_cleared() {
         .await
         .expect("clear");
     assert_eq!(call(&proxy, SEND).await.expect("answer").status(), 200);
-    assert_eq!(upstream.hits.load(Ordering::SeqCst), 1);
+    assert_eq!(upstream.hits(), 1);
 }
 
 #[tokio::test]
@@ -226,18 +208,14 @@ async fn a_reset_never_reaches_the_upstream_and_a_drop_after_commit_does() {
     let proxy = Proxy::start(&upstream.url, 0).await.expect("proxy");
     proxy.set_faults(vec![FaultRule::always(SEND, Fault::ConnectionReset)]);
     assert!(call(&proxy, SEND).await.is_err(), "no answer after a reset");
-    assert_eq!(upstream.hits.load(Ordering::SeqCst), 0);
+    assert_eq!(upstream.hits(), 0);
 
     proxy.set_faults(vec![FaultRule::always(TRANSACT, Fault::CommitThenDrop)]);
     assert!(
         call(&proxy, TRANSACT).await.is_err(),
         "no answer after a drop"
     );
-    assert_eq!(
-        upstream.hits.load(Ordering::SeqCst),
-        1,
-        "the upstream acted on it"
-    );
+    assert_eq!(upstream.hits(), 1, "the upstream acted on it");
     let counts = proxy.counts();
     assert_eq!(counts.operations[SEND].by_outcome["reset"], 1);
     assert_eq!(
@@ -284,7 +262,7 @@ async fn the_sdk_sees_an_injected_throttle_as_a_throttling_error_and_retries_it(
         "{error:?}"
     );
     assert_eq!(proxy.counts().of(GET_ITEM), 3, "the SDK retried a throttle");
-    assert_eq!(upstream.hits.load(Ordering::SeqCst), 0);
+    assert_eq!(upstream.hits(), 0);
 }
 
 #[tokio::test]
