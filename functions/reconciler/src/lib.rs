@@ -256,6 +256,7 @@ async fn reconcile(deps: &Deps) -> Result<ReconcileReport, ReconcileError> {
         failed_sales,
         takes_returned,
         payments_settled,
+        orders_paid,
         captures,
         capture_retries,
         capture_failures,
@@ -266,7 +267,7 @@ async fn reconcile(deps: &Deps) -> Result<ReconcileReport, ReconcileError> {
         money_unsettled,
         money_unsettled_oldest_secs,
         money_unsettled_known,
-    } = report;
+    } = report.clone();
     let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
     flashsale_lambda::metrics::reconciled(
         count(expired),
@@ -279,6 +280,13 @@ async fn reconcile(deps: &Deps) -> Result<ReconcileReport, ReconcileError> {
         flashsale_lambda::metrics::money_unsettled(
             count(money_unsettled),
             u64::try_from(money_unsettled_oldest_secs).unwrap_or(0),
+        );
+    }
+    // Orders a pass sold count with the ones the api's settlements sell.
+    for order_id in &orders_paid {
+        flashsale_lambda::metrics::order_step(
+            flashsale_lambda::metrics::ORDERS_PAID,
+            order_id.sale_id(),
         );
     }
     flashsale_lambda::metrics::payments(PaymentMoves {

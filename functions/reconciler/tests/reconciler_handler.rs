@@ -177,6 +177,7 @@ fn report(answer: Value) -> ReconcileReport {
         failed_sales: field("failed_sales"),
         takes_returned: field("takes_returned"),
         payments_settled: field("payments_settled"),
+        orders_paid: serde_json::from_value(answer["orders_paid"].clone()).expect("orders_paid"),
         captures: field("captures"),
         capture_retries: field("capture_retries"),
         capture_failures: field("capture_failures"),
@@ -254,7 +255,8 @@ async fn a_hold_within_its_window_is_left_alone_though_no_timer_was_set() {
         answer,
         json!({
             "sales": 1, "open_holds": 1, "expired": 0, "failed": 0, "failed_sales": 0,
-            "takes_returned": 0, "payments_settled": 0, "captures": 0, "capture_retries": 0,
+            "takes_returned": 0, "payments_settled": 0, "orders_paid": [], "captures": 0,
+            "capture_retries": 0,
             "capture_failures": 0, "authorisations_cancelled": 0, "refunds": 0,
             "captures_refused": 0, "payment_failures": 0, "money_unsettled": 0,
             "money_unsettled_oldest_secs": 0, "money_unsettled_known": true

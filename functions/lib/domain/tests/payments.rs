@@ -576,6 +576,57 @@ async fn money_captured_automatically_while_the_hold_stands_pays_the_order() {
     assert!(world.stats().await.consistent);
 }
 
+/// Issue 48 (the simulation, seed 48194): a settlement whose pay write won and whose
+/// record of the capture then failed answered an error, so the sale it made was counted
+/// in `orders_paid` by none (the retry found the order paid already). It answers the
+/// sale, with the capture left for a later settlement, which records it once.
+#[tokio::test]
+async fn a_settlement_that_sold_the_unit_says_so_when_a_later_step_fails() {
+    let world = World::new().await;
+    let (reservation, payment) = world.authorised().await;
+    world.store.fail_next_payment_records(1);
+    let settled = world.settle(&reservation).await;
+    assert!(settled.moves.paid, "the sale is counted here: {settled:?}");
+    assert_eq!(settled.outcome, SettleOutcome::CapturePending);
+    assert_eq!(world.order(&reservation).await.status, OrderStatus::Paid);
+    let again = world.payments.settle_payment(&payment.id).await.unwrap();
+    assert_eq!(again.outcome, SettleOutcome::Paid);
+    assert!(!again.moves.paid, "counted once: {again:?}");
+    assert!(
+        again.moves.captured,
+        "the capture recorded, once: {again:?}"
+    );
+    assert_eq!(world.moved(), (1, 0, 0));
+    assert!(world.stats().await.consistent);
+}
+
+/// Issue 48 (the simulation, seed 52139): the page's confirm failed on reading the
+/// payment, so its money was followed, and the next reconciler pass settled it while the
+/// window was open: it sold the unit, and `orders_paid` never counted it (only the api
+/// counted sales). The pass reports the orders it sold, and the reconciler counts them.
+#[tokio::test]
+async fn an_order_a_reconciler_pass_sells_is_reported_sold() {
+    let world = World::new().await;
+    let (reservation, _payment) = world.authorised().await;
+    world.faults.inject("payment", ProviderFault::NoAnswer);
+    assert!(
+        world
+            .payments
+            .settle(&reservation.order_id, &world.buyer)
+            .await
+            .is_err()
+    );
+    let report = world.reconciler().run().await.unwrap();
+    assert_eq!(
+        report.orders_paid,
+        vec![reservation.order_id.clone()],
+        "{report:?}"
+    );
+    assert_eq!(world.order(&reservation).await.status, OrderStatus::Paid);
+    let report = world.reconciler().run().await.unwrap();
+    assert!(report.orders_paid.is_empty(), "sold once: {report:?}");
+}
+
 #[tokio::test]
 async fn a_capture_that_fails_leaves_the_unit_sold_and_a_later_settlement_captures_it_once() {
     for fault in [ProviderFault::NoAnswer, ProviderFault::AnswerLost] {
@@ -959,6 +1010,36 @@ async fn the_webhook_settles_each_event_once_however_often_and_in_whatever_order
             "{late}: {handled:?}"
         );
     }
+    assert_eq!(world.moved(), (1, 0, 0));
+    assert_eq!(world.order(&reservation).await.status, OrderStatus::Paid);
+}
+
+/// Issue 48 (the simulation, seed 48268): an event whose settlement sold the unit and
+/// whose record as processed then failed answered an error, so the sale was counted by
+/// no settlement (Stripe's redelivery found the order paid). The event is handled, and
+/// says what it did; a redelivery settles again and moves nothing.
+#[tokio::test]
+async fn an_event_that_sold_the_unit_says_so_when_its_record_as_processed_fails() {
+    let world = World::new().await;
+    let (reservation, payment) = world.authorised().await;
+    let webhook = world.webhook();
+    world.store.fail_next_event_records(1);
+    let handled = webhook
+        .handle("evt_authorised", Some(&payment.id))
+        .await
+        .unwrap();
+    assert!(
+        matches!(&handled, EventHandled::Settled(settled) if settled.moves.paid && settled.outcome == SettleOutcome::Paid),
+        "{handled:?}"
+    );
+    let again = webhook
+        .handle("evt_authorised", Some(&payment.id))
+        .await
+        .unwrap();
+    assert!(
+        matches!(&again, EventHandled::Settled(settled) if settled.moves == MoneyMoves::default()),
+        "settled again, nothing moved: {again:?}"
+    );
     assert_eq!(world.moved(), (1, 0, 0));
     assert_eq!(world.order(&reservation).await.status, OrderStatus::Paid);
 }

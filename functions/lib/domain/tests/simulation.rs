@@ -27,19 +27,19 @@
 //! A failure names its seed and its fault plan.
 
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Duration, TimeZone, Utc};
 use flashsale_domain::control::SaleAction;
 use flashsale_domain::gate::SoldOutGate;
-use flashsale_domain::payment::{PaymentState, RefundStatus};
-use flashsale_domain::ports::{Clock, SaleCatalog, StockLedger};
+use flashsale_domain::payment::{PaymentId, PaymentState, RefundStatus};
+use flashsale_domain::ports::{Clock, ProviderEvents, SaleCatalog, StockLedger};
 use flashsale_domain::service::{
     Attempt, CachedBlocklist, ContentionPolicy, DEFAULT_TAKE_GRACE, EventHandled, ExpiryService,
     GrabOutcome, GrabPass, GrabService, OrderService, PaymentService, PaymentWebhook, Reconciler,
-    SaleService,
+    SaleService, Settled,
 };
 use flashsale_domain::testing::simulation::{
     Executor, Interleaved, MAX_EARLY_FIRING, PlantedBug, Sim, SimPause, SimProvider, SimQueue,
@@ -132,7 +132,8 @@ struct Control {
 struct Delivery {
     event: String,
     began: DateTime<Utc>,
-    answered: DateTime<Utc>,
+    /// Whether the event was recorded processed when the delivery began.
+    recorded_before: bool,
     settled: bool,
 }
 
@@ -183,6 +184,15 @@ struct Run {
     started: Cell<u64>,
     /// Every grab that reserved a unit (not one that found its hold).
     reserved: RefCell<Vec<Reserved>>,
+    /// `orders_paid` as the api counts it: each settlement answered (the confirm
+    /// route's, the webhook's) that says it sold the order, by order.
+    counted_paid: RefCell<BTreeMap<OrderId, u32>>,
+    /// Orders a settlement of which died (the page's confirm) and payments an event's
+    /// delivery of which died: a sale such a settlement made is counted by none.
+    died_settling: RefCell<BTreeSet<OrderId>>,
+    died_delivering: RefCell<HashSet<PaymentId>>,
+    /// When each reconciler pass that died began and died.
+    passes_died: RefCell<Vec<(DateTime<Utc>, DateTime<Utc>)>>,
 }
 
 /// How long a buyer's page keeps retrying a grab that fails (503, a dead invocation).
@@ -223,6 +233,21 @@ impl Run {
             idle: RefCell::new(Vec::new()),
             started: Cell::new(0),
             reserved: RefCell::new(Vec::new()),
+            counted_paid: RefCell::new(BTreeMap::new()),
+            died_settling: RefCell::new(BTreeSet::new()),
+            died_delivering: RefCell::new(HashSet::new()),
+            passes_died: RefCell::new(Vec::new()),
+        }
+    }
+
+    /// A settlement answered: the api counts the order in `orders_paid` if it sold it.
+    fn count_paid(&self, settled: &Settled) {
+        if settled.moves.paid {
+            *self
+                .counted_paid
+                .borrow_mut()
+                .entry(settled.order_id.clone())
+                .or_default() += 1;
         }
     }
 
@@ -367,6 +392,9 @@ impl Run {
         for n in 0..self.buyers {
             let user = UserId::parse(format!("buyer-{n}")).unwrap();
             let clicks = if self.sim.rng.percent(30) { 2 } else { 1 };
+            // A buyer with the sale open in two tabs has two grab paths: two orders
+            // that the per-user limit must keep to one.
+            let tabs = if self.sim.rng.percent(15) { 2 } else { 1 };
             let cancels = self.sim.rng.percent(30);
             // Most winners pay, some after their window has closed.
             let pays = (!cancels && self.sim.rng.percent(70))
@@ -376,16 +404,20 @@ impl Run {
                 (&orders, &payments, &told, self.sim.clone(), &stocked);
             executor.spawn(async move {
                 sim.sleep(arrives).await;
-                let pass = match self.pass(&user).await {
-                    Ok(pass) => pass,
-                    Err(told_instead) => {
-                        told.lock().unwrap().push((user, told_instead));
-                        return;
-                    }
+                let tab = |_| async {
+                    let pass = match self.pass(&user).await {
+                        Ok(pass) => pass,
+                        Err(told_instead) => return vec![told_instead],
+                    };
+                    let token = pass.grab_path.rsplit('/').next().unwrap().to_owned();
+                    let clicks = (0..clicks).map(|_| self.click(&token, &user, stocked));
+                    futures::future::join_all(clicks).await
                 };
-                let token = pass.grab_path.rsplit('/').next().unwrap().to_owned();
-                let clicks = (0..clicks).map(|_| self.click(&token, &user, stocked));
-                let answers = futures::future::join_all(clicks).await;
+                let answers: Vec<Told> = futures::future::join_all((0..tabs).map(tab))
+                    .await
+                    .into_iter()
+                    .flatten()
+                    .collect();
                 for answer in &answers {
                     if tracing() {
                         eprintln!("{} {user}: {answer:?}", sim.now());
@@ -426,6 +458,9 @@ impl Run {
                     };
                     if received.received_before > 0 {
                         sim.faults.redelivered();
+                    }
+                    if self.planted == Some(PlantedBug::ConsumerNotIdempotent) {
+                        self.store.force_hold(&self.sale, &received.reservation);
                     }
                     let handled =
                         may_die(&sim, orders.set_release_timer(&received.reservation)).await;
@@ -526,21 +561,45 @@ impl Run {
                         let (provider, sim) = (provider.clone(), sim.clone());
                         spawner.spawn(async move {
                             let began = sim.now();
+                            let recorded_before = futures::FutureExt::now_or_never(
+                                ProviderEvents::was_processed(&*self.store, &event.id),
+                            )
+                            .expect("at once")
+                            .expect("no failure");
                             let handled =
                                 may_die(&sim, webhook.handle(&event.id, Some(&event.payment)))
                                     .await;
+                            if tracing() {
+                                eprintln!(
+                                    "{began}..{} webhook {}: {handled:?}",
+                                    sim.now(),
+                                    event.id
+                                );
+                            }
+                            if let Some(Ok(EventHandled::Settled(settled))) = &handled {
+                                self.count_paid(settled);
+                            }
+                            if handled.is_none() {
+                                self.died_delivering
+                                    .borrow_mut()
+                                    .insert(event.payment.clone());
+                            }
                             match handled {
                                 Some(Ok(handled)) => deliveries.lock().unwrap().push(Delivery {
                                     event: event.id.clone(),
                                     began,
-                                    answered: sim.now(),
+                                    recorded_before,
                                     settled: matches!(handled, EventHandled::Settled(_)),
                                 }),
                                 _ => provider.redeliver(event),
                             }
                         });
                     }
-                    sim.sleep(Duration::milliseconds(500)).await;
+                    let next = provider
+                        .next_event_at()
+                        .map_or(Duration::milliseconds(500), |at| at - sim.now())
+                        .clamp(Duration::milliseconds(1), Duration::milliseconds(500));
+                    sim.sleep(next).await;
                 }
             });
         }
@@ -556,7 +615,20 @@ impl Run {
                     } else {
                         sim.sleep(RECONCILE_EVERY).await;
                     }
-                    let _ = may_die(&sim, reconciler.run()).await;
+                    let began = sim.now();
+                    match may_die(&sim, reconciler.run()).await {
+                        Some(Ok(report)) => {
+                            for order_id in &report.orders_paid {
+                                *self
+                                    .counted_paid
+                                    .borrow_mut()
+                                    .entry(order_id.clone())
+                                    .or_default() += 1;
+                            }
+                        }
+                        Some(Err(_)) => {}
+                        None => self.passes_died.borrow_mut().push((began, sim.now())),
+                    }
                 }
             });
         }
@@ -569,6 +641,15 @@ impl Run {
                     .lock()
                     .unwrap()
                     .push(format!("oversold: {counts:?} at {}", self.sim.now()));
+            }
+            if let Some((user, units)) = self.store.most_units_of_one_buyer(&self.sale.sale_id)
+                && units > self.sale.per_user_limit
+            {
+                violations.lock().unwrap().push(format!(
+                    "{user} holds {units} units, over the limit of {}, at {}",
+                    self.sale.per_user_limit,
+                    self.sim.now()
+                ));
             }
             let loose = self.store.loose_take_count(&self.sale.sale_id);
             if counts.available + loose + counts.reserved + counts.paid != stock {
@@ -754,9 +835,20 @@ impl Run {
         if !self.provider.confirm_by_card(&payment.id) {
             return;
         }
+        // Stripe.js answers the page, which then calls the confirm route; Stripe sends
+        // its event meanwhile.
+        sim.sleep(Duration::milliseconds(sim.rng.below(1_000) as i64))
+            .await;
         for _ in 0..5 {
-            match may_die(sim, payments.settle(order_id, user)).await {
-                Some(Ok(_)) => return,
+            let settled = may_die(sim, payments.settle(order_id, user)).await;
+            if tracing() {
+                eprintln!("{} {user} confirms {order_id}: {settled:?}", sim.now());
+            }
+            if settled.is_none() {
+                self.died_settling.borrow_mut().insert(order_id.clone());
+            }
+            match settled {
+                Some(Ok(settled)) => return self.count_paid(&settled),
                 Some(Err(error)) if !error.is_retryable() => return,
                 _ => sim.sleep(Duration::seconds(1)).await,
             }
@@ -878,6 +970,7 @@ impl Run {
                 found.push(format!("{} was paid, and ended {status:?}", held.order_id));
             }
         }
+        found.extend(self.check_orders_paid(&holds));
         let followed = futures::FutureExt::now_or_never(
             flashsale_domain::ports::OrderPayments::followed_money(&*self.store),
         )
@@ -886,16 +979,73 @@ impl Run {
         if !followed.is_empty() {
             found.push(format!("money still followed: {followed:?}"));
         }
-        // A delivery that began after the same event was handled is a duplicate.
-        for delivery in deliveries.iter().filter(|delivery| delivery.settled) {
-            let again = deliveries.iter().any(|earlier| {
-                earlier.event == delivery.event && earlier.answered < delivery.began
-            });
-            if again {
+        // A delivery of an event already recorded processed is a duplicate.
+        for delivery in deliveries
+            .iter()
+            .filter(|delivery| delivery.settled && delivery.recorded_before)
+        {
+            found.push(format!(
+                "event {} settled again at {}, after it was recorded processed",
+                delivery.event, delivery.began
+            ));
+        }
+        found
+    }
+
+    /// `orders_paid` counts each sold order once (the api's settlements and the
+    /// reconciler's passes): never twice, and never left out unless no settlement heard
+    /// that it sold it (the pay write's answer was lost, or the settlement died on its
+    /// way back).
+    fn check_orders_paid(
+        &self,
+        holds: &BTreeMap<OrderId, (Reservation, OrderStatus)>,
+    ) -> Vec<String> {
+        let mut found = Vec::new();
+        let counted = self.counted_paid.borrow();
+        let answers_lost = self.sim.paid_answers_lost.lock().unwrap();
+        let died_delivering: BTreeSet<OrderId> = self
+            .provider
+            .fake
+            .all()
+            .into_iter()
+            .filter(|(payment, _)| self.died_delivering.borrow().contains(&payment.id))
+            .filter_map(|(payment, _)| payment.order_id)
+            .collect();
+        let paid = self.sim.paid.lock().unwrap();
+        let sold_at: BTreeMap<&OrderId, DateTime<Utc>> = paid
+            .iter()
+            .map(|(held, at)| (&held.order_id, *at))
+            .collect();
+        let pass_died_then = |order_id: &OrderId| {
+            sold_at.get(order_id).is_some_and(|at| {
+                self.passes_died
+                    .borrow()
+                    .iter()
+                    .any(|(began, died)| began <= at && at <= died)
+            })
+        };
+        let sold: BTreeSet<&OrderId> = paid
+            .iter()
+            .map(|(held, _)| &held.order_id)
+            .chain(answers_lost.iter())
+            .filter(|order_id| holds.contains_key(*order_id))
+            .collect();
+        for (order_id, times) in counted.iter() {
+            if !sold.contains(order_id) {
                 found.push(format!(
-                    "event {} settled again at {}, after it was handled",
-                    delivery.event, delivery.began
+                    "{order_id} counted paid {times} time(s), never sold"
                 ));
+            } else if *times > 1 {
+                found.push(format!("{order_id} counted paid {times} times"));
+            }
+        }
+        for order_id in sold {
+            let unheard = answers_lost.contains(order_id)
+                || self.died_settling.borrow().contains(order_id)
+                || died_delivering.contains(order_id)
+                || pass_died_then(order_id);
+            if !counted.contains_key(order_id) && !unheard {
+                found.push(format!("{order_id} sold, never counted paid"));
             }
         }
         found
@@ -923,17 +1073,12 @@ impl Run {
         if undelivered > 0 {
             found.push(format!("{undelivered} message(s) never consumed"));
         }
-        let mut held_by: BTreeMap<UserId, BTreeSet<OrderId>> = BTreeMap::new();
         let mut answered: BTreeSet<&OrderId> = BTreeSet::new();
         let mut in_doubt: BTreeSet<&UserId> = BTreeSet::new();
         for (user, answer) in told {
             match answer {
                 Told::Held(order_id) => {
                     answered.insert(order_id);
-                    held_by
-                        .entry(user.clone())
-                        .or_default()
-                        .insert(order_id.clone());
                     let status = futures::FutureExt::now_or_never(
                         flashsale_domain::ports::OrderBook::find(&*self.store, order_id, user),
                     )
@@ -974,11 +1119,6 @@ impl Run {
                     }
                 }
                 Told::SoldOut { .. } | Told::Refused(_) => {}
-            }
-        }
-        for (user, orders) in held_by {
-            if orders.len() > 1 {
-                found.push(format!("{user} holds {} orders", orders.len()));
             }
         }
         // No hold that no grab answered for, unless its buyer gave up in doubt; a take
@@ -1162,6 +1302,9 @@ async fn the_checker_catches_the_bugs_planted_for_it() {
         PlantedBug::CaptureBeforeThePaidWrite,
         PlantedBug::WebhookDedupOff,
         PlantedBug::SaleReadThatMissesThePause,
+        PlantedBug::PaidAnsweredTwice,
+        PlantedBug::ConsumerNotIdempotent,
+        PlantedBug::HoldPastTheLimit,
     ] {
         assert!(
             seeds_catching(bug, 100).await > 0,

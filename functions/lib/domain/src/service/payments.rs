@@ -42,8 +42,8 @@ pub enum SettleOutcome {
     AwaitingBuyer,
     /// Paid, and the money captured.
     Paid,
-    /// Paid on our side, the unit sold, but the capture did not go through: a later
-    /// settlement captures it.
+    /// Paid on our side, the unit sold, but the capture did not go through (or its
+    /// record did not follow): a later settlement captures it (or records it).
     CapturePending,
     /// Paid on our side, but the provider will no longer capture the money. When the
     /// authorisation lapsed or was cancelled at the provider (the usual cause), the
@@ -243,10 +243,19 @@ impl PaymentService {
             Ok(settled) => settled,
             Err(error) => return Err(self.followed_after(error, &reservation).await),
         };
-        if settled.outcome.leaves_money_unsettled() {
-            self.payments
+        if settled.outcome.leaves_money_unsettled()
+            && let Err(error) = self
+                .payments
                 .follow_money(&reservation, self.clock.now())
-                .await?;
+                .await
+        {
+            // A settlement that sold the unit answers so all the same: its sale's
+            // reconciler pass, which reaches every sale whose payment window is open,
+            // settles a paid order's capture within a pass.
+            if !settled.moves.paid {
+                return Err(error.into());
+            }
+            tracing::error!(order_id = %reservation.order_id, error = &error as &dyn std::error::Error, "following a paid order's pending capture failed; the sale's reconciler pass settles it");
         }
         Ok(settled)
     }
@@ -307,6 +316,7 @@ pub enum EventHandled {
 /// of order): the settlement reads the payment anew, so an event is only a reason to
 /// settle now. An event is recorded processed only once handled, so one that failed is
 /// handled again when the provider redelivers it; an ignored one is not recorded at all.
+/// A record that fails does not fail the event: its redelivery, if any, settles again.
 pub struct PaymentWebhook {
     pub payments: Arc<PaymentService>,
     pub events: Arc<dyn ProviderEvents>,
@@ -346,10 +356,20 @@ impl PaymentWebhook {
         };
         // An ignored event changed nothing of ours, so there is nothing to do twice:
         // it writes nothing either (every stack on a Stripe account gets every event).
-        if handled != EventHandled::Ignored {
-            self.events
+        // The event is handled whether or not the record follows: a redelivery only
+        // settles again (a settlement is idempotent), and the answer keeps what this
+        // one did (a sale it made is counted, once).
+        if handled != EventHandled::Ignored
+            && let Err(error) = self
+                .events
                 .record_processed(event_id, self.clock.now())
-                .await?;
+                .await
+        {
+            tracing::warn!(
+                event_id,
+                error = &error as &dyn std::error::Error,
+                "recording an event processed failed; a redelivery settles it again, harmlessly"
+            );
         }
         Ok(handled)
     }
@@ -417,7 +437,15 @@ impl Settlement<'_> {
         {
             PayOutcome::Paid => {
                 self.moves.paid = true;
-                self.finish_paid(payment).await
+                // The unit is sold, whatever fails after: the answer says so (the sale is
+                // counted once, here), and a later settlement finishes the capture.
+                match self.finish_paid(payment).await {
+                    Ok(outcome) => Ok(outcome),
+                    Err(error) => {
+                        tracing::warn!(order_id = %self.reservation.order_id, error = &error as &dyn std::error::Error, "the order is paid, its capture not finished; a later settlement finishes it");
+                        Ok(SettleOutcome::CapturePending)
+                    }
+                }
             }
             PayOutcome::WindowClosed => {
                 // The timer may lag: the unit goes back now, and the money with it.

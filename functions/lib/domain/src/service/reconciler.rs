@@ -17,7 +17,7 @@ use crate::sale::{MAX_PAYMENT_TIMEOUT_SECS, Sale};
 use crate::service::{PaymentService, Settled};
 
 /// What one reconciliation pass did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct ReconcileReport {
     pub sales: usize,
     pub open_holds: usize,
@@ -32,6 +32,10 @@ pub struct ReconcileReport {
     pub takes_returned: usize,
     /// Orders whose payment was left unsettled, settled here.
     pub payments_settled: usize,
+    /// Of those, the open ones this pass sold: a settlement that failed (its money
+    /// followed) and is finished here, the order's window still open. Each is counted in
+    /// `orders_paid` here, as the api counts the ones its settlements sell.
+    pub orders_paid: Vec<OrderId>,
     /// Of those, the ones whose money this pass captured.
     pub captures: usize,
     /// Captures asked of orders already paid on our side (a capture that had failed).
@@ -61,6 +65,9 @@ impl ReconcileReport {
     fn count_settlement(&mut self, settled: &Settled) {
         self.payments_settled += 1;
         let moves = settled.moves;
+        if moves.paid {
+            self.orders_paid.push(settled.order_id.clone());
+        }
         for (moved, counter) in [
             (moves.captured, &mut self.captures),
             (moves.capture_retried, &mut self.capture_retries),

@@ -351,6 +351,10 @@ pub struct InMemoryStore {
     pub find_calls: AtomicUsize,
     /// `find` reads still to fail transiently, as a read timing out would.
     failing_finds: AtomicUsize,
+    /// `record_payment` writes still to fail transiently, with nothing written.
+    failing_payment_records: AtomicUsize,
+    /// `record_processed` writes still to fail transiently, with nothing written.
+    failing_event_records: AtomicUsize,
 }
 
 impl InMemoryStore {
@@ -513,6 +517,23 @@ impl InMemoryStore {
         holds
     }
 
+    /// The buyer of `sale` with the most units held or bought, and how many, read from
+    /// the holds themselves (not the limit's own counts).
+    pub fn most_units_of_one_buyer(&self, sale: &SaleId) -> Option<(UserId, u32)> {
+        let state = locked(&self.state);
+        let mut units: HashMap<&UserId, u32> = HashMap::new();
+        for (held, status) in state.holds.values() {
+            if &held.sale_id == sale && matches!(status, OrderStatus::Reserved | OrderStatus::Paid)
+            {
+                *units.entry(&held.user_id).or_default() += 1;
+            }
+        }
+        units
+            .into_iter()
+            .max_by(|(a, a_units), (b, b_units)| a_units.cmp(b_units).then(a.cmp(b)))
+            .map(|(user, units)| (user.clone(), units))
+    }
+
     /// How many units of `sale` are out of their shards with no hold behind them.
     pub fn loose_take_count(&self, sale: &SaleId) -> u64 {
         locked(&self.state)
@@ -520,6 +541,16 @@ impl InMemoryStore {
             .values()
             .filter(|take| take.order_id.sale_id() == sale)
             .count() as u64
+    }
+
+    /// Makes the next `count` `record_payment` writes fail transiently, writing nothing.
+    pub fn fail_next_payment_records(&self, count: usize) {
+        self.failing_payment_records.store(count, Ordering::SeqCst);
+    }
+
+    /// Makes the next `count` `record_processed` writes fail transiently, writing nothing.
+    pub fn fail_next_event_records(&self, count: usize) {
+        self.failing_event_records.store(count, Ordering::SeqCst);
     }
 
     /// Makes the next `count` `find` reads fail transiently.
@@ -807,12 +838,7 @@ impl OrderBook for InMemoryStore {
         user: &UserId,
     ) -> Result<Option<(Order, Reservation)>, StoreError> {
         self.find_calls.fetch_add(1, Ordering::SeqCst);
-        let failing = self
-            .failing_finds
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
-                left.checked_sub(1)
-            });
-        if failing.is_ok() {
+        if take_one(&self.failing_finds) {
             return Err(StoreError::transient("find", InjectedFailure));
         }
         let state = locked(&self.state);
@@ -1018,6 +1044,9 @@ impl OrderPayments for InMemoryStore {
         reservation: &Reservation,
         payment: &OrderPayment,
     ) -> Result<PaymentRecorded, StoreError> {
+        if take_one(&self.failing_payment_records) {
+            return Err(StoreError::transient("record_payment", InjectedFailure));
+        }
         let mut state = locked(&self.state);
         let Some(recorded) = state.payments.get_mut(&reservation.order_id) else {
             return Ok(PaymentRecorded::Refused);
@@ -1168,6 +1197,9 @@ impl ProviderEvents for InMemoryStore {
         event_id: &str,
         _now: DateTime<Utc>,
     ) -> Result<bool, StoreError> {
+        if take_one(&self.failing_event_records) {
+            return Err(StoreError::transient("record_processed", InjectedFailure));
+        }
         Ok(locked(&self.state)
             .processed_events
             .insert(event_id.to_owned()))

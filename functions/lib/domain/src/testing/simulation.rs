@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
@@ -86,6 +86,9 @@ pub struct Sim {
     pub faults: FaultCounts,
     /// Every pay write that won (as its caller heard it), with when its answer came.
     pub paid: Mutex<Vec<(Reservation, DateTime<Utc>)>>,
+    /// Orders whose pay write won but whose answer was lost on the way: no settlement
+    /// heard that it sold the unit, so none counted it in `orders_paid`.
+    pub paid_answers_lost: Mutex<Vec<OrderId>>,
     /// Until when the task polled last went to sleep, if it did: the executor polls it
     /// again only then.
     slept_until: Mutex<Option<DateTime<Utc>>>,
@@ -106,6 +109,7 @@ impl Sim {
             plan,
             faults: FaultCounts::default(),
             paid: Mutex::new(Vec::new()),
+            paid_answers_lost: Mutex::new(Vec::new()),
             slept_until: Mutex::new(None),
         })
     }
@@ -586,6 +590,16 @@ pub enum PlantedBug {
     WebhookDedupOff,
     /// A read of the sale that misses its pause: grabs go on selling a paused sale.
     SaleReadThatMissesThePause,
+    /// A pay write that answers `Paid` to a call that found the order paid already (the
+    /// page's confirm racing Stripe's webhook): both settlements count the sale in
+    /// `orders_paid`.
+    PaidAnsweredTwice,
+    /// A consumer that writes the order from its message on every delivery, a put
+    /// rather than a conditional write: a message delivered again after the order ended
+    /// opens its hold again, with no unit behind it.
+    ConsumerNotIdempotent,
+    /// A reserve that holds past the buyer's per-user limit when the shard has a unit.
+    HoldPastTheLimit,
 }
 
 impl Interleaved {
@@ -772,6 +786,13 @@ impl StockLedger for Interleaved {
         reservation: &Reservation,
     ) -> Result<Result<(), ReserveRefusal>, StoreError> {
         let answer = self.reserve_on_its_path(sale, shard, reservation).await;
+        if self.planted == Some(PlantedBug::HoldPastTheLimit)
+            && matches!(answer, Ok(Err(ReserveRefusal::LimitReached)))
+            && self.store.shard_available(&sale.sale_id, shard) > 0
+        {
+            self.store.strand(sale, reservation);
+            return Ok(Ok(()));
+        }
         if self.planted == Some(PlantedBug::ReserveWithoutTheStockCondition)
             && matches!(answer, Ok(Err(ReserveRefusal::ShardEmpty(_))))
         {
@@ -947,13 +968,21 @@ impl OrderPayments for Interleaved {
             let _captured = self.provider.fake.capture(&payment.id).await;
             self.provider.record_capture(&payment.id);
         }
-        let outcome = self
-            .call(
-                Service::Store,
-                true,
-                self.store.pay_with(reservation, payment, now),
-            )
-            .await;
+        let wrote_paid = AtomicBool::new(false);
+        let pay = async {
+            let outcome = self.store.pay_with(reservation, payment, now).await;
+            wrote_paid.store(matches!(outcome, Ok(PayOutcome::Paid)), Ordering::SeqCst);
+            outcome
+        };
+        let mut outcome = self.call(Service::Store, true, pay).await;
+        if outcome.is_err() && wrote_paid.load(Ordering::SeqCst) {
+            lock(&self.sim.paid_answers_lost).push(reservation.order_id.clone());
+        }
+        if self.planted == Some(PlantedBug::PaidAnsweredTwice)
+            && matches!(outcome, Ok(PayOutcome::Settled(OrderStatus::Paid)))
+        {
+            outcome = Ok(PayOutcome::Paid);
+        }
         if let Ok(PayOutcome::Paid) = outcome {
             lock(&self.sim.paid).push((reservation.clone(), self.sim.now()));
         }
@@ -1180,6 +1209,27 @@ impl SimProvider {
         lock(&self.captures).push((id.clone(), self.sim.now()));
     }
 
+    /// A call to Stripe's API: it takes a while (Stripe answers in a few hundred
+    /// milliseconds, so settlements that begin close together overlap), and meets the
+    /// plan's faults.
+    async fn call<T>(
+        &self,
+        write: bool,
+        apply: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let latency = STRIPE_LATENCY_MS.0 + self.sim.rng.below(STRIPE_LATENCY_MS.1);
+        self.sim.sleep(Duration::milliseconds(latency as i64)).await;
+        call(&self.sim, Service::Stripe, write, apply).await
+    }
+
+    /// When the next event is due, if any.
+    pub fn next_event_at(&self) -> Option<DateTime<Utc>> {
+        lock(&self.events)
+            .iter()
+            .map(|event| event.deliver_at)
+            .min()
+    }
+
     /// Every capture that moved money, with when.
     pub fn captures(&self) -> Vec<(PaymentId, DateTime<Utc>)> {
         lock(&self.captures).clone()
@@ -1194,21 +1244,15 @@ impl PaymentProvider for SimProvider {
         buyer: &UserId,
         price: Price,
     ) -> Result<Payment, StoreError> {
-        call(
-            &self.sim,
-            Service::Stripe,
-            true,
-            self.fake.open(order, buyer, price),
-        )
-        .await
+        self.call(true, self.fake.open(order, buyer, price)).await
     }
 
     async fn payment(&self, id: &PaymentId) -> Result<Option<Payment>, StoreError> {
-        call(&self.sim, Service::Stripe, false, self.fake.payment(id)).await
+        self.call(false, self.fake.payment(id)).await
     }
 
     async fn capture(&self, id: &PaymentId) -> Result<CaptureOutcome, StoreError> {
-        call(&self.sim, Service::Stripe, true, async {
+        self.call(true, async {
             let outcome = self.fake.capture(id).await;
             if let Ok(CaptureOutcome::Captured(_)) = &outcome {
                 self.record_capture(id);
@@ -1220,7 +1264,7 @@ impl PaymentProvider for SimProvider {
     }
 
     async fn cancel(&self, id: &PaymentId) -> Result<CancelOutcome, StoreError> {
-        call(&self.sim, Service::Stripe, true, async {
+        self.call(true, async {
             let outcome = self.fake.cancel(id).await;
             if let Ok(CancelOutcome::Cancelled(_)) = &outcome {
                 self.emit(id);
@@ -1231,7 +1275,7 @@ impl PaymentProvider for SimProvider {
     }
 
     async fn refund(&self, payment: &Payment) -> Result<RefundProgress, StoreError> {
-        call(&self.sim, Service::Stripe, true, async {
+        self.call(true, async {
             let before = self.fake.refunds.load(Ordering::SeqCst);
             let progress = self.fake.refund(payment).await;
             if self.fake.refunds.load(Ordering::SeqCst) > before {
@@ -1243,15 +1287,13 @@ impl PaymentProvider for SimProvider {
     }
 
     async fn refunds(&self, payment: &Payment) -> Result<RefundProgress, StoreError> {
-        call(
-            &self.sim,
-            Service::Stripe,
-            false,
-            self.fake.refunds(payment),
-        )
-        .await
+        self.call(false, self.fake.refunds(payment)).await
     }
 }
+
+/// How long a call to Stripe takes, in milliseconds: at least the first, plus up to the
+/// second.
+const STRIPE_LATENCY_MS: (u64, u64) = (100, 300);
 
 /// SQS FIFO as the consumer meets it: at least once. A message received is hidden for
 /// the visibility timeout and comes back unless deleted in time, to any consumer, even
