@@ -566,7 +566,9 @@ impl GrabService {
         self.refuse_blocked(user, started).await?;
         let sale = self.sale(sale_id).await?;
         let halted = match sale.phase(started) {
-            SalePhase::Upcoming => return Err(AppError::NotStarted),
+            // Not yet on this function's clock: a retry's first try may have committed
+            // on a function whose clock is ahead.
+            SalePhase::Upcoming => Some(AppError::NotStarted),
             SalePhase::Paused => Some(AppError::Paused),
             SalePhase::Ended => Some(AppError::Ended),
             SalePhase::Active => None,
@@ -598,9 +600,10 @@ impl GrabService {
         outcome
     }
 
-    /// A paused or ended sale takes no grab. But a marked retry, whose first attempt may
-    /// have committed just before, gets its order back (one read), as after a sell-out:
-    /// a buyer must not lose a unit they hold to a pause.
+    /// A sale paused, ended or not started (on this function's clock) takes no grab. But
+    /// a marked retry, whose first attempt may have committed just before, gets its order
+    /// back (one read), as after a sell-out: a buyer must not lose a unit they hold to a
+    /// pause, or to a clock behind the one that took it.
     async fn refuse_halted(
         &self,
         order_id: Option<&OrderId>,

@@ -35,7 +35,7 @@ use chrono::{DateTime, Duration, TimeZone, Utc};
 use flashsale_domain::control::SaleAction;
 use flashsale_domain::gate::SoldOutGate;
 use flashsale_domain::payment::{PaymentId, PaymentState, RefundStatus};
-use flashsale_domain::ports::{Clock, ProviderEvents, SaleCatalog, StockLedger};
+use flashsale_domain::ports::{ProviderEvents, SaleCatalog, StockLedger};
 use flashsale_domain::service::{
     Attempt, CachedBlocklist, ContentionPolicy, DEFAULT_TAKE_GRACE, EventHandled, ExpiryService,
     GrabOutcome, GrabPass, GrabService, OrderService, PaymentService, PaymentWebhook, Reconciler,
@@ -195,6 +195,17 @@ struct Run {
     passes_died: RefCell<Vec<(DateTime<Utc>, DateTime<Utc>)>>,
 }
 
+/// How many times a buyer's page tries again when told the sale has not started (425):
+/// clocks agree to within a round trip (`web/assets/buyer.js`).
+const NOT_STARTED_TRIES: u32 = 5;
+
+/// The page's wait before its `tries`th try again (`retryDelayMs`: full jitter over a
+/// window of 250 ms doubled each try, at most 4 s).
+fn not_started_backoff(sim: &Sim, tries: u32) -> Duration {
+    let window = (250_u64 << tries.saturating_sub(1).min(4)).min(4_000);
+    Duration::milliseconds(sim.rng.below(window) as i64)
+}
+
 /// How long a buyer's page keeps retrying a grab that fails (503, a dead invocation).
 const PATIENCE: Duration = Duration::seconds(150);
 /// Past every deadline a run can make: the last hold, its window, a lost timer's grace
@@ -272,7 +283,7 @@ impl Run {
 
     fn grabs(&self) -> GrabService {
         let ports = self.ports();
-        let clock: Arc<dyn Clock> = self.sim.clock.clone();
+        let clock = self.sim.function_clock();
         GrabService {
             catalog: ports.clone(),
             ledger: ports.clone(),
@@ -301,20 +312,20 @@ impl Run {
             orders: ports.clone(),
             ledger: ports.clone(),
             scheduler: ports,
-            clock: self.sim.clock.clone(),
+            clock: self.sim.function_clock(),
         }
     }
 
     fn expiry(&self) -> ExpiryService {
         ExpiryService {
             ledger: self.ports(),
-            clock: self.sim.clock.clone(),
+            clock: self.sim.function_clock(),
         }
     }
 
     fn sales(&self) -> SaleService {
         let ports = self.ports();
-        let clock: Arc<dyn Clock> = self.sim.clock.clone();
+        let clock = self.sim.function_clock();
         SaleService {
             catalog: ports.clone(),
             ledger: ports.clone(),
@@ -325,13 +336,16 @@ impl Run {
     }
 
     fn payments(&self) -> Arc<PaymentService> {
-        let ports = self.ports();
+        self.payments_over(self.ports())
+    }
+
+    fn payments_over(&self, ports: Arc<Interleaved>) -> Arc<PaymentService> {
         Arc::new(PaymentService {
             orders: ports.clone(),
             payments: ports.clone(),
             ledger: ports,
             provider: self.provider.clone(),
-            clock: self.sim.clock.clone(),
+            clock: self.sim.function_clock(),
         })
     }
 
@@ -339,20 +353,21 @@ impl Run {
         PaymentWebhook {
             payments: self.payments(),
             events: self.ports(),
-            clock: self.sim.clock.clone(),
+            clock: self.sim.function_clock(),
         }
     }
 
-    fn reconciler(&self) -> Reconciler {
-        let ports = self.ports();
+    /// The reconciler, on `ports`, whose index reads may lag (the settlement's
+    /// `unsettled_payments` read included).
+    fn reconciler(&self, ports: Arc<Interleaved>) -> Reconciler {
         Reconciler {
             catalog: ports.clone(),
             orders: ports.clone(),
-            ledger: ports,
-            clock: self.sim.clock.clone(),
+            ledger: ports.clone(),
+            clock: self.sim.function_clock(),
             timer_grace: Duration::seconds(180),
             take_grace: DEFAULT_TAKE_GRACE,
-            payments: Some(self.payments()),
+            payments: Some(self.payments_over(ports)),
         }
     }
 
@@ -377,7 +392,8 @@ impl Run {
     fn play(&self) -> Result<Tally, String> {
         let orders = self.orders();
         let expiry = self.expiry();
-        let reconciler = self.reconciler();
+        let reconciler_ports = self.ports();
+        let reconciler = self.reconciler(reconciler_ports.clone());
         let payments = self.payments();
         let webhook = self.webhook();
         let told: Mutex<Vec<(UserId, Told)>> = Mutex::new(Vec::new());
@@ -603,17 +619,23 @@ impl Run {
                 }
             });
         }
-        // The reconciler, once a minute, then twice more once every deadline passed.
+        // The reconciler, once a minute, then twice more once every deadline passed. Its
+        // index reads see the store as it was the plan's lag before the pass.
         {
             let (reconciler, sim) = (&reconciler, self.sim.clone());
             executor.spawn(async move {
+                let lag = sim.plan.index_lag;
                 let mut passes = 0;
                 while passes < 2 {
                     let last = sim.now() >= horizon;
                     if last {
                         passes += 1;
                     } else {
-                        sim.sleep(RECONCILE_EVERY).await;
+                        sim.sleep(RECONCILE_EVERY - lag).await;
+                    }
+                    if lag > Duration::zero() {
+                        reconciler_ports.index_as_of(Some(Arc::new(self.store.snapshot())));
+                        sim.sleep(lag).await;
                     }
                     let began = sim.now();
                     match may_die(&sim, reconciler.run()).await {
@@ -629,6 +651,7 @@ impl Run {
                         Some(Err(_)) => {}
                         None => self.passes_died.borrow_mut().push((began, sim.now())),
                     }
+                    reconciler_ports.index_as_of(None);
                 }
             });
         }
@@ -692,6 +715,7 @@ impl Run {
     /// retries it.
     async fn pass(&self, user: &UserId) -> Result<GrabPass, Told> {
         let gives_up = self.sim.now() + PATIENCE;
+        let mut not_started = 0;
         loop {
             let environment = self.environment();
             let issued = may_die(
@@ -704,6 +728,14 @@ impl Run {
                 Some(Ok(pass)) => {
                     self.idle.borrow_mut().push(environment);
                     return Ok(pass);
+                }
+                Some(Err(AppError::NotStarted)) if not_started < NOT_STARTED_TRIES => {
+                    self.idle.borrow_mut().push(environment);
+                    not_started += 1;
+                    self.sim
+                        .sleep(not_started_backoff(&self.sim, not_started))
+                        .await;
+                    continue;
                 }
                 Some(Err(error)) if !error.is_retryable() => {
                     self.idle.borrow_mut().push(environment);
@@ -725,6 +757,7 @@ impl Run {
         let (sim, sale, store) = (&self.sim, &self.sale, &self.store);
         let mut attempt = Attempt::First;
         let gives_up = sim.now() + PATIENCE;
+        let mut not_started = 0;
         loop {
             let asked = sim.now();
             let environment = self.environment();
@@ -758,6 +791,14 @@ impl Run {
                         };
                     }
                     Err(error) if error.is_retryable() => {}
+                    // Not started on that function's clock: the page waits and tries
+                    // again, a retry still.
+                    Err(AppError::NotStarted) if not_started < NOT_STARTED_TRIES => {
+                        not_started += 1;
+                        attempt = Attempt::Retry;
+                        sim.sleep(not_started_backoff(sim, not_started)).await;
+                        continue;
+                    }
                     Err(AppError::LimitReached) => return Told::Refused("limit_reached".into()),
                     Err(error) => return Told::Refused(error.to_string()),
                 }
@@ -942,12 +983,20 @@ impl Run {
                 )),
                 PaymentState::Open | PaymentState::Cancelled => {}
             }
+            let paid_at = self
+                .sim
+                .paid_writes
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|(paid, _)| paid == order_id)
+                .map(|(_, at)| *at);
             let taken = captures.iter().filter(|(id, _)| id == &payment.id);
             for (_, at) in taken {
-                if order.paid_at.is_none_or(|paid_at| paid_at > *at) {
+                if paid_at.is_none_or(|paid_at| paid_at > *at) {
                     found.push(format!(
-                        "{}: captured at {at} before {order_id}'s paid write won ({:?})",
-                        payment.id, order.paid_at
+                        "{}: captured at {at} before {order_id}'s paid write won ({paid_at:?})",
+                        payment.id
                     ));
                 }
             }
@@ -1146,9 +1195,10 @@ async fn release_invocation(sim: &Sim, expiry: &ExpiryService, reservation: Rese
             sim.sleep(Duration::minutes(retry)).await;
         }
         let released = may_die(sim, async {
-            let early = reservation.expires_at - sim.now();
+            // Waited out on the function's own clock, as the release function does.
+            let early = reservation.expires_at - expiry.clock.now();
             if early > Duration::zero() && early <= MAX_EARLY_FIRING {
-                sim.sleep_until(reservation.expires_at).await;
+                sim.sleep(early).await;
             }
             expiry.expire(&reservation).await
         })

@@ -212,7 +212,7 @@ impl IdSource for SeededIds {
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct State {
     sales: HashMap<SaleId, Sale>,
     shards: HashMap<(SaleId, u16), u64>,
@@ -532,6 +532,53 @@ impl InMemoryStore {
             .into_iter()
             .max_by(|(a, a_units), (b, b_units)| a_units.cmp(b_units).then(a.cmp(b)))
             .map(|(user, units)| (user.clone(), units))
+    }
+
+    /// A copy of the store as it is now: what an index that lags reads later.
+    pub fn snapshot(&self) -> Self {
+        Self {
+            state: Mutex::new(locked(&self.state).clone()),
+            ..Self::default()
+        }
+    }
+
+    /// `unaccounted_takes` as `DynamoStore` reads it through a lagging index: the
+    /// shards' takes read now, less those that the holds in `index` (a snapshot from a
+    /// moment ago) account for.
+    pub fn takes_unaccounted_in(&self, sale: &Sale, index: &InMemoryStore) -> Vec<Take> {
+        let state = locked(&self.state);
+        let held = state
+            .holds
+            .values()
+            .filter(|(held, status)| {
+                held.sale_id == sale.sale_id && (status.is_open() || *status == OrderStatus::Paid)
+            })
+            .map(|(held, _)| Take {
+                shard: held.shard,
+                order_id: held.order_id.clone(),
+                user_id: held.user_id.clone(),
+                taken_at: held.created_at,
+            });
+        let loose = state
+            .loose_takes
+            .values()
+            .filter(|take| take.order_id.sale_id() == &sale.sale_id)
+            .cloned();
+        let indexed = locked(&index.state);
+        let mut takes: Vec<Take> = held
+            .chain(loose)
+            .filter(|take| {
+                !indexed
+                    .holds
+                    .get(&take.order_id)
+                    .is_some_and(|(held, status)| {
+                        held.shard == take.shard
+                            && (status.is_open() || *status == OrderStatus::Paid)
+                    })
+            })
+            .collect();
+        takes.sort_by(|a, b| (&a.order_id, a.shard).cmp(&(&b.order_id, b.shard)));
+        takes
     }
 
     /// How many units of `sale` are out of their shards with no hold behind them.

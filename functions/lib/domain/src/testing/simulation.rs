@@ -86,6 +86,9 @@ pub struct Sim {
     pub faults: FaultCounts,
     /// Every pay write that won (as its caller heard it), with when its answer came.
     pub paid: Mutex<Vec<(Reservation, DateTime<Utc>)>>,
+    /// Every pay write that won, with when on the true clock (an order's `paid_at` is on
+    /// its writer's clock, which may be skewed).
+    pub paid_writes: Mutex<Vec<(OrderId, DateTime<Utc>)>>,
     /// Orders whose pay write won but whose answer was lost on the way: no settlement
     /// heard that it sold the unit, so none counted it in `orders_paid`.
     pub paid_answers_lost: Mutex<Vec<OrderId>>,
@@ -109,6 +112,7 @@ impl Sim {
             plan,
             faults: FaultCounts::default(),
             paid: Mutex::new(Vec::new()),
+            paid_writes: Mutex::new(Vec::new()),
             paid_answers_lost: Mutex::new(Vec::new()),
             slept_until: Mutex::new(None),
         })
@@ -116,6 +120,21 @@ impl Sim {
 
     pub fn now(&self) -> DateTime<Utc> {
         self.clock.now()
+    }
+
+    /// The clock of a new function environment: the true time, off by a skew drawn up
+    /// to the plan's, as a Lambda host's clock may be.
+    pub fn function_clock(&self) -> Arc<dyn Clock> {
+        let most = self.plan.clock_skew.num_milliseconds() as u64;
+        if most == 0 {
+            return self.clock.clone();
+        }
+        let skew = self.rng.below(2 * most + 1) as i64 - most as i64;
+        FaultCounts::add(&self.faults.skewed_clocks);
+        Arc::new(SkewedClock {
+            clock: self.clock.clone(),
+            skew: Duration::milliseconds(skew),
+        })
     }
 
     /// Sleeps until `until` on the simulated clock, giving every other task its turns.
@@ -314,6 +333,12 @@ pub struct FaultPlan {
     pub event_lost: u64,
     pub event_late: u64,
     pub event_twice: u64,
+    /// How far each function's clock may be off the true time, either way: each
+    /// environment draws its own skew, up to this.
+    pub clock_skew: Duration,
+    /// How far the GSIs lag the table: the reconciler's index reads see the store as it
+    /// was this long before the pass.
+    pub index_lag: Duration,
     /// No fault after this instant: the repair, after which everything must settle.
     pub faults_end: DateTime<Utc>,
 }
@@ -362,8 +387,22 @@ impl FaultPlan {
             event_lost: rate(20),
             event_late: rate(20),
             event_twice: rate(20),
+            clock_skew: Duration::milliseconds(rate(5_000) as i64),
+            index_lag: Duration::milliseconds(rate(3_000) as i64),
             faults_end: start + Duration::seconds(90),
         }
+    }
+}
+
+/// A function's clock, `skew` off the true time.
+struct SkewedClock {
+    clock: Arc<ManualClock>,
+    skew: Duration,
+}
+
+impl Clock for SkewedClock {
+    fn now(&self) -> DateTime<Utc> {
+        self.clock.now() + self.skew
     }
 }
 
@@ -385,6 +424,10 @@ pub struct FaultCounts {
     pub events_lost: AtomicU64,
     pub events_late: AtomicU64,
     pub events_twice: AtomicU64,
+    /// Function environments whose clock is off the true time.
+    pub skewed_clocks: AtomicU64,
+    /// Reads served by an index that lagged the table.
+    pub stale_index_reads: AtomicU64,
 }
 
 impl FaultCounts {
@@ -415,6 +458,8 @@ impl FaultCounts {
             ("event lost", &self.events_lost),
             ("event late", &self.events_late),
             ("event twice", &self.events_twice),
+            ("skewed clock", &self.skewed_clocks),
+            ("stale index read", &self.stale_index_reads),
         ]
         .into_iter()
         .map(|(kind, count)| (kind, count.load(Ordering::Relaxed)))
@@ -565,6 +610,8 @@ pub struct Interleaved {
     pub planted: Option<PlantedBug>,
     /// Until when this environment reserves as take then hold in an adaptive sale.
     hot_until: Mutex<Option<DateTime<Utc>>>,
+    /// The store as the GSIs show it, when they lag the table: what index reads read.
+    index: Mutex<Option<Arc<InMemoryStore>>>,
 }
 
 /// How long an adaptive sale reserves as take then hold after a conflict on a shard, as
@@ -619,7 +666,29 @@ impl Interleaved {
             provider,
             planted,
             hot_until: Mutex::new(None),
+            index: Mutex::new(None),
         }
+    }
+
+    /// From now on, index reads (the GSIs' queries, and the eventually consistent read
+    /// of the followed money) read `index`, a snapshot of the store from a moment ago;
+    /// `None`: they read the store.
+    pub fn index_as_of(&self, index: Option<Arc<InMemoryStore>>) {
+        *lock(&self.index) = index;
+    }
+
+    /// What an index read reads: the lagging snapshot, if any, else the store.
+    fn index(&self) -> Arc<InMemoryStore> {
+        self.lagging_index().unwrap_or_else(|| self.store.clone())
+    }
+
+    /// The lagging snapshot index reads read, if the index lags now.
+    fn lagging_index(&self) -> Option<Arc<InMemoryStore>> {
+        let index = lock(&self.index).clone();
+        if index.is_some() {
+            FaultCounts::add(&self.sim.faults.stale_index_reads);
+        }
+        index
     }
 
     async fn meets(&self, service: Service, write: bool) -> Met {
@@ -763,7 +832,8 @@ impl SaleCatalog for Interleaved {
     }
 
     async fn sales_ending_after(&self, cutoff: DateTime<Utc>) -> Result<Vec<Sale>, StoreError> {
-        self.call(Service::Store, false, self.store.sales_ending_after(cutoff))
+        let index = self.index();
+        self.call(Service::Store, false, index.sales_ending_after(cutoff))
             .await
     }
 
@@ -853,8 +923,13 @@ impl StockLedger for Interleaved {
     }
 
     async fn unaccounted_takes(&self, sale: &Sale) -> Result<Vec<Take>, StoreError> {
-        self.call(Service::Store, false, self.store.unaccounted_takes(sale))
-            .await
+        let read = async {
+            match self.lagging_index() {
+                Some(index) => Ok(self.store.takes_unaccounted_in(sale, &index)),
+                None => self.store.unaccounted_takes(sale).await,
+            }
+        };
+        self.call(Service::Store, false, read).await
     }
 
     async fn return_take(&self, take: &Take, now: DateTime<Utc>) -> Result<TakeReturn, StoreError> {
@@ -875,7 +950,8 @@ impl OrderBook for Interleaved {
     }
 
     async fn open_holds(&self, sale: &Sale) -> Result<Vec<Reservation>, StoreError> {
-        self.call(Service::Store, false, self.store.open_holds(sale))
+        let index = self.index();
+        self.call(Service::Store, false, index.open_holds(sale))
             .await
     }
 
@@ -971,7 +1047,10 @@ impl OrderPayments for Interleaved {
         let wrote_paid = AtomicBool::new(false);
         let pay = async {
             let outcome = self.store.pay_with(reservation, payment, now).await;
-            wrote_paid.store(matches!(outcome, Ok(PayOutcome::Paid)), Ordering::SeqCst);
+            if matches!(outcome, Ok(PayOutcome::Paid)) {
+                wrote_paid.store(true, Ordering::SeqCst);
+                lock(&self.sim.paid_writes).push((reservation.order_id.clone(), self.sim.now()));
+            }
             outcome
         };
         let mut outcome = self.call(Service::Store, true, pay).await;
@@ -1062,7 +1141,8 @@ impl OrderPayments for Interleaved {
     }
 
     async fn followed_money(&self) -> Result<Vec<FollowedMoney>, StoreError> {
-        self.call(Service::Store, false, self.store.followed_money())
+        let index = self.index();
+        self.call(Service::Store, false, index.followed_money())
             .await
     }
 
@@ -1070,7 +1150,8 @@ impl OrderPayments for Interleaved {
         &self,
         sale: &Sale,
     ) -> Result<Vec<(Order, Reservation)>, StoreError> {
-        self.call(Service::Store, false, self.store.unsettled_payments(sale))
+        let index = self.index();
+        self.call(Service::Store, false, index.unsettled_payments(sale))
             .await
     }
 }
