@@ -323,23 +323,6 @@ impl SoldOutGate {
         })
     }
 
-    /// The shards known empty that listed `order` among their takers when seen so: its
-    /// takes, as far as this process knows, at no cost.
-    pub fn shards_marked_taken_by(
-        &self,
-        sale_id: &SaleId,
-        shards: u16,
-        order: &OrderId,
-    ) -> Vec<u16> {
-        self.with_marks(sale_id, shards, |marks| {
-            (0..shards)
-                .filter(|&shard| {
-                    !marks.worth_a_write(shard) && marks.takers[usize::from(shard)].include(order)
-                })
-                .collect()
-        })
-    }
-
     /// A grab of `order` gave up at `now` with its reserve's outcome on `shard` unknown
     /// (`Some`), or ended knowing what happened (`None`). Doubts older than a grab path
     /// lives are dropped as others come: no request of theirs can arrive any more.

@@ -217,10 +217,6 @@ struct Tally {
     reserves: u32,
     contended: u32,
     doubt: Doubt,
-    /// Shards whose takers named this grab's order when a retry read them (`None`: not
-    /// read): takes of its path's requests, any of which but the one it holds on is
-    /// no one's.
-    takes_seen: Option<Vec<u16>>,
 }
 
 /// Whether this grab's order may have a take whose hold is missing, and on which shard:
@@ -582,7 +578,6 @@ impl GrabService {
                 .refuse_halted(order_id.as_ref(), user, attempt, refusal)
                 .await;
             if let Ok(GrabOutcome::Resumed(held)) = &outcome {
-                self.give_back_takes_elsewhere(&sale, held, tally).await;
                 self.hand_over(held).await;
             }
             return outcome;
@@ -593,9 +588,6 @@ impl GrabService {
         self.give_back_parked_takes(&sale).await;
         let outcome = self.take_a_unit(&mut walk, attempt).await;
         if let Ok(GrabOutcome::Reserved(held) | GrabOutcome::Resumed(held)) = &outcome {
-            if attempt == Attempt::Retry {
-                self.give_back_takes_elsewhere(&sale, held, tally).await;
-            }
             self.hand_over(held).await;
         }
         std::mem::take(&mut tally.doubt).hand_on(
@@ -663,19 +655,6 @@ impl GrabService {
         let (mut shards, stale) = self
             .shards_worth_a_write(walk.sale, walk.user, walk.started)
             .await;
-        if attempt == Attempt::Retry {
-            if shards.is_empty() {
-                // Sold out here: the marks name the shards' takers, at no cost (a
-                // retry after a sell-out costs one read).
-                walk.tally.takes_seen = Some(self.gate.shards_marked_taken_by(
-                    &walk.sale.sale_id,
-                    walk.sale.shards,
-                    walk.order_id(),
-                ));
-            } else {
-                self.recall_takes(walk).await;
-            }
-        }
         let doubted = walk.tally.doubt.shard.is_some();
         if shards.is_empty() && (doubted || attempt == Attempt::Retry) {
             // A doubted take elsewhere than the hold is no one's: it goes back now, or
@@ -698,85 +677,10 @@ impl GrabService {
                 return Ok(ControlFlow::Break(GrabOutcome::SoldOut(SoldOutBy::Gate)));
             }
         }
-        if !shards.is_empty() && !doubted && attempt == Attempt::Retry {
-            self.recall_a_take_elsewhere(walk).await;
-        }
         walk.tally
             .doubt
             .lead(&mut shards, &self.gate, walk.sale, walk.order_id());
         Ok(ControlFlow::Continue(shards))
-    }
-
-    /// A retry about to write, in a process that knows no doubt of its order: its first
-    /// try may have left a take without its hold in another process (a hold write in
-    /// doubt, a death between the two writes), which a reserve elsewhere would leave
-    /// no one's, the unit out of every shard until the reconciler's grace, while the
-    /// sale looks sold out. One read of the shards' takers finds such a take, and the
-    /// walk asks its shard first. A read that fails leaves the walk as it was: the
-    /// reconciler still returns the take.
-    async fn recall_a_take_elsewhere(&self, walk: &mut Walk<'_>) {
-        let order = walk.order_id().clone();
-        match self.ledger.shard_states(walk.sale).await {
-            Ok(states) => {
-                if let Some(shard) = states
-                    .iter()
-                    .position(|state| state.takers.include(&order))
-                    .and_then(|shard| u16::try_from(shard).ok())
-                {
-                    walk.tally.doubt.suspect(shard);
-                }
-            }
-            Err(error) => {
-                tracing::warn!(order_id = %order, error = &error as &dyn std::error::Error, "reading the shards' takers for a retry failed; walking without");
-            }
-        }
-    }
-
-    /// A retry's one read of the shards' takers, before it writes: its path's earlier
-    /// requests, here or in another process, may each have left a take without its hold
-    /// (a hold write in doubt, a death between the two writes). The walk asks such a shard first (where
-    /// this process knows of no doubt), and once the order holds, the grab gives back
-    /// its takes on the others: otherwise each is no one's, its unit out of every shard
-    /// until the reconciler's grace, while the sale looks sold out. A read that fails
-    /// leaves the walk as it was: the reconciler still returns the takes.
-    async fn recall_takes(&self, walk: &mut Walk<'_>) {
-        let seen = self.takes_of(walk.sale, walk.order_id()).await;
-        if walk.tally.doubt.shard.is_none()
-            && let Some(shard) = seen.first()
-        {
-            walk.tally.doubt.suspect(*shard);
-        }
-        walk.tally.takes_seen = Some(seen);
-    }
-
-    /// The shards whose takers name `order`, in one read; none if the read fails.
-    async fn takes_of(&self, sale: &Sale, order: &OrderId) -> Vec<u16> {
-        match self.ledger.shard_states(sale).await {
-            Ok(states) => (0..sale.shards)
-                .zip(&states)
-                .filter(|(_, state)| state.takers.include(order))
-                .map(|(shard, _)| shard)
-                .collect(),
-            Err(error) => {
-                tracing::warn!(order_id = %order, error = &error as &dyn std::error::Error, "reading the shards' takers for a retry failed; the reconciler returns what it would have found");
-                Vec::new()
-            }
-        }
-    }
-
-    /// A retry's order holds on `held`'s shard: its takes on other shards (see
-    /// [`GrabService::recall_takes`], read now if the walk did not) go back, or are
-    /// parked with the gate for the next grab if that fails.
-    async fn give_back_takes_elsewhere(&self, sale: &Sale, held: &Reservation, tally: &mut Tally) {
-        let seen = match tally.takes_seen.take() {
-            Some(seen) => seen,
-            None => self.takes_of(sale, &held.order_id).await,
-        };
-        for shard in seen {
-            if self.drop_if_superseded(sale, held, shard).await.is_err() {
-                self.gate.park_superseded_take(held, shard);
-            }
-        }
     }
 
     /// One walk over `shards` in order, until one answers the grab, or a few in a row
@@ -1210,10 +1114,6 @@ impl GrabService {
         let held = self.resume(walk.order_id(), walk.user).await?;
         if let Some(held) = &held {
             walk.tally.doubt.resolve();
-            // Given back here (or parked), not again when the grab ends.
-            if let Some(seen) = &mut walk.tally.takes_seen {
-                seen.retain(|seen| *seen != shard);
-            }
             if self
                 .drop_if_superseded(walk.sale, held, shard)
                 .await

@@ -327,51 +327,6 @@ async fn a_retry_on_a_function_whose_clock_is_before_the_start_gets_its_order_ba
     assert!(matches!(pass, Err(AppError::NotStarted)), "{pass:?}");
 }
 
-/// Issue 48 (the simulation, seed 48534): a grab's take landed and its hold write met a
-/// conflict, in doubt; the page's retry went to another process, whose gate knew nothing
-/// of that shard, and reserved afresh on another. The first take was no one's, out of
-/// every shard until the reconciler's grace, while buyers were told "sold out". A marked
-/// retry that knows of no doubt reads the shards' takers once before it writes, and
-/// finishes a take of its order where it finds one.
-#[tokio::test]
-async fn a_retry_in_another_process_finishes_the_take_its_first_try_left() {
-    for left_on in 0..2 {
-        let world = World::new(2, 2, []).await;
-        let user = UserId::parse("alice").unwrap();
-        let (token, order_id) = world.path_of(&user).await;
-        world.store.leave_take(
-            &world.sale,
-            Take {
-                shard: left_on,
-                order_id: order_id.clone(),
-                user_id: user.clone(),
-                taken_at: start(),
-            },
-        );
-        let again = world
-            .grabs
-            .grab(&world.sale.sale_id, &token, &user, Attempt::Retry)
-            .await;
-        let held = match &again.outcome {
-            Ok(GrabOutcome::Reserved(held) | GrabOutcome::Resumed(held)) => held.clone(),
-            other => panic!("take left on {left_on}: {other:?}"),
-        };
-        assert_eq!(held.shard, left_on, "finished where it was taken");
-        assert!(world.no_stray_takes().await, "take left on {left_on}");
-        assert_eq!(
-            world
-                .ledger
-                .availability(&world.sale)
-                .await
-                .unwrap()
-                .iter()
-                .sum::<u64>(),
-            1,
-            "the other unit still for sale"
-        );
-    }
-}
-
 #[tokio::test]
 async fn a_retry_of_a_path_that_committed_is_resumed_not_sold_out() {
     let world = World::new(1, 1, []).await;

@@ -174,7 +174,6 @@ struct Run {
     provider: Arc<SimProvider>,
     sale: Sale,
     buyers: usize,
-    shape: Shape,
     /// The executor's steps, once played.
     steps: Cell<u64>,
     planted: Option<PlantedBug>,
@@ -192,9 +191,6 @@ struct Run {
     /// delivery of which died: a sale such a settlement made is counted by none.
     died_settling: RefCell<BTreeSet<OrderId>>,
     died_delivering: RefCell<HashSet<PaymentId>>,
-    /// Buyers whose grab died or who gave up on it: a take of theirs may be left to the
-    /// reconciler.
-    grabs_in_doubt: RefCell<BTreeSet<UserId>>,
     /// When each reconciler pass that died began and died.
     passes_died: RefCell<Vec<(DateTime<Utc>, DateTime<Utc>)>>,
 }
@@ -210,9 +206,6 @@ fn not_started_backoff(sim: &Sim, tries: u32) -> Duration {
     Duration::milliseconds(sim.rng.below(window) as i64)
 }
 
-/// How long a superseded take may stay out: its grab gives it back within its answer.
-const SUPERSEDED_GRACE: Duration = Duration::seconds(30);
-
 /// How long a buyer's page keeps retrying a grab that fails (503, a dead invocation).
 const PATIENCE: Duration = Duration::seconds(150);
 /// Past every deadline a run can make: the last hold, its window, a lost timer's grace
@@ -221,50 +214,13 @@ const HORIZON: Duration = Duration::minutes(11);
 /// How often the reconciler runs, as `ReconcileSchedule` by default.
 const RECONCILE_EVERY: Duration = Duration::minutes(1);
 
-/// The sale a seed plays.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Shape {
-    /// Any: stock, shards, buyers, reserve path and faults all drawn.
-    Any,
-    /// Shaped for a double click's take left behind on another shard than its hold:
-    /// take then hold on two shards or more, every buyer clicking twice, and writes
-    /// whose answers are lost or that conflict.
-    DoubleClicksInDoubt,
-}
-
-impl Shape {
-    /// One seed in ten plays a sale shaped for double clicks in doubt.
-    fn of(seed: u64) -> Self {
-        if seed % 10 == 9 {
-            Self::DoubleClicksInDoubt
-        } else {
-            Self::Any
-        }
-    }
-}
-
 impl Run {
     async fn new(seed: u64) -> Self {
-        Self::shaped(seed, Shape::Any).await
-    }
-
-    async fn shaped(seed: u64, shape: Shape) -> Self {
-        let in_doubt = shape == Shape::DoubleClicksInDoubt;
-        let sim = Sim::with_faults_shaped(seed, start(), |plan| {
-            if in_doubt {
-                plan.lost_answer = plan.lost_answer.max(5);
-                plan.conflict = plan.conflict.max(10);
-            }
-        });
+        let sim = Sim::with_faults(seed, start());
         let stock = 1 + sim.rng.below(8) as i64;
         let shards = 1 + sim.rng.below(4) as i64;
         let buyers = 2 + sim.rng.below(14) as usize;
         let reserve = ReservePath::ALL[sim.rng.below(3) as usize];
-        let (stock, shards, reserve) = if in_doubt {
-            (stock.max(4), shards.max(2), ReservePath::TakeThenHold)
-        } else {
-            (stock, shards, reserve)
-        };
         let store = Arc::new(InMemoryStore::new());
         let sale = testing::sale(stock, shards.min(stock))
             .id("sim")
@@ -283,7 +239,6 @@ impl Run {
             store,
             sale,
             buyers,
-            shape,
             steps: Cell::new(0),
             planted: None,
             idle: RefCell::new(Vec::new()),
@@ -293,61 +248,7 @@ impl Run {
             died_settling: RefCell::new(BTreeSet::new()),
             died_delivering: RefCell::new(HashSet::new()),
             passes_died: RefCell::new(Vec::new()),
-            grabs_in_doubt: RefCell::new(BTreeSet::new()),
         }
-    }
-
-    /// Takes no hold accounts for whose order holds its unit on another shard (a double
-    /// click's, or a retry's in another process), still out after [`SUPERSEDED_GRACE`]:
-    /// a unit unsold, on no shard, while buyers are told "sold out". The grab that finds
-    /// its order held elsewhere gives such a take back; only a give-back or a read of
-    /// the shards' takers that met a fault, or a grab that died or was given up on,
-    /// leaves it to the reconciler.
-    fn superseded_takes_left(&self) -> Vec<String> {
-        let takes = futures::FutureExt::now_or_never(self.store.unaccounted_takes(&self.sale))
-            .expect("at once")
-            .expect("no failure");
-        let drops_failed = self.sim.drops_failed.lock().unwrap();
-        let reads_failed = self.sim.takers_reads_failed.lock().unwrap();
-        // A store outage holds every grab up: the grace runs from its end.
-        let outage_end = self
-            .sim
-            .plan
-            .store_outage
-            .filter(|(begins, _)| *begins <= self.sim.now())
-            .map(|(_, ends)| ends);
-        takes
-            .into_iter()
-            .filter(|take| {
-                let since = outage_end.map_or(take.taken_at, |ends| take.taken_at.max(ends));
-                self.sim.now() - since > SUPERSEDED_GRACE
-            })
-            .filter(|take| {
-                !drops_failed.contains(&(take.order_id.clone(), take.shard))
-                    && !self.grabs_in_doubt.borrow().contains(&take.user_id)
-                    && !reads_failed.iter().any(|at| *at >= take.taken_at)
-            })
-            .filter(|take| {
-                let held =
-                    futures::FutureExt::now_or_never(flashsale_domain::ports::OrderBook::find(
-                        &*self.store,
-                        &take.order_id,
-                        &take.user_id,
-                    ))
-                    .expect("at once")
-                    .expect("no failure");
-                held.is_some_and(|(order, held)| {
-                    held.shard != take.shard
-                        && (order.status.is_open() || order.status == OrderStatus::Paid)
-                })
-            })
-            .map(|take| {
-                format!(
-                    "{}'s superseded take on shard {} left since {}",
-                    take.order_id, take.shard, take.taken_at
-                )
-            })
-            .collect()
     }
 
     /// A settlement answered: the api counts the order in `orders_paid` if it sold it.
@@ -506,8 +407,7 @@ impl Run {
         let spawner = executor.spawner();
         for n in 0..self.buyers {
             let user = UserId::parse(format!("buyer-{n}")).unwrap();
-            let twice = self.sim.rng.percent(30) || self.shape == Shape::DoubleClicksInDoubt;
-            let clicks = if twice { 2 } else { 1 };
+            let clicks = if self.sim.rng.percent(30) { 2 } else { 1 };
             // A buyer with the sale open in two tabs has two grab paths: two orders
             // that the per-user limit must keep to one.
             let tabs = if self.sim.rng.percent(15) { 2 } else { 1 };
@@ -775,12 +675,6 @@ impl Run {
                 ));
             }
             let loose = self.store.loose_take_count(&self.sale.sale_id);
-            if loose > 0 {
-                violations
-                    .lock()
-                    .unwrap()
-                    .extend(self.superseded_takes_left());
-            }
             if counts.available + loose + counts.reserved + counts.paid != stock {
                 violations.lock().unwrap().push(format!(
                     "units not conserved: {counts:?} and {loose} loose take(s) at {}",
@@ -869,9 +763,6 @@ impl Run {
             let environment = self.environment();
             let report = may_die(sim, environment.grab(&sale.sale_id, token, user, attempt)).await;
             let answered_at = sim.now();
-            if report.is_none() {
-                self.grabs_in_doubt.borrow_mut().insert(user.clone());
-            }
             if tracing() {
                 let shards: Vec<u64> = (0..sale.shards)
                     .map(|shard| store.shard_available(&sale.sale_id, shard))
@@ -915,7 +806,6 @@ impl Run {
             // A 503, or a 502 from an invocation that died: tried again as a retry.
             attempt = Attempt::Retry;
             if sim.now() >= gives_up {
-                self.grabs_in_doubt.borrow_mut().insert(user.clone());
                 return Told::GaveUp {
                     failed_at: answered_at,
                 };
@@ -1386,7 +1276,7 @@ async fn the_sale_holds_its_invariants_under_every_interleaving_the_seeds_draw()
         if campaign.is_some_and(|length| began.elapsed() >= length) {
             break;
         }
-        let run = Run::shaped(seed, Shape::of(seed)).await;
+        let run = Run::new(seed).await;
         match run.play() {
             Ok(checked) => tally.add(&checked),
             Err(failure) => {
@@ -1439,11 +1329,11 @@ async fn a_seed_replays_exactly() {
     );
 }
 
-/// How many of `seeds` seeds, their sales of `shape`, catch `bug`.
-async fn seeds_catching(bug: PlantedBug, shape: Shape, seeds: u64) -> u64 {
+/// How many of `seeds` seeds catch `bug`.
+async fn seeds_catching(bug: PlantedBug, seeds: u64) -> u64 {
     let mut caught = 0;
     for seed in FIXED_BASE..FIXED_BASE + seeds {
-        let mut run = Run::shaped(seed, shape).await;
+        let mut run = Run::new(seed).await;
         run.planted = Some(bug);
         if run.play().is_err() {
             caught += 1;
@@ -1467,19 +1357,8 @@ async fn the_checker_catches_the_bugs_planted_for_it() {
         PlantedBug::HoldPastTheLimit,
     ] {
         assert!(
-            seeds_catching(bug, Shape::Any, 100).await > 0,
+            seeds_catching(bug, 100).await > 0,
             "{bug:?} went unseen: the checker proves nothing"
         );
     }
-    // Rare in a sale of any shape: in sales shaped for it.
-    assert!(
-        seeds_catching(
-            PlantedBug::SupersededTakeLeft,
-            Shape::DoubleClicksInDoubt,
-            100
-        )
-        .await
-            > 0,
-        "the superseded take left behind went unseen"
-    );
 }

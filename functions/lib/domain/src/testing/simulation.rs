@@ -16,7 +16,7 @@
 //! Stripe's events come late, twice or never.
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
@@ -89,12 +89,6 @@ pub struct Sim {
     /// Every pay write that won, with when on the true clock (an order's `paid_at` is on
     /// its writer's clock, which may be skewed).
     pub paid_writes: Mutex<Vec<(OrderId, DateTime<Utc>)>>,
-    /// Superseded takes (order and shard) whose give-back met a fault: left to the
-    /// reconciler, as designed.
-    pub drops_failed: Mutex<BTreeSet<(OrderId, u16)>>,
-    /// When reads of the shards' takers failed: a retry that could not read them leaves
-    /// its earlier takes to the reconciler, as designed.
-    pub takers_reads_failed: Mutex<Vec<DateTime<Utc>>>,
     /// Orders whose pay write won but whose answer was lost on the way: no settlement
     /// heard that it sold the unit, so none counted it in `orders_paid`.
     pub paid_answers_lost: Mutex<Vec<OrderId>>,
@@ -106,19 +100,8 @@ pub struct Sim {
 impl Sim {
     /// A run whose faults the seed draws too.
     pub fn with_faults(seed: u64, start: DateTime<Utc>) -> Arc<Self> {
-        Self::with_faults_shaped(seed, start, |_| {})
-    }
-
-    /// A run whose faults the seed draws, then `shape` changes: a run shaped to meet a
-    /// rare case often.
-    pub fn with_faults_shaped(
-        seed: u64,
-        start: DateTime<Utc>,
-        shape: impl FnOnce(&mut FaultPlan),
-    ) -> Arc<Self> {
         let rng = SimRng::new(seed);
-        let mut plan = FaultPlan::draw(&rng, start);
-        shape(&mut plan);
+        let plan = FaultPlan::draw(&rng, start);
         Self::with_plan(rng, plan, start)
     }
 
@@ -130,8 +113,6 @@ impl Sim {
             faults: FaultCounts::default(),
             paid: Mutex::new(Vec::new()),
             paid_writes: Mutex::new(Vec::new()),
-            drops_failed: Mutex::new(BTreeSet::new()),
-            takers_reads_failed: Mutex::new(Vec::new()),
             paid_answers_lost: Mutex::new(Vec::new()),
             slept_until: Mutex::new(None),
         })
@@ -666,10 +647,6 @@ pub enum PlantedBug {
     ConsumerNotIdempotent,
     /// A reserve that holds past the buyer's per-user limit when the shard has a unit.
     HoldPastTheLimit,
-    /// A give-back of a superseded take (a double click's take on another shard than
-    /// the order's hold) that answers done and leaves the take: the unit unsold, out of
-    /// every shard, until the reconciler's grace runs out (the `first_walk` bug).
-    SupersededTakeLeft,
 }
 
 impl Interleaved {
@@ -902,13 +879,8 @@ impl StockLedger for Interleaved {
     }
 
     async fn shard_states(&self, sale: &Sale) -> Result<Vec<ShardState>, StoreError> {
-        let read = self
-            .call(Service::Store, false, self.store.shard_states(sale))
-            .await;
-        if read.is_err() {
-            lock(&self.sim.takers_reads_failed).push(self.sim.now());
-        }
-        read
+        self.call(Service::Store, false, self.store.shard_states(sale))
+            .await
     }
 
     async fn release(
@@ -942,21 +914,12 @@ impl StockLedger for Interleaved {
         reservation: &Reservation,
         shard: u16,
     ) -> Result<bool, StoreError> {
-        if self.planted == Some(PlantedBug::SupersededTakeLeft) {
-            turn().await;
-            return Ok(true);
-        }
-        let dropped = self
-            .call(
-                Service::Store,
-                true,
-                self.store.drop_superseded_take(reservation, shard),
-            )
-            .await;
-        if dropped.is_err() {
-            lock(&self.sim.drops_failed).insert((reservation.order_id.clone(), shard));
-        }
-        dropped
+        self.call(
+            Service::Store,
+            true,
+            self.store.drop_superseded_take(reservation, shard),
+        )
+        .await
     }
 
     async fn unaccounted_takes(&self, sale: &Sale) -> Result<Vec<Take>, StoreError> {
