@@ -911,7 +911,10 @@ impl Run {
                 .iter()
                 .filter(|control| control.action != SaleAction::Resume)
                 .filter_map(|control| Some((control, control.answered?)))
-                .filter(|(_, answered)| answered <= asked)
+                // A grab begun at the instant of the answer may have read the sale
+                // before the write (same instant, an earlier turn): only one begun
+                // after it must see it.
+                .filter(|(_, answered)| answered < asked)
                 .max_by_key(|(_, answered)| *answered);
             let Some((halted, answered)) = halted else {
                 continue;
