@@ -1015,11 +1015,11 @@ impl Run {
                 }
             }
         }
-        for (held, _) in self.sim.paid.lock().unwrap().iter() {
+        for (order_id, _) in self.sim.paid_writes.lock().unwrap().iter() {
             // Sold is sold: only the provider's refusal of the money ends a paid order.
-            let status = holds.get(&held.order_id).map(|(_, status)| *status);
+            let status = holds.get(order_id).map(|(_, status)| *status);
             if !matches!(status, Some(OrderStatus::Paid | OrderStatus::PaymentFailed)) {
-                found.push(format!("{} was paid, and ended {status:?}", held.order_id));
+                found.push(format!("{order_id} was paid, and ended {status:?}"));
             }
         }
         found.extend(self.check_orders_paid(&holds));
@@ -1063,11 +1063,9 @@ impl Run {
             .filter(|(payment, _)| self.died_delivering.borrow().contains(&payment.id))
             .filter_map(|(payment, _)| payment.order_id)
             .collect();
-        let paid = self.sim.paid.lock().unwrap();
-        let sold_at: BTreeMap<&OrderId, DateTime<Utc>> = paid
-            .iter()
-            .map(|(held, at)| (&held.order_id, *at))
-            .collect();
+        let paid = self.sim.paid_writes.lock().unwrap();
+        let sold_at: BTreeMap<&OrderId, DateTime<Utc>> =
+            paid.iter().map(|(order_id, at)| (order_id, *at)).collect();
         let pass_died_then = |order_id: &OrderId| {
             sold_at.get(order_id).is_some_and(|at| {
                 self.passes_died
@@ -1076,10 +1074,9 @@ impl Run {
                     .any(|(began, died)| began <= at && at <= died)
             })
         };
-        let sold: BTreeSet<&OrderId> = paid
-            .iter()
-            .map(|(held, _)| &held.order_id)
-            .chain(answers_lost.iter())
+        let sold: BTreeSet<&OrderId> = sold_at
+            .keys()
+            .copied()
             .filter(|order_id| holds.contains_key(*order_id))
             .collect();
         for (order_id, times) in counted.iter() {

@@ -84,10 +84,8 @@ pub struct Sim {
     pub plan: FaultPlan,
     /// The faults it injected.
     pub faults: FaultCounts,
-    /// Every pay write that won (as its caller heard it), with when its answer came.
-    pub paid: Mutex<Vec<(Reservation, DateTime<Utc>)>>,
-    /// Every pay write that won, with when on the true clock (an order's `paid_at` is on
-    /// its writer's clock, which may be skewed).
+    /// Every pay write that won, whether or not its caller heard it, with when on the
+    /// true clock (an order's `paid_at` is on its writer's clock, which may be skewed).
     pub paid_writes: Mutex<Vec<(OrderId, DateTime<Utc>)>>,
     /// Orders whose pay write won but whose answer was lost on the way: no settlement
     /// heard that it sold the unit, so none counted it in `orders_paid`.
@@ -111,7 +109,6 @@ impl Sim {
             clock: Arc::new(ManualClock::new(start)),
             plan,
             faults: FaultCounts::default(),
-            paid: Mutex::new(Vec::new()),
             paid_writes: Mutex::new(Vec::new()),
             paid_answers_lost: Mutex::new(Vec::new()),
             slept_until: Mutex::new(None),
@@ -1076,9 +1073,6 @@ impl OrderPayments for Interleaved {
             && matches!(outcome, Ok(PayOutcome::Settled(OrderStatus::Paid)))
         {
             outcome = Ok(PayOutcome::Paid);
-        }
-        if let Ok(PayOutcome::Paid) = outcome {
-            lock(&self.sim.paid).push((reservation.clone(), self.sim.now()));
         }
         outcome
     }
