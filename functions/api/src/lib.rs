@@ -219,7 +219,7 @@ impl Deps {
         };
         Self {
             sales: SaleService {
-                catalog: ports.catalog,
+                catalog: ports.catalog.clone(),
                 ledger: ports.ledger.clone(),
                 orders: ports.orders.clone(),
                 clock: ports.clock.clone(),
@@ -227,6 +227,7 @@ impl Deps {
             },
             orders: OrderService {
                 orders: ports.orders,
+                catalog: ports.catalog,
                 ledger: ports.ledger,
                 scheduler: ports.scheduler,
                 clock: ports.clock,

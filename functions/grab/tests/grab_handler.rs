@@ -195,15 +195,18 @@ async fn a_grab_reserves_one_unit_and_enqueues_the_order() {
     assert_eq!(world.available(), 9);
     let sent = world.queue.sent.lock().unwrap();
     assert_eq!(sent.len(), 1);
-    assert_eq!(sent[0].order_id.to_string(), order_id);
-    assert_eq!(sent[0].user_id.as_str(), "user-alice");
+    assert_eq!(sent[0].reservation.order_id.to_string(), order_id);
+    assert_eq!(sent[0].reservation.user_id.as_str(), "user-alice");
     // The sale's price, copied from the sale the grab read anyway: the answer and the
     // message carry it.
     assert_eq!(
         body["price"],
         serde_json::json!({"amount": 129_900, "currency": "EUR", "decimals": 2})
     );
-    assert_eq!(sent[0].price.map(|price| price.amount()), Some(129_900));
+    assert_eq!(
+        sent[0].reservation.price.map(|price| price.amount()),
+        Some(129_900)
+    );
 }
 
 #[tokio::test]

@@ -1,6 +1,8 @@
-//! The order consumer: reads the reservations the grab put on the orders FIFO queue
-//! and sets each held order's release timer. It reads the hold and writes nothing to
-//! the table: the grab's hold already is the order.
+//! The order consumer: reads the held orders the grab put on the orders FIFO queue
+//! and sets each one's release timer. It reads the hold and writes nothing to the
+//! table, the grab's hold already being the order, but for a retry's order: the takes
+//! its path's earlier requests left on other shards go back (see
+//! [`OrderService::receive`]).
 //!
 //! Records are independent (each is its own message group), so a batch is processed
 //! concurrently, up to [`MAX_CONCURRENT_RECORDS`] at a time. The answer is a partial
@@ -15,9 +17,11 @@ use std::sync::Arc;
 
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use flashsale_adapters::{DynamoStore, EventBridgeScheduler, ReleaseTarget};
-use flashsale_domain::ports::{Clock, OrderBook, ReleaseScheduler, StockLedger, SystemClock};
+use flashsale_domain::ports::{
+    Clock, OrderBook, ReleaseScheduler, SaleCatalog, StockLedger, SystemClock,
+};
 use flashsale_domain::service::{OrderService, TimerSet};
-use flashsale_domain::{AppError, OrderId, Reservation};
+use flashsale_domain::{AppError, OrderId, OrderMessage};
 use flashsale_lambda::failure::{diagnostic, error_chain};
 use flashsale_lambda::{CallBudget, Clients, Env, FromEnv, Function};
 use futures::StreamExt as _;
@@ -34,7 +38,9 @@ pub const MAX_CONCURRENT_RECORDS: usize = 10;
 /// How long one SDK call of the consumer may take. The template gives the function
 /// 30 s and records run concurrently, so what counts is one record's chain: the read of
 /// the hold, creating the timer, and parking a poison record (three calls): 3 x 5 s
-/// leaves 15 s spare. Nobody waits on the consumer, and a record
+/// leaves 15 s spare. A retry's order adds a read of the sale, one of its shards and
+/// a give-back per take found elsewhere: a record whose calls all crawl may then meet
+/// the timeout and come back, and every step is safe to repeat. Nobody waits on the consumer, and a record
 /// whose call fails comes back only after the queue's visibility timeout, so a slow
 /// call is given more time than on the HTTP functions before it is abandoned.
 pub const SDK_BUDGET: CallBudget = CallBudget {
@@ -72,6 +78,7 @@ impl FromEnv for Config {
 /// tests pass in-memory fakes, and both go through the same [`Deps::from_ports`].
 pub struct Ports {
     pub orders: Arc<dyn OrderBook>,
+    pub catalog: Arc<dyn SaleCatalog>,
     pub ledger: Arc<dyn StockLedger>,
     pub scheduler: Arc<dyn ReleaseScheduler>,
     pub dead_letters: Arc<dyn DeadLetterQueue>,
@@ -91,6 +98,7 @@ impl Deps {
         let store = Arc::new(DynamoStore::new(clients.dynamodb(), &config.table_name));
         Self::from_ports(Ports {
             orders: store.clone(),
+            catalog: store.clone(),
             ledger: store,
             scheduler: Arc::new(EventBridgeScheduler::new(
                 clients.scheduler(),
@@ -106,6 +114,7 @@ impl Deps {
         Self {
             orders: OrderService {
                 orders: ports.orders,
+                catalog: ports.catalog,
                 ledger: ports.ledger,
                 scheduler: ports.scheduler,
                 clock: ports.clock,
@@ -245,11 +254,11 @@ async fn consume(deps: &Deps, record: &SqsMessage) -> Result<TimerSet, RecordErr
         .as_deref()
         .filter(|body| !body.trim().is_empty())
         .ok_or(RecordError::NoBody)?;
-    let reservation: Reservation =
-        serde_json::from_str(body).map_err(RecordError::NotAReservation)?;
+    let message: OrderMessage = serde_json::from_str(body).map_err(RecordError::NotAReservation)?;
+    let reservation = &message.reservation;
     let timer = deps
         .orders
-        .set_release_timer(&reservation)
+        .receive(&message)
         .await
         .map_err(|source| RecordError::Timer {
             order_id: reservation.order_id.clone(),
@@ -346,7 +355,7 @@ mod tests {
             source,
         };
         let store = |transient| AppError::Store(injected_store_failure(transient, "open order"));
-        let not_json = serde_json::from_str::<Reservation>("{").expect_err("not JSON");
+        let not_json = serde_json::from_str::<OrderMessage>("{").expect_err("not JSON");
         for (error, expected) in [
             (RecordError::NoBody, "OrderConsumer.NoBody"),
             (

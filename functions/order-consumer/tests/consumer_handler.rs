@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use chrono::{Duration, TimeZone, Utc};
 use flashsale_domain::error::StoreError;
-use flashsale_domain::ports::{OrderBook, ReleaseScheduler, SaleCatalog, StockLedger};
+use flashsale_domain::ports::{OrderBook, ReleaseScheduler, SaleCatalog, StockLedger, Take};
 use flashsale_domain::testing;
 use flashsale_domain::testing::{InMemoryStore, ManualClock, RecordingScheduler};
 use flashsale_domain::{OrderId, OrderStatus, ReleaseReason, Reservation, Sale};
@@ -101,6 +101,7 @@ impl World {
         let dead_letters = Arc::new(RecordingDeadLetters::default());
         let deps = Deps::from_ports(Ports {
             orders: store.clone(),
+            catalog: store.clone(),
             ledger: store.clone(),
             scheduler: scheduler.clone(),
             dead_letters: dead_letters.clone(),
@@ -225,6 +226,57 @@ async fn the_fixture_batch_sets_every_orders_release_timer_and_writes_no_order()
     // The grab's hold is the order; the consumer writes none.
     assert_eq!(world.store.order_count(), 0);
     assert!(world.parked().is_empty());
+}
+
+/// Issue 48 (the simulation, seeds 48079 and 48329 among others): a grab's take landed
+/// and its hold write did not (its invocation died between the two); the page's retry
+/// went to another process, which knew nothing of that take, and held the order on
+/// another shard. The first take was no one's: its unit out of every shard until the
+/// reconciler's grace, while buyers were told "sold out". The retry's record has the
+/// consumer give it back; a first try's record reads no shard.
+#[tokio::test]
+async fn a_retrys_record_gives_back_the_take_its_first_try_left_on_another_shard() {
+    let world = World::new().await;
+    let (first_try, reservations) = batch_of(1);
+    let held = &reservations[0];
+    world.hold(&reservations).await;
+    world.store.leave_take(
+        &world.sale,
+        Take {
+            shard: 5,
+            order_id: held.order_id.clone(),
+            user_id: held.user_id.clone(),
+            taken_at: held.created_at,
+        },
+    );
+    let left_with = world.store.shard_available(&world.sale.sale_id, 5);
+    let held_with = world.store.shard_available(&world.sale.sale_id, held.shard);
+
+    assert!(failures(&world.consume(&first_try).await).is_empty());
+    assert_eq!(world.store.loose_takes_of(&held.order_id).len(), 1);
+
+    let mut retry = first_try.clone();
+    let mut body: Value =
+        serde_json::from_str(retry["Records"][0]["body"].as_str().unwrap()).unwrap();
+    body["retried"] = json!(true);
+    retry["Records"][0]["body"] = json!(body.to_string());
+    for _ in 0..2 {
+        assert!(failures(&world.consume(&retry).await).is_empty());
+    }
+
+    assert!(world.store.loose_takes_of(&held.order_id).is_empty());
+    assert_eq!(
+        world.store.shard_available(&world.sale.sale_id, 5),
+        left_with + 1,
+        "the unit is for sale again, once"
+    );
+    assert_eq!(
+        world.store.shard_available(&world.sale.sale_id, held.shard),
+        held_with,
+        "the hold keeps its unit"
+    );
+    assert_eq!(world.status(held).await, OrderStatus::Reserved);
+    assert_eq!(world.timers(), 1);
 }
 
 #[tokio::test]

@@ -58,7 +58,7 @@ fn functions() -> [Function; 5] {
             logical_id: "OrderConsumerFunction",
             package: "flashsale-order-consumer",
             env_vars: flashsale_order_consumer::Config::env_vars(),
-            use_cases: &[("OrderService", "set_release_timer")],
+            use_cases: &[("OrderService", "receive")],
         },
         Function {
             logical_id: "ReleaseFunction",

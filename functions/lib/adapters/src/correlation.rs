@@ -9,8 +9,7 @@
 
 use std::future::Future;
 
-use flashsale_domain::Reservation;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// The JSON field that carries the id next to the reservation's fields.
 pub const FIELD: &str = "correlation_id";
@@ -32,9 +31,10 @@ pub fn current() -> Option<String> {
         .filter(|id| !id.is_empty())
 }
 
-/// The reservation as JSON, with the current correlation id when there is one.
-pub fn reservation_json(reservation: &Reservation) -> Result<String, serde_json::Error> {
-    let mut value = serde_json::to_value(reservation)?;
+/// A message (a reservation, a held order) as a JSON object, with the current
+/// correlation id when there is one.
+pub fn message_json(message: &impl Serialize) -> Result<String, serde_json::Error> {
+    let mut value = serde_json::to_value(message)?;
     if let (Some(id), Some(fields)) = (current(), value.as_object_mut()) {
         fields.insert(FIELD.to_owned(), id.into());
     }
@@ -55,6 +55,7 @@ pub fn carried_by(json: &serde_json::Value) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use flashsale_domain::Reservation;
 
     fn a_reservation() -> Reservation {
         serde_json::from_value(serde_json::json!({
@@ -71,7 +72,7 @@ mod tests {
     #[tokio::test]
     async fn the_id_rides_next_to_the_reservation_and_older_readers_ignore_it() {
         let reservation = a_reservation();
-        let body = scope("req-42".into(), async { reservation_json(&reservation) })
+        let body = scope("req-42".into(), async { message_json(&reservation) })
             .await
             .expect("encode");
         let value: serde_json::Value = serde_json::from_str(&body).expect("JSON");
@@ -82,7 +83,7 @@ mod tests {
 
     #[test]
     fn without_a_scope_the_message_is_the_reservation_alone() {
-        let body = reservation_json(&a_reservation()).expect("encode");
+        let body = message_json(&a_reservation()).expect("encode");
         let value: serde_json::Value = serde_json::from_str(&body).expect("JSON");
         assert_eq!(carried_by(&value), None);
         assert!(value.get(FIELD).is_none());

@@ -117,7 +117,7 @@ impl ReleaseScheduler for EventBridgeScheduler {
             .target
             .as_ref()
             .ok_or_else(|| StoreError::permanent(SCHEDULE, NoReleaseTarget))?;
-        let input = crate::correlation::reservation_json(reservation)
+        let input = crate::correlation::message_json(reservation)
             .map_err(|error| StoreError::permanent(SCHEDULE, error))?;
         let target = Target::builder()
             .arn(&target.function_arn)

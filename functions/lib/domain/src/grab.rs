@@ -37,7 +37,7 @@ use crate::challenge::{CHALLENGE_LIFETIME, IssuedChallenge};
 use crate::error::{AppError, StoreError, WriteOutcome};
 use crate::gate::{SoldOutGate, TakeSlot};
 use crate::ids::{OrderId, SaleId, UserId};
-use crate::order::Reservation;
+use crate::order::{OrderMessage, Reservation};
 use crate::ports::{
     Clock, IdSource, OrderBook, OrderQueue, Pause, ProofOfWork, ReserveRefusal, SaleCatalog,
     StockLedger,
@@ -578,7 +578,7 @@ impl GrabService {
                 .refuse_halted(order_id.as_ref(), user, attempt, refusal)
                 .await;
             if let Ok(GrabOutcome::Resumed(held)) = &outcome {
-                self.hand_over(held).await;
+                self.hand_over(held, attempt).await;
             }
             return outcome;
         }
@@ -588,7 +588,7 @@ impl GrabService {
         self.give_back_parked_takes(&sale).await;
         let outcome = self.take_a_unit(&mut walk, attempt).await;
         if let Ok(GrabOutcome::Reserved(held) | GrabOutcome::Resumed(held)) = &outcome {
-            self.hand_over(held).await;
+            self.hand_over(held, attempt).await;
         }
         std::mem::take(&mut tally.doubt).hand_on(
             &self.gate,
@@ -1146,11 +1146,17 @@ impl GrabService {
     /// Sends a committed reservation to the order consumer. If that fails, the hold
     /// stays and the buyer is still told they hold it: the hand-over is the system's
     /// job, not the buyer's. A retry of the same grab path sends it again (the queue
-    /// deduplicates by order id); without one, the buyer can still pay (pay needs no
+    /// deduplicates, see [`OrderMessage::deduplication_id`]); without one, the buyer
+    /// can still pay (pay needs no
     /// timer) and the [`Reconciler`](crate::service::Reconciler) releases the hold once
-    /// it is past its deadline.
-    async fn hand_over(&self, reservation: &Reservation) {
-        if let Err(error) = self.queue.enqueue(reservation).await {
+    /// it is past its deadline. A retry says so: the consumer then gives back what its
+    /// path's earlier requests may have taken elsewhere ([`OrderMessage::retried`]).
+    async fn hand_over(&self, reservation: &Reservation, attempt: Attempt) {
+        let message = OrderMessage {
+            reservation: reservation.clone(),
+            retried: attempt == Attempt::Retry,
+        };
+        if let Err(error) = self.queue.enqueue(&message).await {
             tracing::error!(
                 order_id = %reservation.order_id,
                 error = &error as &dyn std::error::Error,

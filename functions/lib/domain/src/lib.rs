@@ -29,7 +29,7 @@ pub use control::{SaleAction, SaleAudit, SaleControl};
 pub use currency::Currency;
 pub use error::{AppError, StoreError, ValidationError, WriteOutcome};
 pub use ids::{OrderId, SaleId, UserId};
-pub use order::{Order, OrderStatus, ReleaseReason, Reservation};
+pub use order::{Order, OrderMessage, OrderStatus, ReleaseReason, Reservation};
 pub use price::Price;
 pub use sale::{
     ReservePath, Sale, SaleCursor, SaleDraft, SaleList, SalePage, SalePhase, SaleStats, SaleView,

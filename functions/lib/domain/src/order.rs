@@ -151,6 +151,35 @@ pub struct Reservation {
     pub price: Option<Price>,
 }
 
+/// What the grab hands the order consumer: the hold it committed, and whether the
+/// request that committed it was a retry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OrderMessage {
+    #[serde(flatten)]
+    pub reservation: Reservation,
+    /// The grab was a marked retry: its path's earlier request, perhaps in another
+    /// process, may have taken a unit on another shard and never held it (a hold write
+    /// in doubt, an invocation that died between its writes). No process knows of that
+    /// take, and its unit is out of every shard, so the consumer looks for it and gives
+    /// it back (see [`crate::service::OrderService::receive`]). Absent in messages from
+    /// before it was sent: `false`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub retried: bool,
+}
+
+impl OrderMessage {
+    /// What makes two sends the same message, for the queue's deduplication: the
+    /// order, and whether a retry sent it. A retry's message asks more of the consumer
+    /// than the first try's, so it must not be dropped as a repeat of it.
+    pub fn deduplication_id(&self) -> String {
+        if self.retried {
+            format!("{}.retry", self.reservation.order_id)
+        } else {
+            self.reservation.order_id.to_string()
+        }
+    }
+}
+
 /// An order as its owner sees it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Order {

@@ -13,7 +13,7 @@ use crate::control::{ControlWrite, SaleAudit};
 use crate::error::StoreError;
 use crate::fulfilment::{BuyerCursor, OrderPage};
 use crate::ids::{OrderId, SaleId, UserId};
-use crate::order::{Order, OrderStatus, ReleaseReason, Reservation};
+use crate::order::{Order, OrderMessage, OrderStatus, ReleaseReason, Reservation};
 use crate::payment::{
     CancelOutcome, CaptureOutcome, FollowedMoney, OrderPayment, Payment, PaymentId, RefundProgress,
 };
@@ -324,6 +324,17 @@ pub trait StockLedger: Send + Sync {
     /// shard's two parts come from one version of it.
     async fn shard_states(&self, sale: &Sale) -> Result<Vec<ShardState>, StoreError>;
 
+    /// The shards whose takers include `order`, read consistently now: where its path's
+    /// requests took units, held or not. Writes nothing. An implementation whose
+    /// [`StockLedger::shard_states`] may lag must override this.
+    async fn shards_taken_by(&self, sale: &Sale, order: &OrderId) -> Result<Vec<u16>, StoreError> {
+        Ok((0..sale.shards)
+            .zip(self.shard_states(sale).await?)
+            .filter(|(_, state)| state.takers.include(order))
+            .map(|(shard, _)| shard)
+            .collect())
+    }
+
     /// Ends an open hold and gives its unit back to its shard: one transaction on the
     /// user's and the order's items records the order as `reason.final_status()`, then
     /// a conditional write on the shard removes the order's take. Only an open hold
@@ -452,10 +463,11 @@ pub trait OrderBook: Send + Sync {
 /// The orders queue between the grab and the order consumer.
 #[async_trait]
 pub trait OrderQueue: Send + Sync {
-    /// Sends the reservation for the consumer. Deduplicated by order id, so a retried
-    /// send does not produce a second message (within the queue's dedup window).
+    /// Sends the held order for the consumer. Deduplicated by
+    /// [`OrderMessage::deduplication_id`], so a repeated send does not produce a second
+    /// message (within the queue's dedup window).
     /// At-least-once delivery: the consumer must be idempotent.
-    async fn enqueue(&self, reservation: &Reservation) -> Result<(), StoreError>;
+    async fn enqueue(&self, message: &OrderMessage) -> Result<(), StoreError>;
 }
 
 /// Timers that release unpaid orders.

@@ -21,7 +21,9 @@ use flashsale_domain::testing::{
     ReserveScript, ScriptedLedger, SeededIds,
 };
 use flashsale_domain::token::GrabTokenSigner;
-use flashsale_domain::{AppError, OrderId, OrderStatus, ReleaseReason, Sale, StoreError, UserId};
+use flashsale_domain::{
+    AppError, OrderId, OrderMessage, OrderStatus, ReleaseReason, Sale, StoreError, UserId,
+};
 
 use ReserveScript::{CommitThenFail, Contend, FailBefore, NotAttempted};
 
@@ -246,7 +248,10 @@ async fn a_reserve_that_committed_but_lost_its_answer_is_answered_reserved() {
     assert_eq!(world.available(), 7);
     assert_eq!(
         world.queue.sent.lock().unwrap().as_slice(),
-        std::slice::from_ref(&reservation)
+        [OrderMessage {
+            reservation: reservation.clone(),
+            retried: false
+        }]
     );
     let (order, _) = world
         .store

@@ -85,6 +85,7 @@ impl World {
             }),
             orders: OrderService {
                 orders: store.clone(),
+                catalog: store.clone(),
                 ledger: store.clone(),
                 scheduler: scheduler.clone(),
                 clock: clock_port,

@@ -174,6 +174,7 @@ struct Run {
     provider: Arc<SimProvider>,
     sale: Sale,
     buyers: usize,
+    shape: Shape,
     /// The executor's steps, once played.
     steps: Cell<u64>,
     planted: Option<PlantedBug>,
@@ -214,13 +215,52 @@ const HORIZON: Duration = Duration::minutes(11);
 /// How often the reconciler runs, as `ReconcileSchedule` by default.
 const RECONCILE_EVERY: Duration = Duration::minutes(1);
 
+/// The sale a seed plays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    /// Any: stock, shards, buyers, reserve path and faults all drawn.
+    Any,
+    /// Shaped for a take left on another shard than its order's hold: take then hold on
+    /// two shards or more, every buyer clicking twice, writes whose answers are lost or
+    /// that conflict, grabs that die, and every request in a process of its own (a
+    /// retry never meets what its first try's process knew).
+    DoubleClicksInDoubt,
+}
+
+impl Shape {
+    /// One seed in ten plays a sale shaped for double clicks in doubt.
+    fn of(seed: u64) -> Self {
+        if seed % 10 == 9 {
+            Self::DoubleClicksInDoubt
+        } else {
+            Self::Any
+        }
+    }
+}
+
 impl Run {
     async fn new(seed: u64) -> Self {
-        let sim = Sim::with_faults(seed, start());
+        Self::shaped(seed, Shape::of(seed)).await
+    }
+
+    async fn shaped(seed: u64, shape: Shape) -> Self {
+        let in_doubt = shape == Shape::DoubleClicksInDoubt;
+        let sim = Sim::with_faults_shaped(seed, start(), |plan| {
+            if in_doubt {
+                plan.lost_answer = plan.lost_answer.max(5);
+                plan.conflict = plan.conflict.max(10);
+                plan.death = plan.death.max(15);
+            }
+        });
         let stock = 1 + sim.rng.below(8) as i64;
         let shards = 1 + sim.rng.below(4) as i64;
         let buyers = 2 + sim.rng.below(14) as usize;
         let reserve = ReservePath::ALL[sim.rng.below(3) as usize];
+        let (stock, shards, reserve) = if in_doubt {
+            (stock.max(4), shards.max(2), ReservePath::TakeThenHold)
+        } else {
+            (stock, shards, reserve)
+        };
         let store = Arc::new(InMemoryStore::new());
         let sale = testing::sale(stock, shards.min(stock))
             .id("sim")
@@ -239,6 +279,7 @@ impl Run {
             store,
             sale,
             buyers,
+            shape,
             steps: Cell::new(0),
             planted: None,
             idle: RefCell::new(Vec::new()),
@@ -249,6 +290,27 @@ impl Run {
             died_delivering: RefCell::new(HashSet::new()),
             passes_died: RefCell::new(Vec::new()),
         }
+    }
+
+    /// A retry's order whose consumer step answered at `began`'s step: the takes of
+    /// its path on other shards than its hold, landed before the step began, are back.
+    /// Left, each is a unit out of every shard, unsold while buyers are told "sold
+    /// out", until the reconciler's grace.
+    fn takes_left_elsewhere(&self, held: &Reservation, began: DateTime<Utc>) -> Vec<String> {
+        // A take's time is on its grab's clock, off the true one by the skew at most.
+        let landed_before = began - self.sim.plan.clock_skew;
+        self.store
+            .loose_takes_of(&held.order_id)
+            .into_iter()
+            .filter(|take| take.shard != held.shard && take.taken_at < landed_before)
+            .map(|take| {
+                format!(
+                    "{}'s take on shard {} (taken at {}) left after the consumer's step \
+                     for its retry at {began}, with its hold on shard {}",
+                    take.order_id, take.shard, take.taken_at, held.shard
+                )
+            })
+            .collect()
     }
 
     /// A settlement answered: the api counts the order in `orders_paid` if it sold it.
@@ -275,7 +337,11 @@ impl Run {
 
     /// A grab environment: idle, or a new one (a cold start).
     fn environment(&self) -> Rc<GrabService> {
-        self.idle.borrow_mut().pop().unwrap_or_else(|| {
+        let reused = match self.shape {
+            Shape::Any => self.idle.borrow_mut().pop(),
+            Shape::DoubleClicksInDoubt => None,
+        };
+        reused.unwrap_or_else(|| {
             self.started.set(self.started.get() + 1);
             Rc::new(self.grabs())
         })
@@ -310,6 +376,7 @@ impl Run {
         let ports = self.ports();
         OrderService {
             orders: ports.clone(),
+            catalog: ports.clone(),
             ledger: ports.clone(),
             scheduler: ports,
             clock: self.sim.function_clock(),
@@ -407,7 +474,8 @@ impl Run {
         let spawner = executor.spawner();
         for n in 0..self.buyers {
             let user = UserId::parse(format!("buyer-{n}")).unwrap();
-            let clicks = if self.sim.rng.percent(30) { 2 } else { 1 };
+            let twice = self.sim.rng.percent(30) || self.shape == Shape::DoubleClicksInDoubt;
+            let clicks = if twice { 2 } else { 1 };
             // A buyer with the sale open in two tabs has two grab paths: two orders
             // that the per-user limit must keep to one.
             let tabs = if self.sim.rng.percent(15) { 2 } else { 1 };
@@ -465,7 +533,8 @@ impl Run {
         // Two consumers of the queue, each message at least once: one received again
         // after its visibility timeout, even while another consumer still works on it.
         for _ in 0..2 {
-            let (queue, orders, sim) = (self.queue.clone(), &orders, self.sim.clone());
+            let (queue, orders, sim, violations) =
+                (self.queue.clone(), &orders, self.sim.clone(), &violations);
             executor.spawn(async move {
                 while sim.now() < horizon {
                     let Some(received) = queue.receive(sim.now(), sim.plan.visibility) else {
@@ -475,11 +544,18 @@ impl Run {
                     if received.received_before > 0 {
                         sim.faults.redelivered();
                     }
+                    let message = &received.message;
                     if self.planted == Some(PlantedBug::ConsumerNotIdempotent) {
-                        self.store.force_hold(&self.sale, &received.reservation);
+                        self.store.force_hold(&self.sale, &message.reservation);
                     }
-                    let handled =
-                        may_die(&sim, orders.set_release_timer(&received.reservation)).await;
+                    let began = sim.now();
+                    let handled = may_die(&sim, orders.receive(message)).await;
+                    if message.retried && matches!(handled, Some(Ok(_))) {
+                        violations
+                            .lock()
+                            .unwrap()
+                            .extend(self.takes_left_elsewhere(&message.reservation, began));
+                    }
                     let done = match handled {
                         Some(Ok(_)) => true,
                         Some(Err(error)) => !error.is_retryable(),
@@ -1330,10 +1406,10 @@ async fn a_seed_replays_exactly() {
 }
 
 /// How many of `seeds` seeds catch `bug`.
-async fn seeds_catching(bug: PlantedBug, seeds: u64) -> u64 {
+async fn seeds_catching(bug: PlantedBug, shape: Shape, seeds: u64) -> u64 {
     let mut caught = 0;
     for seed in FIXED_BASE..FIXED_BASE + seeds {
-        let mut run = Run::new(seed).await;
+        let mut run = Run::shaped(seed, shape).await;
         run.planted = Some(bug);
         if run.play().is_err() {
             caught += 1;
@@ -1357,8 +1433,19 @@ async fn the_checker_catches_the_bugs_planted_for_it() {
         PlantedBug::HoldPastTheLimit,
     ] {
         assert!(
-            seeds_catching(bug, 100).await > 0,
+            seeds_catching(bug, Shape::Any, 100).await > 0,
             "{bug:?} went unseen: the checker proves nothing"
         );
     }
+    // Rare in a sale of any shape: in sales shaped for it.
+    assert!(
+        seeds_catching(
+            PlantedBug::SupersededTakeLeft,
+            Shape::DoubleClicksInDoubt,
+            100
+        )
+        .await
+            > 0,
+        "the superseded take left behind went unseen"
+    );
 }

@@ -18,7 +18,9 @@ use flashsale_domain::testing::{
     RecordingScheduler, SeededIds,
 };
 use flashsale_domain::token::GrabTokenSigner;
-use flashsale_domain::{AppError, OrderStatus, Sale, SaleAction, SaleControl, SaleId, UserId};
+use flashsale_domain::{
+    AppError, OrderMessage, OrderStatus, Sale, SaleAction, SaleControl, SaleId, UserId,
+};
 
 const SECRET: &[u8] = b"an-hmac-key-of-at-least-32-bytes!";
 
@@ -88,6 +90,7 @@ impl World {
             },
             orders: OrderService {
                 orders: store.clone(),
+                catalog: store.clone(),
                 ledger: store.clone(),
                 scheduler: scheduler.clone(),
                 clock: clock_port.clone(),
@@ -505,7 +508,13 @@ async fn a_failed_enqueue_still_answers_the_hold_and_a_retry_sends_it_again() {
     world.queue.fail.store(false, Ordering::SeqCst);
     let resumed = world.retry_with(&sale, "a", &token).await.unwrap();
     assert_eq!(resumed, reserved);
-    assert_eq!(world.queue.sent.lock().unwrap().as_slice(), [resumed]);
+    assert_eq!(
+        world.queue.sent.lock().unwrap().as_slice(),
+        [OrderMessage {
+            reservation: resumed,
+            retried: true
+        }]
+    );
     assert_eq!(world.store.shard_available(&sale, 0), 0);
 }
 
@@ -547,7 +556,7 @@ async fn a_grabbed_order_keeps_the_sales_price_from_the_grab_to_its_settlement()
     let reservation = world.grab(&sale.sale_id, "a").await.unwrap();
     assert_eq!(reservation.price, Some(price), "copied by the grab");
     assert_eq!(
-        world.queue.sent.lock().unwrap()[0].price,
+        world.queue.sent.lock().unwrap()[0].reservation.price,
         Some(price),
         "and sent on with the reservation"
     );

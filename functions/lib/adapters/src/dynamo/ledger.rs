@@ -43,7 +43,7 @@ use flashsale_domain::ports::{
     ReserveRefusal, Settlement, ShardState, ShardTakers, StockLedger, Take, TakeReturn,
 };
 use flashsale_domain::sale::MAX_ABANDONED_HOLDS;
-use flashsale_domain::{OrderStatus, ReleaseReason, Reservation, Sale, StoreError};
+use flashsale_domain::{OrderId, OrderStatus, ReleaseReason, Reservation, Sale, StoreError};
 
 use super::item::{
     self, ABANDONED, ACTIVE, AVAILABLE, GSI1_PK, GSI1_SK, GSI2_PK, GSI2_SK, Hold, Item, SHARD,
@@ -59,6 +59,7 @@ const RESERVE: &str = "dynamodb.reserve";
 const AVAILABILITY: &str = "dynamodb.availability";
 const RELEASE: &str = "dynamodb.release";
 const SHARD_STATES: &str = "dynamodb.shard_states";
+const SHARDS_TAKEN_BY: &str = "dynamodb.shards_taken_by";
 const UNACCOUNTED_TAKES: &str = "dynamodb.unaccounted_takes";
 const RETURN_TAKE: &str = "dynamodb.return_take";
 
@@ -717,6 +718,28 @@ impl StockLedger for DynamoStore {
         shard: u16,
     ) -> Result<bool, StoreError> {
         self.give_back(RESERVE, reservation, shard).await
+    }
+
+    async fn shards_taken_by(&self, sale: &Sale, order: &OrderId) -> Result<Vec<u16>, StoreError> {
+        // The order consumer's, for a retry's order: a take its first try made a moment
+        // ago must be seen.
+        let shards = self
+            .shard_items(
+                SHARDS_TAKEN_BY,
+                sale,
+                Consistency::Strong,
+                ShardPart::Takers,
+            )
+            .await?;
+        let mut taken = Vec::new();
+        for (found, shard) in shards.iter().zip(0..) {
+            let takes = item::parse_takes(&sale.sale_id, shard, found)
+                .map_err(|error| corrupt(SHARDS_TAKEN_BY, found, error))?;
+            if takes.iter().any(|take| take.order_id == *order) {
+                taken.push(shard);
+            }
+        }
+        Ok(taken)
     }
 
     async fn unaccounted_takes(&self, sale: &Sale) -> Result<Vec<Take>, StoreError> {

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use crate::buyer_orders::{BuyerOrders, BuyerOrdersCursor};
 use crate::error::AppError;
 use crate::ids::{OrderId, UserId};
-use crate::order::{Order, OrderStatus, ReleaseReason, Reservation};
-use crate::ports::{Clock, OrderBook, ReleaseScheduler, Settlement, StockLedger};
+use crate::order::{Order, OrderMessage, OrderStatus, ReleaseReason, Reservation};
+use crate::ports::{Clock, OrderBook, ReleaseScheduler, SaleCatalog, Settlement, StockLedger};
 
 /// What the consumer's step left behind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,6 +21,7 @@ pub enum TimerSet {
 /// Orders after the grab: the consumer, the owner's cancel, and the timeout.
 pub struct OrderService {
     pub orders: Arc<dyn OrderBook>,
+    pub catalog: Arc<dyn SaleCatalog>,
     pub ledger: Arc<dyn StockLedger>,
     pub scheduler: Arc<dyn ReleaseScheduler>,
     pub clock: Arc<dyn Clock>,
@@ -54,28 +55,67 @@ impl OrderService {
         Ok(self.orders.buyer_orders(user, after, limit).await?.into())
     }
 
-    /// The consumer's step: the held order's release timer is set. One read of the
-    /// hold and no write: the grab's hold already is the order, so the table is not
-    /// written for a unit between its grab and its settlement. The timer carries the
-    /// hold's own reservation, whatever else the message says. Safe to repeat for the
-    /// same reservation (the timer is idempotent by order id).
+    /// The consumer's step for one message: the release timer is set (see
+    /// [`Self::set_release_timer`]), and a retry's order gets back the takes its path
+    /// left on other shards than its hold. A retry that lands in another process than
+    /// its first try knows nothing of a take that try left (its hold write in doubt, its
+    /// invocation dead between the two writes) and reserves afresh: the first take is
+    /// no one's, its unit out of every shard until the reconciler's grace, while buyers
+    /// are told "sold out". Off the grab's path, for retries only: one read of the sale
+    /// and one of its shards. A failure fails the step, so the message comes again.
+    /// Safe to repeat.
+    pub async fn receive(&self, message: &OrderMessage) -> Result<TimerSet, AppError> {
+        let (order, held) = self.held(&message.reservation).await?;
+        if message.retried {
+            self.give_back_takes_elsewhere(&held).await?;
+        }
+        self.set_timer(&order, &held).await
+    }
+
+    /// The consumer's step without a retry's takes: the held order's release timer is
+    /// set. One read of the hold and no write: the grab's hold already is the order, so
+    /// the table is not written for a unit between its grab and its settlement. The
+    /// timer carries the hold's own reservation, whatever else the message says. Safe
+    /// to repeat for the same reservation (the timer is idempotent by order id).
     pub async fn set_release_timer(&self, reservation: &Reservation) -> Result<TimerSet, AppError> {
-        let held = self
+        let (order, held) = self.held(reservation).await?;
+        self.set_timer(&order, &held).await
+    }
+
+    /// The order and its hold, if the hold is the one `reservation` names: a message
+    /// naming another shard is not what the grab committed.
+    async fn held(&self, reservation: &Reservation) -> Result<(Order, Reservation), AppError> {
+        match self
             .orders
             .find(&reservation.order_id, &reservation.user_id)
-            .await?;
-        match held {
-            // Only the hold this reservation made: a message naming another shard is
-            // not what the grab committed.
-            Some((order, held)) if held.shard == reservation.shard => {
-                if !order.status.is_open() {
-                    return Ok(TimerSet::AlreadySettled(order.status));
-                }
-                self.scheduler.schedule_release(&held).await?;
-                Ok(TimerSet::Set)
-            }
+            .await?
+        {
+            Some((order, held)) if held.shard == reservation.shard => Ok((order, held)),
             _ => Err(AppError::OrderNotFound),
         }
+    }
+
+    async fn set_timer(&self, order: &Order, held: &Reservation) -> Result<TimerSet, AppError> {
+        if !order.status.is_open() {
+            return Ok(TimerSet::AlreadySettled(order.status));
+        }
+        self.scheduler.schedule_release(held).await?;
+        Ok(TimerSet::Set)
+    }
+
+    /// Gives back the takes of `held`'s order on shards other than its hold's: no
+    /// reserve can record a hold for it there any more, whatever the order's status.
+    async fn give_back_takes_elsewhere(&self, held: &Reservation) -> Result<(), AppError> {
+        let Some(sale) = self.catalog.find_sale(&held.sale_id).await? else {
+            return Ok(());
+        };
+        let taken = self.ledger.shards_taken_by(&sale, &held.order_id).await?;
+        for shard in taken.into_iter().filter(|shard| *shard != held.shard) {
+            if self.ledger.drop_superseded_take(held, shard).await? {
+                tracing::info!(order_id = %held.order_id, shard, "gave back a take a retry superseded");
+            }
+        }
+        Ok(())
     }
 
     pub async fn cancel(&self, order_id: &OrderId, user: &UserId) -> Result<Order, AppError> {

@@ -1301,7 +1301,8 @@ pub async fn a_retry_finishing_a_stranded_take_still_keeps_the_limit<S: Store>(
 }
 
 /// A dead reserve's take on one shard, then the order held on another: the first take
-/// is unaccounted, and `drop_superseded_take` gives it back once.
+/// is unaccounted, `shards_taken_by` finds both takes at once (the consumer's read for
+/// a retry), and `drop_superseded_take` gives the first back once.
 pub async fn a_take_superseded_by_a_hold_on_another_shard_is_dropped_once<S: Store>(
     store: &S,
     strands: &impl StrandsTakes<S>,
@@ -1318,6 +1319,22 @@ pub async fn a_take_superseded_by_a_hold_on_another_shard_is_dropped_once<S: Sto
     let takes = unaccounted(store, &sale).await;
     assert_eq!(takes.len(), 1, "{takes:?}");
     assert_eq!((takes[0].shard, &takes[0].order_id), (0, &dead.order_id));
+    assert_eq!(
+        store
+            .shards_taken_by(&sale, &moved.order_id)
+            .await
+            .expect("read"),
+        vec![0, 1],
+        "read consistently, right after the writes"
+    );
+    let someone_else = reservation(&sale, "bob", 0);
+    assert!(
+        store
+            .shards_taken_by(&sale, &someone_else.order_id)
+            .await
+            .expect("read")
+            .is_empty()
+    );
 
     assert!(store.drop_superseded_take(&moved, 0).await.expect("drop"));
     assert!(
@@ -1329,6 +1346,13 @@ pub async fn a_take_superseded_by_a_hold_on_another_shard_is_dropped_once<S: Sto
     );
     assert_eq!(stock(store, &sale).await, vec![2, 1]);
     assert!(unaccounted(store, &sale).await.is_empty());
+    assert_eq!(
+        store
+            .shards_taken_by(&sale, &moved.order_id)
+            .await
+            .expect("read"),
+        vec![1]
+    );
     assert_eq!(status_of(store, &moved).await, Some(OrderStatus::Reserved));
     let counts = counts(store, &sale).await;
     assert_eq!(counts.reserved, 1);

@@ -18,7 +18,7 @@ use crate::control::{ControlWrite, SaleAudit};
 use crate::error::StoreError;
 use crate::fulfilment::{BuyerCursor, OrderPage};
 use crate::ids::{OrderId, SaleId, UserId};
-use crate::order::{Order, OrderStatus, ReleaseReason, Reservation};
+use crate::order::{Order, OrderMessage, OrderStatus, ReleaseReason, Reservation};
 use crate::payment::{
     CancelOutcome, CaptureOutcome, FollowedMoney, OrderPayment, Payment, PaymentId, PaymentState,
     Refund, RefundProgress, RefundStatus,
@@ -588,6 +588,16 @@ impl InMemoryStore {
             .values()
             .filter(|take| take.order_id.sale_id() == sale)
             .count() as u64
+    }
+
+    /// `order`'s takes that no hold accounts for, on any shard.
+    pub fn loose_takes_of(&self, order: &OrderId) -> Vec<Take> {
+        locked(&self.state)
+            .loose_takes
+            .values()
+            .filter(|take| take.order_id == *order)
+            .cloned()
+            .collect()
     }
 
     /// Makes the next `count` `record_payment` writes fail transiently, writing nothing.
@@ -1527,7 +1537,7 @@ impl StockLedger for FailingLedger {
 /// A queue that records what was sent, and can be told to fail.
 #[derive(Debug, Default)]
 pub struct RecordingQueue {
-    pub sent: Mutex<Vec<Reservation>>,
+    pub sent: Mutex<Vec<OrderMessage>>,
     pub fail: std::sync::atomic::AtomicBool,
 }
 
@@ -1537,11 +1547,11 @@ pub struct InjectedFailure;
 
 #[async_trait]
 impl OrderQueue for RecordingQueue {
-    async fn enqueue(&self, reservation: &Reservation) -> Result<(), StoreError> {
+    async fn enqueue(&self, message: &OrderMessage) -> Result<(), StoreError> {
         if self.fail.load(Ordering::SeqCst) {
             return Err(StoreError::transient("enqueue", InjectedFailure));
         }
-        locked(&self.sent).push(reservation.clone());
+        locked(&self.sent).push(message.clone());
         Ok(())
     }
 }

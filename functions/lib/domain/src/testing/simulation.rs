@@ -32,7 +32,7 @@ use super::{FakePaymentProvider, InMemoryStore, ManualClock};
 use crate::control::{ControlWrite, SaleAudit, SaleControl};
 use crate::error::StoreError;
 use crate::ids::{OrderId, SaleId, UserId};
-use crate::order::{Order, OrderStatus, ReleaseReason, Reservation};
+use crate::order::{Order, OrderMessage, OrderStatus, ReleaseReason, Reservation};
 use crate::payment::{
     CancelOutcome, CaptureOutcome, FollowedMoney, OrderPayment, Payment, PaymentId, RefundProgress,
 };
@@ -98,8 +98,19 @@ pub struct Sim {
 impl Sim {
     /// A run whose faults the seed draws too.
     pub fn with_faults(seed: u64, start: DateTime<Utc>) -> Arc<Self> {
+        Self::with_faults_shaped(seed, start, |_| {})
+    }
+
+    /// A run whose faults the seed draws, then `shape` changes: a run shaped to meet a
+    /// rare case often.
+    pub fn with_faults_shaped(
+        seed: u64,
+        start: DateTime<Utc>,
+        shape: impl FnOnce(&mut FaultPlan),
+    ) -> Arc<Self> {
         let rng = SimRng::new(seed);
-        let plan = FaultPlan::draw(&rng, start);
+        let mut plan = FaultPlan::draw(&rng, start);
+        shape(&mut plan);
         Self::with_plan(rng, plan, start)
     }
 
@@ -659,6 +670,10 @@ pub enum PlantedBug {
     ConsumerNotIdempotent,
     /// A reserve that holds past the buyer's per-user limit when the shard has a unit.
     HoldPastTheLimit,
+    /// A give-back of a superseded take (a take of the order's path on another shard
+    /// than its hold) that answers done and leaves the take: the unit unsold, out of
+    /// every shard, until the reconciler's grace runs out (the `first_walk` bug).
+    SupersededTakeLeft,
 }
 
 impl Interleaved {
@@ -926,6 +941,10 @@ impl StockLedger for Interleaved {
         reservation: &Reservation,
         shard: u16,
     ) -> Result<bool, StoreError> {
+        if self.planted == Some(PlantedBug::SupersededTakeLeft) {
+            turn().await;
+            return Ok(true);
+        }
         self.call(
             Service::Store,
             true,
@@ -1003,8 +1022,8 @@ impl OrderBook for Interleaved {
 
 #[async_trait]
 impl OrderQueue for Interleaved {
-    async fn enqueue(&self, reservation: &Reservation) -> Result<(), StoreError> {
-        self.call(Service::Queue, true, self.queue.enqueue(reservation))
+    async fn enqueue(&self, message: &OrderMessage) -> Result<(), StoreError> {
+        self.call(Service::Queue, true, self.queue.enqueue(message))
             .await
     }
 }
@@ -1387,7 +1406,9 @@ const STRIPE_LATENCY_MS: (u64, u64) = (100, 300);
 
 /// SQS FIFO as the consumer meets it: at least once. A message received is hidden for
 /// the visibility timeout and comes back unless deleted in time, to any consumer, even
-/// while the first still works on it.
+/// while the first still works on it. A send is dropped when one with its
+/// deduplication id came before: SQS keeps ids five minutes, and every send of one
+/// order falls within that in a run (the page gives up after 150 s).
 #[derive(Debug, Default)]
 pub struct SimQueue {
     messages: Mutex<Vec<QueuedMessage>>,
@@ -1395,7 +1416,7 @@ pub struct SimQueue {
 
 #[derive(Debug, Clone)]
 struct QueuedMessage {
-    reservation: Reservation,
+    message: OrderMessage,
     visible_at: Option<DateTime<Utc>>,
     receives: u32,
     deleted: bool,
@@ -1405,7 +1426,7 @@ struct QueuedMessage {
 #[derive(Debug, Clone)]
 pub struct Received {
     pub index: usize,
-    pub reservation: Reservation,
+    pub message: OrderMessage,
     /// How many times it was received before this one.
     pub received_before: u32,
 }
@@ -1421,7 +1442,7 @@ impl SimQueue {
         message.receives += 1;
         Some(Received {
             index,
-            reservation: message.reservation.clone(),
+            message: message.message.clone(),
             received_before: message.receives - 1,
         })
     }
@@ -1436,7 +1457,7 @@ impl SimQueue {
     pub fn sent(&self) -> Vec<Reservation> {
         lock(&self.messages)
             .iter()
-            .map(|message| message.reservation.clone())
+            .map(|message| message.message.reservation.clone())
             .collect()
     }
 
@@ -1451,9 +1472,17 @@ impl SimQueue {
 
 #[async_trait]
 impl OrderQueue for SimQueue {
-    async fn enqueue(&self, reservation: &Reservation) -> Result<(), StoreError> {
-        lock(&self.messages).push(QueuedMessage {
-            reservation: reservation.clone(),
+    async fn enqueue(&self, message: &OrderMessage) -> Result<(), StoreError> {
+        let mut messages = lock(&self.messages);
+        let id = message.deduplication_id();
+        if messages
+            .iter()
+            .any(|sent| sent.message.deduplication_id() == id)
+        {
+            return Ok(());
+        }
+        messages.push(QueuedMessage {
+            message: message.clone(),
             visible_at: None,
             receives: 0,
             deleted: false,
