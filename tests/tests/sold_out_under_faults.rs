@@ -1,9 +1,12 @@
 //! Sold out only when the stock says so, under combined faults (issue 52): one surge per
 //! reserve path (`adaptive`, `take_then_hold`, `transaction`) on a local stack whose
 //! DynamoDB calls go through the fault proxy, which plays DynamoDB's transaction
-//! conflicts (15 ms commit time) and, at the same time, a seeded random fault mix: 5 %
-//! a 500 before the request reaches the table, 5 % a 500 after the table applied it,
-//! 5 % a throttle, 10 % a delay of 100 to 400 ms.
+//! conflicts (15 ms commit time) and, at the same time, a seeded random fault mix whose
+//! rates each surge draws from its seed: 5 to 8 % each of a 500 before the request
+//! reaches the table, a 500 after the table applied it, a throttle, a connection reset
+//! before it, and a connection dropped after the table applied it; 10 to 15 % a delay
+//! of 100 to 400 ms. (A surge makes as few as 170 DynamoDB requests, the gate answering
+//! the rest: at 5 % a kind goes uninjected in one surge in 6,000, and check 4 fails.)
 //!
 //! Each surge: a sale of 30 units on 4 shards with a 25 s payment window; 150 buyers
 //! fetch their grab paths, then each sends its grab twice at once (a double click: the
@@ -16,7 +19,11 @@
 //! 2. no take on a shard lacks a hold behind it (the reconciler's take grace is 600 s
 //!    here, so it cannot have hidden one);
 //! 3. every 202 names an open hold of its buyer, and no buyer holds two;
-//! 4. every kind of fault of the mix was really injected.
+//! 4. every kind of fault of the mix was really injected;
+//! 5. the history checks the simulation runs (`flashsale_domain::testing::history`),
+//!    on the same answers and the table read through the same ports: never oversold,
+//!    every unit accounted for, no buyer over the limit, every 202 a hold of its buyer,
+//!    and no hold that no grab answered 202 for unless its buyer gave up in doubt.
 //!
 //! Every surge prints one row (path, seed, answers, what was left, the faults); the
 //! surges all run before the assertions, and each path ends with a total row.
@@ -31,7 +38,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use flashsale_domain::OrderId;
 use flashsale_domain::ports::OrderBook;
+use flashsale_domain::testing::history;
 use flashsale_e2e::Harness;
 use flashsale_emulators::proxy::{Counts, FaultMix, Proxy};
 use futures::StreamExt;
@@ -64,19 +73,28 @@ const PARAMETERS: [(&str, &str); 5] = [
 ];
 
 /// The fault kinds of the mix, as the proxy counts them.
-const MIX_KINDS: [&str; 4] = [
+const MIX_KINDS: [&str; 6] = [
     "server_error",
     "commit_then_server_error",
     "throttle",
+    "connection_reset",
+    "commit_then_drop",
     "delay",
 ];
 
+/// The surge's mix: every kind at once, each at a rate drawn from the seed.
 fn mix(seed: u64) -> FaultMix {
+    use rand::{Rng as _, SeedableRng as _};
+    let mut rates = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut rate =
+        |percent: std::ops::RangeInclusive<u32>| f64::from(rates.random_range(percent)) / 100.0;
     FaultMix {
-        server_error: 0.05,
-        commit_then_server_error: 0.05,
-        throttle: 0.05,
-        delay: 0.10,
+        server_error: rate(5..=8),
+        commit_then_server_error: rate(5..=8),
+        throttle: rate(5..=8),
+        connection_reset: rate(5..=8),
+        commit_then_drop: rate(5..=8),
+        delay: rate(10..=15),
         delay_ms: 100..=400,
         ..FaultMix::seeded(seed)
     }
@@ -126,6 +144,22 @@ impl Told {
 
     fn is_sold_out(&self) -> bool {
         self.status == StatusCode::CONFLICT && self.code.as_deref() == Some("sold_out")
+    }
+
+    /// The answer as the history checks read it: a failure the buyer stopped retrying
+    /// leaves them in doubt.
+    fn as_history(&self) -> history::Told {
+        match self.status {
+            StatusCode::ACCEPTED => match self.order_id.as_deref().map(OrderId::parse) {
+                Some(Ok(order_id)) => history::Told::Held(order_id),
+                _ => history::Told::Refused("202 without an order id".to_owned()),
+            },
+            _ if self.is_sold_out() => history::Told::SoldOut,
+            status if status.is_client_error() && status != StatusCode::TOO_MANY_REQUESTS => {
+                history::Told::Refused(self.label())
+            }
+            _ => history::Told::InDoubt,
+        }
     }
 }
 
@@ -315,6 +349,9 @@ async fn surge(harness: &Harness, proxy: &Proxy, path: &'static str, n: usize, s
     let stray = harness.stray_takes(&sale_id).await;
     let (store, sale) = harness.store_and_sale(&sale_id).await;
     let holds = store.open_holds(&sale).await.expect("the holds read");
+    let ledger = history::Ledger::read(&store, &sale)
+        .await
+        .expect("the orders, shards and takes read");
     let faults_then = proxy.counts().since(&before);
     proxy.set_fault_mix(None).expect("no mix");
     let stats = harness.stats(&sale_id).await;
@@ -416,6 +453,19 @@ async fn surge(harness: &Harness, proxy: &Proxy, path: &'static str, n: usize, s
             violations.push(format!("(3) {user} holds {count} orders"));
         }
     }
+    // 5. The simulation's history checks, on this history.
+    let answered: Vec<(flashsale_domain::UserId, history::Told)> = told
+        .iter()
+        .flat_map(|(user, sends)| {
+            let user = flashsale_domain::UserId::parse(user.as_str()).expect("a user id");
+            sends.iter().map(move |t| (user.clone(), t.as_history()))
+        })
+        .collect();
+    violations.extend(
+        history::check(&sale, &answered, &ledger, history::Moment::AfterTheAnswers)
+            .into_iter()
+            .map(|found| format!("(5) {found}")),
+    );
     // 4. The faults were there.
     let faults = faults_then.faults_by_kind();
     for kind in MIX_KINDS {

@@ -296,7 +296,9 @@ impl ActiveRule {
 /// Faults drawn at random, per request, from a seeded generator: each request of
 /// `operation` (`"*"`: every operation) draws once, and gets a 500 before forwarding
 /// with probability `server_error`, a 500 after the upstream applied it with
-/// `commit_then_server_error`, a throttle with `throttle`, or a delay drawn uniformly
+/// `commit_then_server_error`, a throttle with `throttle`, its connection closed before
+/// forwarding with `connection_reset` or after the upstream applied it with
+/// `commit_then_drop`, or a delay drawn uniformly
 /// from `delay_ms` (milliseconds) before being forwarded as usual with `delay`; else it
 /// passes. The probabilities are each within 0..=1 and add up to at most 1.
 ///
@@ -315,6 +317,13 @@ pub struct FaultMix {
     pub commit_then_server_error: f64,
     #[serde(default)]
     pub throttle: f64,
+    /// The connection closed without an answer, nothing forwarded.
+    #[serde(default)]
+    pub connection_reset: f64,
+    /// Forwarded (the upstream acts on it), then the connection closed without the
+    /// answer: a write that applied, whose caller hears nothing.
+    #[serde(default)]
+    pub commit_then_drop: f64,
     #[serde(default)]
     pub delay: f64,
     /// JSON: `{"start": 100, "end": 400}`.
@@ -348,6 +357,8 @@ pub enum MixDraw {
     ServerError,
     CommitThenServerError,
     Throttle,
+    ConnectionReset,
+    CommitThenDrop,
     /// Forwarded as usual after this long.
     Delay(Duration),
 }
@@ -362,6 +373,8 @@ impl FaultMix {
             server_error: 0.0,
             commit_then_server_error: 0.0,
             throttle: 0.0,
+            connection_reset: 0.0,
+            commit_then_drop: 0.0,
             delay: 0.0,
             delay_ms: no_delay(),
         }
@@ -373,6 +386,8 @@ impl FaultMix {
             ("server_error", self.server_error),
             ("commit_then_server_error", self.commit_then_server_error),
             ("throttle", self.throttle),
+            ("connection_reset", self.connection_reset),
+            ("commit_then_drop", self.commit_then_drop),
             ("delay", self.delay),
         ];
         for (name, p) in named {
@@ -411,6 +426,8 @@ impl FaultMix {
                 MixDraw::CommitThenServerError,
             ),
             (self.throttle, MixDraw::Throttle),
+            (self.connection_reset, MixDraw::ConnectionReset),
+            (self.commit_then_drop, MixDraw::CommitThenDrop),
         ];
         let mut floor = 0.0;
         for (p, drawn) in bands {
@@ -514,6 +531,8 @@ impl FaultBook {
             (None, MixDraw::ServerError) => Decision::Fault(Fault::ServerError),
             (None, MixDraw::CommitThenServerError) => Decision::Fault(Fault::CommitThenServerError),
             (None, MixDraw::Throttle) => Decision::Fault(Fault::Throttle),
+            (None, MixDraw::ConnectionReset) => Decision::Fault(Fault::ConnectionReset),
+            (None, MixDraw::CommitThenDrop) => Decision::Fault(Fault::CommitThenDrop),
             (None, MixDraw::Delay(delay)) => Decision::Delay(delay),
         }
     }

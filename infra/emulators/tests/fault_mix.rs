@@ -132,6 +132,59 @@ async fn a_mix_injects_each_kind_near_its_rate() {
     assert_eq!(proxy.fault_mix().map(|(_, drawn)| drawn), Some(REQUESTS));
 }
 
+/// Issue 48's surges add connections closed without an answer: before forwarding (a
+/// reset) and after the upstream acted (a write whose caller hears nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mix_closes_connections_before_and_after_forwarding_near_their_rates() {
+    const REQUESTS: u64 = 2000;
+    let upstream = upstream().await;
+    let proxy = Proxy::start(&upstream.url, 0).await.expect("proxy");
+    proxy
+        .set_fault_mix(Some(FaultMix {
+            connection_reset: 0.05,
+            commit_then_drop: 0.05,
+            ..FaultMix::seeded(48)
+        }))
+        .expect("a valid mix");
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .expect("a client");
+    let mut unanswered = 0_u64;
+    for _ in 0..REQUESTS {
+        let answer = http
+            .post(format!("{}/", proxy.url()))
+            .header("x-amz-target", GET_ITEM)
+            .header("content-type", "application/x-amz-json-1.0")
+            .body(r#"{"TableName":"t"}"#)
+            .send()
+            .await;
+        if answer.is_err() {
+            unanswered += 1;
+        }
+    }
+    let kinds = proxy.counts().faults_by_kind();
+    let kind = |name: &str| kinds.get(name).copied().unwrap_or(0);
+    // 5 % of 2,000 is 100 (a standard deviation of about 10).
+    for name in ["connection_reset", "commit_then_drop"] {
+        assert!(
+            kind(name).abs_diff(100) <= 40,
+            "{name}: {} of {REQUESTS}: {kinds:?}",
+            kind(name)
+        );
+    }
+    assert_eq!(
+        unanswered,
+        kind("connection_reset") + kind("commit_then_drop"),
+        "each closed connection is a request without an answer"
+    );
+    assert_eq!(
+        upstream.hits(),
+        REQUESTS - kind("connection_reset"),
+        "a reset is not forwarded; a drop after the commit is"
+    );
+}
+
 #[tokio::test]
 async fn the_same_seed_gives_the_same_draws_and_the_proxy_plays_them_in_order() {
     let mix = FaultMix {
@@ -173,6 +226,9 @@ async fn the_same_seed_gives_the_same_draws_and_the_proxy_plays_them_in_order() 
                 MixDraw::ServerError | MixDraw::CommitThenServerError => 500,
                 MixDraw::Throttle => 400,
                 MixDraw::Pass | MixDraw::Delay(_) => 200,
+                MixDraw::ConnectionReset | MixDraw::CommitThenDrop => {
+                    unreachable!("issue 52's mix closes no connection")
+                }
             };
             assert_eq!(status, expected, "{draw:?}");
             if let MixDraw::Delay(delay) = draw {

@@ -35,7 +35,7 @@ use chrono::{DateTime, Duration, TimeZone, Utc};
 use flashsale_domain::control::SaleAction;
 use flashsale_domain::gate::SoldOutGate;
 use flashsale_domain::payment::{PaymentId, PaymentState, RefundStatus};
-use flashsale_domain::ports::{ProviderEvents, SaleCatalog, StockLedger};
+use flashsale_domain::ports::{ProviderEvents, SaleCatalog};
 use flashsale_domain::service::{
     Attempt, CachedBlocklist, ContentionPolicy, DEFAULT_TAKE_GRACE, EventHandled, ExpiryService,
     GrabOutcome, GrabPass, GrabService, OrderService, PaymentService, PaymentWebhook, Reconciler,
@@ -46,7 +46,7 @@ use flashsale_domain::testing::simulation::{
     SimScheduler, available_now, counts_now, may_die,
 };
 use flashsale_domain::testing::{
-    self, InMemoryBlocklist, InMemoryStore, PlainChallenges, SeededIds,
+    self, InMemoryBlocklist, InMemoryStore, PlainChallenges, SeededIds, history,
 };
 use flashsale_domain::token::GrabTokenSigner;
 use flashsale_domain::{AppError, OrderId, OrderStatus, Reservation, ReservePath, Sale, UserId};
@@ -109,6 +109,17 @@ enum Told {
     GaveUp {
         failed_at: DateTime<Utc>,
     },
+}
+
+impl Told {
+    fn as_history(&self) -> history::Told {
+        match self {
+            Self::Held(order_id) => history::Told::Held(order_id.clone()),
+            Self::SoldOut { .. } => history::Told::SoldOut,
+            Self::Refused(code) => history::Told::Refused(code.clone()),
+            Self::GaveUp { .. } => history::Told::InDoubt,
+        }
+    }
 }
 
 /// A grab that reserved a unit: when it began, when it was answered, and its order.
@@ -1177,54 +1188,26 @@ impl Run {
     }
 
     /// Every deadline has passed, every timer fired and the reconciler ran twice.
+    /// The end, once quiescent: the checks the local stack's surges share
+    /// ([`history::check`]), then what only the simulation knows: every message
+    /// consumed, how long units had been back when a grab was told "sold out", and when
+    /// the faults stopped.
     fn check_the_end(&self, told: &[(UserId, Told)]) -> Vec<String> {
-        let mut found = Vec::new();
-        let counts = counts_now(&self.store, &self.sale);
-        let available = available_now(&self.store, &self.sale.sale_id, self.sale.shards);
-        if counts.reserved != 0 {
-            found.push(format!("holds still open after every deadline: {counts:?}"));
-        }
-        if available + counts.paid != u64::from(self.sale.stock_total) {
-            found.push(format!("stranded: available {available}, {counts:?}"));
-        }
-        let unaccounted =
-            futures::FutureExt::now_or_never(self.store.unaccounted_takes(&self.sale))
+        let ledger =
+            futures::FutureExt::now_or_never(history::Ledger::read(&*self.store, &self.sale))
                 .expect("at once")
                 .expect("no failure");
-        if !unaccounted.is_empty() {
-            found.push(format!("takes without a hold: {unaccounted:?}"));
-        }
+        let answers: Vec<(UserId, history::Told)> = told
+            .iter()
+            .map(|(user, answer)| (user.clone(), answer.as_history()))
+            .collect();
+        let mut found = history::check(&self.sale, &answers, &ledger, history::Moment::Quiescent);
         let undelivered = self.queue.undeleted();
         if undelivered > 0 {
             found.push(format!("{undelivered} message(s) never consumed"));
         }
-        let mut answered: BTreeSet<&OrderId> = BTreeSet::new();
-        let mut in_doubt: BTreeSet<&UserId> = BTreeSet::new();
         for (user, answer) in told {
             match answer {
-                Told::Held(order_id) => {
-                    answered.insert(order_id);
-                    let status = futures::FutureExt::now_or_never(
-                        flashsale_domain::ports::OrderBook::find(&*self.store, order_id, user),
-                    )
-                    .expect("at once")
-                    .expect("no failure")
-                    .map(|(order, _)| order.status);
-                    if !matches!(
-                        status,
-                        Some(
-                            OrderStatus::Cancelled
-                                | OrderStatus::Expired
-                                | OrderStatus::Paid
-                                | OrderStatus::Refunded
-                                | OrderStatus::PaymentFailed
-                        )
-                    ) {
-                        found.push(format!(
-                            "{user} was told 202 for {order_id}, now {status:?}"
-                        ));
-                    }
-                }
                 Told::SoldOut {
                     available,
                     for_how_long,
@@ -1235,7 +1218,6 @@ impl Run {
                     ));
                 }
                 Told::GaveUp { failed_at } => {
-                    in_doubt.insert(user);
                     // Once the faults stop, every grab must settle within a few tries.
                     if *failed_at > self.sim.plan.faults_end + Duration::seconds(30) {
                         found.push(format!(
@@ -1243,18 +1225,7 @@ impl Run {
                         ));
                     }
                 }
-                Told::SoldOut { .. } | Told::Refused(_) => {}
-            }
-        }
-        // No hold that no grab answered for, unless its buyer gave up in doubt; a take
-        // the reconciler voided (its order settled at the instant of the take) is none.
-        for (held, status) in self.store.holds_of(&self.sale.sale_id) {
-            let voided = held.expires_at == held.created_at && held.price.is_none();
-            if !voided && !answered.contains(&held.order_id) && !in_doubt.contains(&held.user_id) {
-                found.push(format!(
-                    "{} holds {} ({status:?}) though no grab answered 202 for it",
-                    held.user_id, held.order_id
-                ));
+                Told::Held(_) | Told::SoldOut { .. } | Told::Refused(_) => {}
             }
         }
         found

@@ -3,6 +3,7 @@
 //! holds the scenarios that show them faithful, played on `DynamoStore` too.
 
 pub mod contract;
+pub mod history;
 pub mod simulation;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
