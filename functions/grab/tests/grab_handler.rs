@@ -7,13 +7,13 @@ use std::sync::atomic::Ordering;
 
 use chrono::{DateTime, Duration, TimeZone, Utc};
 use flashsale_domain::ports::Blocklist;
-use flashsale_domain::ports::{SaleCatalog, StockLedger};
+use flashsale_domain::ports::{OrderBook, SaleCatalog, StockLedger};
 use flashsale_domain::testing;
 use flashsale_domain::testing::{
     FailingLedger, InMemoryBlocklist, InMemoryStore, ManualClock, RecordedPauses, RecordingQueue,
 };
 use flashsale_domain::token::GrabTokenSigner;
-use flashsale_domain::{SaleId, UserId};
+use flashsale_domain::{OrderId, ReleaseReason, SaleId, UserId};
 use flashsale_grab::{Config, Deps, Ports, RETRY_ATTEMPT_HEADER, handler};
 use flashsale_lambda::testing::{ApiEvent, body_json, error_code};
 use flashsale_lambda::{ConfigError, FromEnv as _, MAX_BODY_BYTES};
@@ -500,6 +500,33 @@ async fn a_marked_retry_after_sell_out_answers_the_order_its_lost_answer_held() 
         body_json(&lost)["order_id"]
     );
     assert_eq!(world.store.find_calls.load(Ordering::SeqCst), 1);
+}
+
+/// A retry whose order settled meanwhile (here its buyer cancelled it from another
+/// tab) is told so: 409 with the order's fate, not `invalid_token`.
+#[tokio::test]
+async fn a_retry_of_a_path_whose_order_settled_is_told_its_fate() {
+    let world = World::with_sale(2, 1).await;
+    let token = world.grab_token("user-alice").await;
+    let held = world.grab_with("user-alice", &token).await;
+    assert_eq!(held.status(), 202);
+    let order_id = OrderId::parse(body_json(&held)["order_id"].as_str().unwrap()).unwrap();
+    let (_, reservation) = world
+        .store
+        .find(&order_id, &UserId::parse("user-alice").unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    world
+        .store
+        .release(&reservation, ReleaseReason::Cancelled, world.clock_now())
+        .await
+        .unwrap();
+
+    let retried = world.retry_with("user-alice", &token, "1").await;
+    assert_eq!(retried.status(), 409);
+    assert_eq!(error_code(&retried), "order_cancelled");
+    assert_eq!(world.available(), 2, "nothing taken again");
 }
 
 #[tokio::test]

@@ -43,7 +43,7 @@ use crate::ports::{
     StockLedger,
 };
 use crate::sale::{Sale, SalePhase, TOKEN_LEAD};
-use crate::service::CachedBlocklist;
+use crate::service::{CachedBlocklist, settled_error};
 use crate::token::{GrabTokenSigner, PathRefusal};
 
 /// How long a grab path stays valid. Short, so a leaked path is soon useless, and a
@@ -614,7 +614,8 @@ impl GrabService {
         if let (Some(order_id), Attempt::Retry) = (order_id, attempt) {
             match self.resume(order_id, user).await {
                 Ok(Some(held)) => return Ok(GrabOutcome::Resumed(held)),
-                Ok(None) | Err(AppError::InvalidToken) => {}
+                Ok(None) => {}
+                // The path's order settled: its fate says more than the sale's phase.
                 Err(failed) => return Err(failed),
             }
         }
@@ -1056,7 +1057,11 @@ impl GrabService {
 
     /// The path's order, if it is held and open, to answer again (the grab finishes its
     /// hand-over when it answers; the queue deduplicates by order id). A path whose
-    /// order is settled is used up (`InvalidToken`). `None`: no hold at all.
+    /// order is settled is used up, and its grab is told the order's fate
+    /// (`OrderExpired`, `OrderCancelled`, `OrderPaid`): a buyer whose first try held a
+    /// unit and whose retries met an outage as long as the payment window learns that
+    /// the unit was theirs and lapsed, not that their path is invalid. `None`: no hold
+    /// at all.
     async fn resume(
         &self,
         order_id: &OrderId,
@@ -1064,7 +1069,7 @@ impl GrabService {
     ) -> Result<Option<Reservation>, AppError> {
         match self.orders.find(order_id, user).await? {
             Some((order, reservation)) if order.status.is_open() => Ok(Some(reservation)),
-            Some(_) => Err(AppError::InvalidToken),
+            Some((order, _)) => Err(settled_error(order.status)),
             None => Ok(None),
         }
     }

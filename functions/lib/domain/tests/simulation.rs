@@ -104,6 +104,8 @@ enum Told {
         for_how_long: Duration,
     },
     Refused(String),
+    /// The path's order had settled (a retry whose first try held it).
+    Settled(OrderId),
     /// The page stopped retrying, its last try failing at `failed_at`: whether the grab
     /// held is unknown to the buyer.
     GaveUp {
@@ -117,6 +119,7 @@ impl Told {
             Self::Held(order_id) => history::Told::Held(order_id.clone()),
             Self::SoldOut { .. } => history::Told::SoldOut,
             Self::Refused(code) => history::Told::Refused(code.clone()),
+            Self::Settled(order_id) => history::Told::Settled(order_id.clone()),
             Self::GaveUp { .. } => history::Told::InDoubt,
         }
     }
@@ -845,6 +848,11 @@ impl Run {
         let mut attempt = Attempt::First;
         let gives_up = sim.now() + PATIENCE;
         let mut not_started = 0;
+        // The order the path names, as the grab reads it from the path.
+        let path_order = GrabTokenSigner::new(SECRET)
+            .unwrap()
+            .check(token, &sale.sale_id, user, sim.now())
+            .ok();
         loop {
             let asked = sim.now();
             let environment = self.environment();
@@ -887,6 +895,11 @@ impl Run {
                         continue;
                     }
                     Err(AppError::LimitReached) => return Told::Refused("limit_reached".into()),
+                    Err(
+                        AppError::OrderExpired | AppError::OrderCancelled | AppError::OrderPaid,
+                    ) if let Some(order_id) = &path_order => {
+                        return Told::Settled(order_id.clone());
+                    }
                     Err(error) => return Told::Refused(error.to_string()),
                 }
             }
@@ -908,6 +921,7 @@ impl Run {
                 Told::Held(_) => "held".to_owned(),
                 Told::SoldOut { .. } => "sold out".to_owned(),
                 Told::Refused(reason) => format!("refused ({reason})"),
+                Told::Settled(_) => "told its order had settled".to_owned(),
                 Told::GaveUp { .. } => "gave up".to_owned(),
             };
             *answers.entry(kind).or_default() += 1;
@@ -1225,7 +1239,7 @@ impl Run {
                         ));
                     }
                 }
-                Told::Held(_) | Told::SoldOut { .. } | Told::Refused(_) => {}
+                Told::Held(_) | Told::SoldOut { .. } | Told::Refused(_) | Told::Settled(_) => {}
             }
         }
         found

@@ -807,6 +807,45 @@ async fn a_retried_grab_answers_the_same_order_and_takes_one_unit() {
     assert_ne!(second.order_id, first.order_id);
 }
 
+/// Issue 48 (the simulation, seed 1883965796400326): a grab held a unit and its
+/// invocation died; the store was out for the whole payment window, so every retry
+/// failed, and the hold lapsed. The next retry was told `InvalidToken`, and the buyer
+/// never learnt that a unit had been theirs. A retry of a path whose order settled is
+/// told the order's fate, whatever the sale's phase meanwhile.
+#[tokio::test]
+async fn a_retry_after_its_hold_lapsed_is_told_the_order_expired() {
+    let world = World::new();
+    // A window shorter than the path's lifetime: the path is still good when it lapses.
+    let sale = world
+        .create_sale(
+            testing::sale(2, 1)
+                .per_user_limit(1)
+                .payment_window_secs(60),
+        )
+        .await
+        .sale_id;
+    world.clock.set(start());
+    let token = world.token(&sale, "a").await.unwrap();
+    let held = world.grab_with(&sale, "a", &token).await.unwrap();
+    world.clock.set(held.expires_at);
+    world.expiry.expire(&held).await.unwrap();
+
+    assert!(matches!(
+        world.retry_with(&sale, "a", &token).await,
+        Err(AppError::OrderExpired)
+    ));
+    world
+        .sales
+        .control(&sale, SaleAction::Pause, &user("admin"))
+        .await
+        .unwrap();
+    assert!(matches!(
+        world.retry_with(&sale, "a", &token).await,
+        Err(AppError::OrderExpired)
+    ));
+    assert_eq!(world.store.shard_available(&sale, 0), 2, "the unit is back");
+}
+
 #[tokio::test]
 async fn a_grab_path_is_used_up_once_its_order_is_settled() {
     let world = World::new();
@@ -819,9 +858,10 @@ async fn a_grab_path_is_used_up_once_its_order_is_settled() {
         .cancel(&first.order_id, &user("a"))
         .await
         .unwrap();
+    // Its grab is told what became of the order, not that the path is invalid.
     assert!(matches!(
         world.grab_with(&sale, "a", &token).await,
-        Err(AppError::InvalidToken)
+        Err(AppError::OrderCancelled)
     ));
     assert_eq!(world.store.shard_available(&sale, 0), 2);
     // A fresh path works: the limit counts only open and paid units.

@@ -19,6 +19,7 @@ mod sales;
 
 pub use blocklist::BlocklistService;
 pub use caches::{CachedBlocklist, CachedCatalog, DEFAULT_SALE_REFRESH};
+pub(crate) use orders::settled_error;
 pub use orders::{ExpiryService, OrderService, TimerSet};
 pub use payments::{
     EventHandled, MoneyMoves, PaymentService, PaymentWebhook, SettleOutcome, Settled,

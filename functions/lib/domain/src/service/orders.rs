@@ -185,7 +185,7 @@ fn answer_if_settled(order: &Order) -> Option<Result<Order, AppError>> {
 }
 
 /// What a buyer's step on an order that settled as `status` is told.
-pub(super) fn settled_error(status: OrderStatus) -> AppError {
+pub(crate) fn settled_error(status: OrderStatus) -> AppError {
     match status {
         OrderStatus::Paid => AppError::OrderPaid,
         OrderStatus::Cancelled => AppError::OrderCancelled,

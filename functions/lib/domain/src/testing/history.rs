@@ -23,6 +23,9 @@ pub enum Told {
     Held(OrderId),
     /// 409 `sold_out`.
     SoldOut,
+    /// 409 `order_expired`, `order_cancelled` or `order_paid`: the path's order (a
+    /// retry's, whose first try held it) had settled.
+    Settled(OrderId),
     /// Any other refusal, by its error code.
     Refused(String),
     /// The client stopped retrying failures (503s, lost answers, dead invocations):
@@ -100,7 +103,8 @@ fn voided(held: &Reservation) -> bool {
 
 /// Everything `told` and `ledger` say together that a correct sale cannot: an oversell,
 /// a unit unaccounted for, a buyer over the limit, a 202 that holds nothing, a hold no
-/// grab answered 202 for (unless its buyer's client gave up in doubt), and, once
+/// grab answered for with a 202 or its fate (unless its buyer's client gave up in
+/// doubt), and, once
 /// quiescent, a hold still open or a take without its hold. Each in words.
 pub fn check(sale: &Sale, told: &[(UserId, Told)], ledger: &Ledger, moment: Moment) -> Vec<String> {
     let mut found = Vec::new();
@@ -165,6 +169,16 @@ pub fn check(sale: &Sale, told: &[(UserId, Told)], ledger: &Ledger, moment: Mome
                     )),
                 }
             }
+            Told::Settled(order_id) => {
+                answered.insert(order_id);
+                match hold_of(order_id) {
+                    Some((order, _)) if order.user_id == *user && !order.status.is_open() => {}
+                    held => found.push(format!(
+                        "{user} was told {order_id} had settled: {:?}",
+                        held.map(|(order, _)| (&order.user_id, order.status))
+                    )),
+                }
+            }
             Told::InDoubt => {
                 in_doubt.insert(user);
             }
@@ -177,7 +191,7 @@ pub fn check(sale: &Sale, told: &[(UserId, Told)], ledger: &Ledger, moment: Mome
             && !in_doubt.contains(&order.user_id)
         {
             found.push(format!(
-                "{} holds {} ({:?}) though no grab answered 202 for it",
+                "{} holds {} ({:?}) though no grab answered for it",
                 order.user_id, order.order_id, order.status
             ));
         }
