@@ -125,7 +125,13 @@ impl World {
             .await
             .unwrap()
             .unwrap();
-        self.orders.set_release_timer(&reservation).await.unwrap();
+        self.orders
+            .receive(&flashsale_domain::OrderMessage {
+                reservation: reservation.clone(),
+                retried: false,
+            })
+            .await
+            .unwrap();
         reservation
     }
 

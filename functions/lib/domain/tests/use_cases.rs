@@ -268,6 +268,14 @@ async fn after_the_end_token_and_grab_say_ended() {
     assert!(matches!(world.grab(&sale, "u").await, Err(AppError::Ended)));
 }
 
+/// The grab's message for a hold its first try made.
+fn first_try(reservation: &flashsale_domain::Reservation) -> OrderMessage {
+    OrderMessage {
+        reservation: reservation.clone(),
+        retried: false,
+    }
+}
+
 #[tokio::test]
 async fn another_users_token_is_invalid() {
     let world = World::new();
@@ -526,7 +534,11 @@ async fn the_consumer_sets_one_timer_however_often_it_is_delivered_and_writes_no
     let reservation = world.grab(&sale, "a").await.unwrap();
     for _ in 0..3 {
         assert_eq!(
-            world.orders.set_release_timer(&reservation).await.unwrap(),
+            world
+                .orders
+                .receive(&first_try(&reservation))
+                .await
+                .unwrap(),
             TimerSet::Set
         );
     }
@@ -608,7 +620,11 @@ async fn an_unpaid_order_expires_and_its_stock_comes_back_once() {
     let sale = world.sale(1, 1, 1).await;
     world.clock.set(start());
     let reservation = world.grab(&sale, "a").await.unwrap();
-    world.orders.set_release_timer(&reservation).await.unwrap();
+    world
+        .orders
+        .receive(&first_try(&reservation))
+        .await
+        .unwrap();
 
     assert!(matches!(
         world.expiry.expire(&reservation).await,
@@ -639,7 +655,11 @@ async fn cancelling_after_the_window_closed_expires_the_order_at_once() {
     let sale = world.sale(1, 1, 1).await;
     world.clock.set(start());
     let reservation = world.grab(&sale, "a").await.unwrap();
-    world.orders.set_release_timer(&reservation).await.unwrap();
+    world
+        .orders
+        .receive(&first_try(&reservation))
+        .await
+        .unwrap();
     world
         .clock
         .set(reservation.expires_at + Duration::seconds(1));
@@ -678,7 +698,11 @@ async fn cancelling_returns_stock_at_once_and_is_idempotent() {
     assert_eq!(world.store.shard_available(&sale, 0), 1);
     // The consumer arriving late opens nothing and sets no timer.
     assert_eq!(
-        world.orders.set_release_timer(&reservation).await.unwrap(),
+        world
+            .orders
+            .receive(&first_try(&reservation))
+            .await
+            .unwrap(),
         TimerSet::AlreadySettled(OrderStatus::Cancelled)
     );
     assert_eq!(world.scheduler.created.load(Ordering::SeqCst), 0);
@@ -1036,7 +1060,7 @@ async fn the_consumer_times_the_hold_it_finds_and_refuses_a_message_naming_anoth
         ..reservation.clone()
     };
     assert!(matches!(
-        world.orders.set_release_timer(&elsewhere).await,
+        world.orders.receive(&first_try(&elsewhere)).await,
         Err(AppError::OrderNotFound)
     ));
     assert_eq!(world.scheduler.created.load(Ordering::SeqCst), 0);
@@ -1047,7 +1071,7 @@ async fn the_consumer_times_the_hold_it_finds_and_refuses_a_message_naming_anoth
         ..reservation.clone()
     };
     assert_eq!(
-        world.orders.set_release_timer(&later).await.unwrap(),
+        world.orders.receive(&first_try(&later)).await.unwrap(),
         TimerSet::Set
     );
     let timers = world.scheduler.timers.lock().unwrap();

@@ -55,9 +55,12 @@ impl OrderService {
         Ok(self.orders.buyer_orders(user, after, limit).await?.into())
     }
 
-    /// The consumer's step for one message: the release timer is set (see
-    /// [`Self::set_release_timer`]), and a retry's order gets back the takes its path
-    /// left on other shards than its hold. A retry that lands in another process than
+    /// The consumer's step for one message: the held order's release timer is set, and
+    /// a retry's order gets back the takes its path left on other shards than its hold.
+    /// For a first try, one read of the hold and no write: the grab's hold already is
+    /// the order, so the table is not written for a unit between its grab and its
+    /// settlement. The timer carries the hold's own reservation, whatever else the
+    /// message says, and is idempotent by order id. A retry that lands in another process than
     /// its first try knows nothing of a take that try left (its hold write in doubt, its
     /// invocation dead between the two writes) and reserves afresh: the first take is
     /// no one's, its unit out of every shard until the reconciler's grace, while buyers
@@ -69,16 +72,6 @@ impl OrderService {
         if message.retried {
             self.give_back_takes_elsewhere(&held).await?;
         }
-        self.set_timer(&order, &held).await
-    }
-
-    /// The consumer's step without a retry's takes: the held order's release timer is
-    /// set. One read of the hold and no write: the grab's hold already is the order, so
-    /// the table is not written for a unit between its grab and its settlement. The
-    /// timer carries the hold's own reservation, whatever else the message says. Safe
-    /// to repeat for the same reservation (the timer is idempotent by order id).
-    pub async fn set_release_timer(&self, reservation: &Reservation) -> Result<TimerSet, AppError> {
-        let (order, held) = self.held(reservation).await?;
         self.set_timer(&order, &held).await
     }
 
